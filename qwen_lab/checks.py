@@ -1,0 +1,209 @@
+"""What the notebooks call to grade an exercise, and what the tests use to compare tensors.
+
+A check draws fresh random inputs, poisons every output buffer first (NaN for floats, a sentinel for
+integers) so that a kernel that writes nothing cannot pass, runs the learner's function, proves that
+a Triton kernel really launched, and compares with the reference at a tolerance set by the dtype.
+A failure says what is wrong in words: which output, how many elements, the worst one and where,
+and a hint.
+
+    from qwen_lab import checks, reference
+    checks.check_kernel("rms_norm", my_rms_norm, reference.rms_norm,
+                        cases=[lambda g: dict(x=torch.randn(5, 64, generator=g), ...)])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+
+from .kernels import count_launches
+
+# atol, rtol per dtype of the values compared. float32 kernels differ from torch only by the order of
+# additions (and tf32 never runs: the CPU path is the interpreter, GPU checks use bf16/fp16).
+TOLERANCES = {
+    torch.float32: (1e-4, 1e-4),
+    torch.float16: (2e-3, 5e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
+INT_POISON = -7777
+
+
+class CheckFailed(AssertionError):
+    """An exercise or kernel check that did not pass; the message says why."""
+
+
+@dataclass
+class Comparison:
+    name: str
+    max_abs: float
+    max_rel: float
+    worst_index: tuple
+    n_bad: int
+    numel: int
+
+    def __str__(self) -> str:
+        return (f"{self.name}: max abs error {self.max_abs:.3g}, max rel error {self.max_rel:.3g} "
+                f"({self.numel} elements)")
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """(atol, rtol) for outputs of this dtype."""
+    return TOLERANCES.get(dtype, (0.0, 0.0))
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64, the one-number summary used for whole-model parity."""
+    o, r = out.double(), ref.double()
+    return float((o - r).norm() / r.norm().clamp_min(1e-30))
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill t so that any element a kernel forgets to write stands out (NaN, or -7777 for integers)."""
+    if t.is_floating_point():
+        t.fill_(float("nan"))
+    else:
+        t.fill_(INT_POISON)
+    return t
+
+
+def _fmt_index(flat: int, shape) -> tuple:
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(shape))) if len(shape) else ()
+
+
+def compare(name: str, out, ref, atol: float | None = None, rtol: float | None = None, hint: str = "") -> Comparison:
+    """Assert that `out` matches `ref`; raise CheckFailed explaining the first thing wrong.
+
+    Checks in order: it is a tensor, the shape, the dtype, unwritten (NaN) or infinite elements,
+    then values within atol + rtol * |ref|. Integer tensors must match exactly.
+    """
+    tip = f"\n  hint: {hint}" if hint else ""
+    if not isinstance(out, torch.Tensor):
+        raise CheckFailed(f"{name}: expected a torch.Tensor, got {type(out).__name__}{tip}")
+    if tuple(out.shape) != tuple(ref.shape):
+        raise CheckFailed(f"{name}: shape {tuple(out.shape)}, expected {tuple(ref.shape)}{tip}")
+    if out.dtype != ref.dtype:
+        raise CheckFailed(f"{name}: dtype {out.dtype}, expected {ref.dtype}{tip}")
+    o, r = out.detach().cpu(), ref.detach().cpu()
+    numel = o.numel()
+    if not o.is_floating_point():
+        bad = o != r
+        n_bad = int(bad.sum())
+        if n_bad:
+            flat = int(bad.flatten().nonzero()[0])
+            idx = _fmt_index(flat, o.shape)
+            unwritten = int((o == INT_POISON).sum())
+            extra = f"; {unwritten} still hold the poison value {INT_POISON} (never written)" if unwritten else ""
+            raise CheckFailed(f"{name}: {n_bad} of {numel} values differ{extra}; first at {idx}: got "
+                              f"{o.flatten()[flat].item()}, expected {r.flatten()[flat].item()}{tip}")
+        return Comparison(name, 0.0, 0.0, (), 0, numel)
+    default_atol, default_rtol = tolerance(ref.dtype)
+    atol = default_atol if atol is None else atol
+    rtol = default_rtol if rtol is None else rtol
+    o, r = o.double(), r.double()
+    nan_out = torch.isnan(o) & ~torch.isnan(r)
+    if nan_out.any():
+        n = int(nan_out.sum())
+        idx = _fmt_index(int(nan_out.flatten().nonzero()[0]), o.shape)
+        why = ("the kernel never wrote them (outputs start as NaN: check the grid covers every block "
+               "and the store mask)") if n < numel else "every element is NaN: nothing was written, or a NaN spread"
+        raise CheckFailed(f"{name}: {n} of {numel} elements are NaN, first at {idx}; {why}{tip}")
+    inf_out = torch.isinf(o) & ~torch.isinf(r)
+    if inf_out.any():
+        idx = _fmt_index(int(inf_out.flatten().nonzero()[0]), o.shape)
+        raise CheckFailed(f"{name}: {int(inf_out.sum())} elements are infinite, first at {idx} (overflow?){tip}")
+    diff = (o - r).abs()
+    finite = torch.isfinite(r)
+    diff = torch.where(finite, diff, torch.zeros_like(diff))
+    limit = atol + rtol * r.abs()
+    bad = diff > limit
+    flat = int(diff.flatten().argmax()) if numel else 0
+    max_abs = float(diff.max()) if numel else 0.0
+    rel = diff / r.abs().clamp_min(atol if atol > 0 else 1e-30)
+    max_rel = float(rel.max()) if numel else 0.0
+    idx = _fmt_index(flat, o.shape)
+    cmp = Comparison(name, max_abs, max_rel, idx, int(bad.sum()), numel)
+    if cmp.n_bad:
+        raise CheckFailed(
+            f"{name}: {cmp.n_bad} of {numel} elements differ from the reference beyond atol={atol:g}, "
+            f"rtol={rtol:g}; worst at {idx}: got {o.flatten()[flat].item():.6g}, expected "
+            f"{r.flatten()[flat].item():.6g} (abs error {max_abs:.3g}){tip}")
+    return cmp
+
+
+def _clone_inputs(kwargs: dict) -> dict:
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+
+
+def _as_tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callable[[torch.Generator], dict]],
+                 *, seed: int | None = None, atol: float | None = None, rtol: float | None = None,
+                 hint: str = "", require_triton: bool = True, inplace: Iterable[str] = (),
+                 quiet: bool = False) -> list[Comparison]:
+    """Run `fn` and `ref` on each case and compare every output (and every in-place argument).
+
+    cases: callables taking a torch.Generator and returning the keyword arguments of one call, so each
+    check draws fresh inputs. `inplace` names arguments that both functions update in place (a cache,
+    a state): they are compared after the call too. With `require_triton`, a `fn` that launched no
+    Triton kernel fails (the exercise is to write one). Prints one line per case unless `quiet`.
+    """
+    seed = torch.randint(0, 2**31 - 1, ()).item() if seed is None else seed
+    results = []
+    for i, make in enumerate(cases):
+        g = torch.Generator().manual_seed(seed + i)
+        inputs = make(g)
+        ref_in, fn_in = _clone_inputs(inputs), _clone_inputs(inputs)
+        for key, value in fn_in.items():
+            if key.startswith("out") and isinstance(value, torch.Tensor):
+                poison_(value)
+        shapes = ", ".join(f"{k}={tuple(v.shape)}" for k, v in inputs.items() if isinstance(v, torch.Tensor))
+        where = f"{name} (case {i}: {shapes})"
+        expected = _as_tuple(ref(**{k: v for k, v in ref_in.items() if not k.startswith("out")}))
+        try:
+            with count_launches() as launches:
+                got = fn(**fn_in)
+        except NotImplementedError:
+            raise
+        except CheckFailed:
+            raise
+        except Exception as e:  # show the learner's own error, with the case that caused it
+            raise CheckFailed(f"{where}: your function raised {type(e).__name__}: {e}") from e
+        if require_triton and sum(launches.values()) == 0:
+            raise CheckFailed(f"{where}: no Triton kernel was launched; the exercise is to compute this with "
+                              f"a @triton.jit kernel launched as kernel[grid](...)")
+        got = _as_tuple(got) if got is not None else ()
+        if len(got) != len(expected):
+            raise CheckFailed(f"{where}: returned {len(got)} value(s), expected {len(expected)}")
+        for j, (o, r) in enumerate(zip(got, expected)):
+            label = where if len(expected) == 1 else f"{where}, output {j}"
+            results.append(compare(label, o, r, atol=atol, rtol=rtol, hint=hint))
+        for key in inplace:
+            results.append(compare(f"{where}, in-place '{key}'", fn_in[key], ref_in[key], atol=atol, rtol=rtol,
+                                   hint=hint))
+        if not quiet:
+            worst = max((c.max_abs for c in results[-len(expected):]), default=0.0)
+            kernels = ", ".join(sorted(launches)) or "none"
+            print(f"  ok  case {i}: {shapes}  max abs error {worst:.2e}  (kernels: {kernels})")
+    if not quiet:
+        print(f"PASS {name}: {len(results)} comparisons within tolerance")
+    return results
+
+
+def randn(*shape, g: torch.Generator, dtype=torch.float32, device="cpu", scale: float = 1.0) -> torch.Tensor:
+    """Seeded normal values drawn on the CPU (reproducible everywhere), then moved."""
+    return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
+
+
+def finite_or_raise(name: str, t: torch.Tensor) -> None:
+    """Raise CheckFailed if t holds NaN or inf (used to find the first operator that breaks)."""
+    if not torch.isfinite(t).all():
+        n = int((~torch.isfinite(t)).sum())
+        raise CheckFailed(f"{name}: {n} of {t.numel()} values are NaN or infinite")
+
+
+__all__ = ["CheckFailed", "Comparison", "TOLERANCES", "check_kernel", "compare", "finite_or_raise", "poison_",
+           "randn", "relative_error", "tolerance"]

@@ -1,0 +1,97 @@
+"""Where the kernels run, and in which dtype.
+
+- An NVIDIA GPU: bfloat16, or float16 below compute capability 8.0 (no bf16 there; the norms,
+  gates, recurrent state and softmax keep fp32 math inside the kernels).
+- No GPU: float32 through the Triton interpreter (`TRITON_INTERPRET=1`). The interpreter runs each
+  kernel program in NumPy on the CPU; it gets `tl.dot` on bf16 operands wrong, hence float32.
+
+`TRITON_INTERPRET` is read when a `@triton.jit` function is *defined*, so it must be set before any
+kernel module is imported. Importing `qwen_lab` does that (this module runs first); kernel modules
+are imported only when a kernel is first used.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+def _cuda_ok() -> bool:
+    try:
+        return torch.cuda.is_available()
+    except Exception:  # a broken driver should read as "no GPU", not crash the import
+        return False
+
+
+def ensure_interpreter() -> bool:
+    """Turn the Triton interpreter on when there is no GPU. Returns whether it is on."""
+    if not _cuda_ok() and os.environ.get("TRITON_INTERPRET") is None:
+        os.environ["TRITON_INTERPRET"] = "1"
+    return interpreter_active()
+
+
+def interpreter_active() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    device: torch.device
+    dtype: torch.dtype
+    interpreter: bool
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def choose(device=None, dtype=None) -> Runtime:
+    """Pick device and dtype (each may be forced) and explain the choice in one line."""
+    interp = interpreter_active()
+    if device is None:
+        device = "cuda" if _cuda_ok() and not interp else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and not _cuda_ok():
+        raise RuntimeError("device='cuda' was asked for, but torch sees no CUDA GPU on this machine")
+    if isinstance(dtype, str):
+        dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+                 "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[dtype]
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        name = torch.cuda.get_device_name(device)
+        if dtype is None:
+            dtype = torch.bfloat16 if major >= 8 else torch.float16
+            why = "bf16" if major >= 8 else "fp16 (no bf16 below compute capability 8.0)"
+        else:
+            why = f"{str(dtype).removeprefix('torch.')} (asked for)"
+        reason = f"GPU {name} (sm_{major}{minor}): kernels compiled by Triton, {why}"
+    else:
+        if dtype is None:
+            dtype = torch.float32
+        if interp:
+            reason = ("CPU: kernels run in the Triton interpreter (TRITON_INTERPRET=1), "
+                      f"{str(dtype).removeprefix('torch.')} (the interpreter gets bf16 tl.dot wrong)")
+        else:
+            reason = "CPU without the Triton interpreter: only backend='torch' can run here"
+        if dtype != torch.float32 and interp:
+            reason += "; warning: a dtype other than float32 under the interpreter gives wrong tl.dot results"
+    return Runtime(device=device, dtype=dtype, interpreter=interp, reason=reason)
+
+
+def describe() -> str:
+    """A short environment report for the first cell of every notebook."""
+    import platform
+
+    lines = [f"python {platform.python_version()}, torch {torch.__version__}"]
+    try:
+        import triton
+        lines.append(f"triton {triton.__version__}")
+    except ImportError:
+        lines.append("triton: not installed")
+    rt = choose()
+    lines.append(f"device {rt.device}, dtype {str(rt.dtype).removeprefix('torch.')}, "
+                 f"interpreter {'on' if rt.interpreter else 'off'}")
+    lines.append(rt.reason)
+    return "\n".join(lines)

@@ -1,0 +1,39 @@
+"""Shared fixtures: the runtime (interpreter + float32 on a CPU, bf16 on a GPU) and seeded inputs."""
+
+import os
+
+import pytest
+import torch
+
+import qwen_lab  # noqa: F401  (sets TRITON_INTERPRET=1 on a CPU-only machine before any kernel is defined)
+from qwen_lab import runtime
+
+HAS_GPU = torch.cuda.is_available() and not runtime.interpreter_active()
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU; this machine runs the CPU tests through the interpreter")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def rt():
+    """The device and dtype the kernels run in here."""
+    return runtime.choose()
+
+
+@pytest.fixture
+def gen(request):
+    """A torch.Generator seeded from the test's name: fresh per test, reproducible per test."""
+    seed = sum(map(ord, request.node.nodeid)) % (2**31)
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    yield
