@@ -245,26 +245,31 @@ def delta_rule_chunked(q, k, v, g, beta, state, scale: float | None = None, chun
 def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, uniform: torch.Tensor) -> torch.Tensor:
     """Draw one token from logits [V] with temperature, top-k and top-p (nucleus) filtering.
 
-    temperature == 0 means greedy (argmax, lowest index on ties). Otherwise p = softmax(logits / T);
-    keep the top_k most likely (0 = all), then the smallest prefix of the sorted rest whose mass
-    reaches top_p; renormalise; return the token where the cumulative mass (in descending-probability
-    order, ties by lower index) first exceeds uniform * kept_mass. `uniform` is a scalar tensor in [0, 1).
-    -> LongTensor [] (a 0-d tensor on logits' device).
+    temperature == 0 means greedy: argmax, the lowest index on ties. Otherwise p = softmax(logits / T) and
+    token i is kept when both hold (order-free definitions, so ties are kept together):
+        top-k (k > 0):   fewer than k tokens are strictly more likely than i
+        top-p (p < 1):   the tokens strictly more likely than i hold less than top_p of the mass
+    The kept set is always {i : p_i >= tau} for some tau, and never empty (it holds the argmax).
+    Sampling is inverse-CDF in index order: with M the kept mass, return the first index whose running
+    kept mass exceeds uniform * M. The order changes no probability and needs no sort on the device.
+    uniform: a 0-d tensor in [0, 1), drawn on the device. -> LongTensor [] on logits' device.
     """
     x = logits.float()
     if temperature == 0:
         return torch.argmax(x)
     p = torch.softmax(x / temperature, dim=-1)
-    order = torch.sort(p, descending=True, stable=True)
-    ps, idx = order.values, order.indices
-    keep = torch.ones_like(ps, dtype=torch.bool)
+    asc = torch.sort(p).values
+    upper = torch.searchsorted(asc, p, right=True)  # number of tokens with probability <= p_i
+    n_greater = p.numel() - upper
+    mass_greater = asc.sum() - torch.cumsum(asc, 0)[upper - 1]
+    keep = torch.ones_like(p, dtype=torch.bool)
     if top_k > 0:
-        keep[top_k:] = False
+        keep &= n_greater < top_k
     if top_p < 1.0:
-        before = torch.cumsum(ps, 0) - ps  # mass strictly before each entry
-        keep &= before < top_p
-    ps = torch.where(keep, ps, torch.zeros_like(ps))
-    cdf = torch.cumsum(ps, 0)
+        keep &= mass_greater < top_p
+    kept = torch.where(keep, p, torch.zeros_like(p))
+    cdf = torch.cumsum(kept, 0)
     target = uniform.float() * cdf[-1]
-    pos = torch.searchsorted(cdf, target.reshape(1), right=True).clamp(max=int(keep.sum()) - 1)
-    return idx[pos[0]]
+    idx = torch.searchsorted(cdf, target.reshape(1), right=True)[0]
+    last = keep.nonzero()[-1, 0]
+    return torch.minimum(idx, last)
