@@ -1,0 +1,152 @@
+"""The generation loop, and `python -m qwen_lab.generate`.
+
+    prefill:  logits = model.step(prompt, positions 0..T-1, cache)        (chunked delta rule, flash attention)
+    decode:   token = sample(logits); logits = model.step(token, position, cache), until EOS or the budget
+
+Sampling draws its uniform number on the device from a seeded generator, so a run is reproducible
+and the loop needs no host synchronisation except to look at the token (EOS, streaming).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Callable
+
+import torch
+
+from .errors import GenerationError
+
+
+def check_sampling_args(max_new_tokens, temperature, top_k, top_p) -> None:
+    """Raise GenerationError naming the first bad argument."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise GenerationError(f"max_new_tokens={max_new_tokens!r}; expected an integer >= 0")
+    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+        raise GenerationError(f"temperature={temperature!r}; expected a finite number >= 0 (0 = greedy)")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise GenerationError(f"top_k={top_k!r}; expected an integer >= 0 (0 = no top-k filter)")
+    if not isinstance(top_p, (int, float)) or not (0 < top_p <= 1):
+        raise GenerationError(f"top_p={top_p!r}; expected a number in (0, 1] (1 = no nucleus filter)")
+
+
+@torch.inference_mode()
+def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, seed: int = 0, cuda_graph: bool | None = None, *, max_len: int | None = None,
+             eos_token_ids=None, stream: Callable[[int], None] | None = None) -> torch.Tensor:
+    """Generate up to max_new_tokens after input_ids; returns a LongTensor (CPU) of the new tokens.
+
+    temperature 0 is greedy; top_k 0 and top_p 1 disable those filters. Generation stops after an EOS token
+    (included in the result): `eos_token_ids` defaults to the snapshot's. `max_len` is the cache capacity
+    (default: prompt + max_new_tokens); a prompt that does not fit raises. `stream(token_id)` is called for
+    each new token as it is produced. cuda_graph: None = replay a captured decode step when on a GPU.
+    """
+    check_sampling_args(max_new_tokens, temperature, top_k, top_p)
+    ids = model.check_ids(input_ids)
+    T = ids.numel()
+    capacity = T + max_new_tokens if max_len is None else int(max_len)
+    if T > capacity:
+        raise GenerationError(f"the prompt has {T} tokens but the cache holds max_len={capacity}; "
+                              f"shorten the prompt or raise max_len")
+    if T + max_new_tokens > capacity:
+        raise GenerationError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) = {T + max_new_tokens} exceeds the "
+                              f"cache's max_len={capacity}")
+    limit = model.config.max_position_embeddings
+    if capacity > limit:
+        raise GenerationError(f"max_len={capacity} exceeds the model's max_position_embeddings={limit}")
+    eos = set(model.config.eos_token_ids if eos_token_ids is None else eos_token_ids)
+    if cuda_graph is None:
+        cuda_graph = model.device.type == "cuda" and model.backend == "triton"
+    use_graph = bool(cuda_graph)
+    if use_graph and model.device.type != "cuda":
+        raise GenerationError("cuda_graph=True needs the model on a CUDA GPU; this model is on "
+                              f"{model.device}")
+    if max_new_tokens == 0:
+        return torch.empty(0, dtype=torch.long)
+
+    device = model.device
+    rng = torch.Generator(device=device).manual_seed(int(seed))
+    sample = model.ops["sample"]
+    cache = model.new_cache(capacity)
+    runner = None
+    if use_graph:
+        from .graph import DecodeGraph
+
+        runner = DecodeGraph(model, cache, temperature=temperature, top_k=top_k, top_p=top_p)
+
+    logits = model.step(ids, torch.arange(T, device=device), cache)[-1]
+    out: list[torch.Tensor] = []
+    position = torch.tensor([T], device=device)
+    for n in range(max_new_tokens):
+        u = torch.rand((), generator=rng, device=device)
+        token = sample(logits, temperature, top_k, top_p, u).reshape(1)
+        out.append(token)
+        tok = None
+        if stream is not None or eos:
+            tok = int(token)  # the one host synchronisation per token: EOS and streaming need to see it
+            if stream is not None:
+                stream(tok)
+            if tok in eos:
+                break
+        if n + 1 == max_new_tokens:
+            break
+        if runner is not None:
+            logits = runner.step(token, position)
+        else:
+            logits = model.step(token, position, cache)[-1]
+        position += 1
+    return torch.cat(out).cpu()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m qwen_lab.generate",
+                                description="Generate text with Qwen3.5 built from the course's Triton kernels.")
+    p.add_argument("--model", default="tiny",
+                   help="snapshot directory, preset ('tiny', 'qwen3.5-0.8b') or hub id (default: tiny)")
+    p.add_argument("--prompt", default="The GPU reads every weight once per token, so")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the snapshot's chat template")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-cuda-graph", action="store_true", help="launch every kernel from Python (no graph replay)")
+    p.add_argument("--backend", choices=("triton", "torch"), default="triton")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, choices=(None, "bf16", "fp16", "fp32"))
+    args = p.parse_args(argv)
+
+    import time
+
+    from . import load_model, load_tokenizer, runtime
+    from .errors import QwenLabError
+
+    try:
+        check_sampling_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+        print(runtime.choose(args.device, args.dtype).reason, file=sys.stderr)
+        model = load_model(args.model, device=args.device, dtype=args.dtype, backend=args.backend)
+        tok = load_tokenizer(args.model)
+        text = args.prompt
+        if args.chat:
+            text = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        ids = tok.encode(text)
+        eos = list(tok.eos_token_ids) or list(model.config.eos_token_ids)
+        decoder = tok.stream_decoder()
+        print(text, end="", flush=True)
+        t0 = time.perf_counter()
+        new = generate(model, torch.tensor(ids), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                       top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                       cuda_graph=False if args.no_cuda_graph else None, eos_token_ids=eos,
+                       stream=lambda t: print(decoder.push(t), end="", flush=True))
+        dt = time.perf_counter() - t0
+        print(file=sys.stdout)
+        print(f"[{len(new)} tokens in {dt:.2f} s, {len(new) / max(dt, 1e-9):.1f} tokens/s, {model}]", file=sys.stderr)
+    except QwenLabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""The Qwen3.5 text model, written as the architecture diagram reads.
+
+    x = embed[ids]
+    for each layer:   h = norm(x);  x = x + mixer(h)          (Gated DeltaNet, or gated attention)
+                      h = norm(x);  x = x + mlp(h)            (SwiGLU)
+    logits = norm(x) @ lm_head^T
+
+Every computation goes through a table of named operators, `model.ops`. The same graph therefore runs
+with `backend="torch"` (qwen_lab.reference, the oracle) or `backend="triton"` (qwen_lab.kernels), and a
+learner can put their own kernel in one entry: `model.ops["rms_norm"] = my_rms_norm`.
+
+Shapes (batch 1, token-major): T tokens in a step, H hidden, V vocab. All sizes come from the config.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+import torch
+
+from . import reference, runtime
+from .cache import Cache
+from .config import LINEAR, Qwen35Config
+from .errors import GenerationError
+
+# operator -> the kernel module that implements it under backend="triton"
+KERNEL_MODULES = {
+    "embedding": "embedding",
+    "rms_norm": "norms",
+    "add_rms_norm": "norms",
+    "gated_rms_norm": "norms",
+    "linear": "gemm",
+    "silu_mul": "activations",
+    "rope": "rope",
+    "kv_cache_write": "attention",
+    "attention": "attention",
+    "sigmoid_gate": "attention",
+    "causal_conv1d": "conv1d",
+    "deltanet_gates": "deltanet",
+    "delta_rule_recurrent": "deltanet",
+    "delta_rule_chunked": "deltanet",
+    "sample": "sampling",
+}
+OPERATORS = tuple(KERNEL_MODULES)
+BACKENDS = ("torch", "triton")
+
+
+def torch_ops() -> dict[str, Callable]:
+    """The operator table of backend="torch": qwen_lab.reference."""
+    return {name: getattr(reference, name) for name in OPERATORS}
+
+
+def triton_ops() -> tuple[dict[str, Callable], list[str]]:
+    """The operator table of backend="triton", and the operators that still fall back to the reference."""
+    ops, fallbacks = {}, []
+    for name, module in KERNEL_MODULES.items():
+        try:
+            ops[name] = getattr(importlib.import_module(f"qwen_lab.kernels.{module}"), name)
+        except (ImportError, AttributeError):
+            ops[name] = getattr(reference, name)
+            fallbacks.append(name)
+    return ops, fallbacks
+
+
+class Qwen35Model:
+    """A loaded Qwen3.5 text model: config, weights, an operator table, and the forward graph."""
+
+    def __init__(self, config: Qwen35Config, weights, device=None, dtype=None, backend: str = "triton"):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r}; expected one of {BACKENDS}")
+        self.config = config
+        self.weights = weights
+        self.runtime = runtime.choose(device, dtype)
+        self.device, self.dtype = self.runtime.device, self.runtime.dtype
+        if backend == "triton" and self.device.type == "cpu" and not self.runtime.interpreter:
+            raise RuntimeError("backend='triton' on a CPU needs the Triton interpreter: set TRITON_INTERPRET=1 "
+                               "before importing qwen_lab, or use backend='torch'")
+        self.backend = backend
+        if backend == "torch":
+            self.ops, self.fallbacks = torch_ops(), []
+        else:
+            self.ops, self.fallbacks = triton_ops()
+        self.trace: Callable | None = None  # trace(layer, op_name, tensor): see qwen_lab.model.divergence
+
+    # ---------------------------------------------------------------- public API
+    def new_cache(self, max_len: int) -> Cache:
+        """Preallocated KV cache, conv state and recurrent state for sequences of up to max_len tokens."""
+        return Cache(self.config, max_len, self.device, self.dtype)
+
+    @torch.inference_mode()
+    def forward(self, input_ids) -> torch.Tensor:
+        """Logits for every position of a prompt, with no cache kept: ids [T] or [1, T] -> float32 [T, V]."""
+        ids = self.check_ids(input_ids)
+        cache = self.new_cache(ids.numel())
+        positions = torch.arange(ids.numel(), device=self.device)
+        return self.step(ids, positions, cache, all_logits=True).float()
+
+    __call__ = forward
+
+    def check_ids(self, input_ids) -> torch.Tensor:
+        """Validate prompt ids on the host (once per prompt) and return them as a LongTensor [T] on the device."""
+        if not isinstance(input_ids, torch.Tensor):
+            try:
+                input_ids = torch.tensor(input_ids)
+            except (TypeError, ValueError, RuntimeError):
+                raise GenerationError(f"input_ids: expected a sequence of integer token ids, got "
+                                      f"{type(input_ids).__name__}") from None
+        if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+            raise GenerationError(f"input_ids: expected integer token ids, got dtype {input_ids.dtype}")
+        if input_ids.dim() == 2 and input_ids.shape[0] == 1:
+            input_ids = input_ids[0]
+        if input_ids.dim() != 1:
+            raise GenerationError(f"input_ids: expected shape [T] or [1, T], got {tuple(input_ids.shape)}")
+        if input_ids.numel() == 0:
+            raise GenerationError("input_ids: the prompt is empty; expected at least one token id")
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= self.config.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise GenerationError(f"input_ids: token id {bad} is outside [0, {self.config.vocab_size}) "
+                                  f"(vocab_size of {self.config.name})")
+        return input_ids.to(device=self.device, dtype=torch.long)
+
+    # ---------------------------------------------------------------- the graph
+    def step(self, ids: torch.Tensor, positions: torch.Tensor, cache: Cache, all_logits: bool = False,
+             logits_out: torch.Tensor | None = None) -> torch.Tensor:
+        """Run T tokens at `positions` through the model, reading and updating `cache`.
+
+        ids, positions: LongTensor [T] on the device. Returns logits [T, V] (all_logits) or [1, V] for the last
+        position, in the model dtype. Nothing here synchronises with the host on the triton backend.
+        """
+        cfg, W, ops = self.config, self.weights, self.ops
+        eps = cfg.rms_norm_eps
+        x = ops["embedding"](ids, W.embed)
+        self._t(-1, "embedding", x)
+        h = ops["rms_norm"](x, W.layers[0].input_norm, eps)
+        self._t(0, "input_norm", h)
+        for i, layer in enumerate(W.layers):
+            if i > 0:
+                h, x = ops["add_rms_norm"](y, x, layer.input_norm, eps)
+                self._t(i, "input_norm", h)
+            if layer.kind == LINEAR:
+                y = self.gated_deltanet(i, layer, h, cache)
+            else:
+                y = self.gated_attention(i, layer, h, positions, cache)
+            h, x = ops["add_rms_norm"](y, x, layer.post_norm, eps)
+            self._t(i, "post_attention_norm", h)
+            y = self.mlp(i, layer, h)
+        if not all_logits:
+            y, x = y[-1:], x[-1:]
+        h, x = ops["add_rms_norm"](y, x, W.final_norm, eps)
+        self._t(len(W.layers), "final_norm", h)
+        logits = ops["linear"](h, W.lm_head, **({"out": logits_out} if logits_out is not None else {}))
+        self._t(len(W.layers), "lm_head", logits)
+        return logits
+
+    def gated_deltanet(self, i: int, layer, h: torch.Tensor, cache: Cache) -> torch.Tensor:
+        """Gated DeltaNet mixer: in-projection, causal conv, gates, the delta rule, gated norm, out-projection."""
+        cfg, ops = self.config, self.ops
+        T = h.shape[0]
+        Hk, Hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        Dk, Dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        kd, vd, cd = cfg.linear_key_dim, cfg.linear_value_dim, cfg.linear_conv_dim
+        proj = ops["linear"](h, layer.in_proj)                         # [T, qkv | z | b | a]
+        self._t(i, "in_proj", proj)
+        qkv, z = proj[:, :cd], proj[:, cd:cd + vd].unflatten(1, (Hv, Dv))
+        b, a = proj[:, cd + vd:cd + vd + Hv], proj[:, cd + vd + Hv:]
+        qkv = ops["causal_conv1d"](qkv, layer.conv, cache.conv_state[i])  # SiLU inside
+        self._t(i, "conv1d", qkv)
+        q = qkv[:, :kd].unflatten(1, (Hk, Dk))
+        k = qkv[:, kd:2 * kd].unflatten(1, (Hk, Dk))
+        v = qkv[:, 2 * kd:].unflatten(1, (Hv, Dv))
+        g, beta = ops["deltanet_gates"](a, b, layer.A_log, layer.dt_bias)
+        self._t(i, "gates", g)
+        delta_rule = ops["delta_rule_recurrent"] if T == 1 else ops["delta_rule_chunked"]
+        o = delta_rule(q, k, v, g, beta, cache.recurrent_state[i])       # [T, Hv, Dv]; l2norm of q, k inside
+        self._t(i, "delta_rule", o)
+        o = ops["gated_rms_norm"](o, z, layer.norm, cfg.rms_norm_eps)
+        self._t(i, "gated_norm", o)
+        y = ops["linear"](o.reshape(T, vd), layer.out_proj)
+        self._t(i, "out_proj", y)
+        return y
+
+    def gated_attention(self, i: int, layer, h: torch.Tensor, positions: torch.Tensor, cache: Cache) -> torch.Tensor:
+        """Gated attention mixer: fused q/gate/k/v projection, q/k norm, partial RoPE, causal GQA, sigmoid gate."""
+        cfg, ops = self.config, self.ops
+        T = h.shape[0]
+        Hq, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        qd, kvd = cfg.attn_q_dim, cfg.attn_kv_dim
+        proj = ops["linear"](h, layer.qkv_proj)                        # [T, (q_h | gate_h) per head | k | v]
+        self._t(i, "qkv_proj", proj)
+        q_and_gate = proj[:, :qd].unflatten(1, (Hq, 2 * D))
+        q, gate = q_and_gate[..., :D], q_and_gate[..., D:]
+        k = proj[:, qd:qd + kvd].unflatten(1, (Hkv, D))
+        v = proj[:, qd + kvd:].unflatten(1, (Hkv, D))
+        q = ops["rms_norm"](q, layer.q_norm, cfg.rms_norm_eps)
+        k = ops["rms_norm"](k, layer.k_norm, cfg.rms_norm_eps)
+        q = ops["rope"](q, positions, cfg.rotary_dim, cfg.rope_theta)
+        k = ops["rope"](k, positions, cfg.rotary_dim, cfg.rope_theta)
+        self._t(i, "q_rope", q)
+        k_cache, v_cache = cache.key[i], cache.value[i]
+        ops["kv_cache_write"](k_cache, v_cache, k, v, positions)
+        o = ops["attention"](q, k_cache, v_cache, positions)           # [T, Hq, D]
+        self._t(i, "attention", o)
+        o = ops["sigmoid_gate"](o, gate)
+        y = ops["linear"](o.reshape(T, Hq * D), layer.o_proj)
+        self._t(i, "o_proj", y)
+        return y
+
+    def mlp(self, i: int, layer, h: torch.Tensor) -> torch.Tensor:
+        """SwiGLU: one GEMM for gate and up (the input read once), silu(gate) * up, the down projection."""
+        gate_up = self.ops["linear"](h, layer.gate_up)
+        act = self.ops["silu_mul"](gate_up)
+        self._t(i, "silu_mul", act)
+        y = self.ops["linear"](act, layer.down)
+        self._t(i, "mlp", y)
+        return y
+
+    def _t(self, layer: int, name: str, t: torch.Tensor) -> None:
+        if self.trace is not None:
+            self.trace(layer, name, t)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"Qwen35Model({c.name}: {c.num_hidden_layers} layers ({c.num_linear_layers} Gated DeltaNet, "
+                f"{c.num_full_layers} gated attention), hidden {c.hidden_size}, vocab {c.vocab_size}; "
+                f"backend={self.backend}, {self.device}, {str(self.dtype).removeprefix('torch.')})")
+
+
+def load_model(source="tiny", device=None, dtype=None, backend: str = "triton") -> Qwen35Model:
+    """A snapshot directory, a preset ("tiny", "qwen3.5-0.8b") or a hub id -> a ready Qwen35Model."""
+    from .weights import load_weights
+
+    rt = runtime.choose(device, dtype)
+    config, weights = load_weights(source, device=rt.device, dtype=rt.dtype)
+    return Qwen35Model(config, weights, device=rt.device, dtype=rt.dtype, backend=backend)
+
+
+def divergence_report(model: Qwen35Model, oracle: Qwen35Model, input_ids, rtol: float | None = None) -> str:
+    """Run both models on the same prompt and name the first (layer, operator) whose output leaves tolerance.
+
+    Typical use: `oracle` is the same weights with backend="torch"; `model` has a learner's kernel in one entry.
+    """
+    records: list[list] = [[], []]
+    for m, rec in ((model, records[0]), (oracle, records[1])):
+        m.trace = lambda layer, name, t, rec=rec: rec.append((layer, name, t.detach().float().clone()))
+        try:
+            m.forward(input_ids)
+        finally:
+            m.trace = None
+    rtol = rtol if rtol is not None else (1e-3 if model.dtype == torch.float32 else 3e-2)
+    lines = []
+    for (layer, name, a), (_, _, b) in zip(*records):
+        err = float((a - b).norm() / b.norm().clamp_min(1e-30))
+        where = "embedding" if layer < 0 else ("final" if layer >= model.config.num_hidden_layers else f"layer {layer}")
+        if not torch.isfinite(a).all() or err > rtol:
+            kind = "" if layer < 0 or layer >= len(model.config.layer_types) else f" ({model.config.layer_types[layer]})"
+            lines.append(f"first divergence: {where}{kind}, operator '{name}': relative error {err:.3g} > {rtol:g}"
+                         + ("" if torch.isfinite(a).all() else " (NaN or inf in the output)"))
+            return "\n".join(lines)
+    return f"no divergence: all {len(records[1])} traced outputs within relative error {rtol:g}"
+
+
+__all__ = ["BACKENDS", "KERNEL_MODULES", "OPERATORS", "Qwen35Model", "divergence_report", "load_model",
+           "torch_ops", "triton_ops"]
