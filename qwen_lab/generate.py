@@ -67,22 +67,23 @@ def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.
 
     device = model.device
     rng = torch.Generator(device=device).manual_seed(int(seed))
+    uniforms = torch.rand(max_new_tokens, generator=rng, device=device)  # one per new token, drawn once
     sample = model.ops["sample"]
     cache = model.new_cache(capacity)
     runner = None
-    if use_graph:
+    if use_graph:  # captured before the prefill: its warm-up writes the cache, which it then resets
         from .graph import DecodeGraph
 
-        runner = DecodeGraph(model, cache, temperature=temperature, top_k=top_k, top_p=top_p)
+        runner = DecodeGraph(model, cache, temperature, top_k, top_p, uniforms)
 
     logits = model.step(ids, torch.arange(T, device=device), cache)[-1]
-    out: list[torch.Tensor] = []
+    token = sample(logits, temperature, top_k, top_p, uniforms[0]).reshape(1)
     position = torch.tensor([T], device=device)
+    if runner is not None:
+        runner.prime(token, T, 1)
+    out: list[torch.Tensor] = []
     for n in range(max_new_tokens):
-        u = torch.rand((), generator=rng, device=device)
-        token = sample(logits, temperature, top_k, top_p, u).reshape(1)
         out.append(token)
-        tok = None
         if stream is not None or eos:
             tok = int(token)  # the one host synchronisation per token: EOS and streaming need to see it
             if stream is not None:
@@ -92,10 +93,11 @@ def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.
         if n + 1 == max_new_tokens:
             break
         if runner is not None:
-            logits = runner.step(token, position)
+            token = runner.replay().clone()
         else:
             logits = model.step(token, position, cache)[-1]
-        position += 1
+            token = sample(logits, temperature, top_k, top_p, uniforms[n + 1]).reshape(1)
+            position += 1
     return torch.cat(out).cpu()
 
 

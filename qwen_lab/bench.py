@@ -1,0 +1,309 @@
+"""The benchmark table: PyTorch eager (transformers) against the course's Triton kernels, without and with
+CUDA Graph replay.
+
+    python -m qwen_lab.bench --model qwen3.5-0.8b --prefill-len 2048 --decode-steps 128 --json out.json --plot out.png
+
+Rows: `transformers-eager` (when transformers is installed: the same weights in Hugging Face's model),
+`triton` (every kernel launched from Python), `triton+cuda-graph` (prefill and decode steps replayed from
+graphs). Columns: prefill ms (T tokens, logits of the last position), decode ms/token (one token after that
+prefill), tokens/s, share of the hardware floor, kernel launches per forward.
+
+Floors are measured in the same run: the copy bandwidth (a large device-to-device copy) bounds decode, which
+must read every weight once per token; the bf16 matmul rate bounds prefill.
+On a CPU the benchmark still runs (tiny shapes, interpreter) so the code path is tested; its times mean nothing
+and the graph row is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from . import runtime
+from .kernels import count_launches
+
+
+# ---------------------------------------------------------------- timing helpers
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(fn, device, warmup: int = 2, reps: int = 10, setup=None) -> float:
+    """Median wall time of fn() in ms: CUDA events on a GPU, perf_counter on a CPU. setup() runs untimed first."""
+    for _ in range(warmup):
+        if setup:
+            setup()
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(reps):
+        if setup:
+            setup()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def measure_floors(device, dtype) -> dict:
+    """Copy bandwidth (GB/s, bytes read + written) and dense matmul rate (TFLOP/s) of this device."""
+    if device.type != "cuda":
+        return {"copy_GBps": None, "matmul_TFLOPs": None}
+    n = 512 * 2**20  # 1 GiB of bytes per buffer: far beyond L2
+    src = torch.empty(n, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), device, warmup=3, reps=20)
+    copy = 2 * n / (ms * 1e-3) / 1e9
+    a = torch.randn(8192, 8192, device=device, dtype=dtype)
+    b = torch.randn(8192, 8192, device=device, dtype=dtype)
+    ms = time_ms(lambda: a @ b, device, warmup=3, reps=20)
+    flops = 2 * 8192**3 / (ms * 1e-3) / 1e12
+    del src, dst, a, b
+    return {"copy_GBps": round(copy, 1), "matmul_TFLOPs": round(flops, 1)}
+
+
+def model_costs(config, weights, prefill_len: int) -> dict:
+    """Bytes a decode step must read and FLOPs a prefill must do (logits for the last position only)."""
+    c = config
+    weight_bytes = weights.nbytes()
+    per_token_matmul = 0
+    for kind in c.layer_types:
+        if kind == "linear_attention":
+            per_token_matmul += c.hidden_size * (c.linear_in_proj_dim + c.linear_value_dim)
+        else:
+            per_token_matmul += c.hidden_size * (c.attn_in_proj_dim + c.num_attention_heads * c.head_dim)
+        per_token_matmul += c.hidden_size * 3 * c.intermediate_size
+    flops = 2 * per_token_matmul * prefill_len + 2 * c.hidden_size * c.vocab_size
+    # causal attention: QK^T and PV over on average T/2 keys, per full-attention layer
+    flops += c.num_full_layers * 2 * 2 * c.num_attention_heads * c.head_dim * prefill_len * prefill_len / 2
+    # the delta rule: roughly 4 Dk*Dv products per token and head (state read, update, output, chunk terms)
+    flops += c.num_linear_layers * 4 * 2 * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * prefill_len
+    state_bytes = c.num_linear_layers * 2 * 4 * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim
+    return {"weight_bytes": weight_bytes, "decode_bytes": weight_bytes + state_bytes, "prefill_flops": flops}
+
+
+# ---------------------------------------------------------------- rows
+
+
+def bench_qwen_lab(model, prefill_len: int, decode_steps: int, graph: bool, gen: torch.Generator) -> dict:
+    dev = model.device
+    ids = torch.randint(0, model.config.vocab_size, (prefill_len,), generator=gen).to(dev)
+    positions = torch.arange(prefill_len, device=dev)
+    cache = model.new_cache(prefill_len + decode_steps + 1)
+    token = ids[-1:].clone()
+    pos = torch.tensor([prefill_len], device=dev)
+
+    with torch.inference_mode():
+        with count_launches() as c:
+            model.step(ids, positions, cache)
+        prefill_launches = sum(c.values())
+        with count_launches() as c:
+            model.step(token, pos, cache)
+        decode_launches = sum(c.values())
+
+        if not graph:
+            prefill_ms = time_ms(lambda: model.step(ids, positions, cache), dev, setup=cache.reset,
+                                 reps=5 if dev.type == "cuda" else 1, warmup=1)
+            cache.reset()
+            model.step(ids, positions, cache)
+
+            def decode():
+                for _ in range(decode_steps):
+                    model.step(token, pos, cache)
+            decode_ms = time_ms(decode, dev, warmup=1, reps=3 if dev.type == "cuda" else 1) / decode_steps
+            host_launches = (prefill_launches, decode_launches)
+        else:
+            from .graph import capture
+
+            def prefill_body():
+                cache.reset()
+                return model.step(ids, positions, cache)
+            g_prefill, _ = capture(prefill_body)
+            prefill_ms = time_ms(g_prefill.replay, dev, reps=10)
+            cache.reset()
+            model.step(ids, positions, cache)
+            g_decode, _ = capture(lambda: model.step(token, pos, cache), warmup=2)
+
+            def decode():
+                for _ in range(decode_steps):
+                    g_decode.replay()
+            decode_ms = time_ms(decode, dev, warmup=1, reps=5) / decode_steps
+            host_launches = (1, 1)
+    return {"prefill_ms": prefill_ms, "decode_ms": decode_ms, "kernels_prefill": prefill_launches,
+            "kernels_decode": decode_launches, "host_launches_prefill": host_launches[0],
+            "host_launches_decode": host_launches[1]}
+
+
+def bench_transformers(model, prefill_len: int, decode_steps: int, gen: torch.Generator) -> dict | None:
+    """transformers' Qwen3_5ForCausalLM (eager attention) with the same weights, or None if not installed."""
+    try:
+        from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+        from transformers.cache_utils import DynamicCache
+    except ImportError:
+        return None
+    from .weights import to_hf_state_dict
+
+    cfg = {k: v for k, v in model.config.to_hf_dict().items() if k not in ("architectures", "model_type")}
+    cfg["torch_dtype"] = model.dtype
+    hf_config = Qwen3_5TextConfig(**cfg)
+    hf_config._attn_implementation = "eager"
+    with torch.device("meta"):
+        hf = Qwen3_5ForCausalLM(hf_config)
+    hf.load_state_dict(to_hf_state_dict(model.config, model.weights), strict=False, assign=True)
+    hf = hf.to(device=model.device, dtype=model.dtype)
+    if model.config.tie_word_embeddings:
+        hf.lm_head.weight = hf.model.embed_tokens.weight
+    # Buffers (rotary inverse frequencies) were created on the meta device: rebuild them for real.
+    hf.model.rotary_emb = type(hf.model.rotary_emb)(config=hf_config).to(model.device)
+    hf.eval()
+    dev = model.device
+    ids = torch.randint(0, model.config.vocab_size, (1, prefill_len), generator=gen).to(dev)
+    with torch.inference_mode():
+        prefill_ms = time_ms(lambda: hf(input_ids=ids, logits_to_keep=1), dev, warmup=1,
+                             reps=3 if dev.type == "cuda" else 1)
+        cache = DynamicCache(config=hf_config)
+        hf(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        tok = ids[:, -1:]
+
+        def decode():
+            for _ in range(decode_steps):
+                hf(input_ids=tok, past_key_values=cache, use_cache=True)
+        decode_ms = time_ms(decode, dev, warmup=0, reps=1) / decode_steps
+    del hf
+    return {"prefill_ms": prefill_ms, "decode_ms": decode_ms, "kernels_prefill": None, "kernels_decode": None,
+            "host_launches_prefill": None, "host_launches_decode": None}
+
+
+# ---------------------------------------------------------------- the table
+
+
+def run(source: str = "qwen3.5-0.8b", prefill_len: int = 2048, decode_steps: int = 128, rows=None,
+        seed: int = 0, progress: bool = True) -> dict:
+    from .model import load_model
+
+    rt = runtime.choose()
+    model = load_model(source, backend="triton")
+    gen = torch.Generator().manual_seed(seed)
+    floors = measure_floors(rt.device, rt.dtype)
+    costs = model_costs(model.config, model.weights, prefill_len)
+    if floors["copy_GBps"]:
+        floors["decode_ms"] = costs["decode_bytes"] / (floors["copy_GBps"] * 1e9) * 1e3
+        floors["prefill_ms"] = costs["prefill_flops"] / (floors["matmul_TFLOPs"] * 1e12) * 1e3
+    floors.update({k: costs[k] for k in ("weight_bytes", "decode_bytes", "prefill_flops")})
+    wanted = rows or ["transformers-eager", "triton", "triton+cuda-graph"]
+    result = {"gpu": torch.cuda.get_device_name() if rt.device.type == "cuda" else "cpu (Triton interpreter)",
+              "dtype": str(rt.dtype).removeprefix("torch."), "config": model.config.name,
+              "prefill_len": prefill_len, "decode_steps": decode_steps, "floors": floors, "rows": [],
+              "skipped": [], "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__}
+    for name in wanted:
+        if progress:
+            print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+        if name == "transformers-eager":
+            row = bench_transformers(model, prefill_len, decode_steps, gen)
+            if row is None:
+                result["skipped"].append("transformers-eager: transformers is not installed")
+                continue
+        elif name == "triton":
+            row = bench_qwen_lab(model, prefill_len, decode_steps, graph=False, gen=gen)
+        elif name == "triton+cuda-graph":
+            if rt.device.type != "cuda":
+                result["skipped"].append("triton+cuda-graph: CUDA Graphs need an NVIDIA GPU")
+                continue
+            row = bench_qwen_lab(model, prefill_len, decode_steps, graph=True, gen=gen)
+        else:
+            raise ValueError(f"unknown row {name!r}; expected transformers-eager, triton or triton+cuda-graph")
+        row = {"name": name, **row, "tokens_per_s": 1e3 / row["decode_ms"]}
+        if "decode_ms" in floors:
+            row["decode_floor_share"] = floors["decode_ms"] / row["decode_ms"]
+            row["prefill_floor_share"] = floors["prefill_ms"] / row["prefill_ms"]
+        result["rows"].append(row)
+    return result
+
+
+def format_table(result: dict) -> str:
+    f = result["floors"]
+    lines = [f"{result['config']} on {result['gpu']}, {result['dtype']}, prefill {result['prefill_len']} tokens, "
+             f"decode after it ({result['date']})", ""]
+    head = "| row | prefill ms | decode ms/token | tokens/s | decode floor share | prefill floor share | kernels prefill / decode | host launches |"
+    lines += [head, "|" + " --- |" * 8]
+
+    def fmt(x, spec):
+        return "-" if x is None else format(x, spec)
+    for r in result["rows"]:
+        lines.append(f"| {r['name']} | {fmt(r['prefill_ms'], '.2f')} | {fmt(r['decode_ms'], '.3f')} | "
+                     f"{fmt(r['tokens_per_s'], '.0f')} | {fmt(r.get('decode_floor_share'), '.0%')} | "
+                     f"{fmt(r.get('prefill_floor_share'), '.0%')} | {fmt(r['kernels_prefill'], 'd')} / "
+                     f"{fmt(r['kernels_decode'], 'd')} | {fmt(r['host_launches_decode'], 'd')} |")
+    if "decode_ms" in f:
+        lines += ["", f"floors: decode {f['decode_ms']:.3f} ms ({f['decode_bytes'] / 1e9:.3f} GB at "
+                      f"{f['copy_GBps']:.0f} GB/s copy), prefill {f['prefill_ms']:.2f} ms "
+                      f"({f['prefill_flops'] / 1e12:.2f} TFLOP at {f['matmul_TFLOPs']:.0f} TFLOP/s)"]
+    for s in result["skipped"]:
+        lines.append(f"skipped: {s}")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: str) -> None:
+    """Bars of prefill and decode time per row, with the measured floors as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    names = [r["name"] for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, floor, title in ((axes[0], "prefill_ms", "prefill_ms", f"prefill {result['prefill_len']} tokens"),
+                                  (axes[1], "decode_ms", "decode_ms", "decode, per token")):
+        vals = [r[key] for r in rows]
+        bars = ax.bar(names, vals, color=["#999999", "#4c72b0", "#55a868"][:len(rows)])
+        ax.bar_label(bars, labels=[f"{v:.3g} ms" for v in vals])
+        if floor in result["floors"]:
+            ax.axhline(result["floors"][floor], color="red", ls="--", label="hardware floor")
+            ax.legend()
+        ax.set_yscale("log")
+        ax.set_ylabel("ms (log scale)")
+        ax.set_title(title)
+    fig.suptitle(f"{result['config']} on {result['gpu']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m qwen_lab.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="qwen3.5-0.8b")
+    p.add_argument("--prefill-len", type=int, default=2048)
+    p.add_argument("--decode-steps", type=int, default=128)
+    p.add_argument("--rows", nargs="*", default=None, help="subset of: transformers-eager triton triton+cuda-graph")
+    p.add_argument("--json", default=None, help="write the result as JSON to this file")
+    p.add_argument("--plot", default=None, help="write the bar chart to this PNG file")
+    args = p.parse_args(argv)
+    result = run(args.model, args.prefill_len, args.decode_steps, rows=args.rows)
+    print(format_table(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    if args.plot:
+        plot(result, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""generate(): argument checking, EOS, sampling reproducibility, and the command line."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import qwen_lab
+from qwen_lab import GenerationError
+
+
+@pytest.fixture(scope="module")
+def model():
+    return qwen_lab.load_model("tiny", device="cpu", dtype=torch.float32, backend="torch")
+
+
+@pytest.mark.parametrize("kwargs, names", [
+    (dict(max_new_tokens=-1), "max_new_tokens"),
+    (dict(max_new_tokens=2.5), "max_new_tokens"),
+    (dict(temperature=-0.1), "temperature"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_k=-3), "top_k"),
+])
+def test_bad_sampling_arguments_raise_naming_the_argument(model, kwargs, names):
+    with pytest.raises(GenerationError, match=names):
+        qwen_lab.generate(model, [1, 2, 3], **kwargs)
+
+
+@pytest.mark.parametrize("ids, fragment", [
+    ([], "empty"),
+    (torch.tensor([], dtype=torch.long), "empty"),
+    ([1, 2, 512], "outside \\[0, 512\\)"),
+    ([-1, 2], "outside"),
+    (torch.tensor([1.0, 2.0]), "integer"),
+    ("hello", "integer token ids|expected"),
+    (torch.ones(2, 3, dtype=torch.long), "shape"),
+])
+def test_bad_prompts_raise(model, ids, fragment):
+    with pytest.raises(GenerationError, match=fragment):
+        qwen_lab.generate(model, ids, max_new_tokens=2)
+
+
+def test_prompt_longer_than_the_cache_raises(model):
+    with pytest.raises(GenerationError, match="max_len=4"):
+        qwen_lab.generate(model, list(range(10)), max_new_tokens=2, max_len=4)
+    with pytest.raises(GenerationError, match="exceeds the cache"):
+        qwen_lab.generate(model, list(range(3)), max_new_tokens=5, max_len=4)
+
+
+def test_forward_rejects_bad_ids_too(model):
+    with pytest.raises(GenerationError, match="outside"):
+        model.forward([0, 9999])
+
+
+def test_zero_new_tokens_gives_an_empty_result(model):
+    out = qwen_lab.generate(model, [1, 2, 3], max_new_tokens=0)
+    assert out.dtype == torch.long and out.numel() == 0
+
+
+def test_sampling_is_reproducible_by_seed_and_varies_across_seeds(model):
+    a = qwen_lab.generate(model, [3, 4, 5], max_new_tokens=12, temperature=1.5, seed=7, eos_token_ids=())
+    b = qwen_lab.generate(model, [3, 4, 5], max_new_tokens=12, temperature=1.5, seed=7, eos_token_ids=())
+    others = [qwen_lab.generate(model, [3, 4, 5], max_new_tokens=12, temperature=1.5, seed=s, eos_token_ids=())
+              for s in (8, 9, 10)]
+    assert a.tolist() == b.tolist()
+    assert any(o.tolist() != a.tolist() for o in others)
+
+
+def test_top_k_one_is_greedy(model):
+    greedy = qwen_lab.generate(model, [3, 4, 5], max_new_tokens=10, eos_token_ids=())
+    top1 = qwen_lab.generate(model, [3, 4, 5], max_new_tokens=10, temperature=0.8, top_k=1, seed=3,
+                             eos_token_ids=())
+    assert greedy.tolist() == top1.tolist()
+
+
+def test_generation_stops_at_eos_and_streams(model):
+    greedy = qwen_lab.generate(model, [3, 4, 5], max_new_tokens=10, eos_token_ids=())
+    stop = int(greedy[4])
+    first = greedy.tolist().index(stop)
+    seen = []
+    out = qwen_lab.generate(model, [3, 4, 5], max_new_tokens=10, eos_token_ids=[stop], stream=seen.append)
+    assert out.tolist() == greedy.tolist()[:first + 1]
+    assert seen == out.tolist()
+
+
+def test_cuda_graph_on_cpu_is_refused(model):
+    with pytest.raises(GenerationError, match="cuda_graph"):
+        qwen_lab.generate(model, [1, 2], max_new_tokens=2, cuda_graph=True)
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "qwen_lab.generate", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_cli_generates_on_the_tiny_default():
+    r = run_cli("--max-new-tokens", "4", "--backend", "torch")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("The GPU reads every weight")
+    assert "4 tokens" in r.stderr or "tokens in" in r.stderr
+
+
+def test_cli_chat_uses_the_template():
+    r = run_cli("--chat", "--prompt", "hi", "--max-new-tokens", "3", "--backend", "torch", "--temperature", "0.7",
+                "--top-p", "0.9", "--seed", "1")
+    assert r.returncode == 0, r.stderr
+    assert "<|im_start|>user\nhi<|im_end|>" in r.stdout and "<|im_start|>assistant\n" in r.stdout
+
+
+def test_cli_reports_bad_arguments_in_one_line():
+    r = run_cli("--top-p", "2")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith("error: top_p=2")

@@ -1,0 +1,110 @@
+"""The whole model against transformers' Qwen3_5ForCausalLM, on random tiny configs.
+
+Each config is saved by transformers as a real snapshot and read back through qwen_lab's loader, so these tests
+cover the loader's fusion and the forward graph together. Norm weights are random (transformers initialises them
+to 0 and 1, which would hide a missing `1 + w`).
+"""
+
+import pytest
+import torch
+
+from hf_models import make_hf_model, save_hf_snapshot
+from qwen_lab import checks
+from qwen_lab.config import FULL, LINEAR, TINY
+from qwen_lab.generate import generate
+from qwen_lab.model import Qwen35Model, load_model
+
+CONFIGS = {
+    # the tiny preset itself: tied head, Hv = 2 Hk
+    "tiny": TINY,
+    # untied head, Hv == Hk, key and value head dims differ, widths that are not powers of two
+    "untied_equal_heads": TINY.replace(tie_word_embeddings=False, hidden_size=48, intermediate_size=100,
+                                       linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=12,
+                                       linear_value_head_dim=20, name="untied_equal_heads"),
+    # Hv = 3 Hk, a non-default layer pattern (attention first), head_dim 24 with rotary 12, 2 query heads per KV head
+    "three_to_one": TINY.replace(num_hidden_layers=5, layer_types=(FULL, LINEAR, LINEAR, FULL, LINEAR),
+                                 linear_num_key_heads=1, linear_num_value_heads=3, linear_value_head_dim=8,
+                                 head_dim=24, partial_rotary_factor=0.5, num_attention_heads=4,
+                                 num_key_value_heads=2, vocab_size=300, name="three_to_one"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def pair(request, tmp_path_factory):
+    """(transformers model, qwen_lab model on the torch backend) with the same random weights."""
+    cfg = CONFIGS[request.param]
+    hf = make_hf_model(cfg, seed=1)
+    path = tmp_path_factory.mktemp(request.param)
+    save_hf_snapshot(hf, path)
+    ours = load_model(str(path), device="cpu", dtype=torch.float32, backend="torch")
+    return hf, ours
+
+
+def hf_logits(hf, ids):
+    with torch.no_grad():
+        return hf(ids[None]).logits[0].float()
+
+
+@pytest.mark.parametrize("T", [1, 5, 64, 65, 130])
+def test_prefill_logits_match_transformers(pair, T, gen):
+    hf, ours = pair
+    ids = torch.randint(0, ours.config.vocab_size, (T,), generator=gen)
+    got = ours.forward(ids)
+    want = hf_logits(hf, ids)
+    assert got.shape == (T, ours.config.vocab_size) and got.dtype == torch.float32
+    assert checks.relative_error(got, want) <= 1e-4
+
+
+def test_decode_steps_equal_a_longer_prefill(pair, gen):
+    hf, ours = pair
+    ids = torch.randint(0, ours.config.vocab_size, (70,), generator=gen)
+    want = hf_logits(hf, ids)
+    cache = ours.new_cache(80)
+    with torch.inference_mode():
+        got = [ours.step(ids[:66], torch.arange(66), cache)[-1]]
+        for t in range(66, 70):
+            got.append(ours.step(ids[t:t + 1], torch.tensor([t]), cache)[-1])
+    for j, logits in enumerate(got):
+        assert checks.relative_error(logits.float(), want[65 + j]) <= 1e-4, f"decode step {j}"
+
+
+def test_greedy_generation_matches_transformers_token_for_token(pair, gen):
+    hf, ours = pair
+    prompt = torch.randint(0, ours.config.vocab_size, (9,), generator=gen)
+    with torch.no_grad():
+        want = hf.generate(prompt[None], max_new_tokens=12, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)[0, 9:]
+    got = generate(ours, prompt, max_new_tokens=12, eos_token_ids=())
+    assert got.tolist() == want.tolist()
+
+
+def test_sharded_multimodal_snapshot_matches(tmp_path, gen):
+    cfg = CONFIGS["untied_equal_heads"]
+    hf = make_hf_model(cfg, seed=3, multimodal=True)
+    save_hf_snapshot(hf, tmp_path, max_shard_size="60KB")
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 1, "the snapshot should be sharded"
+    ours = load_model(str(tmp_path), device="cpu", dtype=torch.float32, backend="torch")
+    ids = torch.randint(0, cfg.vocab_size, (33,), generator=gen)
+    with torch.no_grad():
+        want = hf(input_ids=ids[None]).logits[0].float()
+    assert checks.relative_error(ours.forward(ids), want) <= 1e-4
+
+
+def test_forward_accepts_batch_of_one_and_lists():
+    model = load_model("tiny", device="cpu", dtype=torch.float32, backend="torch")
+    a = model.forward(torch.tensor([[1, 2, 3]]))
+    b = model.forward([1, 2, 3])
+    assert torch.equal(a, b)
+
+
+def test_divergence_report_names_the_broken_operator():
+    from qwen_lab import reference
+    from qwen_lab.model import divergence_report
+
+    good = load_model("tiny", device="cpu", dtype=torch.float32, backend="torch")
+    bad = Qwen35Model(good.config, good.weights, device="cpu", dtype=torch.float32, backend="torch")
+    # the classic mistake: RMSNorm with plain w instead of (1 + w), used for every norm including q/k
+    bad.ops["rms_norm"] = lambda x, w, eps: reference.rms_norm(x, w - 1.0, eps)
+    report = divergence_report(bad, good, [5, 6, 7, 8])
+    assert "layer 0" in report and "input_norm" in report
+    assert divergence_report(good, good, [5, 6, 7, 8]).startswith("no divergence")
