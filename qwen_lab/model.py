@@ -81,7 +81,8 @@ class Qwen35Model:
             self.ops, self.fallbacks = torch_ops(), []
         else:
             self.ops, self.fallbacks = triton_ops()
-        self.trace: Callable | None = None  # trace(layer, op_name, tensor): see qwen_lab.model.divergence
+        self.trace: Callable | None = None  # trace(layer, op_name, tensor): see divergence_report
+        self.layer_index = -1                # the layer being computed (-1: embedding; num_layers: the head)
 
     # ---------------------------------------------------------------- public API
     def new_cache(self, max_len: int) -> Cache:
@@ -131,11 +132,14 @@ class Qwen35Model:
         """
         cfg, W, ops = self.config, self.weights, self.ops
         eps = cfg.rms_norm_eps
+        self.layer_index = -1
         x = ops["embedding"](ids, W.embed)
         self._t(-1, "embedding", x)
+        self.layer_index = 0
         h = ops["rms_norm"](x, W.layers[0].input_norm, eps)
         self._t(0, "input_norm", h)
         for i, layer in enumerate(W.layers):
+            self.layer_index = i
             if i > 0:
                 h, x = ops["add_rms_norm"](y, x, layer.input_norm, eps)
                 self._t(i, "input_norm", h)
@@ -146,6 +150,7 @@ class Qwen35Model:
             h, x = ops["add_rms_norm"](y, x, layer.post_norm, eps)
             self._t(i, "post_attention_norm", h)
             y = self.mlp(i, layer, h)
+        self.layer_index = len(W.layers)
         if not all_logits:
             y, x = y[-1:], x[-1:]
         h, x = ops["add_rms_norm"](y, x, W.final_norm, eps)
@@ -236,6 +241,37 @@ def load_model(source="tiny", device=None, dtype=None, backend: str = "triton") 
     return Qwen35Model(config, weights, device=rt.device, dtype=rt.dtype, backend=backend)
 
 
+def record_operators(model: Qwen35Model, num_tokens: int, decode: bool = False) -> list[tuple[int, str]]:
+    """The (layer, operator) calls of one prefill of num_tokens tokens, or of one decode step after it.
+
+    Layer -1 is the embedding, num_hidden_layers the final norm and LM head. Counted by running the model with
+    every entry of its operator table wrapped, so the count is the graph's, not a hand tally.
+    """
+    calls: list[tuple[int, str]] = []
+    original = dict(model.ops)
+
+    def wrap(name, fn):
+        def counted(*args, **kwargs):
+            calls.append((model.layer_index, name))
+            return fn(*args, **kwargs)
+        return counted
+
+    ids = torch.zeros(num_tokens, dtype=torch.long, device=model.device)
+    cache = model.new_cache(num_tokens + 1)
+    with torch.inference_mode():
+        if decode:
+            model.step(ids, torch.arange(num_tokens, device=model.device), cache)
+        model.ops = {name: wrap(name, fn) for name, fn in original.items()}
+        try:
+            if decode:
+                model.step(ids[:1], torch.tensor([num_tokens], device=model.device), cache)
+            else:
+                model.step(ids, torch.arange(num_tokens, device=model.device), cache)
+        finally:
+            model.ops = original
+    return calls
+
+
 def divergence_report(model: Qwen35Model, oracle: Qwen35Model, input_ids, rtol: float | None = None) -> str:
     """Run both models on the same prompt and name the first (layer, operator) whose output leaves tolerance.
 
@@ -262,4 +298,5 @@ def divergence_report(model: Qwen35Model, oracle: Qwen35Model, input_ids, rtol: 
 
 
 __all__ = ["BACKENDS", "KERNEL_MODULES", "OPERATORS", "Qwen35Model", "divergence_report", "load_model",
+           "record_operators",
            "torch_ops", "triton_ops"]
