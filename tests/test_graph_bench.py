@@ -1,0 +1,76 @@
+"""CUDA Graph replay and the benchmark table.
+
+On a CPU: the benchmark runs end to end on the tiny model (its times mean nothing there) and reports the graph
+row as skipped; a graph capture is refused with a clear message. On a GPU: graph replay generates exactly the
+tokens eager decoding does, and a capture that synchronises with the host fails with a useful message.
+"""
+
+import json
+
+import pytest
+import torch
+
+import qwen_lab
+from qwen_lab import bench
+from qwen_lab.graph import GraphCaptureError, capture
+
+
+def test_bench_runs_on_the_tiny_model_and_writes_json(tmp_path):
+    result = bench.run("tiny", prefill_len=9, decode_steps=2, rows=["triton", "triton+cuda-graph"], progress=False)
+    names = [r["name"] for r in result["rows"]]
+    assert "triton" in names
+    row = result["rows"][names.index("triton")]
+    assert row["prefill_ms"] > 0 and row["decode_ms"] > 0 and row["tokens_per_s"] > 0
+    assert row["kernels_decode"] > 0 and row["kernels_prefill"] >= row["kernels_decode"]
+    if not torch.cuda.is_available():
+        assert any("cuda-graph" in s for s in result["skipped"])
+    table = bench.format_table(result)
+    assert "| triton |" in table
+    path = tmp_path / "bench.json"
+    bench.main(["--model", "tiny", "--prefill-len", "5", "--decode-steps", "1", "--rows", "triton",
+                "--json", str(path), "--plot", str(tmp_path / "bench.png")])
+    data = json.loads(path.read_text())
+    assert set(data) >= {"gpu", "config", "floors", "rows"}
+    assert data["rows"][0]["name"] == "triton" and data["rows"][0]["prefill_ms"] > 0
+    assert (tmp_path / "bench.png").stat().st_size > 1000
+
+
+def test_model_costs_match_the_documented_floors():
+    from qwen_lab.config import QWEN35_0_8B
+    from qwen_lab.weights import expected_tensors
+
+    class W:  # only nbytes() is read
+        @staticmethod
+        def nbytes():
+            return 2 * sum(torch.Size(s).numel() for s in expected_tensors(QWEN35_0_8B).values())
+    costs = bench.model_costs(QWEN35_0_8B, W, 2048)
+    assert abs(costs["weight_bytes"] / 1e9 - 1.505) < 0.002       # QWEN35.md: 1.505 GB read once per token
+    assert 2.0e12 < costs["prefill_flops"] < 2.5e12                # QWEN35.md: about 2.25 TFLOP
+
+
+def test_capture_without_a_gpu_is_refused_clearly():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: see the gpu tests")
+    with pytest.raises(GraphCaptureError, match="NVIDIA GPU"):
+        capture(lambda: None)
+
+
+@pytest.mark.gpu
+def test_graph_replay_generates_what_eager_decoding_does():
+    model = qwen_lab.load_model("qwen3.5-0.8b")
+    prompt = torch.randint(0, 1000, (37,))
+    eager = qwen_lab.generate(model, prompt, max_new_tokens=24, cuda_graph=False, eos_token_ids=())
+    graph = qwen_lab.generate(model, prompt, max_new_tokens=24, cuda_graph=True, eos_token_ids=())
+    assert graph.tolist() == eager.tolist()
+    eager = qwen_lab.generate(model, prompt, max_new_tokens=16, temperature=0.8, top_p=0.9, seed=5,
+                              cuda_graph=False, eos_token_ids=())
+    graph = qwen_lab.generate(model, prompt, max_new_tokens=16, temperature=0.8, top_p=0.9, seed=5,
+                              cuda_graph=True, eos_token_ids=())
+    assert graph.tolist() == eager.tolist()
+
+
+@pytest.mark.gpu
+def test_capturing_a_host_sync_names_the_likely_cause():
+    x = torch.ones(4, device="cuda")
+    with pytest.raises(GraphCaptureError, match=r"\.item\(\)"):
+        capture(lambda: (x * 2).sum().item())
