@@ -1,0 +1,445 @@
+"""The tokenizer: `tokenizer.json` through the `tokenizers` library, plus the snapshot's chat template.
+
+    tok = qwen_lab.load_tokenizer("tiny")          # or a snapshot directory, a preset, a hub id
+    ids = tok.encode("Hello, Triton!")             # list[int]
+    text = tok.decode(ids)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Hi"}])   # ChatML text, ready to encode
+    decoder = tok.stream_decoder()                 # during generation: decoder.push(id) -> newly printable text
+
+Qwen's tokenizer is a byte-level BPE: text is split by a regex into words, each word's UTF-8 bytes are
+mapped to printable characters, and learned merges join them into tokens. A token can therefore hold
+part of a multi-byte character; `stream_decoder` waits until the character is complete before printing.
+
+The tiny model's tokenizer is built here (`write_tiny_tokenizer`): the same pre-tokenizer as Qwen's,
+with 253 merges learned from a short embedded English text, 256 byte tokens and the special tokens
+`<|endoftext|>`, `<|im_start|>`, `<|im_end|>`: 512 tokens, the tiny config's vocab_size. The training
+and the JSON writing are done here by hand so that the files are identical on every machine.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections import Counter
+from pathlib import Path
+
+from .errors import CheckpointError
+
+TOKENIZER_PATTERNS = ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json",
+                      "chat_template.jinja", "special_tokens_map.json"]
+"""What `snapshot_download` fetches when only the tokenizer of a hub id is wanted."""
+
+# Qwen3.5's pre-tokenizer regex: contractions, letter runs (with one leading non-letter), single digits,
+# punctuation runs, newlines, spaces.
+PRETOKENIZE_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+                     r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+TINY_VOCAB_SIZE = 512
+TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+TINY_SPECIAL_IDS = {tok: TINY_VOCAB_SIZE - len(TINY_SPECIAL_TOKENS) + i for i, tok in enumerate(TINY_SPECIAL_TOKENS)}
+
+# ChatML, as Qwen writes it: every message is <|im_start|>{role}\n{content}<|im_end|>\n; a generation prompt opens
+# the assistant's turn. Content may also be a list of parts ({"type": "text", "text": ...}).
+TINY_CHAT_TEMPLATE = (
+    "{%- for message in messages %}\n"
+    "    {%- if message['content'] is string %}\n"
+    "        {%- set content = message['content'] %}\n"
+    "    {%- else %}\n"
+    "        {%- set content = message['content'] | selectattr('type', 'equalto', 'text')"
+    " | map(attribute='text') | join('') %}\n"
+    "    {%- endif %}\n"
+    "    {{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>' + '\\n' }}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    "{%- endif %}\n"
+)
+
+# The text the tiny tokenizer's merges are learned from.
+TINY_CORPUS = """\
+This course builds the forward pass of a small language model out of kernels that you write yourself.
+Each notebook adds one kernel: the embedding, the normalization, the matrix multiplication, the rotary
+embedding, the attention, the convolution and the delta rule. Every kernel is checked against a plain
+PyTorch reference before the next notebook uses it. At the end the whole model generates text with
+your kernels, and a benchmark compares its speed with the reference implementation.
+
+Triton is a language for writing GPU kernels in Python. A Triton kernel runs as many programs at once;
+each program works on one block of the data. You load a block from memory, compute on it, and store
+the result. The compiler decides how the threads of a block share the work, so you think in blocks and
+tiles, not in single threads. When there is no GPU, the Triton interpreter runs the same kernel on the
+CPU with NumPy, one program at a time. It is slow, but it lets you test a kernel anywhere.
+
+A GPU has thousands of cores and a memory with a very high bandwidth. Most kernels of a language model
+are limited by memory, not by arithmetic: to generate one token, every weight of the model is read once
+from memory. The time to read the weights is the floor for the time per token. A matrix multiplication
+of a long prompt is limited by arithmetic instead, and there the tensor cores do the work.
+
+The model is a hybrid. Three of every four layers use Gated DeltaNet, a linear attention with a state
+of fixed size that is updated by the delta rule. The fourth layer uses gated attention: queries, keys
+and values with a key value cache, a causal softmax, and a sigmoid gate on the output. Every layer then
+has a gated feed forward network. The tokens are the input, and the output is a score for each token of
+the vocabulary: the logits. The next token is sampled from these scores, with a temperature, top k and
+top p.
+
+The user asks a question and the assistant answers it. The system message tells the assistant how to
+behave. Hello! How are you today? I am fine, thank you. What is a kernel? A kernel is a function that
+runs on the GPU. Why is the model fast? Because it reads its weights only once for every token, and the
+kernels are launched from a graph. Please explain the attention in simple words. The attention lets each
+token look at the tokens before it and take a weighted mean of their values.
+
+We measure the time of each kernel in milliseconds and the number of tokens per second. We compare the
+bandwidth that a kernel reaches with the bandwidth of the memory. A good kernel reaches more than eighty
+percent of it. We check the results with a tolerance: the values of a kernel and of the reference are
+close, but not equal, because the order of the additions is different. In float32 the error is small;
+in bfloat16 it is larger, and the test uses a larger tolerance.
+
+The weights of the model are stored in safetensors files. The loader reads the header of each file,
+checks the name and the shape of every tensor against the config, and fuses the projections that read
+the same input into one matrix. The tokenizer splits the text into words and the words into tokens with
+byte pair encoding. A token is a piece of a word, a whole word, a number, a space, or a sign like . , ; : ! ?
+The chat template writes each message between a start marker and an end marker with its role: system,
+user, assistant. Numbers are split into digits: 0 1 2 3 4 5 6 7 8 9, 10, 64, 128, 256, 1024, 2048, 4096.
+"""
+
+
+# ------------------------------------------------------------------ the tokenizer
+
+
+class Tokenizer:
+    """A snapshot's tokenizer: encode, decode, the chat template, the end-of-sequence ids."""
+
+    def __init__(self, tokenizer, *, chat_template: str | None = None, eos_token_ids=(), source: str = "",
+                 bos_token: str | None = None, eos_token: str | None = None):
+        self._tok = tokenizer
+        self.chat_template = chat_template
+        self.eos_token_ids: tuple[int, ...] = tuple(int(i) for i in eos_token_ids)
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self._valid: list[bool] | None = None
+
+    @classmethod
+    def from_dir(cls, directory) -> "Tokenizer":
+        """Read tokenizer.json, tokenizer_config.json (chat template), generation_config.json / config.json (eos)."""
+        from tokenizers import Tokenizer as _Tok
+
+        directory = Path(directory)
+        path = directory / "tokenizer.json"
+        if not path.is_file():
+            raise CheckpointError(f"{directory}: no tokenizer.json; expected the snapshot's tokenizer files "
+                                  "(tokenizer.json, tokenizer_config.json) beside config.json")
+        try:
+            tok = _Tok.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception for a bad file
+            raise CheckpointError(f"{path}: could not read the tokenizer ({e})") from None
+        tcfg = _read_json(directory / "tokenizer_config.json") or {}
+        template = None
+        if (directory / "chat_template.jinja").is_file():
+            template = (directory / "chat_template.jinja").read_text()
+        elif isinstance(tcfg.get("chat_template"), str):
+            template = tcfg["chat_template"]
+        elif isinstance(tcfg.get("chat_template"), list):  # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in tcfg["chat_template"] if isinstance(t, dict)}
+            template = named.get("default") or next(iter(named.values()), None)
+        bos, eos = _token_text(tcfg.get("bos_token")), _token_text(tcfg.get("eos_token"))
+        eos_ids = _eos_ids(_read_json(directory / "generation_config.json"))
+        if not eos_ids:
+            cfg = _read_json(directory / "config.json") or {}
+            eos_ids = _eos_ids(cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg)
+            if not eos_ids:
+                eos_ids = _eos_ids(cfg)
+        if not eos_ids and eos is not None and tok.token_to_id(eos) is not None:
+            eos_ids = (tok.token_to_id(eos),)
+        return cls(tok, chat_template=template, eos_token_ids=eos_ids, source=str(directory), bos_token=bos,
+                   eos_token=eos)
+
+    # ---- vocabulary
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids the tokenizer knows, special tokens included."""
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        """The special tokens (like <|im_start|>) and their ids."""
+        return {t.content: i for i, t in sorted(self._tok.get_added_tokens_decoder().items()) if t.special}
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(int(token_id))
+
+    # ---- text <-> ids
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`. Special tokens written in the text (like <|im_start|>) become their single id."""
+        if not isinstance(text, str):
+            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        """Text of `ids`. An id the tokenizer does not know decodes to a visible `<|id:N|>` instead of failing
+        (a random-weight model has a bigger vocabulary than the tiny tokenizer)."""
+        ids = _id_list(ids)
+        valid = self._valid_ids()
+        pieces, run = [], []
+        for i in ids:
+            if 0 <= i < len(valid) and valid[i]:
+                run.append(i)
+                continue
+            if run:
+                pieces.append(self._tok.decode(run, skip_special_tokens=skip_special_tokens))
+                run = []
+            pieces.append(f"<|id:{i}|>")
+        if run:
+            pieces.append(self._tok.decode(run, skip_special_tokens=skip_special_tokens))
+        return "".join(pieces)
+
+    def _valid_ids(self) -> list[bool]:
+        if self._valid is None:
+            n = max(self.vocab_size, max(self._tok.get_added_tokens_decoder(), default=-1) + 1)
+            self._valid = [self._tok.id_to_token(i) is not None for i in range(n)]
+        return self._valid
+
+    def stream_decoder(self, skip_special_tokens: bool = False) -> "StreamDecoder":
+        """A decoder for generation: `push(id)` returns the text that became printable with that token."""
+        return StreamDecoder(self, skip_special_tokens)
+
+    # ---- chat
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, **kwargs) -> str:
+        """Render `messages` ([{"role": ..., "content": ...}, ...]) with the snapshot's Jinja chat template.
+
+        Returns text (special tokens written out); encode it with `encode`. Extra keyword arguments reach the
+        template (e.g. `enable_thinking=False` for templates that read it).
+        """
+        if self.chat_template is None:
+            raise CheckpointError(f"{self.source}: the tokenizer has no chat template (no 'chat_template' in "
+                                  "tokenizer_config.json and no chat_template.jinja)")
+        if not isinstance(messages, (list, tuple)) or not all(
+                isinstance(m, dict) and "role" in m and "content" in m for m in messages):
+            raise ValueError("messages: expected a list of {'role': ..., 'content': ...} dicts, got "
+                             f"{messages!r:.200}")
+        ctx = dict(bos_token=self.bos_token or "", eos_token=self.eos_token or "", tools=None, documents=None)
+        ctx.update(kwargs)
+        return _render(self.chat_template, messages=list(messages), add_generation_prompt=add_generation_prompt,
+                       **ctx)
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer({self.source}: {self.vocab_size} tokens, eos {list(self.eos_token_ids)}, "
+                f"chat template {'yes' if self.chat_template else 'no'})")
+
+
+class StreamDecoder:
+    """Turns generated token ids into text as they arrive.
+
+    A byte-level token can end in the middle of a multi-byte UTF-8 character; decoding it alone would print
+    U+FFFD. `push` therefore decodes the recent tokens together and returns only the text that is complete,
+    holding back a trailing partial character until the tokens that finish it arrive.
+    """
+
+    MAX_PENDING = 8  # tokens held back at most: past that, the bytes are invalid UTF-8 and are shown as U+FFFD
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.ids: list[int] = []
+        self._prefix = 0   # start of the context decoded together with the new tokens
+        self._read = 0     # everything before this has been returned
+
+    def push(self, token_id) -> str:
+        """Add one token id; return the newly printable text ('' while a character is incomplete)."""
+        self.ids.append(int(token_id))
+        return self._emit(final=False)
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character shows as U+FFFD)."""
+        return self._emit(final=True)
+
+    def _emit(self, final: bool) -> str:
+        if self._read == len(self.ids):
+            return ""
+        dec = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)  # noqa: E731
+        before = dec(self.ids[self._prefix:self._read])
+        now = dec(self.ids[self._prefix:])
+        if not final and now.endswith("\ufffd") and len(self.ids) - self._read < self.MAX_PENDING:
+            return ""
+        self._prefix, self._read = self._read, len(self.ids)
+        return now[len(before):] if now.startswith(before) else now
+
+
+def load_tokenizer(source="tiny") -> Tokenizer:
+    """The tokenizer of a snapshot directory, "tiny", a random-weight preset (-> the tiny tokenizer) or a hub id."""
+    from .config import Qwen35Config
+    from .weights import TINY_DIR, resolve_source
+
+    where = resolve_source(source, allow_patterns=TOKENIZER_PATTERNS)
+    if isinstance(where, Qwen35Config):
+        where = TINY_DIR
+    return Tokenizer.from_dir(where)
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _read_json(path: Path):
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
+def _token_text(tok) -> str | None:
+    if isinstance(tok, dict):
+        return tok.get("content")
+    return tok if isinstance(tok, str) else None
+
+
+def _eos_ids(cfg) -> tuple[int, ...]:
+    if not isinstance(cfg, dict):
+        return ()
+    eos = cfg.get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+
+
+def _id_list(ids) -> list[int]:
+    if hasattr(ids, "tolist"):  # a tensor or an array
+        ids = ids.tolist()
+    if isinstance(ids, int):
+        return [ids]
+    return [int(i) for i in ids]
+
+
+def _render(template: str, **ctx) -> str:
+    """Render a chat template the way transformers does: sandboxed Jinja, trim_blocks and lstrip_blocks."""
+    from datetime import datetime
+
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise ValueError(f"chat template: {message}")
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(template).render(**ctx)
+    except TemplateError as e:
+        raise ValueError(f"chat template could not be rendered: {e}") from None
+
+
+# ------------------------------------------------------------------ building the tiny tokenizer
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map used by byte-level BPE (printable bytes map to themselves)."""
+    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1))
+          + list(range(ord("\u00ae"), ord("\u00ff") + 1)))
+    cs = list(bs)
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def _pre_tokenizer():
+    from tokenizers import Regex, pre_tokenizers
+
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+
+
+def train_bpe(corpus: str, vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Byte-level BPE training, written out: start from the 256 byte symbols, repeatedly merge the most frequent
+    adjacent pair (ties: the smallest pair in string order) until the vocabulary has `vocab_size` tokens."""
+    alphabet = bytes_to_unicode()
+    vocab = {ch: i for i, ch in enumerate(alphabet.values())}
+    words = Counter(w for w, _ in _pre_tokenizer().pre_tokenize_str(unicodedata.normalize("NFC", corpus)))
+    split = {w: list(w) for w in words}
+    merges: list[tuple[str, str]] = []
+    while len(vocab) < vocab_size:
+        pairs: Counter = Counter()
+        for w, count in words.items():
+            s = split[w]
+            for pair in zip(s, s[1:]):
+                pairs[pair] += count
+        if not pairs:
+            raise ValueError(f"the corpus allows only {len(vocab)} tokens, fewer than vocab_size={vocab_size}")
+        best = min(pairs.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+        merges.append(best)
+        joined = best[0] + best[1]
+        vocab.setdefault(joined, len(vocab))
+        for w, s in split.items():
+            i, out = 0, []
+            while i < len(s):
+                if i + 1 < len(s) and s[i] == best[0] and s[i + 1] == best[1]:
+                    out.append(joined)
+                    i += 2
+                else:
+                    out.append(s[i])
+                    i += 1
+            split[w] = out
+    return vocab, merges
+
+
+def tiny_tokenizer_json() -> dict:
+    """The tiny tokenizer.json: Qwen's normalizer, pre-tokenizer and decoder, a BPE trained on TINY_CORPUS."""
+    vocab, merges = train_bpe(TINY_CORPUS, TINY_VOCAB_SIZE - len(TINY_SPECIAL_TOKENS))
+    added = [{"id": TINY_SPECIAL_IDS[t], "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for t in TINY_SPECIAL_TOKENS]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": PRETOKENIZE_REGEX}, "behavior": "Isolated", "invert": False},
+            byte_level]},
+        "post_processor": byte_level,
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": [list(m) for m in merges]},
+    }
+
+
+def write_tiny_tokenizer(directory) -> None:
+    """Write tokenizer.json and tokenizer_config.json (with the ChatML template) of the tiny model."""
+    directory = Path(directory)
+    (directory / "tokenizer.json").write_text(
+        json.dumps(tiny_tokenizer_json(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    tcfg = {
+        "tokenizer_class": "Qwen2Tokenizer",
+        "added_tokens_decoder": {str(TINY_SPECIAL_IDS[t]): {"content": t, "lstrip": False, "normalized": False,
+                                                             "rstrip": False, "single_word": False, "special": True}
+                                 for t in TINY_SPECIAL_TOKENS},
+        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "errors": "replace",
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,
+        "split_special_tokens": False,
+        "model_max_length": 4096,
+        "chat_template": TINY_CHAT_TEMPLATE,
+    }
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(tcfg, ensure_ascii=False, indent=2, sort_keys=True) + "\n", encoding="utf-8")
