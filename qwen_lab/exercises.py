@@ -1,0 +1,622 @@
+"""Build the learner's notebooks/ from the instructor's solutions/, and check that they are in sync.
+
+    python -m qwen_lab.exercises build [--solutions DIR] [--notebooks DIR]
+    python -m qwen_lab.exercises check [--solutions DIR] [--notebooks DIR]
+    python -m qwen_lab.exercises list  [--solutions DIR]
+
+`solutions/NN_name.ipynb` is the complete notebook and the only one anybody edits. `build` writes
+`notebooks/NN_name.ipynb` from it:
+
+- In a code cell, every block between a line `### BEGIN SOLUTION` and a line `### END SOLUTION`
+  (the nbgrader convention) becomes one line `raise NotImplementedError("<title>")` at the
+  indentation of the BEGIN marker. The title is the cell's first line without its `# `, e.g.
+  `# Exercise 02.1: zero-centred RMSNorm` gives "Exercise 02.1: zero-centred RMSNorm".
+- In a markdown cell (a written answer) the block becomes `*Your answer here.*`.
+- A cell tagged `check` (it grades an exercise, or needs one finished) also gets the tag
+  `raises-exception`, so nbval and nbclient expect it to fail in the learner's version.
+- Outputs, execution counts and run metadata are dropped; cell ids are kept (cells without one get
+  an id derived from their position), so building twice gives byte-identical files.
+- Notebooks without exercises are copied with outputs cleared; `notebooks/*.ipynb` files without a
+  solution are removed.
+
+Before writing anything, `build` validates every solution and stops on any problem, naming the
+notebook and the cell (cells counted from 0, as in `nb.cells[i]`): unmatched or nested markers, a
+line that looks like a marker but is not one, markers in a cell whose first line is no `# Exercise`
+title, a stub that would run as soon as its cell runs (not inside a function body), an exercise
+notebook without a `check` cell, a check cell before the exercise it grades.
+
+`check` builds in memory and compares byte for byte with what is in notebooks/: it exits 1 listing
+every missing, differing or stale file, and 0 when they are in sync.
+
+In Python: `strip_solutions(nb)` returns the learner's version of a notebook, `list_exercises(path)`
+the (title, cell index) of its exercises, `validate(nb, name)` the list of problems, `build()` and
+`check()` what the commands do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import hashlib
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from .errors import QwenLabError
+
+BEGIN = "### BEGIN SOLUTION"
+END = "### END SOLUTION"
+CHECK_TAG = "check"
+RAISES_TAG = "raises-exception"
+DEFAULT_TITLE = "Exercise: fill in this block"
+MARKDOWN_STUB = "*Your answer here.*"
+REBUILD = "run python -m qwen_lab.exercises build"
+
+# Something that was meant as a marker but is not exactly one (`# BEGIN SOLUTION`, `### End solution`,
+# `### BEGIN SOLUTION here`): left alone it would leak the solution into the learner's notebook.
+_NEAR_MARKER = re.compile(r"^\s*#+\s*(BEGIN|END)[\s_-]*SOLUTION\b", re.IGNORECASE)
+_MARKDOWN_TITLE = re.compile(r"^\s*(?:#{1,6}\s*|\*\*)?(Exercise\b.*?)(?:\*\*)?\s*$")
+_NUMBERED = re.compile(r"^Exercise\s+(\d+)\.(\d+)\b")
+# Cell metadata a run writes (timings, scroll state): never part of the learner's notebook.
+_RUN_METADATA = ("execution", "ExecuteTime", "scrolled", "collapsed")
+
+
+class ExerciseError(QwenLabError, ValueError):
+    """Solutions that cannot be built into exercise notebooks; `problems` lists each one."""
+
+    def __init__(self, problems):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+# --------------------------------------------------------------------------------------------------
+# One cell: titles, marker blocks, stubs
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class _Block:
+    begin: int      # 0-based line index of the BEGIN marker in the cell
+    end: int        # 0-based line index of the END marker
+    indent: str     # leading whitespace of the BEGIN marker
+
+
+def _lines(source: str) -> list[str]:
+    return source.splitlines(keepends=True)
+
+
+def _tags(cell) -> list:
+    return list(cell.get("metadata", {}).get("tags", []) or [])
+
+
+def _is_check(cell) -> bool:
+    return cell.get("cell_type") == "code" and CHECK_TAG in _tags(cell)
+
+
+def cell_title(cell) -> str | None:
+    """The exercise title on a cell's first line, or None.
+
+    Code: `# Exercise 02.1: zero-centred RMSNorm` gives "Exercise 02.1: zero-centred RMSNorm".
+    Markdown: a heading or bold line starting with "Exercise" (`### Exercise 02.4: why fp32?`).
+    """
+    lines = _lines(cell.get("source", ""))
+    first = lines[0].rstrip("\r\n") if lines else ""
+    if cell.get("cell_type") == "code":
+        return first[2:].strip() if re.match(r"# Exercise\b", first) else None
+    if cell.get("cell_type") == "markdown":
+        m = _MARKDOWN_TITLE.match(first)
+        return m.group(1).strip() if m else None
+    return None
+
+
+def _where(name: str, index: int, cell) -> str:
+    lines = _lines(cell.get("source", ""))
+    first = lines[0].strip() if lines else ""
+    if len(first) > 60:
+        first = first[:57] + "..."
+    return f"{name}, cell {index} ({cell.get('cell_type')}, {json.dumps(first, ensure_ascii=False)})"
+
+
+def _blocks(cell, where: str) -> tuple[list[_Block], list[str]]:
+    """The marker blocks of one cell, and the problems with its markers."""
+    blocks, problems = [], []
+    open_at: int | None = None
+    indent = ""
+    for i, line in enumerate(_lines(cell.get("source", ""))):
+        text = line.strip()
+        if text == BEGIN:
+            if open_at is not None:
+                problems.append(f"{where}: nested markers: {BEGIN!r} on line {i + 1} inside the block opened "
+                                f"on line {open_at + 1}; close each block with {END!r} before opening another")
+                continue
+            open_at, indent = i, line[: len(line) - len(line.lstrip())]
+        elif text == END:
+            if open_at is None:
+                problems.append(f"{where}: unmatched marker: {END!r} on line {i + 1} has no {BEGIN!r} before it")
+                continue
+            blocks.append(_Block(open_at, i, indent))
+            open_at = None
+        elif _NEAR_MARKER.match(line):
+            problems.append(f"{where}: line {i + 1} looks like a solution marker but is not exactly {BEGIN!r} "
+                            f"or {END!r}: {text!r}; as written, the solution would reach the learner")
+    if open_at is not None:
+        problems.append(f"{where}: unmatched marker: {BEGIN!r} on line {open_at + 1} is never closed by {END!r}")
+    return blocks, problems
+
+
+def stub_line(title: str) -> str:
+    """The statement that replaces a solution block in a code cell (without indentation)."""
+    return f"raise NotImplementedError({json.dumps(title, ensure_ascii=False)})"
+
+
+def _strip_source(source: str, blocks: list[_Block], replacement: str) -> str:
+    lines = _lines(source)
+    out, last = [], 0
+    for b in blocks:
+        out.extend(lines[last:b.begin])
+        newline = lines[b.end][len(lines[b.end].rstrip("\r\n")):]
+        out.append(f"{b.indent}{replacement}{newline}")
+        last = b.end + 1
+    out.extend(lines[last:])
+    return "".join(out)
+
+
+def _stripped_cell_source(cell, blocks: list[_Block]) -> str:
+    if cell.get("cell_type") == "markdown":
+        return _strip_source(cell["source"], blocks, MARKDOWN_STUB)
+    return _strip_source(cell["source"], blocks, stub_line(cell_title(cell) or DEFAULT_TITLE))
+
+
+# --------------------------------------------------------------------------------------------------
+# Python analysis of code cells (best effort: a cell that does not parse is left to nbval)
+# --------------------------------------------------------------------------------------------------
+
+def _parse(source: str):
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        pass
+    try:  # IPython syntax (%magics, !shell): translate it the way the kernel does, then parse
+        from IPython.core.inputtransformer2 import TransformerManager
+        return ast.parse(TransformerManager().transform_cell(source))
+    except Exception:
+        return None
+
+
+def _syntax_error(source: str) -> str | None:
+    """None when the cell parses as Python (IPython syntax allowed), else the parser's complaint."""
+    try:
+        ast.parse(source)
+        return None
+    except SyntaxError as e:
+        error = e
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+        ast.parse(TransformerManager().transform_cell(source))
+        return None
+    except SyntaxError as e:
+        error = e
+    except Exception:
+        pass
+    return f"{error.msg} (line {error.lineno})"
+
+
+def _eager_stubs(tree, title: str) -> list[int]:
+    """Lines of the stubs that execute when the cell runs (not inside a def or lambda)."""
+    hits = []
+
+    def visit(node, in_function: bool):
+        if isinstance(node, ast.Raise) and not in_function:
+            exc = node.exc
+            if (isinstance(exc, ast.Call) and isinstance(exc.func, ast.Name)
+                    and exc.func.id == "NotImplementedError" and exc.args
+                    and isinstance(exc.args[0], ast.Constant) and exc.args[0].value == title):
+                hits.append(node.lineno)
+        inner = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    visit(tree, False)
+    return hits
+
+
+def _defined_names(tree) -> set[str]:
+    """Names a cell binds at its top level (defs, classes, assignments, imports)."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.With)):
+            targets = node.targets if isinstance(node, ast.Assign) else (
+                [i.optional_vars for i in node.items if i.optional_vars] if isinstance(node, ast.With)
+                else [node.target])
+            for t in targets:
+                names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+def _free_names(tree) -> set[str]:
+    """Names a cell reads but binds nowhere in itself (a rough free-variable set)."""
+    loads, bound = set(), set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            (loads if isinstance(n.ctx, ast.Load) else bound).add(n.id)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in n.names)
+    return loads - bound
+
+
+# --------------------------------------------------------------------------------------------------
+# Whole notebooks
+# --------------------------------------------------------------------------------------------------
+
+def _as_notebook(notebook):
+    if isinstance(notebook, (str, os.PathLike)):
+        return _read(Path(notebook))
+    return notebook
+
+
+def _read(path: Path):
+    try:
+        return nbformat.read(str(path), as_version=4)
+    except Exception as e:
+        raise ExerciseError(f"{_display(path)}: not a readable notebook: {type(e).__name__}: {e}") from e
+
+
+def list_exercises(notebook) -> list[tuple[str, int]]:
+    """(title, cell index) of every exercise in a notebook (a path or a NotebookNode).
+
+    In a solution, an exercise is a cell holding solution markers; in a built learner's notebook
+    (no markers left), a titled cell holding its stub. Untitled cells get DEFAULT_TITLE.
+    """
+    nb = _as_notebook(notebook)
+    found = []
+    for i, cell in enumerate(nb.cells):
+        source = cell.get("source", "")
+        if cell.get("cell_type") in ("code", "markdown") and any(
+                line.strip() in (BEGIN, END) for line in _lines(source)):
+            found.append((cell_title(cell) or DEFAULT_TITLE, i))
+    if found:
+        return found
+    for i, cell in enumerate(nb.cells):
+        title = cell_title(cell)
+        if title is None:
+            continue
+        stub = stub_line(title) if cell.get("cell_type") == "code" else MARKDOWN_STUB
+        if any(line.strip() == stub for line in _lines(cell.get("source", ""))):
+            found.append((title, i))
+    return found
+
+
+def validate(notebook, name: str = "notebook") -> list[str]:
+    """Every reason this solution notebook cannot become an exercise notebook (empty when it can)."""
+    nb = _as_notebook(notebook)
+    problems: list[str] = []
+    code_exercises: list[tuple[str, int]] = []     # (title, index) of code cells with markers
+    titles: dict[str, int] = {}
+    stem_number = re.match(r"^(\d+)", Path(name).name)
+    for i, cell in enumerate(nb.cells):
+        where = _where(name, i, cell)
+        blocks, marker_problems = _blocks(cell, where)
+        problems.extend(marker_problems)
+        if not blocks and not marker_problems:
+            continue
+        kind = cell.get("cell_type")
+        if kind not in ("code", "markdown"):
+            problems.append(f"{where}: solution markers in a {kind} cell; only code and markdown cells can "
+                            f"hold an exercise")
+            continue
+        title = cell_title(cell)
+        if title is None:
+            expected = ("'# Exercise NN.K: short title'" if kind == "code"
+                        else "a heading such as '### Exercise NN.K: short question'")
+            problems.append(f"{where}: holds solution markers but its first line is not an exercise title; "
+                            f"start the cell with {expected}")
+            continue
+        if title in titles:
+            problems.append(f"{where}: the title {title!r} is already used by cell {titles[title]}; "
+                            f"give every exercise its own number")
+        titles.setdefault(title, i)
+        numbered = _NUMBERED.match(title)
+        if numbered and stem_number and int(numbered.group(1)) != int(stem_number.group(1)):
+            problems.append(f"{where}: {title!r} is numbered for notebook {numbered.group(1)}, but this is "
+                            f"notebook {stem_number.group(1)}")
+        if kind != "code" or marker_problems:
+            continue
+        code_exercises.append((title, i))
+        stripped = _stripped_cell_source(cell, blocks)
+        if _parse(cell["source"]) is None:
+            continue  # the solution itself does not parse: nbval over solutions/ reports it
+        error = _syntax_error(stripped)
+        if error:
+            problems.append(f"{where}: with its blocks replaced by the stub the cell is no longer valid Python: "
+                            f"{error}; put each marker at the indentation of the code it encloses")
+            continue
+        tree = _parse(stripped)
+        eager = _eager_stubs(tree, title) if tree is not None else []
+        if eager and not _is_check(cell):
+            problems.append(f"{where}: the stub on line {eager[0]} would run as soon as the cell runs (it is not "
+                            f"inside a function body), so the learner's notebook would stop here; put the block "
+                            f"inside the kernel or launcher body, or tag the cell {CHECK_TAG!r}")
+
+    checks = [i for i, cell in enumerate(nb.cells) if _is_check(cell)]
+    if not code_exercises:
+        for i in checks:
+            problems.append(f"{_where(name, i, nb.cells[i])}: tagged {CHECK_TAG!r} but the notebook has no code "
+                            f"exercise for it to grade; remove the tag")
+        return problems
+    if not checks:
+        listed = ", ".join(f"{t!r} in cell {i}" for t, i in code_exercises)
+        problems.append(f"{name}: has exercises ({listed}) but no cell tagged {CHECK_TAG!r}; tag the cell that "
+                        f"grades each exercise (metadata {{\"tags\": [\"{CHECK_TAG}\"]}})")
+        return problems
+    first_title, first = code_exercises[0]
+    for i in checks:
+        if i < first:
+            problems.append(f"{_where(name, i, nb.cells[i])}: a check cell before the exercise it grades: the first "
+                            f"exercise, {first_title!r}, is cell {first}; move the check after it")
+    last_title, last = code_exercises[-1]
+    if checks[-1] < last:
+        problems.append(f"{_where(name, last, nb.cells[last])}: {last_title!r} has no check cell after it; the cell "
+                        f"that grades it must come after it and carry the tag {CHECK_TAG!r}")
+    problems.extend(_checks_using_later_exercises(nb, name, code_exercises, checks))
+    return problems
+
+
+def _checks_using_later_exercises(nb, name, code_exercises, checks) -> list[str]:
+    """A check cell that uses a name only a later exercise defines grades an exercise before it exists."""
+    problems = []
+    trees = {i: _parse(c.get("source", "")) for i, c in enumerate(nb.cells) if c.get("cell_type") == "code"}
+    defined_by = {i: (_defined_names(t) if t is not None else set()) for i, t in trees.items()}
+    for c in checks:
+        if trees.get(c) is None:
+            continue
+        known = set().union(*(names for i, names in defined_by.items() if i <= c))
+        used = _free_names(trees[c]) - known
+        for title, e in code_exercises:
+            late = sorted(used & defined_by.get(e, set())) if e > c else []
+            if late:
+                problems.append(f"{_where(name, c, nb.cells[c])}: a check cell before the exercise it grades: it "
+                                f"uses {', '.join(late)}, which {title!r} defines later, in cell {e}")
+    return problems
+
+
+def _cell_id(index: int, taken: set[str]) -> str:
+    base = hashlib.sha1(f"qwen_lab-cell-{index}".encode()).hexdigest()[:8]
+    cid, n = base, 0
+    while cid in taken:
+        n += 1
+        cid = f"{base}-{n}"
+    return cid
+
+
+def strip_solutions(notebook):
+    """The learner's version of a solution notebook (a new NotebookNode; the argument is not changed).
+
+    Solution blocks become stubs, check cells get the tag `raises-exception`, outputs and run metadata
+    go, cell ids are kept (missing ones derived from the cell's position). Raises ExerciseError on
+    markers that cannot be paired; it does not enforce the course's other rules (see `validate`).
+    Cells without a title line get the stub `raise NotImplementedError("Exercise: fill in this block")`.
+    """
+    nb = copy.deepcopy(_as_notebook(notebook))
+    problems = []
+    for i, cell in enumerate(nb.cells):
+        blocks, cell_problems = _blocks(cell, _where("notebook", i, cell))
+        cell_problems = [p for p in cell_problems if "looks like a solution marker" not in p]
+        problems.extend(cell_problems)
+        if blocks and not cell_problems and cell.get("cell_type") in ("code", "markdown"):
+            cell["source"] = _stripped_cell_source(cell, blocks)
+    if problems:
+        raise ExerciseError(problems)
+
+    taken = {c.get("id") for c in nb.cells if c.get("id")}
+    seen: set[str] = set()
+    for i, cell in enumerate(nb.cells):
+        if not cell.get("id") or cell["id"] in seen:
+            cell["id"] = _cell_id(i, taken | seen)
+        seen.add(cell["id"])
+        meta = cell.setdefault("metadata", nbformat.NotebookNode())
+        for key in _RUN_METADATA:
+            meta.pop(key, None)
+        tags = _tags(cell)
+        if CHECK_TAG in tags and RAISES_TAG not in tags:
+            meta["tags"] = tags + [RAISES_TAG]
+        if cell.get("cell_type") == "code":
+            cell["outputs"] = []
+            cell["execution_count"] = None
+    meta = nb.metadata
+    meta.pop("widgets", None)  # widget state is output
+    if isinstance(meta.get("language_info"), dict):
+        meta["language_info"].pop("version", None)  # changes with whoever last ran the solution
+    nb.nbformat, nb.nbformat_minor = 4, max(5, int(nb.get("nbformat_minor", 5)))
+    return nb
+
+
+def dumps(notebook) -> str:
+    """The fixed text form of a notebook: nbformat's JSON (sorted keys, indent 1) and a final newline."""
+    text = nbformat.writes(notebook, version=4)
+    return text if text.endswith("\n") else text + "\n"
+
+
+def build_notebook(notebook, name: str = "notebook") -> str:
+    """Validate one solution notebook and return the text of its learner's version."""
+    problems = validate(notebook, name)
+    if problems:
+        raise ExerciseError(problems)
+    return dumps(strip_solutions(notebook))
+
+
+# --------------------------------------------------------------------------------------------------
+# Directories
+# --------------------------------------------------------------------------------------------------
+
+def _display(path: Path) -> str:
+    path = Path(path)
+    try:
+        rel = os.path.relpath(path.resolve(), Path.cwd().resolve())
+    except ValueError:  # another drive on Windows
+        return str(path)
+    return str(path) if rel.startswith("..") else rel
+
+
+def default_root() -> Path:
+    """The checkout this package lives in when it has solutions/, else the current directory."""
+    here = Path(__file__).resolve().parent.parent
+    return here if (here / "solutions").is_dir() else Path.cwd()
+
+
+@dataclass
+class Report:
+    """What build or check found; `problems` is empty when all is well."""
+    notebooks: int = 0
+    exercises: int = 0
+    written: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _build_all(solutions: Path) -> tuple[dict[str, str], Report]:
+    """{file name: learner's text} for every solution; raises ExerciseError listing every problem."""
+    if not solutions.is_dir():
+        raise ExerciseError(f"{_display(solutions)}/: no such directory (pass --solutions DIR)")
+    built, report, problems = {}, Report(), []
+    for path in sorted(solutions.glob("*.ipynb")):
+        name = _display(path)
+        try:
+            nb = _read(path)
+            found = validate(nb, name)
+            if found:
+                problems.extend(found)
+                continue
+            built[path.name] = dumps(strip_solutions(nb))
+            report.exercises += len(list_exercises(nb))
+        except ExerciseError as e:
+            problems.extend(e.problems)
+    if problems:
+        raise ExerciseError(problems)
+    report.notebooks = len(built)
+    return built, report
+
+
+def build(solutions=None, notebooks=None) -> Report:
+    """Write notebooks/ from solutions/ (only files whose text changes) and remove stale notebooks.
+
+    Nothing is written when any solution has a problem: ExerciseError lists them all.
+    """
+    root = default_root()
+    solutions = Path(solutions) if solutions is not None else root / "solutions"
+    notebooks = Path(notebooks) if notebooks is not None else root / "notebooks"
+    built, report = _build_all(solutions)
+    notebooks.mkdir(parents=True, exist_ok=True)
+    for fname, text in built.items():
+        target = notebooks / fname
+        if not target.exists() or target.read_bytes() != text.encode("utf-8"):
+            target.write_bytes(text.encode("utf-8"))
+            report.written.append(_display(target))
+    for stale in sorted(notebooks.glob("*.ipynb")):
+        if stale.name not in built:
+            stale.unlink()
+            report.removed.append(_display(stale))
+    return report
+
+
+def check(solutions=None, notebooks=None) -> Report:
+    """Compare notebooks/ with what solutions/ builds; `problems` lists each missing, differing, stale file."""
+    root = default_root()
+    solutions = Path(solutions) if solutions is not None else root / "solutions"
+    notebooks = Path(notebooks) if notebooks is not None else root / "notebooks"
+    try:
+        built, report = _build_all(solutions)
+    except ExerciseError as e:
+        return Report(problems=e.problems)
+    for fname, text in built.items():
+        target, source = notebooks / fname, solutions / fname
+        if not target.exists():
+            report.problems.append(f"{_display(target)} is missing; {_display(source)} builds it: {REBUILD}")
+        elif target.read_bytes() != text.encode("utf-8"):
+            report.problems.append(f"{_display(target)} differs from what {_display(source)} builds: {REBUILD}")
+    if notebooks.is_dir():
+        for stale in sorted(notebooks.glob("*.ipynb")):
+            if stale.name not in built:
+                report.problems.append(f"{_display(stale)} has no counterpart in {_display(solutions)}/ "
+                                       f"(build removes it): {REBUILD}")
+    return report
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m qwen_lab.exercises",
+                                     description="Build the learner's notebooks/ from solutions/, or check they "
+                                                 "are in sync.")
+    dirs = argparse.ArgumentParser(add_help=False)
+    dirs.add_argument("--solutions", type=Path, default=None, metavar="DIR",
+                      help="the solution notebooks (default: solutions/ of this checkout)")
+    dirs.add_argument("--notebooks", type=Path, default=None, metavar="DIR",
+                      help="where the learner's notebooks go (default: notebooks/ of this checkout)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("build", parents=[dirs], help="write notebooks/ from solutions/")
+    sub.add_parser("check", parents=[dirs], help="exit 1 unless notebooks/ is what solutions/ builds")
+    sub.add_parser("list", parents=[dirs], help="list every exercise of every solution notebook")
+    args = parser.parse_args(argv)
+
+    root = default_root()
+    solutions = args.solutions if args.solutions is not None else root / "solutions"
+    notebooks = args.notebooks if args.notebooks is not None else root / "notebooks"
+    where = f"{_display(notebooks)}/ in sync with {_display(solutions)}/"
+
+    if args.command == "list":
+        if not solutions.is_dir():
+            print(f"{_display(solutions)}/: no such directory (pass --solutions DIR)", file=sys.stderr)
+            return 1
+        for path in sorted(solutions.glob("*.ipynb")):
+            try:
+                exercises = list_exercises(path)
+            except ExerciseError as e:
+                print(e, file=sys.stderr)
+                return 1
+            print(f"{_display(path)}: {len(exercises)} exercise(s)")
+            for title, index in exercises:
+                print(f"  cell {index:3d}  {title}")
+        return 0
+
+    if args.command == "build":
+        try:
+            report = build(solutions, notebooks)
+        except ExerciseError as e:
+            print(f"nothing written: {len(e.problems)} problem(s) in {_display(solutions)}/", file=sys.stderr)
+            for p in e.problems:
+                print(f"  {p}", file=sys.stderr)
+            return 1
+        for path in report.written:
+            print(f"wrote {path}")
+        for path in report.removed:
+            print(f"removed {path} (no solution)")
+        print(f"{_display(notebooks)}/ built from {_display(solutions)}/ ({report.notebooks} notebooks, "
+              f"{report.exercises} exercises; {len(report.written)} written, {len(report.removed)} removed)")
+        return 0
+
+    report = check(solutions, notebooks)
+    if not report.ok:
+        for p in report.problems:
+            print(p, file=sys.stderr)
+        return 1
+    print(f"{where} ({report.notebooks} notebooks, {report.exercises} exercises)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,404 @@
+"""The exercise builder: notebooks/ in sync with solutions/, stubs that raise until filled in, validation.
+
+The fixture tests/data/exercise_fixture.ipynb is a tiny solution notebook (with outputs from a CPU run):
+cell 3 is Exercise 99.1 (its block in a @triton.jit body), cell 4 checks it, cell 6 is a written answer
+(Exercise 99.2), cell 7 is Exercise 99.3 (its block nested 12 spaces deep), cell 8 checks it, cell 9
+needs no exercise, cell 10 needs both and is tagged check.
+"""
+
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output, new_raw_cell
+
+from qwen_lab import exercises as ex
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE = Path(__file__).resolve().parent / "data" / "exercise_fixture.ipynb"
+CHECK_CELLS = (4, 8, 10)
+SOLUTION_LINES = ("tl.store(y_ptr + offs", "e = torch.exp(row - row.max())", "Because $n = 100$")
+
+
+def _read(path):
+    return nbformat.read(str(path), as_version=4)
+
+
+def _built_fixture(tmp_path):
+    """Build the fixture with the real command's code path into tmp_path/notebooks."""
+    sol, out = tmp_path / "solutions", tmp_path / "notebooks"
+    sol.mkdir()
+    (sol / "99_fixture.ipynb").write_bytes(FIXTURE.read_bytes())
+    report = ex.build(sol, out)
+    return sol / "99_fixture.ipynb", out / "99_fixture.ipynb", report
+
+
+# ------------------------------------------------------------------------------------------------
+# The real repository
+# ------------------------------------------------------------------------------------------------
+
+def test_repo_notebooks_in_sync_with_solutions():
+    """Fails whenever a solution changed and `python -m qwen_lab.exercises build` was not run."""
+    proc = subprocess.run([sys.executable, "-m", "qwen_lab.exercises", "check"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"exercises check failed:\n{proc.stderr}{proc.stdout}"
+    n = len(list((REPO / "solutions").glob("*.ipynb")))
+    assert re.search(rf"in sync with .*solutions/ \({n} notebooks, \d+ exercises\)", proc.stdout), proc.stdout
+
+
+def _repo_notebook_names():
+    names = sorted({p.name for d in ("solutions", "notebooks") for p in (REPO / d).glob("*.ipynb")})
+    return names or [pytest.param(None, marks=pytest.mark.skip(reason="no solution notebooks in the repo yet"))]
+
+
+@pytest.mark.parametrize("name", _repo_notebook_names())
+def test_repo_exercise_stubs_raise_and_are_checked(name):
+    """Static: each exercise cell of notebooks/NAME holds its raise, and a check-tagged cell follows it."""
+    sol_path, nb_path = REPO / "solutions" / name, REPO / "notebooks" / name
+    assert sol_path.exists(), f"notebooks/{name} has no solution: python -m qwen_lab.exercises build removes it"
+    assert nb_path.exists(), f"notebooks/{name} is missing: run python -m qwen_lab.exercises build"
+    sol, nb = _read(sol_path), _read(nb_path)
+    assert len(sol.cells) == len(nb.cells)
+    expected = ex.list_exercises(sol)
+    assert ex.list_exercises(nb) == expected
+    for cell in nb.cells:
+        assert not any(line.strip() in (ex.BEGIN, ex.END) for line in cell.source.splitlines()), \
+            f"notebooks/{name}: a solution marker survived"
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+        if ex.CHECK_TAG in cell.metadata.get("tags", []):
+            assert ex.RAISES_TAG in cell.metadata["tags"]
+    checks = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and ex.CHECK_TAG in c.metadata.get("tags", [])]
+    for title, index in expected:
+        cell = nb.cells[index]
+        if cell.cell_type == "markdown":
+            assert ex.MARKDOWN_STUB in cell.source.splitlines()
+            continue
+        assert ex.stub_line(title) in [line.strip() for line in cell.source.splitlines()], \
+            f"notebooks/{name}, cell {index}: no stub for {title!r}"
+        assert any(c > index for c in checks), f"notebooks/{name}: no check cell after {title!r} (cell {index})"
+
+
+# ------------------------------------------------------------------------------------------------
+# Building the fixture
+# ------------------------------------------------------------------------------------------------
+
+def test_fixture_is_a_valid_solution_with_outputs():
+    nb = _read(FIXTURE)
+    assert ex.validate(nb, str(FIXTURE)) == []
+    assert [t for t, _ in ex.list_exercises(FIXTURE)] == [
+        "Exercise 99.1: scale and shift in Triton", "Exercise 99.2: why does the kernel need a mask?",
+        "Exercise 99.3: softmax that survives fully masked rows"]
+    assert [i for _, i in ex.list_exercises(FIXTURE)] == [3, 6, 7]
+    # the point of clearing: the solution carries outputs and run metadata from a CPU run
+    assert any(c.cell_type == "code" and c.outputs for c in nb.cells)
+    assert any("execution" in c.metadata for c in nb.cells)
+
+
+def test_blocks_become_raises_at_the_marker_indentation(tmp_path):
+    sol_path, nb_path, _ = _built_fixture(tmp_path)
+    sol, nb = _read(sol_path), _read(nb_path)
+    kernel = nb.cells[3].source.splitlines()
+    assert '    raise NotImplementedError("Exercise 99.1: scale and shift in Triton")' in kernel
+    nested = nb.cells[7].source.splitlines()
+    assert '            raise NotImplementedError("Exercise 99.3: softmax that survives fully masked rows")' in nested
+    text = "".join(c.source for c in nb.cells)
+    for line in SOLUTION_LINES + (ex.BEGIN, ex.END):
+        assert line not in text
+    # everything outside the blocks is unchanged, line for line
+    for i in (3, 7):
+        kept, inside = [], False
+        for line in sol.cells[i].source.splitlines():
+            if line.strip() in (ex.BEGIN, ex.END):
+                inside = line.strip() == ex.BEGIN
+                if inside:
+                    kept.append(None)
+                continue
+            if not inside:
+                kept.append(line)
+        got = nb.cells[i].source.splitlines()
+        assert len(got) == len(kept)
+        assert all(k is None and "raise NotImplementedError" in g or k == g for k, g in zip(kept, got))
+    # cells without markers are copied as they are
+    for i, (a, b) in enumerate(zip(sol.cells, nb.cells)):
+        if i not in (3, 6, 7):
+            assert a.source == b.source and a.cell_type == b.cell_type
+
+
+def test_markdown_answer_replaced(tmp_path):
+    _, nb_path, _ = _built_fixture(tmp_path)
+    answer = _read(nb_path).cells[6].source
+    assert answer == "### Exercise 99.2: why does the kernel need a mask?\n\n*Your answer here.*"
+
+
+def test_check_cells_tagged_outputs_cleared_ids_kept(tmp_path):
+    sol_path, nb_path, report = _built_fixture(tmp_path)
+    sol, nb = _read(sol_path), _read(nb_path)
+    assert report.notebooks == 1 and report.exercises == 3 and len(report.written) == 1
+    for i, (a, b) in enumerate(zip(sol.cells, nb.cells)):
+        assert a.id == b.id
+        tags = a.metadata.get("tags", [])
+        if i in CHECK_CELLS:
+            assert tags == ["check"] and b.metadata["tags"] == ["check", "raises-exception"]
+        else:
+            assert b.metadata.get("tags", []) == tags
+        assert "execution" not in b.metadata
+        if b.cell_type == "code":
+            assert b.outputs == [] and b.execution_count is None
+    assert "version" not in nb.metadata.language_info and nb.metadata.kernelspec.name == "python3"
+    assert nb.nbformat == 4 and nb.nbformat_minor >= 5
+
+
+def test_build_is_deterministic(tmp_path):
+    sol_path, nb_path, _ = _built_fixture(tmp_path)
+    first = nb_path.read_bytes()
+    assert first.endswith(b"}\n")
+    again = ex.build(sol_path.parent, nb_path.parent)
+    assert again.written == [] and nb_path.read_bytes() == first
+    nb_path.unlink()
+    ex.build(sol_path.parent, nb_path.parent)
+    assert nb_path.read_bytes() == first
+    # the same text in memory; the solution is not modified by stripping
+    sol = _read(sol_path)
+    before = copy.deepcopy(sol)
+    assert ex.dumps(ex.strip_solutions(sol)).encode() == first
+    assert sol == before
+    # re-running the solution (new outputs, timings, python version) does not change the learner's notebook
+    for cell in sol.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [new_output("stream", name="stdout", text="another run\n")]
+            cell.execution_count = 42
+            cell.metadata["execution"] = {"iopub.status.busy": "2031-01-01T00:00:00.000000Z"}
+    sol.metadata.language_info["version"] = "3.99.0"
+    assert ex.build_notebook(sol, "x").encode() == first
+
+
+def test_cells_without_ids_get_stable_ones(tmp_path):
+    data = json.loads(FIXTURE.read_text())
+    data["nbformat_minor"] = 4
+    for cell in data["cells"]:
+        cell.pop("id")
+    sol = tmp_path / "solutions"
+    sol.mkdir()
+    (sol / "99_old.ipynb").write_text(json.dumps(data))
+    ex.build(sol, tmp_path / "a")
+    ex.build(sol, tmp_path / "b")
+    a, b = (tmp_path / "a" / "99_old.ipynb").read_bytes(), (tmp_path / "b" / "99_old.ipynb").read_bytes()
+    assert a == b
+    ids = [c.id for c in _read(tmp_path / "a" / "99_old.ipynb").cells]
+    assert len(set(ids)) == len(ids) and all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", i) for i in ids)
+
+
+def test_notebook_without_exercises_copied_and_stale_removed(tmp_path):
+    sol, out = tmp_path / "solutions", tmp_path / "notebooks"
+    sol.mkdir()
+    out.mkdir()
+    tour = new_notebook(cells=[new_markdown_cell("# Tour"), new_code_cell("print(1)")])
+    tour.cells[1].outputs = [new_output("stream", name="stdout", text="1\n")]
+    tour.cells[1].execution_count = 1
+    nbformat.write(tour, str(sol / "00_tour.ipynb"))
+    (out / "07_gone.ipynb").write_text("{}")
+    (out / "README.md").write_text("generated from solutions/\n")
+    report = ex.build(sol, out)
+    assert sorted(p.name for p in out.iterdir()) == ["00_tour.ipynb", "README.md"]
+    assert report.removed and report.removed[0].endswith("07_gone.ipynb") and report.exercises == 0
+    built = _read(out / "00_tour.ipynb")
+    assert [c.source for c in built.cells] == ["# Tour", "print(1)"]
+    assert built.cells[1].outputs == [] and built.cells[1].execution_count is None
+
+
+def test_check_reports_differing_missing_and_stale(tmp_path, capsys):
+    sol_path, nb_path, _ = _built_fixture(tmp_path)
+    sol, out = sol_path.parent, nb_path.parent
+    args = ["--solutions", str(sol), "--notebooks", str(out)]
+    assert ex.main(["check", *args]) == 0
+    assert re.search(r"notebooks/ in sync with .*solutions/ \(1 notebooks, 3 exercises\)", capsys.readouterr().out)
+
+    nb = _read(sol_path)                                  # edit a solution without rebuilding
+    nb.cells[2].source += "\nOne more sentence."
+    nbformat.write(nb, str(sol_path))
+    report = ex.check(sol, out)
+    assert not report.ok and len(report.problems) == 1
+    assert re.search(r"notebooks/99_fixture\.ipynb differs from what .*solutions/99_fixture\.ipynb builds: "
+                     r"run python -m qwen_lab\.exercises build", report.problems[0])
+    assert ex.main(["check", *args]) == 1
+    assert "differs" in capsys.readouterr().err
+
+    assert ex.main(["build", *args]) == 0                 # rebuilding brings it back in sync
+    assert "1 written" in capsys.readouterr().out
+    assert ex.check(sol, out).ok
+
+    nb_path.unlink()
+    (out / "05_stale.ipynb").write_text("{}")
+    problems = ex.check(sol, out).problems
+    assert len(problems) == 2
+    assert any("99_fixture.ipynb is missing" in p for p in problems)
+    assert any("05_stale.ipynb has no counterpart" in p for p in problems)
+
+
+def test_strip_solutions_fallback_title_and_list_exercises_on_learner_version():
+    nb = new_notebook(cells=[new_code_cell("def f(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n")])
+    stripped = ex.strip_solutions(nb)
+    assert stripped.cells[0].source == 'def f(x):\n    raise NotImplementedError("Exercise: fill in this block")\n'
+    assert ex.list_exercises(nb) == [("Exercise: fill in this block", 0)]
+    learner = ex.strip_solutions(_read(FIXTURE))
+    assert ex.list_exercises(learner) == ex.list_exercises(FIXTURE)
+    # a title with quotes still gives valid Python
+    nb.cells[0].source = '# Exercise 01.1: the "gather"\n' + nb.cells[0].source
+    compile(ex.strip_solutions(nb).cells[0].source, "cell", "exec")
+
+
+# ------------------------------------------------------------------------------------------------
+# Validation: every error names the notebook and the cell
+# ------------------------------------------------------------------------------------------------
+
+def _ex(title, body="    return x", tags=None, name="f"):
+    src = f"# {title}\ndef {name}(x):\n    {ex.BEGIN}\n{body}\n    {ex.END}\n"
+    return new_code_cell(src, metadata={"tags": tags} if tags else {})
+
+
+def _check(src="print(f(1))"):
+    return new_code_cell(src, metadata={"tags": ["check"]})
+
+
+GOOD = [new_markdown_cell("# 02"), _ex("Exercise 02.1: f"), _check()]
+
+INVALID = {
+    "unmatched-end": ([new_code_cell(f"# Exercise 02.1: f\nx = 1\n{ex.END}\n"), _check()],
+                      0, "has no '### BEGIN SOLUTION' before it"),
+    "unmatched-begin": ([new_code_cell(f"# Exercise 02.1: f\ndef f(x):\n    {ex.BEGIN}\n    return x\n"), _check()],
+                        0, "is never closed"),
+    "nested": ([new_code_cell(f"# Exercise 02.1: f\ndef f(x):\n    {ex.BEGIN}\n    {ex.BEGIN}\n    return x\n"
+                              f"    {ex.END}\n"), _check()], 0, "nested markers"),
+    "near-miss": ([new_code_cell("# Exercise 02.1: f\ndef f(x):\n    # BEGIN SOLUTION\n    return x\n"
+                                 "    # END SOLUTION\n"), _check()], 0, "looks like a solution marker"),
+    "no-title": ([new_code_cell(f"def f(x):\n    {ex.BEGIN}\n    return x\n    {ex.END}\n"), _check()],
+                 0, "first line is not an exercise title"),
+    "markdown-no-title": (GOOD + [new_markdown_cell(f"Why?\n\n{ex.BEGIN}\nBecause.\n{ex.END}")],
+                          3, "first line is not an exercise title"),
+    "raw-cell": (GOOD + [new_raw_cell(f"{ex.BEGIN}\nx\n{ex.END}")], 3, "markers in a raw cell"),
+    "no-check-cell": ([new_markdown_cell("# 02"), _ex("Exercise 02.1: f"), new_code_cell("print(f(1))")],
+                      None, "no cell tagged 'check'"),
+    "check-before-exercise": ([_check("print('too early')"), _ex("Exercise 02.1: f"), _check()],
+                              0, "a check cell before the exercise it grades"),
+    "check-uses-later-exercise": ([_ex("Exercise 02.1: f"), _check("print(g(1))"), _ex("Exercise 02.2: g", name="g"),
+                                   _check("print(f(1), g(2))")], 1, "uses g, which 'Exercise 02.2: g' defines later"),
+    "last-exercise-unchecked": (GOOD + [_ex("Exercise 02.2: g", name="g")], 3, "has no check cell after it"),
+    "stub-runs-at-once": ([new_code_cell(f"# Exercise 02.1: y\n{ex.BEGIN}\ny = 2\n{ex.END}\n"), _check("print(y)")],
+                          0, "would run as soon as the cell runs"),
+    "stub-breaks-syntax": ([new_code_cell(f"# Exercise 02.1: f\ndef f(x):\n{ex.BEGIN}\n    return x\n{ex.END}\n"),
+                            _check()], 0, "no longer valid Python"),
+    "duplicate-title": (GOOD + [_ex("Exercise 02.1: f", name="g"), _check("g(1)")], 3, "already used by cell 1"),
+    "wrong-number": ([_ex("Exercise 03.1: f"), _check()], 0, "numbered for notebook 03, but this is notebook 02"),
+    "check-without-exercise": ([new_markdown_cell("# 02"), _check("print(1)")], 1, "no code exercise"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_validation_errors_name_notebook_and_cell(case):
+    cells, index, words = INVALID[case]
+    name = "solutions/02_case.ipynb"
+    with pytest.raises(ex.ExerciseError) as err:
+        ex.build_notebook(new_notebook(cells=cells), name)
+    message = str(err.value)
+    assert message.startswith(name), message
+    assert words in message, message
+    if index is not None:
+        assert f"{name}, cell {index} (" in message, message
+
+
+def test_valid_variants_pass():
+    """What validation must not reject: a stub in a check-tagged cell, magics, a markdown answer, two exercises
+    graded by one check, a check cell that reuses a name it binds itself."""
+    cells = [new_markdown_cell("# 02"),
+             new_code_cell(f"# Exercise 02.1: y\n%time x = 1\n{ex.BEGIN}\ny = 2\n{ex.END}\n", metadata={"tags": ["check"]}),
+             _ex("Exercise 02.2: f"), _ex("Exercise 02.3: g", name="g"),
+             new_markdown_cell(f"**Exercise 02.4: why?**\n\n{ex.BEGIN}\nBecause.\n{ex.END}"),
+             _check("for g in range(2):\n    print(f(g))\nprint(g(1), y)")]
+    text = ex.build_notebook(new_notebook(cells=cells), "solutions/02_ok.ipynb")
+    built = nbformat.reads(text, as_version=4)
+    assert built.cells[1].source.splitlines()[2] == 'raise NotImplementedError("Exercise 02.1: y")'
+    assert built.cells[4].source.endswith("*Your answer here.*")
+    assert [t for t, _ in ex.list_exercises(built)] == ["Exercise 02.1: y", "Exercise 02.2: f", "Exercise 02.3: g",
+                                                        "Exercise 02.4: why?"]
+
+
+def test_build_reports_every_problem_and_writes_nothing(tmp_path, capsys):
+    sol, out = tmp_path / "solutions", tmp_path / "notebooks"
+    sol.mkdir()
+    nbformat.write(new_notebook(cells=INVALID["nested"][0]), str(sol / "02_a.ipynb"))
+    nbformat.write(new_notebook(cells=INVALID["no-check-cell"][0]), str(sol / "02_b.ipynb"))
+    nbformat.write(new_notebook(cells=GOOD), str(sol / "02_c.ipynb"))
+    (sol / "02_d.ipynb").write_text("{not json")
+    with pytest.raises(ex.ExerciseError) as err:
+        ex.build(sol, out)
+    assert len(err.value.problems) == 3
+    assert not out.exists()
+    assert ex.main(["build", "--solutions", str(sol), "--notebooks", str(out)]) == 1
+    stderr = capsys.readouterr().err
+    assert "nothing written: 3 problem(s)" in stderr
+    for fname in ("02_a.ipynb, cell 0", "02_b.ipynb: has exercises", "02_d.ipynb: not a readable notebook"):
+        assert fname in stderr
+    assert ex.main(["check", "--solutions", str(sol), "--notebooks", str(out)]) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# Every exercise stub raises until filled in (one Jupyter kernel runs both versions)
+# ------------------------------------------------------------------------------------------------
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _errors(cell):
+    return [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+
+
+def test_learner_notebook_raises_until_filled_in_and_solution_runs(tmp_path):
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    from nbclient import NotebookClient
+
+    sol_path, nb_path, _ = _built_fixture(tmp_path)
+    learner, solution = _read(nb_path), _read(sol_path)
+    for cell in solution.cells:                       # run it fresh, not the stored outputs
+        cell.id += "-solution"                        # ids stay unique in the combined run below
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    # one kernel: the learner's version, a reset, then the solution (an error outside a cell tagged
+    # raises-exception stops the run with CellExecutionError)
+    both = new_notebook(cells=[*learner.cells, new_code_cell("%reset -f", id="reset"), *solution.cells],
+                        metadata=learner.metadata)
+    NotebookClient(both, timeout=180, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute(env=env)
+    learner.cells, solution.cells = both.cells[:len(learner.cells)], both.cells[len(learner.cells) + 1:]
+    titles = ex.list_exercises(solution)
+
+    for i, cell in enumerate(learner.cells):
+        if cell.cell_type != "code":
+            continue
+        errors = _errors(cell)
+        if i not in CHECK_CELLS:
+            assert not errors, f"learner's cell {i} should run before any exercise is done: {errors}"
+            continue
+        assert len(errors) == 1, f"learner's check cell {i} did not raise"
+        error = errors[0]
+        text = _ANSI.sub("", " ".join([error["ename"], error["evalue"], *error["traceback"]]))
+        # a stub in a Python body raises NotImplementedError itself; one in a @triton.jit body reaches the
+        # check wrapped by Triton (the interpreter, or the compiler on a GPU), its message still naming it
+        assert error["ename"] == "NotImplementedError" or "NotImplementedError" in text, text
+        earlier = [t for t, j in titles if j < i and solution.cells[j].cell_type == "code"]
+        assert any(t in text for t in earlier), f"cell {i}: the error names no exercise: {text}"
+    assert _errors(learner.cells[8])[0]["ename"] == "NotImplementedError"
+    assert "Exercise 99.3" in _errors(learner.cells[8])[0]["evalue"]
+    assert "Exercise 99.1" in _ANSI.sub("", " ".join(_errors(learner.cells[4])[0]["traceback"]))
+    assert all(not _errors(c) for c in solution.cells)
+    print("\n".join(f"learner's cell {i}: {_errors(learner.cells[i])[0]['ename']}: "
+                    f"{_errors(learner.cells[i])[0]['evalue']}" for i in CHECK_CELLS))
+    assert "PASS scale_shift" in "".join(o.get("text", "") for o in solution.cells[4].outputs)
