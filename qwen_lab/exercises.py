@@ -323,6 +323,8 @@ def validate(notebook, name: str = "notebook") -> list[str]:
                         else "a heading such as '### Exercise NN.K: short question'")
             problems.append(f"{where}: holds solution markers but its first line is not an exercise title; "
                             f"start the cell with {expected}")
+            if kind == "code":
+                code_exercises.append((DEFAULT_TITLE, i))
             continue
         if title in titles:
             problems.append(f"{where}: the title {title!r} is already used by cell {titles[title]}; "
@@ -332,9 +334,11 @@ def validate(notebook, name: str = "notebook") -> list[str]:
         if numbered and stem_number and int(numbered.group(1)) != int(stem_number.group(1)):
             problems.append(f"{where}: {title!r} is numbered for notebook {numbered.group(1)}, but this is "
                             f"notebook {stem_number.group(1)}")
-        if kind != "code" or marker_problems:
+        if kind != "code":
             continue
         code_exercises.append((title, i))
+        if marker_problems:
+            continue
         stripped = _stripped_cell_source(cell, blocks)
         if _parse(cell["source"]) is None:
             continue  # the solution itself does not parse: nbval over solutions/ reports it
