@@ -288,10 +288,14 @@ def read_safetensors_header(path) -> dict[str, TensorInfo]:
         if end - begin != need:
             raise CheckpointError(f"{where}: data_offsets [{begin}, {end}] span {end - begin} bytes, but dtype "
                                   f"{code} x shape {list(shape)} needs {need}; the header is corrupt")
-        if end > data_size:
-            raise CheckpointError(f"{where}: its data ends at byte {8 + n + end} but the file has only {size} "
-                                  "bytes; the file is truncated (an interrupted download?), download it again")
         out[name] = TensorInfo(path, name, code, shape, (begin, end))
+    cut = sorted((info for info in out.values() if info.offsets[1] > data_size), key=lambda info: info.offsets)
+    if cut:
+        first = cut[0]
+        raise CheckpointError(
+            f"{path}: tensor '{first.name}' ends at byte {8 + n + first.offsets[1]} but the file has only {size} bytes"
+            f"{f' ({len(cut) - 1} more tensors lie past the end)' if len(cut) > 1 else ''}; the file is truncated "
+            "(an interrupted download?), download it again")
     return out
 
 

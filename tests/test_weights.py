@@ -1,0 +1,600 @@
+"""The loader: the committed tiny snapshot, both key layouts, shards, tied/untied, mixed dtypes, random weights,
+and every bad input it must reject with a message naming the file and the tensor."""
+
+import json
+import math
+import shutil
+import struct
+
+import pytest
+import torch
+
+from hf_models import make_hf_model, random_tiny_config, save_hf_snapshot
+from qwen_lab.config import FULL, LINEAR, PRESETS, QWEN35_0_8B, TINY, Qwen35Config
+from qwen_lab.errors import CheckpointError, ConfigError, UnsupportedModelError
+from qwen_lab.weights import (INDEX_FILE, TINY_DIR, build_tiny_checkpoint, expected_tensors, load_weights, main,
+                              random_state_dict, random_weights, read_safetensors_header, save_snapshot)
+
+UNTIED = TINY.replace(tie_word_embeddings=False)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def load(source, **kw):
+    kw.setdefault("progress", False)
+    return load_weights(source, device="cpu", **kw)
+
+
+def write(tmp_path, config=TINY, state=None, layout="causal", shard=None, name="snap"):
+    """A snapshot of `config` with the given (default: random_state_dict) HF-named tensors."""
+    state = random_state_dict(config, seed=0, layout=layout) if state is None else state
+    return save_snapshot(tmp_path / name, config, state, layout=layout, max_shard_bytes=shard, tokenizer_dir=TINY_DIR)
+
+
+def unprefixed(state: dict, prefix: str) -> dict:
+    return {(k if k == "lm_head.weight" else k[len(prefix):]): v for k, v in state.items()
+            if k == "lm_head.weight" or k.startswith(prefix)}
+
+
+def assert_fused(config: Qwen35Config, w, ref: dict, dtype=torch.float32):
+    """Every field of ModelWeights equals the unfused reference tensors (unprefixed names), block of rows by block."""
+
+    def same(t, expected, what, want_dtype=dtype):
+        assert t.dtype == want_dtype, f"{what}: dtype {t.dtype}, expected {want_dtype}"
+        assert t.is_contiguous(), f"{what}: not contiguous"
+        assert tuple(t.shape) == tuple(expected.shape), f"{what}: shape {tuple(t.shape)} vs {tuple(expected.shape)}"
+        assert torch.equal(t.cpu(), expected.to(want_dtype)), f"{what}: values differ"
+
+    def rows(t, names, what):
+        start = 0
+        for n in names:
+            r = ref[n]
+            same(t[start:start + r.shape[0]], r, f"{what} rows {start}..{start + r.shape[0]} ({n})")
+            start += r.shape[0]
+        assert start == t.shape[0], f"{what}: {t.shape[0]} rows, the parts add up to {start}"
+
+    same(w.embed, ref["embed_tokens.weight"], "embed")
+    same(w.final_norm, ref["norm.weight"], "final_norm", torch.float32)
+    if config.tie_word_embeddings:
+        assert w.lm_head is w.embed
+    else:
+        assert w.lm_head is not w.embed
+        same(w.lm_head, ref["lm_head.weight"], "lm_head")
+    assert len(w.layers) == config.num_hidden_layers
+    for i, (layer, kind) in enumerate(zip(w.layers, config.layer_types)):
+        p = f"layers.{i}."
+        assert layer.kind == kind
+        same(layer.input_norm, ref[p + "input_layernorm.weight"], f"{p}input_norm", torch.float32)
+        same(layer.post_norm, ref[p + "post_attention_layernorm.weight"], f"{p}post_norm", torch.float32)
+        rows(layer.gate_up, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], f"{p}gate_up")
+        same(layer.down, ref[p + "mlp.down_proj.weight"], f"{p}down")
+        if kind == LINEAR:
+            a = p + "linear_attn."
+            assert layer.in_proj.shape == (config.linear_in_proj_dim, config.hidden_size)
+            rows(layer.in_proj, [a + n + ".weight" for n in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")],
+                 f"{p}in_proj")
+            same(layer.conv, ref[a + "conv1d.weight"][:, 0, :], f"{p}conv")
+            same(layer.A_log, ref[a + "A_log"], f"{p}A_log", torch.float32)
+            same(layer.dt_bias, ref[a + "dt_bias"], f"{p}dt_bias", torch.float32)
+            same(layer.norm, ref[a + "norm.weight"], f"{p}norm", torch.float32)
+            same(layer.out_proj, ref[a + "out_proj.weight"], f"{p}out_proj")
+            assert layer.qkv_proj is None and layer.q_norm is None and layer.o_proj is None
+        else:
+            a = p + "self_attn."
+            assert layer.qkv_proj.shape == (config.attn_in_proj_dim, config.hidden_size)
+            rows(layer.qkv_proj, [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"], f"{p}qkv_proj")
+            same(layer.q_norm, ref[a + "q_norm.weight"], f"{p}q_norm", torch.float32)
+            same(layer.k_norm, ref[a + "k_norm.weight"], f"{p}k_norm", torch.float32)
+            same(layer.o_proj, ref[a + "o_proj.weight"], f"{p}o_proj")
+            assert layer.in_proj is None and layer.A_log is None and layer.conv is None
+
+
+def expected_nbytes(config, matrix_bytes):
+    total = 0
+    for name, shape in expected_tensors(config).items():
+        total += math.prod(shape) * (4 if len(shape) == 1 else matrix_bytes)
+    return total
+
+
+def raises(tmp_source, exc=CheckpointError, *needles):
+    with pytest.raises(exc) as e:
+        load(tmp_source)
+    msg = str(e.value)
+    for needle in needles:
+        assert str(needle) in msg, f"{needle!r} not in the message: {msg}"
+    return msg
+
+
+# ---------------------------------------------------------------- the committed tiny snapshot
+
+
+def test_tiny_loads_and_fuses_random_state_dict():
+    config, w = load("tiny")
+    assert config.name == "tiny"
+    assert config.replace(eos_token_ids=(), pad_token_id=None) == TINY
+    assert_fused(config, w, unprefixed(random_state_dict(TINY, seed=0), "model."))
+
+
+def test_tiny_in_bf16_keeps_1d_parameters_in_fp32():
+    config, w = load("tiny", dtype=torch.bfloat16)
+    assert_fused(config, w, unprefixed(random_state_dict(TINY, seed=0), "model."), dtype=torch.bfloat16)
+    assert w.nbytes() == expected_nbytes(TINY, 2)
+
+
+def test_tiny_is_a_real_snapshot_with_mixed_dtypes():
+    header = read_safetensors_header(TINY_DIR / "model.safetensors")
+    assert set(header) == {"model." + k for k in expected_tensors(TINY)}
+    for name, info in header.items():
+        fp32 = name.endswith(("linear_attn.A_log", "linear_attn.norm.weight"))
+        assert info.dtype == ("F32" if fp32 else "BF16"), name
+    size = sum(f.stat().st_size for f in TINY_DIR.iterdir())
+    assert size < 700_000
+    assert {f.name for f in TINY_DIR.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json",
+                                                    "tokenizer_config.json", "generation_config.json"}
+
+
+def test_build_tiny_checkpoint_is_byte_identical_to_the_committed_files(tmp_path):
+    build_tiny_checkpoint(tmp_path / "a")
+    built = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert built == sorted(p.name for p in TINY_DIR.iterdir())
+    for name in built:
+        assert (tmp_path / "a" / name).read_bytes() == (TINY_DIR / name).read_bytes(), (
+            f"{name} differs from qwen_lab/data/tiny/{name}: rebuild with `python -m qwen_lab.weights build-tiny "
+            "qwen_lab/data/tiny` and commit it")
+
+
+def test_build_tiny_command_line(tmp_path, capsys):
+    assert main(["build-tiny", str(tmp_path / "t")]) == 0
+    assert (tmp_path / "t" / "model.safetensors").read_bytes() == (TINY_DIR / "model.safetensors").read_bytes()
+    assert main(["check", str(tmp_path / "t")]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+def test_check_command_reports_a_bad_snapshot(tmp_path, capsys):
+    snap = write(tmp_path, TINY.replace(hidden_size=96), random_state_dict(TINY))
+    assert main(["check", str(snap)]) == 2
+    assert "hidden_size=96" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- snapshots written by transformers
+
+
+def test_sharded_multimodal_snapshot_saved_by_transformers(tmp_path):
+    model = make_hf_model(TINY, seed=1, multimodal=True)
+    snap = save_hf_snapshot(model, tmp_path / "mm", max_shard_size="100KB")
+    assert (snap / INDEX_FILE).is_file() and len(list(snap.glob("model-*.safetensors"))) >= 3
+    assert any(k.startswith("model.visual.") for k in json.loads((snap / INDEX_FILE).read_text())["weight_map"])
+    config, w = load(snap)
+    assert config.replace(name="tiny") == TINY.replace(name="tiny")
+    assert_fused(config, w, unprefixed(model.state_dict(), "model.language_model."))
+
+
+def test_causal_untied_snapshot_saved_by_transformers(tmp_path):
+    config = random_tiny_config(seed=3, tie_word_embeddings=False)
+    model = make_hf_model(config, seed=2)
+    snap = save_hf_snapshot(model, tmp_path / "causal")
+    assert "lm_head.weight" in read_safetensors_header(snap / "model.safetensors")
+    loaded, w = load(snap)
+    assert loaded.replace(name=config.name) == config
+    assert_fused(config, w, unprefixed(model.state_dict(), "model."))
+
+
+def test_causal_tied_snapshot_saved_by_transformers(tmp_path):
+    config = random_tiny_config(seed=1, tie_word_embeddings=True)
+    model = make_hf_model(config, seed=0)
+    loaded, w = load(save_hf_snapshot(model, tmp_path / "tied", max_shard_size="50KB"))
+    assert w.lm_head is w.embed
+    assert_fused(config, w, unprefixed(model.state_dict(), "model."))
+
+
+def test_snapshot_written_here_loads_in_transformers(tmp_path):
+    """save_snapshot writes what transformers reads: the same names, shapes and values."""
+    transformers = pytest.importorskip("transformers")
+    state = random_state_dict(UNTIED, seed=4, dtype=torch.float32)
+    snap = write(tmp_path, UNTIED, state)
+    model = transformers.Qwen3_5ForCausalLM.from_pretrained(snap, dtype=torch.float32)
+    hf_state = model.state_dict()
+    for name, t in state.items():
+        assert torch.equal(hf_state[name], t), name
+
+
+# ---------------------------------------------------------------- layouts, shards, tying, dtypes
+
+
+@pytest.mark.parametrize("layout", ["causal", "multimodal"])
+def test_layouts_single_file_and_sharded(tmp_path, layout):
+    config = random_tiny_config(seed=5)
+    state = random_state_dict(config, seed=7, layout=layout)
+    ref = unprefixed(state, "model." if layout == "causal" else "model.language_model.")
+    for shard in (None, 30_000):
+        loaded, w = load(write(tmp_path, config, state, layout=layout, shard=shard, name=f"s{shard}"))
+        assert loaded.replace(name=config.name) == config
+        assert_fused(config, w, ref)
+
+
+def test_vision_and_mtp_tensors_are_ignored(tmp_path):
+    state = random_state_dict(TINY, layout="multimodal")
+    state["model.visual.blocks.0.attn.qkv.weight"] = torch.ones(96, 32, dtype=torch.bfloat16)
+    state["mtp.fc.weight"] = torch.ones(64, 128, dtype=torch.bfloat16)
+    state["mtp.layers.0.mlp.up_proj.weight"] = torch.ones(160, 64, dtype=torch.bfloat16)
+    _, w = load(write(tmp_path, TINY, state, layout="multimodal", shard=100_000))
+    assert_fused(TINY, w, unprefixed(random_state_dict(TINY), "model."))
+
+
+def test_model_mtp_prefix_is_ignored_in_the_causal_layout(tmp_path):
+    state = random_state_dict(TINY)
+    state["model.mtp.layers.0.mlp.up_proj.weight"] = torch.ones(160, 64, dtype=torch.bfloat16)
+    _, w = load(write(tmp_path, TINY, state))
+    assert w.lm_head is w.embed
+
+
+def test_untied_head_is_its_own_tensor(tmp_path):
+    state = random_state_dict(UNTIED, seed=3)
+    config, w = load(write(tmp_path, UNTIED, state))
+    assert not config.tie_word_embeddings and w.lm_head is not w.embed
+    assert torch.equal(w.lm_head, state["lm_head.weight"].float())
+    assert w.nbytes() == expected_nbytes(UNTIED, 4)
+
+
+def test_tied_config_ignores_a_stored_lm_head(tmp_path):
+    state = random_state_dict(TINY)
+    state["lm_head.weight"] = torch.zeros(512, 64, dtype=torch.bfloat16)
+    _, w = load(write(tmp_path, TINY, state))
+    assert w.lm_head is w.embed and w.embed.abs().sum() > 0
+    assert w.nbytes() == expected_nbytes(TINY, 4)  # the tied head counted once
+
+
+def test_mixed_dtypes_convert_per_the_rule(tmp_path):
+    """fp32 A_log / gated norm beside bf16 matrices, and an fp16 tensor: matrices -> model dtype, 1-D -> fp32."""
+    state = random_state_dict(TINY, dtype=torch.bfloat16)
+    state["model.layers.1.mlp.down_proj.weight"] = state["model.layers.1.mlp.down_proj.weight"].half()
+    state["model.layers.0.linear_attn.dt_bias"] = state["model.layers.0.linear_attn.dt_bias"].float()
+    snap = write(tmp_path, TINY, state)
+    header = read_safetensors_header(snap / "model.safetensors")
+    assert header["model.layers.0.linear_attn.A_log"].dtype == "F32"
+    assert header["model.layers.0.linear_attn.in_proj_qkv.weight"].dtype == "BF16"
+    assert header["model.layers.1.mlp.down_proj.weight"].dtype == "F16"
+    for dtype in (torch.float32, torch.bfloat16):
+        _, w = load(snap, dtype=dtype)
+        assert_fused(TINY, w, unprefixed(state, "model."), dtype=dtype)
+
+
+def test_progress_false_prints_nothing(tmp_path, capfd):
+    load("tiny", progress=False)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+    load("tiny", progress=True)
+    out, err = capfd.readouterr()
+    assert out == ""  # the progress bar goes to stderr
+
+
+def test_default_device_and_dtype_come_from_the_runtime(rt):
+    _, w = load_weights("tiny", progress=False)
+    assert w.embed.device.type == rt.device.type and w.embed.dtype == rt.dtype
+    assert w.final_norm.dtype == torch.float32
+
+
+# ---------------------------------------------------------------- random weights
+
+
+def test_random_weights_on_cpu_are_random_state_dict_fused():
+    config = random_tiny_config(seed=2)
+    w = random_weights(config, device="cpu", dtype=torch.float32, seed=11)
+    assert_fused(config, w, unprefixed(random_state_dict(config, seed=11, dtype=torch.float32), "model."))
+
+
+def test_random_weights_are_deterministic_and_depend_on_the_seed():
+    a = random_weights(TINY, device="cpu", dtype=torch.float32, seed=0)
+    b = random_weights(TINY, device="cpu", dtype=torch.float32, seed=0)
+    c = random_weights(TINY, device="cpu", dtype=torch.float32, seed=1)
+    for (name, x), (_, y), (_, z) in zip(a.tensors(), b.tensors(), c.tensors()):
+        assert torch.equal(x, y), name
+        assert not torch.equal(x, z), name
+
+
+def test_random_weights_have_realistic_nontrivial_values():
+    config = random_tiny_config(seed=0, hidden_size=64, linear_num_key_heads=4, linear_num_value_heads=16)
+    w = random_weights(config, device="cpu", dtype=torch.float32, seed=0)
+    assert abs(w.embed.std().item() - 0.02) < 0.002
+    norms = torch.cat([w.final_norm] + [t for layer in w.layers for t in (layer.input_norm, layer.post_norm)])
+    assert abs(norms.mean().item()) < 0.03 and 0.07 < norms.std().item() < 0.13  # (1 + w): w ~ N(0, 0.1)
+    lin = [layer for layer in w.layers if layer.kind == LINEAR]
+    gated = torch.cat([layer.norm for layer in lin])
+    assert abs(gated.mean().item() - 1) < 0.05 and gated.std().item() > 0.05   # plain w ~ 1 + N(0, 0.1)
+    A = torch.cat([layer.A_log for layer in lin]).exp()
+    assert A.min() >= 1 and A.max() <= 16 and A.std() > 1
+    dt = torch.cat([layer.dt_bias for layer in lin])
+    assert dt.min() >= 0.5 and dt.max() <= 1.5
+    conv = torch.cat([layer.conv.flatten() for layer in lin])
+    assert 0.15 < conv.std().item() < 0.25
+
+
+def test_random_preset_without_files(monkeypatch):
+    config = random_tiny_config(seed=4)
+    monkeypatch.setitem(PRESETS, "mini-random", config)
+    loaded, w = load("mini-random", seed=3)
+    assert loaded is config
+    ref = random_weights(config, device="cpu", dtype=torch.float32, seed=3)
+    for (name, x), (_, y) in zip(w.tensors(), ref.tensors()):
+        assert torch.equal(x, y), name
+
+
+def test_expected_tensors_names_and_shapes():
+    shapes = expected_tensors(TINY)
+    assert shapes["embed_tokens.weight"] == (512, 64)
+    assert shapes["layers.0.linear_attn.in_proj_qkv.weight"] == (128, 64)
+    assert shapes["layers.0.linear_attn.conv1d.weight"] == (128, 1, 4)
+    assert shapes["layers.0.linear_attn.A_log"] == (4,)
+    assert shapes["layers.3.self_attn.q_proj.weight"] == (256, 64)
+    assert shapes["layers.3.self_attn.o_proj.weight"] == (64, 128)
+    assert shapes["norm.weight"] == (64,) and "lm_head.weight" not in shapes
+    assert expected_tensors(UNTIED)["lm_head.weight"] == (512, 64)
+    assert not any(k.startswith("layers.3.linear_attn") for k in shapes)
+    assert len(shapes) == 1 + 3 * 14 + 11 + 1
+
+
+# ---------------------------------------------------------------- sources
+
+
+def test_source_as_path_and_as_string(tmp_path):
+    snap = write(tmp_path)
+    for source in (snap, str(snap)):
+        config, w = load(source)
+        assert config.hidden_size == 64
+
+
+def test_hub_id_downloads_configs_weights_and_tokenizer(tmp_path, monkeypatch):
+    hub = pytest.importorskip("huggingface_hub")
+    snap = write(tmp_path)
+    calls = []
+
+    def fake_download(repo_id, allow_patterns=None, **kw):
+        calls.append((repo_id, allow_patterns))
+        return str(snap)
+
+    monkeypatch.setattr(hub, "snapshot_download", fake_download)
+    config, _ = load("SomeOrg/Tiny-Qwen3.5")
+    assert config.name == "SomeOrg/Tiny-Qwen3.5"
+    (repo, patterns), = calls
+    assert repo == "SomeOrg/Tiny-Qwen3.5"
+    assert {"*.json", "*.safetensors"} <= set(patterns) and "*.bin" not in patterns
+
+
+def test_hub_unreachable(monkeypatch):
+    hub = pytest.importorskip("huggingface_hub")
+
+    def offline(*a, **kw):
+        raise OSError("Cannot reach https://huggingface.co: network is unreachable")
+
+    monkeypatch.setattr(hub, "snapshot_download", offline)
+    msg = raises("Qwen/Qwen3.5-0.8B", CheckpointError, "Qwen/Qwen3.5-0.8B", "could not fetch", "local",
+                 "network is unreachable")
+    assert "--local-dir" in msg
+
+
+# ---------------------------------------------------------------- bad inputs: each one its own clear error
+
+
+def test_missing_directory(tmp_path):
+    raises(tmp_path / "nowhere", CheckpointError, tmp_path / "nowhere", "no such directory")
+
+
+def test_missing_directory_given_as_a_string(tmp_path):
+    raises(str(tmp_path / "nowhere" / "deeper"), CheckpointError, "nowhere", "no such directory")
+
+
+def test_source_is_a_file(tmp_path):
+    snap = write(tmp_path)
+    raises(snap / "model.safetensors", CheckpointError, "model.safetensors", "is a file")
+
+
+def test_no_config_json(tmp_path):
+    snap = write(tmp_path)
+    (snap / "config.json").unlink()
+    raises(snap, CheckpointError, snap, "no config.json")
+
+
+def test_unsupported_model_type(tmp_path):
+    snap = write(tmp_path)
+    d = json.loads((snap / "config.json").read_text())
+    d["model_type"] = "qwen3_moe"
+    (snap / "config.json").write_text(json.dumps(d))
+    raises(snap, UnsupportedModelError, snap / "config.json", "model_type='qwen3_moe'")
+
+
+def test_config_json_not_json(tmp_path):
+    snap = write(tmp_path)
+    (snap / "config.json").write_text("{not json")
+    raises(snap, ConfigError, snap / "config.json", "not valid JSON")
+
+
+def test_no_weight_files(tmp_path):
+    snap = write(tmp_path)
+    (snap / "model.safetensors").unlink()
+    raises(snap, CheckpointError, snap, "no model.safetensors")
+
+
+def test_truncated_safetensors(tmp_path):
+    snap = write(tmp_path)
+    path = snap / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[:-1000])
+    header = read_safetensors_header(TINY_DIR / "model.safetensors")
+    data_size = len(data) - 8 - struct.unpack("<Q", data[:8])[0]
+    first_cut = min((info for info in header.values() if info.offsets[1] > data_size - 1000),
+                    key=lambda info: info.offsets[0])
+    raises(snap, CheckpointError, path, f"tensor '{first_cut.name}' ends at byte", "truncated")
+
+
+def test_safetensors_truncated_inside_its_header(tmp_path):
+    snap = write(tmp_path)
+    path = snap / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:100])
+    raises(snap, CheckpointError, path, "truncated")
+
+
+def test_empty_safetensors_file(tmp_path):
+    snap = write(tmp_path)
+    (snap / "model.safetensors").write_bytes(b"")
+    raises(snap, CheckpointError, snap / "model.safetensors", "too short")
+
+
+def test_corrupt_header(tmp_path):
+    snap = write(tmp_path)
+    path = snap / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[8:24] = b"\x00\xffGARBAGE GARBAGE"
+    path.write_bytes(bytes(data))
+    raises(snap, CheckpointError, path, "corrupt safetensors header")
+
+
+def test_header_offsets_disagree_with_shape(tmp_path):
+    snap = write(tmp_path)
+    path = snap / "model.safetensors"
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    name = "model.norm.weight"
+    header[name]["shape"] = [32]  # half the bytes its offsets span
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (n - len(text))
+    path.write_bytes(data[:8] + text + data[8 + n:])
+    raises(snap, CheckpointError, path, f"tensor '{name}'", "needs 64", "corrupt")
+
+
+def test_missing_tensor(tmp_path):
+    state = random_state_dict(TINY)
+    del state["model.layers.1.mlp.up_proj.weight"]
+    snap = write(tmp_path, TINY, state)
+    raises(snap, CheckpointError, snap, "'model.layers.1.mlp.up_proj.weight'", "expected shape (160, 64)",
+           "intermediate_size=160")
+
+
+def test_missing_tensor_in_a_sharded_snapshot(tmp_path):
+    state = random_state_dict(TINY, layout="multimodal")
+    del state["model.language_model.layers.2.linear_attn.A_log"]
+    snap = write(tmp_path, TINY, state, layout="multimodal", shard=100_000)
+    raises(snap, CheckpointError, INDEX_FILE, "'model.language_model.layers.2.linear_attn.A_log'",
+           "expected shape (4,)", "linear_num_value_heads=4")
+
+
+def test_wrong_shape_names_the_shard_and_the_config_field(tmp_path):
+    state = random_state_dict(TINY)
+    name = "model.layers.3.mlp.down_proj.weight"
+    state[name] = torch.zeros(64, 100, dtype=torch.bfloat16)
+    snap = write(tmp_path, TINY, state, shard=100_000)
+    shard = json.loads((snap / INDEX_FILE).read_text())["weight_map"][name]
+    assert shard.startswith("model-0000")
+    raises(snap, CheckpointError, snap / shard, f"tensor '{name}' has shape (64, 100), expected (64, 160) from "
+           "config.json (hidden_size=64, intermediate_size=160)")
+
+
+def test_config_has_fewer_layers_than_the_weights(tmp_path):
+    three = TINY.replace(num_hidden_layers=3, layer_types=TINY.layer_types[:3])
+    snap = write(tmp_path, three, random_state_dict(TINY))
+    raises(snap, CheckpointError, "model.safetensors", "'model.layers.3.", "num_hidden_layers=3",
+           "disagrees with the weights")
+
+
+def test_config_has_more_layers_than_the_weights(tmp_path):
+    five = TINY.replace(num_hidden_layers=5, layer_types=TINY.layer_types + (LINEAR,))
+    snap = write(tmp_path, five, random_state_dict(TINY))
+    raises(snap, CheckpointError, "'model.layers.4.", "no tensor of layer 4", "num_hidden_layers=5")
+
+
+def test_config_hidden_size_differs_from_the_weights(tmp_path):
+    snap = write(tmp_path, TINY.replace(hidden_size=96), random_state_dict(TINY))
+    raises(snap, CheckpointError, snap / "model.safetensors", "'model.embed_tokens.weight' has shape (512, 64)",
+           "expected (512, 96)", "hidden_size=96")
+
+
+def test_config_layer_types_differ_from_the_weights(tmp_path):
+    swapped = TINY.replace(layer_types=(LINEAR, LINEAR, FULL, FULL))
+    snap = write(tmp_path, swapped, random_state_dict(TINY))
+    raises(snap, CheckpointError, "'model.layers.2.self_attn.", "layer_types[2]='full_attention'")
+
+
+def test_unexpected_tensor_in_the_text_model(tmp_path):
+    state = random_state_dict(TINY)
+    state["model.layers.0.linear_attn.extra.weight"] = torch.zeros(4, 64, dtype=torch.bfloat16)
+    snap = write(tmp_path, TINY, state)
+    raises(snap, CheckpointError, snap / "model.safetensors", "'model.layers.0.linear_attn.extra.weight'",
+           "not part of the Qwen3.5 text model")
+
+
+def test_integer_tensor_is_rejected(tmp_path):
+    state = random_state_dict(TINY)
+    state["model.norm.weight"] = torch.zeros(64, dtype=torch.int32)
+    snap = write(tmp_path, TINY, state)
+    raises(snap, CheckpointError, "'model.norm.weight'", "dtype I32")
+
+
+def test_missing_shard(tmp_path):
+    snap = write(tmp_path, TINY, shard=100_000)
+    shards = sorted(snap.glob("model-*.safetensors"))
+    assert len(shards) >= 3
+    shards[1].unlink()
+    raises(snap, CheckpointError, shards[1], "missing shard", INDEX_FILE)
+
+
+def test_index_disagrees_with_the_shards(tmp_path):
+    snap = write(tmp_path, TINY, shard=100_000)
+    index = json.loads((snap / INDEX_FILE).read_text())
+    name = "model.layers.0.input_layernorm.weight"
+    other = next(s for s in sorted(set(index["weight_map"].values())) if s != index["weight_map"][name])
+    index["weight_map"][name] = other
+    (snap / INDEX_FILE).write_text(json.dumps(index))
+    raises(snap, CheckpointError, other, f"'{name}'", "does not hold it")
+
+
+def test_index_not_json(tmp_path):
+    snap = write(tmp_path, TINY, shard=100_000)
+    (snap / INDEX_FILE).write_text("{")
+    raises(snap, CheckpointError, INDEX_FILE, "weight_map")
+
+
+def test_untied_without_lm_head(tmp_path):
+    state = random_state_dict(UNTIED)
+    del state["lm_head.weight"]
+    snap = write(tmp_path, UNTIED, state)
+    raises(snap, CheckpointError, snap, "'lm_head.weight'", "tie_word_embeddings=false")
+
+
+# ---------------------------------------------------------------- GPU (real shapes, bf16)
+
+
+@pytest.mark.gpu
+def test_gpu_random_qwen35_0_8b_preset():
+    import time
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    config, w = load_weights("qwen3.5-0.8b", progress=False)
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    assert config is QWEN35_0_8B and w.lm_head is w.embed
+    assert elapsed < 60, f"random 0.8B weights took {elapsed:.1f} s on the GPU"
+    assert w.embed.shape == (248320, 1024) and w.embed.dtype == torch.bfloat16 and w.embed.is_cuda
+    lin, full = w.layers[0], w.layers[3]
+    assert lin.in_proj.shape == (QWEN35_0_8B.linear_in_proj_dim, 1024) and lin.conv.shape == (6144, 4)
+    assert full.qkv_proj.shape == (5120, 1024) and full.o_proj.shape == (1024, 2048)
+    for name, t in w.tensors():
+        assert t.is_cuda and t.is_contiguous(), name
+        assert t.dtype == (torch.float32 if t.dim() == 1 else torch.bfloat16), name
+    assert w.nbytes() == expected_nbytes(QWEN35_0_8B, 2)
+    assert 1.50e9 < w.nbytes() < 1.51e9
+    again = random_weights(QWEN35_0_8B, seed=0)
+    assert torch.equal(again.layers[5].in_proj, w.layers[5].in_proj)
+    assert torch.equal(again.embed, w.embed)
+
+
+@pytest.mark.gpu
+def test_gpu_tiny_and_sharded_snapshot_load_to_the_device(tmp_path):
+    config, w = load_weights("tiny", progress=False)
+    assert w.embed.is_cuda and w.embed.dtype in (torch.bfloat16, torch.float16)
+    assert_fused(config, w, unprefixed(random_state_dict(TINY), "model."), dtype=w.embed.dtype)
+    model = make_hf_model(TINY, seed=1, multimodal=True)
+    snap = save_hf_snapshot(model, tmp_path / "mm", max_shard_size="100KB")
+    config, w = load_weights(snap, progress=False)
+    assert_fused(config, w, unprefixed(model.state_dict(), "model.language_model."), dtype=w.embed.dtype)
