@@ -1,0 +1,180 @@
+"""RoPE kernels (qwen_lab.kernels.rope) against qwen_lab.reference.
+
+CPU: the Triton interpreter in float32 on small shapes. GPU (marked): bf16 on Qwen3.5-0.8B shapes.
+"""
+
+import pytest
+import torch
+
+from qwen_lab import KernelError, checks, reference
+from qwen_lab.config import QWEN35_0_8B, TINY
+from qwen_lab.kernels import count_launches
+from qwen_lab.kernels import rope as K
+
+
+def _randn(gen, rt, *shape, scale=1.0):
+    return checks.randn(*shape, g=gen, dtype=rt.dtype, device=rt.device, scale=scale)
+
+
+def _positions(rt, T, offset):
+    return torch.arange(offset, offset + T, device=rt.device)
+
+
+# (T, heads, D, rotary_dim, first position): tiny-model shapes, a full rotation, a non-power-of-two D,
+# ragged T, positions not starting at 0
+CASES = [
+    (1, TINY.num_attention_heads, TINY.head_dim, TINY.rotary_dim, 37),
+    (7, 4, 32, 8, 0),
+    (64, 2, 32, 32, 3),
+    (100, 3, 48, 16, 250),
+]
+
+
+@pytest.mark.parametrize("T,H,D,rot,offset", CASES)
+def test_rope_matches_reference_on_a_strided_view(rt, gen, T, H, D, rot, offset):
+    fused = _randn(gen, rt, T, H, 2 * D)  # like q inside the fused [q | gate] projection
+    x = fused[:, :, :D]
+    assert x.stride(1) == 2 * D
+    pos = _positions(rt, T, offset)
+    with count_launches() as launches:
+        out = K.rope(x, pos, rot, TINY.rope_theta)
+    assert launches["rope_kernel"] == 1
+    checks.compare("rope", out, reference.rope(x, pos, rot, TINY.rope_theta))
+    # the dims past rotary_dim are copied, bit for bit
+    assert torch.equal(out[..., rot:], x[..., rot:])
+
+
+def test_rope_rotation_keeps_pair_norms_and_is_relative(rt, gen):
+    """Each (x_i, x_{i+half}) pair only turns; q.k after RoPE depends on the position difference only.
+
+    float32 on every device: these are properties of the math, checked tighter than bf16 could."""
+    D, rot = 32, 32
+    q = checks.randn(1, 1, D, g=gen, device=rt.device)
+    k = checks.randn(1, 1, D, g=gen, device=rt.device)
+    half = rot // 2
+
+    def at(x, p):
+        return K.rope(x, torch.tensor([p], device=rt.device), rot, 10000.0).float()
+
+    qr = at(q, 5)
+    pair_norm = lambda x: x[..., :half] ** 2 + x[..., half:rot] ** 2  # noqa: E731
+    checks.compare("pair norms", pair_norm(qr), pair_norm(q.float()), atol=1e-4, rtol=1e-4)
+    d1 = (at(q, 9) * at(k, 4)).sum()
+    d2 = (at(q, 105) * at(k, 100)).sum()
+    checks.compare("q.k at equal offsets", d1.reshape(1), d2.reshape(1), atol=1e-3, rtol=1e-3)
+
+
+def test_rope_reads_positions_from_device_memory(rt, gen):
+    """Same tensors, new values written into `positions` in place (what a graph replay does)."""
+    T, H, D, rot = 3, 2, 32, 16
+    x = _randn(gen, rt, T, H, D)
+    pos = _positions(rt, T, 0)
+    out = checks.poison_(torch.empty_like(x))
+    for offset in (0, 41, 1000):
+        pos.copy_(torch.arange(offset, offset + T, device=rt.device))
+        result = K.rope(x, pos, rot, 1e7, out=out)
+        assert result.data_ptr() == out.data_ptr()
+        checks.compare(f"rope at offset {offset}", out, reference.rope(x, pos, rot, 1e7))
+
+
+def test_rope_large_positions(rt, gen):
+    """Angles up to 2.6e5 rad: the in-kernel cos/sin of the fp32 angle match torch's."""
+    T, H, D, rot = 5, 2, 32, 16
+    x = _randn(gen, rt, T, H, D)
+    pos = torch.tensor([0, 1, 8191, 100_000, 262_143], device=rt.device)
+    checks.compare("rope, long context", K.rope(x, pos, rot, 1e7), reference.rope(x, pos, rot, 1e7))
+
+
+@pytest.mark.parametrize("T,Hq,Hk,D,rot,offset", [(1, 4, 2, 32, 8, 17), (9, 4, 2, 32, 8, 0), (33, 6, 1, 48, 16, 5)])
+def test_qk_norm_rope_matches_reference_composition(rt, gen, T, Hq, Hk, D, rot, offset):
+    fused = _randn(gen, rt, T, Hq, 2 * D)
+    q = fused[:, :, :D]
+    k = _randn(gen, rt, T, Hk, D, scale=3.0)
+    wq = _randn(gen, rt, D, scale=0.1)
+    wk = _randn(gen, rt, D, scale=0.1)
+    pos = _positions(rt, T, offset)
+    eps = 1e-6
+    with count_launches() as launches:
+        qo, ko = K.qk_norm_rope(q, k, wq, wk, eps, pos, rot, 1e7)
+    assert sum(launches.values()) == 1, "q and k in one launch"
+    checks.compare("q", qo, reference.rope(reference.rms_norm(q, wq, eps), pos, rot, 1e7))
+    checks.compare("k", ko, reference.rope(reference.rms_norm(k, wk, eps), pos, rot, 1e7))
+
+
+def test_qk_norm_rope_out_buffers(rt, gen):
+    T, Hq, Hk, D, rot = 4, 4, 2, 32, 8
+    q, k = _randn(gen, rt, T, Hq, D), _randn(gen, rt, T, Hk, D)
+    wq, wk = _randn(gen, rt, D, scale=0.1), _randn(gen, rt, D, scale=0.1)
+    pos = _positions(rt, T, 2)
+    q_out = checks.poison_(torch.empty_like(q))
+    k_out = checks.poison_(torch.empty_like(k))
+    qo, ko = K.qk_norm_rope(q, k, wq, wk, 1e-6, pos, rot, 1e7, q_out=q_out, k_out=k_out)
+    assert qo.data_ptr() == q_out.data_ptr() and ko.data_ptr() == k_out.data_ptr()
+    checks.compare("q_out", q_out, reference.rope(reference.rms_norm(q, wq, 1e-6), pos, rot, 1e7))
+    checks.compare("k_out", k_out, reference.rope(reference.rms_norm(k, wk, 1e-6), pos, rot, 1e7))
+
+
+def test_rope_rejects_bad_arguments(rt, gen):
+    x = _randn(gen, rt, 3, 2, 32)
+    pos = _positions(rt, 3, 0)
+    with pytest.raises(KernelError, match="rotary_dim"):
+        K.rope(x, pos, 7, 1e7)
+    with pytest.raises(KernelError, match="rotary_dim"):
+        K.rope(x, pos, 64, 1e7)
+    with pytest.raises(KernelError, match="positions"):
+        K.rope(x, pos[:2], 8, 1e7)
+    with pytest.raises(KernelError, match="positions"):
+        K.rope(x, pos.float(), 8, 1e7)
+    with pytest.raises(KernelError, match="x: the last dim"):
+        K.rope(x.transpose(1, 2), pos, 8, 1e7)
+    with pytest.raises(KernelError, match="x: expected"):
+        K.rope(x[0], pos, 8, 1e7)
+    with pytest.raises(KernelError, match="out"):
+        K.rope(x, pos, 8, 1e7, out=torch.empty(3, 2, 16, dtype=x.dtype, device=x.device))
+    with pytest.raises(KernelError, match="k_weight"):
+        K.qk_norm_rope(x, x, x[0, 0], x[0, 0, :16], 1e-6, pos, 8, 1e7)
+
+
+# ---------------------------------------------------------------- GPU, bf16, real shapes
+
+C = QWEN35_0_8B
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,offset", [(1, 0), (1, 8191), (2048, 0), (8192, 17)])
+def test_gpu_rope_real_shapes(T, offset):
+    g = torch.Generator().manual_seed(T + offset)
+    proj = checks.randn(T, C.num_attention_heads, 2 * C.head_dim, g=g, dtype=torch.bfloat16, device="cuda")
+    q = proj[:, :, :C.head_dim]
+    pos = torch.arange(offset, offset + T, device="cuda")
+    out = K.rope(q, pos, C.rotary_dim, C.rope_theta)
+    checks.compare("rope bf16", out, reference.rope(q, pos, C.rotary_dim, C.rope_theta))
+    assert torch.equal(out[..., C.rotary_dim:], q[..., C.rotary_dim:])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,offset", [(1, 4000), (2048, 0), (8192, 0)])
+def test_gpu_qk_norm_rope_real_shapes(T, offset):
+    g = torch.Generator().manual_seed(7 * T + offset)
+    D = C.head_dim
+    proj = checks.randn(T, C.num_attention_heads, 2 * D, g=g, dtype=torch.bfloat16, device="cuda")
+    q = proj[:, :, :D]
+    k = checks.randn(T, C.num_key_value_heads, D, g=g, dtype=torch.bfloat16, device="cuda", scale=4.0)
+    wq = checks.randn(D, g=g, dtype=torch.bfloat16, device="cuda", scale=0.2)
+    wk = checks.randn(D, g=g, dtype=torch.bfloat16, device="cuda", scale=0.2)
+    pos = torch.arange(offset, offset + T, device="cuda")
+    qo, ko = K.qk_norm_rope(q, k, wq, wk, C.rms_norm_eps, pos, C.rotary_dim, C.rope_theta)
+    ref_q = reference.rope(reference.rms_norm(q, wq, C.rms_norm_eps), pos, C.rotary_dim, C.rope_theta)
+    ref_k = reference.rope(reference.rms_norm(k, wk, C.rms_norm_eps), pos, C.rotary_dim, C.rope_theta)
+    checks.compare("q bf16", qo, ref_q)
+    checks.compare("k bf16", ko, ref_k)
+
+
+@pytest.mark.gpu
+def test_gpu_rope_long_context_angles():
+    g = torch.Generator().manual_seed(3)
+    x = checks.randn(4, C.num_key_value_heads, C.head_dim, g=g, dtype=torch.float32, device="cuda")
+    pos = torch.tensor([1, 65_535, 200_000, 262_143], device="cuda")
+    out = K.rope(x, pos, C.rotary_dim, C.rope_theta)
+    checks.compare("rope fp32 at long positions", out, reference.rope(x, pos, C.rotary_dim, C.rope_theta),
+                   atol=1e-5, rtol=1e-5)
