@@ -1,0 +1,436 @@
+r"""Matrix multiplication for every projection of the model: y = x W^T.
+
+    x [M, K] (activations, token-major), W [N, K] (the Hugging Face layout, read as is), y [M, N]
+
+$$ y_{mn} = \sum_{k=0}^{K-1} x_{mk} W_{nk} $$
+
+computed with bf16 (fp16) operands, an fp32 accumulator, and one rounding to x's dtype at the end.
+Two regimes need two kernels:
+
+- Prefill (M = prompt length, hundreds to thousands): compute-bound. `matmul_kernel` tiles y into
+  BLOCK_M x BLOCK_N blocks; each program walks K in BLOCK_K steps and feeds `tl.dot` (the tensor
+  cores). Programs are visited in groups of GROUP_M block-rows so that neighbours in time share
+  x rows and W columns in L2. Autotuned on the GPU over a few Hopper tile shapes.
+- Decode (M = 1, a handful at most): bandwidth-bound. Each weight element is used once, so the whole
+  cost is reading W: 2 N K bytes. `gemv_splitk_kernel` gives each program BLOCK_N contiguous rows of
+  W and a slice of K; a wide matrix (N large) already yields enough programs, a narrow one (N = 1024
+  outputs) does not, so K is split SPLIT_K ways and each program adds its partial sums into y:
+
+$$ y_{mn} = \sum_{s=0}^{S-1} \sum_{k \in \text{split } s} x_{mk} W_{nk} $$
+
+  The S partial sums of a block meet in an fp32 workspace, in one of two ways:
+  - atomic (default): `tl.atomic_add` into a zeroed fp32 buffer [M, N]. Fast, but the order of the
+    additions varies from run to run, so the last bits of y do too;
+  - deterministic (`QWEN_LAB_DETERMINISTIC=1` or `deterministic=True`): each split stores its
+    partials in [S, M, N] and they are added in the fixed order s = 0, 1, ..., S-1: bitwise repeatable.
+  Either way the reduction costs no extra launch: every program counts itself in per-block counter
+  with an atomic increment; the program that arrives last adds the partials up, casts to x's
+  dtype, writes y, and puts the workspace back to zeros (the counter too) for the next call. One
+  launch per projection matters: inside a CUDA Graph each launch still costs about 1 us, as much
+  as the whole read of a 4 MB weight at full bandwidth.
+
+`linear` picks the regime from M. Launchers take an optional `out=` so that a CUDA Graph can own
+every buffer; the workspaces are allocated once per device (zeroed) on the first call (which must
+happen before graph capture: the warm-up run does it) and are reused by every later call on that
+device; calls on concurrent streams must not share a device.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..errors import KernelError
+from ..runtime import interpreter_active
+
+# M at or below this is served by the GEMV / split-K path (decode and very short prompts).
+GEMV_MAX_M = 16
+# SPLIT_K beyond this buys nothing on any shape of the model and only adds contention.
+MAX_SPLIT_K = 64
+# K columns per split are rounded up to this many, so every split starts 32-byte aligned.
+K_GRANULE = 16
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _tune_bench(kernel_call, quantiles):
+    """Autotuning timer: short runs (the kernels take microseconds), L2 flushed between them by do_bench."""
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=25, quantiles=quantiles)
+
+
+# ------------------------------------------------------------------------------------------------
+# Prefill: the tiled GEMM
+# ------------------------------------------------------------------------------------------------
+
+
+def _matmul_configs():
+    if interpreter_active():
+        # The interpreter runs each program in NumPy: one small tile keeps the tiny shapes quick.
+        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}, num_warps=4, num_stages=1)]
+    shapes = [  # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps): Hopper-sized tiles, then smaller ones for
+        (128, 256, 64, 3, 8),  # short prompts, where big tiles would leave SMs idle
+        (128, 128, 64, 4, 8),
+        (128, 128, 64, 3, 4),
+        (256, 128, 64, 3, 8),
+        (64, 256, 64, 4, 4),
+        (128, 64, 64, 4, 4),
+        (64, 128, 64, 4, 4),
+        (64, 64, 64, 4, 4),
+    ]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=s, num_warps=w)
+            for bm, bn, bk, s, w in shapes]
+
+
+@triton.autotune(configs=_matmul_configs(), key=["M_BUCKET", "N", "K"], do_bench=_tune_bench)
+@triton.jit
+def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
+                  stride_xm, stride_wn, stride_om,
+                  DOT_PRECISION: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    # M_BUCKET (M rounded to a power of two) is only an autotuning key: one tuning per prompt-length
+    # bucket, not per prompt length.
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    # Grouped order: walk GROUP_M block-rows down one block-column before moving right, so the
+    # programs running at the same time read few distinct x rows and W rows, which then stay in L2.
+    per_group = GROUP_M * num_pid_n
+    group = pid // per_group
+    first_m = group * GROUP_M
+    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_m
+    pid_n = (pid % per_group) // group_m
+
+    # Rows past M (columns past N) wrap onto valid ones: the loads need no mask along M and N (so they
+    # stay wide), and the store below drops those rows.
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xm + offs_k[None, :]   # [BLOCK_M, BLOCK_K]
+    w_ptrs = w_ptr + cols[None, :].to(tl.int64) * stride_wn + offs_k[:, None]   # [BLOCK_K, BLOCK_N] = W^T tile
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_left = K - k0  # only the last step is ragged: mask columns k >= K to zero in both operands
+        a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)  # bf16 x bf16 -> fp32 on the tensor cores
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+
+    out_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    out_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    o_ptrs = out_ptr + out_m[:, None].to(tl.int64) * stride_om + out_n[None, :]
+    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(out_m[:, None] < M) & (out_n[None, :] < N))
+
+
+# ------------------------------------------------------------------------------------------------
+# Decode: the GEMV with split-K
+# ------------------------------------------------------------------------------------------------
+
+REDUCE_NONE, REDUCE_ATOMIC, REDUCE_DETERMINISTIC = 0, 1, 2
+
+
+def _gemv_configs():
+    if interpreter_active():
+        return [triton.Config({"BLOCK_N": 32, "BLOCK_K": 64}, num_warps=4, num_stages=1)]
+    # (BLOCK_N, BLOCK_K, warps, stages). M = 1 uses the first five: each program holds 4-16 KB of bf16
+    # weights in flight, all its loads issued at once when its K slice fits one BLOCK_K. M > 1 (tl.dot)
+    # needs BLOCK_N >= 16; the pruner below drops what does not fit the call.
+    shapes = [(4, 1024, 4, 1), (8, 1024, 4, 1), (8, 512, 4, 2), (16, 256, 4, 3), (16, 512, 8, 2),
+              (32, 256, 4, 3), (64, 128, 4, 3)]
+    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bn, bk, w, s in shapes]
+
+
+def _prune_gemv_configs(configs, named_args, **kwargs):
+    args = {**named_args, **kwargs}
+    dot = args["BLOCK_M"] > 1
+    # tl.dot needs 16 rows of W per program; M = 1 wants fewer rows and a longer stretch of K.
+    fits = [c for c in configs if (c.kwargs["BLOCK_N"] >= 16) == dot]
+    # No block much wider than a program's slice of K: the extra lanes would only load masked zeros.
+    k_slice = triton.next_power_of_2(max(int(args["K_PER_SPLIT"]), 16))
+    narrow = [c for c in fits if c.kwargs["BLOCK_K"] <= max(k_slice, 128)]
+    return narrow or [min(fits, key=lambda c: c.kwargs["BLOCK_K"])]
+
+
+@triton.jit
+def _activation_tile(ptrs, up_offset, mask, SWIGLU: tl.constexpr):
+    """The activation block, in the input dtype: x itself, or, with SWIGLU, silu(gate) * up computed
+    in fp32 from gate_up = [gate | up] and rounded once, exactly as `silu_mul` would have stored it."""
+    if SWIGLU:
+        g = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(ptrs + up_offset, mask=mask, other=0.0).to(tl.float32)
+        return (g * tl.sigmoid(g) * u).to(ptrs.dtype.element_ty)
+    else:
+        return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.autotune(configs=_gemv_configs(), key=["N", "K", "SPLIT_K", "BLOCK_M", "REDUCE", "SWIGLU"],
+                 prune_configs_by={"early_config_prune": _prune_gemv_configs}, do_bench=_tune_bench)
+@triton.jit
+def gemv_splitk_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, count_ptr,
+                       M, N, K, K_PER_SPLIT, SPLIT_K,
+                       stride_xm, stride_wn, stride_om, up_offset,
+                       BLOCK_M: tl.constexpr, REDUCE: tl.constexpr, SWIGLU: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # Grid: (row blocks of W, K splits, row blocks of x). Program (n, s, m) computes the partial
+    # y[m block, n block] over columns [s * K_PER_SPLIT, (s + 1) * K_PER_SPLIT) of K.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Clamp rows instead of masking them: loads along K stay unmasked except at the slice's end, so
+    # they compile to 16-byte vector loads; the duplicated rows are never stored.
+    w_rows = w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn      # [BLOCK_N, 1]
+    x_rows = x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * stride_xm      # [BLOCK_M, 1]
+    # Every program runs the same number of steps; the last slice may end early at K (masked).
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
+
+    if BLOCK_M == 1:
+        # GEMV: a [BLOCK_N, BLOCK_K] block of products per step, summed over K only once at the end
+        # (one cross-thread reduction per program instead of one per step).
+        prod = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k_step in range(0, K_PER_SPLIT, BLOCK_K):
+            offs_k = k_lo + k_step + tl.arange(0, BLOCK_K)
+            kmask = offs_k[None, :] < k_hi
+            a = _activation_tile(x_rows + offs_k[None, :], up_offset, kmask, SWIGLU)          # [1, BLOCK_K]
+            w = tl.load(w_rows + offs_k[None, :], mask=kmask, other=0.0)                      # [BLOCK_N, BLOCK_K]
+            prod += w.to(tl.float32) * a.to(tl.float32)
+        acc = tl.sum(prod, axis=1)[None, :]                                                    # [1, BLOCK_N]
+    else:
+        # A few rows of x (a short prompt): the tensor cores, x block [BLOCK_M, BLOCK_K] times W^T.
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k_step in range(0, K_PER_SPLIT, BLOCK_K):
+            offs_k = k_lo + k_step + tl.arange(0, BLOCK_K)
+            kmask = offs_k[None, :] < k_hi
+            a = _activation_tile(x_rows + offs_k[None, :], up_offset, kmask, SWIGLU)
+            w = tl.load(w_rows + offs_k[None, :], mask=kmask, other=0.0)
+            acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
+
+    out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    o_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    if REDUCE == 0:
+        # SPLIT_K = 1: this program owns its block of y outright.
+        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        ws_offs = offs_m[:, None] * N + offs_n[None, :]  # workspace [M, N] (atomic) or [SPLIT_K, M, N]
+        if REDUCE == 1:
+            tl.atomic_add(ws_ptr + ws_offs, acc, mask=out_mask, sem="relaxed")
+        else:
+            tl.store(ws_ptr + pid_k * M * N + ws_offs, acc, mask=out_mask)
+        # Every thread's partials must be out before the counter says this program is done: a barrier
+        # in the block, then one acquire-release increment. The old value tells who came last.
+        tl.debug_barrier()
+        block = pid_m * tl.num_programs(0) + pid_n
+        arrived = tl.atomic_add(count_ptr + block, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            # ".cg" loads read L2, where the other programs' sums are, never a stale L1 line; the
+            # acquire above orders them after every partial counted so far.
+            if REDUCE == 1:
+                ws_ptrs = ws_ptr + ws_offs
+                total = tl.load(ws_ptrs, mask=out_mask, other=0.0, cache_modifier=".cg")
+                tl.store(ws_ptrs, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), mask=out_mask)  # for the next call
+            else:
+                # Fixed order s = 0, 1, ...: the same bits every run, whoever arrived last.
+                total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                for s in range(SPLIT_K):
+                    total += tl.load(ws_ptr + s * M * N + ws_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
+            tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
+            tl.store(count_ptr + block, 0)  # ready for the next call (kernel boundaries order it)
+
+
+# ------------------------------------------------------------------------------------------------
+# Launchers
+# ------------------------------------------------------------------------------------------------
+
+
+def _fail(name: str, arg: str, what: str):
+    raise KernelError(f"{name}: {arg} {what}")
+
+
+def _check_operands(name: str, x, weight, out, x_name: str = "x", k_of_x=lambda k: k):
+    """Validate x [M, K'] and weight [N, K] (K' = k_of_x(K)), and out [M, N]; return M, N, K."""
+    for arg, t in ((x_name, x), ("weight", weight)):
+        if not isinstance(t, torch.Tensor):
+            _fail(name, arg, f"must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            _fail(name, arg, f"must be 2-D, got shape {tuple(t.shape)}")
+        if t.dtype not in _DTYPES:
+            _fail(name, arg, f"has dtype {t.dtype}; expected bfloat16, float16 or float32")
+        if t.shape[1] > 1 and t.stride(1) != 1:
+            _fail(name, arg, f"must be contiguous in its last dim (stride 1), got strides {t.stride()}")
+    M, N, K = x.shape[0], weight.shape[0], weight.shape[1]
+    if x.shape[1] != k_of_x(K):
+        _fail(name, x_name, f"has {x.shape[1]} columns; weight {tuple(weight.shape)} needs {k_of_x(K)}")
+    if weight.dtype != x.dtype:
+        _fail(name, "weight", f"has dtype {weight.dtype}, but {x_name} has {x.dtype}; cast one to the other")
+    if weight.device != x.device:
+        _fail(name, "weight", f"is on {weight.device}, but {x_name} is on {x.device}")
+    if K == 0:
+        _fail(name, "weight", "has K = 0 columns; expected at least one")
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, N):
+            _fail(name, "out", f"must be a tensor of shape {(M, N)}, got "
+                  f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+        if out.dtype != x.dtype or out.device != x.device:
+            _fail(name, "out", f"must be {x.dtype} on {x.device}, got {out.dtype} on {out.device}")
+        if N > 1 and out.stride(1) != 1:
+            _fail(name, "out", f"must be contiguous in its last dim (stride 1), got strides {out.stride()}")
+    return M, N, K
+
+
+def _dot_precision(dtype) -> str:
+    # fp32 operands must not silently drop to tf32 (10-bit mantissa) on the GPU.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ weight^T with the tiled `tl.dot` GEMM (the prefill path). x [M, K], weight [N, K] -> [M, N]."""
+    return _matmul("matmul", x, weight, out)
+
+
+def _matmul(name, x, weight, out):
+    M, N, K = _check_operands(name, x, weight, out)
+    if out is None:
+        out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return out
+
+    def grid(meta):
+        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+    matmul_kernel[grid](x, weight, out, M, N, K, triton.next_power_of_2(min(M, 4096)),
+                        x.stride(0), weight.stride(0), out.stride(0), DOT_PRECISION=_dot_precision(x.dtype))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_cached(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device) -> int:
+    """Streaming multiprocessors of a CUDA device; a nominal 4 for the CPU interpreter."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 4
+    return _sm_count_cached(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def choose_split_k(M: int, N: int, K: int, sms: int) -> int:
+    """SPLIT_K for the GEMV path: split K only when the rows of W alone give too few programs.
+
+    Rows come in blocks of 8 (16 for M > 1). The GPU wants about three programs per multiprocessor
+    in flight to hide the memory latency; when N alone provides them (the LM head: 31040 blocks;
+    the in-projections: 640-1028) SPLIT_K = 1 and there is no reduction at all. Otherwise K is split
+    in powers of two until there are enough programs, keeping at least 256 columns per split (a short
+    slice spends more on its partial sums than on its loads), and at most 16 splits.
+    """
+    blocks = triton.cdiv(N, 8 if M == 1 else 16) * triton.cdiv(M, 16)
+    want = 3 * sms
+    split = 1
+    while blocks * split < want and split < 16 and K // (2 * split) >= 256:
+        split *= 2
+    return split
+
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def deterministic_mode() -> bool:
+    """True when QWEN_LAB_DETERMINISTIC is set to 1 (true/yes/on): split-K then reduces in a fixed order."""
+    return os.environ.get("QWEN_LAB_DETERMINISTIC", "0").strip().lower() in _TRUE
+
+
+# Per-device workspaces, grown on demand and kept for the life of the process (a CUDA Graph captures
+# their addresses). "sums" (fp32) and "counts" (int32) must be all zeros between calls: every launch
+# leaves them so. "partials" holds the deterministic mode's [SPLIT_K, M, N] and may hold anything.
+_workspaces: dict = {}
+
+
+def _workspace(kind: str, numel: int, dtype, device) -> torch.Tensor:
+    key = (kind, device)
+    buf = _workspaces.get(key)
+    if buf is None or buf.numel() < numel:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise KernelError(f"linear_splitk: the split-K workspace '{kind}' needs {numel} elements but only "
+                              f"{0 if buf is None else buf.numel()} exist, and a CUDA Graph is being captured; run "
+                              f"the same shapes once before capture (the warm-up) so it is allocated outside it")
+        buf = torch.zeros(max(numel, 1024), dtype=dtype, device=device)
+        _workspaces[key] = buf
+    return buf
+
+
+def linear_splitk(x: torch.Tensor, weight: torch.Tensor, split_k: int | None = None,
+                  deterministic: bool | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ weight^T with the GEMV / split-K kernel (the decode path). x [M, K], weight [N, K] -> [M, N].
+
+    split_k: how many slices of K (None: `choose_split_k` for this GPU). deterministic: reduce the
+    partial sums in a fixed order (None: the QWEN_LAB_DETERMINISTIC environment variable), else with
+    atomic adds. Either way one kernel launch.
+    """
+    return _gemv("linear_splitk", x, weight, split_k, deterministic, out, swiglu=False)
+
+
+def _gemv(name, x, weight, split_k, deterministic, out, swiglu):
+    """Launch gemv_splitk_kernel. With swiglu, x is gate_up [M, 2K] and the kernel multiplies silu(gate) * up."""
+    x_name = "gate_up" if swiglu else "x"
+    M, N, K = _check_operands(name, x, weight, out, x_name, (lambda k: 2 * k) if swiglu else (lambda k: k))
+    if split_k is None:
+        split_k = choose_split_k(M, N, K, sm_count(x.device))
+    if isinstance(split_k, bool) or not isinstance(split_k, int) or not 1 <= split_k <= MAX_SPLIT_K:
+        _fail(name, "split_k", f"must be an int in [1, {MAX_SPLIT_K}], got {split_k!r}")
+    if split_k > triton.cdiv(K, K_GRANULE):
+        _fail(name, "split_k", f"is {split_k}, too many for K={K}: each split needs at least {K_GRANULE} "
+              f"columns, so at most {triton.cdiv(K, K_GRANULE)} splits")
+    if deterministic is None:
+        deterministic = deterministic_mode()
+    if out is None:
+        out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return out
+    # Whole granules per split keep every slice aligned; rounding may leave fewer, non-empty, splits.
+    k_per_split = triton.cdiv(triton.cdiv(K, split_k), K_GRANULE) * K_GRANULE
+    splits = triton.cdiv(K, k_per_split)
+    reduce = REDUCE_NONE if splits == 1 else (REDUCE_DETERMINISTIC if deterministic else REDUCE_ATOMIC)
+    if reduce == REDUCE_DETERMINISTIC and splits * M * N >= 2**31:
+        _fail(name, "x", f"with M={M}, N={N} and {splits} splits needs a partials buffer of {splits * M * N} "
+              f"elements (over 2^31); use matmul for this many rows")
+    block_m = 1 if M == 1 else 16
+    m_blocks = triton.cdiv(M, block_m)
+    if reduce == REDUCE_NONE:
+        ws, counts = out, out  # not read: the kernel stores y directly
+    else:
+        counts = _workspace("counts", m_blocks * N, torch.int32, x.device)  # >= one counter per block
+        if reduce == REDUCE_ATOMIC:
+            ws = _workspace("sums", M * N, torch.float32, x.device)
+        else:
+            ws = _workspace("partials", splits * M * N, torch.float32, x.device)
+
+    def grid(meta):
+        return (triton.cdiv(N, meta["BLOCK_N"]), splits, m_blocks)
+
+    gemv_splitk_kernel[grid](x, weight, out, ws, counts, M, N, K, k_per_split, splits,
+                             x.stride(0), weight.stride(0), out.stride(0), K,
+                             BLOCK_M=block_m, REDUCE=reduce, SWIGLU=swiglu, DOT_PRECISION=_dot_precision(x.dtype))
+    return out
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ weight^T, fp32 accumulation, x's dtype out. x [M, K], weight [N, K] -> [M, N].
+
+    M <= GEMV_MAX_M (decode): the GEMV / split-K kernel; otherwise the tiled GEMM.
+    """
+    if isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[0] <= GEMV_MAX_M:
+        return _gemv("linear", x, weight, None, None, out, swiglu=False)
+    return _matmul("linear", x, weight, out)
+
+
+__all__ = ["GEMV_MAX_M", "choose_split_k", "deterministic_mode", "gemv_splitk_kernel", "linear", "linear_splitk",
+           "matmul", "matmul_kernel", "sm_count"]
