@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import types
 from typing import Callable
 
 import torch
@@ -148,6 +149,18 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+class _CallableModule(types.ModuleType):
+    """`qwen_lab.generate` is both this module (for `python -m qwen_lab.generate`) and the function generate():
+    once the submodule is imported, the package attribute of that name is the module, so the module forwards
+    calls to the function."""
+
+    def __call__(self, *args, **kwargs):
+        return generate(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 
 if __name__ == "__main__":

@@ -107,14 +107,14 @@ class Qwen35Model:
             except (TypeError, ValueError, RuntimeError):
                 raise GenerationError(f"input_ids: expected a sequence of integer token ids, got "
                                       f"{type(input_ids).__name__}") from None
-        if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
-            raise GenerationError(f"input_ids: expected integer token ids, got dtype {input_ids.dtype}")
         if input_ids.dim() == 2 and input_ids.shape[0] == 1:
             input_ids = input_ids[0]
         if input_ids.dim() != 1:
             raise GenerationError(f"input_ids: expected shape [T] or [1, T], got {tuple(input_ids.shape)}")
         if input_ids.numel() == 0:
             raise GenerationError("input_ids: the prompt is empty; expected at least one token id")
+        if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+            raise GenerationError(f"input_ids: expected integer token ids, got dtype {input_ids.dtype}")
         lo, hi = int(input_ids.min()), int(input_ids.max())
         if lo < 0 or hi >= self.config.vocab_size:
             bad = lo if lo < 0 else hi
