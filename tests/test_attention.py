@@ -1,0 +1,286 @@
+"""Attention kernels (qwen_lab.kernels.attention) against qwen_lab.reference.
+
+CPU: the Triton interpreter in float32 on small shapes (GQA ratios 1, 2, 3, 4; head_dim 32 and 24/48;
+T in 1, 7, 64, 100; caches larger than the prompt; positions not starting at 0).
+GPU (marked): bf16 on Qwen3.5-0.8B shapes (8 query heads, 2 KV heads, head_dim 256), prefill of 2048 and
+8192 tokens, decode over 1, 2k and 8k cached tokens.
+"""
+
+import pytest
+import torch
+
+from qwen_lab import KernelError, checks, reference
+from qwen_lab.config import QWEN35_0_8B
+from qwen_lab.kernels import attention as A
+from qwen_lab.kernels import count_launches
+
+
+def _randn(gen, rt, *shape, scale=1.0):
+    return checks.randn(*shape, g=gen, dtype=rt.dtype, device=rt.device, scale=scale)
+
+
+def _problem(gen, rt, T, Hq, Hkv, D, L, offset):
+    """q as a strided view of a fused [q | gate] projection (like the model's), a cache of capacity L."""
+    fused = _randn(gen, rt, T, Hq, 2 * D)
+    q, gate = fused[:, :, :D], fused[:, :, D:]
+    k = _randn(gen, rt, L, Hkv, D)
+    v = _randn(gen, rt, L, Hkv, D)
+    pos = torch.arange(offset, offset + T, device=rt.device)
+    return q, gate, k, v, pos
+
+
+# (T, Hq, Hkv, D, cache capacity L, first position)
+PREFILL = [
+    (7, 4, 4, 32, 7, 0),        # GQA ratio 1, the prompt's own k/v
+    (64, 4, 2, 32, 80, 0),      # ratio 2, cache larger than the prompt
+    (100, 8, 2, 32, 130, 13),   # ratio 4 (Qwen3.5's), ragged T, positions after a cached prefix
+    (7, 6, 2, 24, 20, 5),       # ratio 3 (not a power of two), head_dim 24 (not a power of two)
+]
+DECODE = [
+    (4, 2, 32, 16, 0),          # the first token: one key
+    (8, 2, 32, 200, 40),        # a short context in a larger cache: most splits past the length
+    (8, 2, 48, 150, 149),       # the cache full, head_dim 48
+    (2, 2, 32, 64, 63),         # ratio 1
+]
+
+
+@pytest.mark.parametrize("T,Hq,Hkv,D,L,offset", PREFILL)
+def test_prefill_attention_matches_reference(rt, gen, T, Hq, Hkv, D, L, offset):
+    q, _, k, v, pos = _problem(gen, rt, T, Hq, Hkv, D, L, offset)
+    with count_launches() as launches:
+        out = A.attention(q, k, v, pos)
+    assert sum(launches.values()) == 1, f"one fused kernel, got {dict(launches)}"
+    checks.compare("flash attention", out, reference.attention(q, k, v, pos))
+
+
+@pytest.mark.parametrize("Hq,Hkv,D,L,pos", DECODE)
+def test_decode_attention_matches_reference(rt, gen, Hq, Hkv, D, L, pos):
+    q, _, k, v, positions = _problem(gen, rt, 1, Hq, Hkv, D, L, pos)
+    with count_launches() as launches:
+        out = A.attention(q, k, v, positions)
+    assert launches["flash_decode_split_kernel"] == 1 and launches["flash_decode_combine_kernel"] == 1
+    checks.compare("flash decoding", out, reference.attention(q, k, v, positions))
+
+
+@pytest.mark.parametrize("splits", [1, 3, 16])
+def test_decode_any_split_count_gives_the_same_result(rt, gen, splits):
+    q, _, k, v, positions = _problem(gen, rt, 1, 4, 2, 32, 90, 70)
+    ws = checks.poison_(A.decode_workspace(q, k, num_splits=splits))
+    out = checks.poison_(torch.empty_like(q))
+    result = A.attention(q, k, v, positions, out=out, num_splits=splits, workspace=ws)
+    assert result.data_ptr() == out.data_ptr()
+    checks.compare(f"decode with {splits} splits", out, reference.attention(q, k, v, positions))
+
+
+def test_decode_after_prefill_through_the_cache(rt, gen):
+    """Prefill 9 tokens into an empty cache, then decode 3 more one by one; each step against the reference."""
+    Hq, Hkv, D, L = 4, 2, 32, 48
+    k_cache = torch.zeros(L, Hkv, D, dtype=rt.dtype, device=rt.device)
+    v_cache = torch.zeros_like(k_cache)
+    q_all = _randn(gen, rt, 12, Hq, D)
+    k_all, v_all = _randn(gen, rt, 12, Hkv, D), _randn(gen, rt, 12, Hkv, D)
+    pos = torch.arange(9, device=rt.device)
+    A.kv_cache_write(k_cache, v_cache, k_all[:9], v_all[:9], pos)
+    checks.compare("prefill", A.attention(q_all[:9], k_cache, v_cache, pos),
+                   reference.attention(q_all[:9], k_all[:9], v_all[:9], pos))
+    step_pos = torch.zeros(1, dtype=torch.long, device=rt.device)
+    out = torch.empty(1, Hq, D, dtype=rt.dtype, device=rt.device)
+    ws = A.decode_workspace(out, k_cache)
+    for t in range(9, 12):
+        step_pos.fill_(t)  # the same tensors every step, as a graph replays them
+        A.kv_cache_write(k_cache, v_cache, k_all[t:t + 1], v_all[t:t + 1], step_pos)
+        A.attention(q_all[t:t + 1], k_cache, v_cache, step_pos, out=out, workspace=ws)
+        checks.compare(f"decode step {t}", out, reference.attention(q_all[:t + 1], k_all[:t + 1], v_all[:t + 1],
+                                                                    torch.arange(t + 1, device=rt.device))[t:])
+
+
+@pytest.mark.parametrize("T", [1, 7])
+def test_attention_with_fused_gate(rt, gen, T):
+    q, gate, k, v, pos = _problem(gen, rt, T, 8, 2, 32, 40, 30)
+    out = A.attention(q, k, v, pos, gate=gate)
+    checks.compare("attention + gate", out, reference.sigmoid_gate(reference.attention(q, k, v, pos), gate))
+
+
+def test_sigmoid_gate_on_a_strided_gate(rt, gen):
+    o = _randn(gen, rt, 9, 4, 32)
+    fused = _randn(gen, rt, 9, 4, 64, scale=3.0)
+    gate = fused[:, :, 32:]
+    out = checks.poison_(torch.empty_like(o))
+    A.sigmoid_gate(o, gate, out=out)
+    checks.compare("sigmoid_gate", out, reference.sigmoid_gate(o, gate))
+
+
+@pytest.mark.parametrize("T,Hq,Hkv,D,L,offset", [PREFILL[0], PREFILL[3], (64, 4, 2, 32, 64, 0), (1, 8, 2, 32, 50, 44)])
+def test_three_kernel_attention_matches_reference(rt, gen, T, Hq, Hkv, D, L, offset):
+    q, _, k, v, pos = _problem(gen, rt, T, Hq, Hkv, D, L, offset)
+    with count_launches() as launches:
+        out = A.attention_three_kernels(q, k, v, pos)
+    assert sorted(launches) == ["attn_masked_softmax_kernel", "attn_scores_kernel", "attn_weighted_sum_kernel"]
+    checks.compare("three-kernel attention", out, reference.attention(q, k, v, pos))
+
+
+@pytest.mark.parametrize("form", ["three_kernels", "flash"])
+def test_fully_masked_row_gives_zeros_not_nan(rt, gen, form):
+    """A padding query (position -1) sees no key: softmax over all -inf would be NaN; the kernels give 0."""
+    q, _, k, v, pos = _problem(gen, rt, 6, 4, 2, 32, 8, 0)
+    pos[2] = -1
+    fn = A.attention_three_kernels if form == "three_kernels" else A.attention
+    out = fn(q, k, v, pos)
+    # the trap the kernels avoid: the plain softmax of that row is NaN
+    assert torch.isnan(torch.softmax(torch.full((4,), float("-inf")), 0)).all()
+    assert torch.isfinite(out).all()
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
+    keep = torch.tensor([0, 1, 3, 4, 5], device=rt.device)
+    checks.compare("the other rows", out[keep], reference.attention(q[keep], k, v, pos[keep]))
+
+
+def test_decode_with_no_visible_key_gives_zeros(rt, gen):
+    q, _, k, v, _ = _problem(gen, rt, 1, 4, 2, 32, 32, 0)
+    out = A.attention(q, k, v, torch.tensor([-1], device=rt.device))
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_attention_reads_the_length_from_device_memory(rt, gen):
+    """One positions tensor, rewritten in place between calls: prefill and decode follow it."""
+    q, _, k, v, pos = _problem(gen, rt, 5, 4, 2, 32, 64, 0)
+    out = torch.empty_like(q)
+    for offset in (0, 20, 59):
+        pos.copy_(torch.arange(offset, offset + 5, device=rt.device))
+        A.attention(q, k, v, pos, out=out)
+        checks.compare(f"prefill at {offset}", out, reference.attention(q, k, v, pos))
+    p1 = torch.zeros(1, dtype=torch.long, device=rt.device)
+    o1 = torch.empty_like(q[:1])
+    ws = A.decode_workspace(o1, k)
+    for p in (3, 33, 63):
+        p1.fill_(p)
+        A.attention(q[:1], k, v, p1, out=o1, workspace=ws)
+        checks.compare(f"decode at {p}", o1, reference.attention(q[:1], k, v, p1))
+
+
+@pytest.mark.parametrize("T,offset", [(1, 0), (7, 30)])
+def test_kv_cache_write_matches_reference(rt, gen, T, offset):
+    L, Hkv, D = 40, 2, 32
+    fused = _randn(gen, rt, T, 3 * Hkv * D)  # k and v as views of a fused projection
+    k = fused[:, Hkv * D:2 * Hkv * D].view(T, Hkv, D)
+    v = fused[:, 2 * Hkv * D:].view(T, Hkv, D)
+    k_cache, v_cache = _randn(gen, rt, L, Hkv, D), _randn(gen, rt, L, Hkv, D)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    pos = torch.arange(offset, offset + T, device=rt.device)
+    with count_launches() as launches:
+        assert A.kv_cache_write(k_cache, v_cache, k, v, pos) is None
+    assert sum(launches.values()) == 1
+    reference.kv_cache_write(ref_k, ref_v, k, v, pos)
+    checks.compare("k_cache", k_cache, ref_k, atol=0, rtol=0)
+    checks.compare("v_cache", v_cache, ref_v, atol=0, rtol=0)
+
+
+def test_attention_rejects_bad_arguments(rt, gen):
+    q, gate, k, v, pos = _problem(gen, rt, 3, 4, 2, 32, 8, 0)
+    with pytest.raises(KernelError, match="k: head_dim"):
+        A.attention(q, k[..., :16], v[..., :16], pos)
+    with pytest.raises(KernelError, match="KV heads"):
+        A.attention(q[:, :3], k, v, pos)
+    with pytest.raises(KernelError, match="positions"):
+        A.attention(q, k, v, pos[:2])
+    with pytest.raises(KernelError, match="positions"):
+        A.attention(q, k, v, pos.float())
+    with pytest.raises(KernelError, match="v: expected"):
+        A.attention(q, k, v[:4], pos)
+    with pytest.raises(KernelError, match="q: the last dim"):
+        A.attention(q.transpose(0, 2).contiguous().transpose(0, 2), k, v, pos)
+    with pytest.raises(KernelError, match="gate"):
+        A.attention(q, k, v, pos, gate=gate[:2])
+    with pytest.raises(KernelError, match="out"):
+        A.attention(q, k, v, pos, out=torch.empty(3, 4, 16, dtype=q.dtype, device=q.device))
+    with pytest.raises(KernelError, match="workspace"):
+        A.attention(q[:1], k, v, pos[:1], num_splits=2, workspace=torch.empty(3, 4, 34, device=q.device))
+    with pytest.raises(KernelError, match="k: expected"):
+        A.kv_cache_write(k, v, q, q, pos)
+
+
+# ---------------------------------------------------------------- GPU, bf16, real shapes
+
+C = QWEN35_0_8B
+
+
+def _real(T, L, offset, seed):
+    g = torch.Generator().manual_seed(seed)
+    D = C.head_dim
+    fused = checks.randn(T, C.num_attention_heads, 2 * D, g=g, dtype=torch.bfloat16, device="cuda")
+    q, gate = fused[:, :, :D], fused[:, :, D:]
+    k = checks.randn(L, C.num_key_value_heads, D, g=g, dtype=torch.bfloat16, device="cuda")
+    v = checks.randn(L, C.num_key_value_heads, D, g=g, dtype=torch.bfloat16, device="cuda")
+    return q, gate, k, v, torch.arange(offset, offset + T, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [2048, 8192])
+def test_gpu_prefill_real_shapes(T):
+    q, gate, k, v, pos = _real(T, T, 0, T)
+    ref = reference.attention(q, k, v, pos)
+    checks.compare(f"flash attention bf16, T={T}", A.attention(q, k, v, pos), ref)
+    checks.compare(f"flash attention + gate bf16, T={T}", A.attention(q, k, v, pos, gate=gate),
+                   reference.sigmoid_gate(ref, gate))
+
+
+@pytest.mark.gpu
+def test_gpu_prefill_after_a_cached_prefix():
+    q, gate, k, v, pos = _real(1000, 4096, 1500, 11)
+    checks.compare("chunked prefill bf16", A.attention(q, k, v, pos), reference.attention(q, k, v, pos))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cached", [1, 2048, 8192])
+@pytest.mark.parametrize("capacity", [8192, 32768])
+def test_gpu_decode_real_shapes(cached, capacity):
+    q, gate, k, v, pos = _real(1, capacity, cached - 1, cached + capacity)
+    ref = reference.attention(q, k, v, pos)
+    checks.compare(f"decode bf16 over {cached} keys", A.attention(q, k, v, pos), ref)
+    checks.compare("decode + gate bf16", A.attention(q, k, v, pos, gate=gate), reference.sigmoid_gate(ref, gate))
+
+
+@pytest.mark.gpu
+def test_gpu_decode_replays_in_a_cuda_graph():
+    """Captured once at one length, replayed at others: the length comes from device memory."""
+    q, gate, k, v, _ = _real(1, 8192, 0, 5)
+    pos = torch.zeros(1, dtype=torch.long, device="cuda")
+    out = torch.empty_like(q)
+    ws = A.decode_workspace(q, k)
+    A.attention(q, k, v, pos, out=out, gate=gate, workspace=ws)  # warm-up: compile and autotune
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        A.attention(q, k, v, pos, out=out, gate=gate, workspace=ws)
+    for p in (0, 100, 4095, 8191):
+        pos.fill_(p)
+        graph.replay()
+        ref = reference.sigmoid_gate(reference.attention(q, k, v, pos), gate)
+        checks.compare(f"graph replay at position {p}", out, ref)
+
+
+@pytest.mark.gpu
+def test_gpu_three_kernels_real_shapes():
+    q, _, k, v, pos = _real(2048, 2048, 0, 2)
+    checks.compare("three-kernel attention bf16", A.attention_three_kernels(q, k, v, pos),
+                   reference.attention(q, k, v, pos))
+
+
+@pytest.mark.gpu
+def test_gpu_kv_cache_write_and_gate_real_shapes():
+    g = torch.Generator().manual_seed(1)
+    L, T, D = 4096, 2048, C.head_dim
+    kv = checks.randn(T, 2 * C.num_key_value_heads * D, g=g, dtype=torch.bfloat16, device="cuda")
+    k = kv[:, :C.num_key_value_heads * D].view(T, C.num_key_value_heads, D)
+    v = kv[:, C.num_key_value_heads * D:].view(T, C.num_key_value_heads, D)
+    k_cache = torch.zeros(L, C.num_key_value_heads, D, dtype=torch.bfloat16, device="cuda")
+    v_cache = torch.zeros_like(k_cache)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    pos = torch.arange(100, 100 + T, device="cuda")
+    A.kv_cache_write(k_cache, v_cache, k, v, pos)
+    reference.kv_cache_write(ref_k, ref_v, k, v, pos)
+    checks.compare("k_cache bf16", k_cache, ref_k, atol=0, rtol=0)
+    checks.compare("v_cache bf16", v_cache, ref_v, atol=0, rtol=0)
+    o = checks.randn(T, C.num_attention_heads, D, g=g, dtype=torch.bfloat16, device="cuda")
+    fused = checks.randn(T, C.num_attention_heads, 2 * D, g=g, dtype=torch.bfloat16, device="cuda")
+    checks.compare("sigmoid_gate bf16", A.sigmoid_gate(o, fused[:, :, D:]),
+                   reference.sigmoid_gate(o, fused[:, :, D:]))
