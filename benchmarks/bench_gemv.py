@@ -1,0 +1,240 @@
+"""Decode GEMV and prefill GEMM timings for every projection shape of Qwen3.5-0.8B (bf16, one GPU).
+
+    python benchmarks/bench_gemv.py [--out DIR]
+
+Decode (M = 1) is bound by reading the weight, so each row reports bandwidth: weight + x + y bytes
+over the time of one call, against the H200's ~4.2 TB/s copy bandwidth and the kernel-level bars of
+docs PERF.md. Each call is timed the way the model runs it: 20 calls captured in one CUDA Graph,
+replayed with triton.testing.do_bench (median), divided by 20; the 20 calls rotate through copies of
+the weight that together exceed twice the L2 cache, so no call is served from L2 by its predecessor.
+Rows: qwen_lab's `linear` (the heuristic's SPLIT_K, autotuned blocks), torch's F.linear and torch.mv,
+then the SPLIT_K sweep (1, 2, 4, 8, 16; atomic, and deterministic for the narrow shapes), and the MLP's
+down projection fused with SwiGLU against silu_mul + linear.
+Prefill (M = 2048): `linear` (the tiled GEMM) against F.linear in TFLOP/s.
+
+Writes DIR/bench_gemv.json. Needs a CUDA GPU; prints what it skipped otherwise. Finishes in about a
+minute on an H200 (compiling and autotuning included) and stops adding optional rows past 100 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import qwen_lab  # noqa: E402  (sets up the runtime before any kernel module is imported)
+from qwen_lab import reference, runtime  # noqa: E402
+from qwen_lab.config import QWEN35_0_8B as C  # noqa: E402
+
+COPY_BANDWIDTH = 4.2e12  # bytes/s: what a device-to-device copy reaches on the H200 (PERF.md)
+CALLS_PER_GRAPH = 20
+SPLITS = (1, 2, 4, 8, 16)
+PREFILL_M = 2048
+SOFT_LIMIT_S = 100.0
+DEVICE = "cuda"
+
+# name, K, N, bandwidth target (share of COPY_BANDWIDTH) from PERF.md
+SHAPES = [
+    ("deltanet_in_proj", C.hidden_size, C.linear_in_proj_dim, 0.70),
+    ("attention_qkv", C.hidden_size, C.attn_in_proj_dim, 0.70),
+    ("mlp_gate_up", C.hidden_size, 2 * C.intermediate_size, 0.70),
+    ("mlp_down", C.intermediate_size, C.hidden_size, 0.70),
+    ("out_proj", C.linear_value_dim, C.hidden_size, 0.40),
+    ("lm_head", C.hidden_size, C.vocab_size, 0.85),
+]
+
+
+def time_graph(calls) -> float:
+    """Microseconds per call: capture `calls` (callables) in one CUDA Graph, time its replay, divide."""
+    import triton.testing
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream: compile, autotune, allocate
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    ms = triton.testing.do_bench(graph.replay, warmup=10, rep=60, return_mode="median")
+    del graph
+    return ms * 1e3 / len(calls)
+
+
+def copy_bandwidth() -> float:
+    """Measured device-to-device copy bandwidth in bytes/s (read + write of 1 GiB)."""
+    import triton.testing
+
+    src = torch.empty(2**29, dtype=torch.bfloat16, device=DEVICE)
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=10, rep=50, return_mode="median")
+    return 2 * src.numel() * src.element_size() / (ms * 1e-3)
+
+
+class Rotation:
+    """Copies of one weight (and matching x, out) so that CALLS_PER_GRAPH calls exceed 2x the L2 cache."""
+
+    def __init__(self, K, N, l2_bytes, gen, M=1, x_width=None):
+        weight_bytes = 2 * N * K
+        self.copies = min(CALLS_PER_GRAPH, max(2, math.ceil(2 * l2_bytes / weight_bytes)))
+        scale = K ** -0.5
+        self.weights = [(torch.randn(N, K, generator=gen, device=DEVICE) * scale).to(torch.bfloat16)
+                        for _ in range(self.copies)]
+        self.xs = [torch.randn(M, x_width or K, generator=gen, device=DEVICE).to(torch.bfloat16)
+                   for _ in range(self.copies)]
+        self.outs = [torch.empty(M, N, dtype=torch.bfloat16, device=DEVICE) for _ in range(self.copies)]
+
+    def calls(self, fn):
+        """CALLS_PER_GRAPH callables fn(x, w, out), cycling through the copies."""
+        return [(lambda i=i % self.copies: fn(self.xs[i], self.weights[i], self.outs[i]))
+                for i in range(CALLS_PER_GRAPH)]
+
+
+def gemv_rows(args, started, gen, l2_bytes, bw_measured):
+    from qwen_lab.kernels import activations, gemm
+
+    rows, sweeps = [], []
+    for name, K, N, target in SHAPES:
+        rot = Rotation(K, N, l2_bytes, gen)
+        nbytes = 2 * (N * K + K + N)
+        ref = reference.linear(rot.xs[0], rot.weights[0])
+        got = gemm.linear(rot.xs[0], rot.weights[0])
+        err = (got.float() - ref.float()).abs().max().item()
+        split = gemm.choose_split_k(1, N, K, gemm.sm_count(DEVICE))
+        us = time_graph(rot.calls(lambda x, w, o: gemm.linear(x, w, out=o)))
+        config = str(gemm.gemv_splitk_kernel.best_config)
+        us_torch = time_graph(rot.calls(lambda x, w, o: F.linear(x, w)))  # F.linear has no out=
+        us_mv = time_graph(rot.calls(lambda x, w, o: torch.mv(w, x[0], out=o[0])))
+        gbps = nbytes / (us * 1e-6) / 1e9
+        pct = nbytes / (us * 1e-6) / COPY_BANDWIDTH
+        rows.append(dict(name=name, K=K, N=N, MB=nbytes / 1e6, us=us, GBps=gbps, pct_of_copy=pct,
+                         pct_of_measured_copy=nbytes / (us * 1e-6) / bw_measured, target=target,
+                         passed=pct >= target, split_k=split, config=config, max_abs_err=err,
+                         torch_linear_us=us_torch, torch_mv_us=us_mv, weight_copies=rot.copies))
+        modes = [("atomic", False)] + ([("deterministic", True)] if N <= 8192 else [])
+        sweep = dict(name=name, K=K, N=N, atomic={}, deterministic={})
+        for mode, det in modes:
+            for s in SPLITS:
+                if time.time() - started > SOFT_LIMIT_S:
+                    sweep["truncated"] = True
+                    break
+                sweep[mode][s] = time_graph(rot.calls(
+                    lambda x, w, o, s=s, det=det: gemm.linear_splitk(x, w, split_k=s, deterministic=det, out=o)))
+        sweeps.append(sweep)
+        del rot
+        torch.cuda.empty_cache()
+
+    # the MLP's down projection: silu_mul then linear, against swiglu_down (SwiGLU as the GEMV prologue)
+    fused = {}
+    I, H = C.intermediate_size, C.hidden_size
+    rot = Rotation(I, H, l2_bytes, gen, x_width=2 * I)
+    act = torch.empty(1, I, dtype=torch.bfloat16, device=DEVICE)
+    fused["silu_mul_then_linear_us"] = time_graph(
+        rot.calls(lambda gu, w, o: gemm.linear(activations.silu_mul(gu, out=act), w, out=o)))
+    fused["swiglu_down_us"] = time_graph(rot.calls(lambda gu, w, o: activations.swiglu_down(gu, w, out=o)))
+    ref = reference.linear(reference.silu_mul(rot.xs[0]), rot.weights[0])
+    fused["max_abs_err"] = (activations.swiglu_down(rot.xs[0], rot.weights[0]).float() - ref.float()).abs().max().item()
+    return rows, sweeps, fused
+
+
+def prefill_rows(gen):
+    import triton.testing
+
+    from qwen_lab.kernels import gemm
+
+    rows = []
+    for name, K, N, _ in SHAPES:
+        x = torch.randn(PREFILL_M, K, generator=gen, device=DEVICE).to(torch.bfloat16)
+        w = (torch.randn(N, K, generator=gen, device=DEVICE) * K ** -0.5).to(torch.bfloat16)
+        out = torch.empty(PREFILL_M, N, dtype=torch.bfloat16, device=DEVICE)
+        gemm.linear(x, w, out=out)  # compile + autotune
+        err = (out.float() - (x.float() @ w.float().t())).abs().max().item() if N <= 16384 else None
+        ms = triton.testing.do_bench(lambda: gemm.linear(x, w, out=out), warmup=10, rep=60, return_mode="median")
+        ms_torch = triton.testing.do_bench(lambda: F.linear(x, w), warmup=10, rep=60, return_mode="median")
+        flops = 2 * PREFILL_M * N * K
+        rows.append(dict(name=name, M=PREFILL_M, K=K, N=N, ms=ms, tflops=flops / (ms * 1e-3) / 1e12,
+                         torch_ms=ms_torch, torch_tflops=flops / (ms_torch * 1e-3) / 1e12,
+                         config=str(gemm.matmul_kernel.best_config), max_abs_err=err))
+        del x, w, out
+        torch.cuda.empty_cache()
+    return rows
+
+
+def print_tables(result):
+    print(f"\n{result['gpu']}, {result['sm_count']} SMs, L2 {result['l2_bytes'] / 2**20:.0f} MiB; measured copy "
+          f"bandwidth {result['copy_bandwidth_GBps']:.0f} GB/s; bars are shares of {COPY_BANDWIDTH / 1e9:.0f} GB/s")
+    print("\nDecode GEMV, M = 1, bf16, per call inside a CUDA Graph (20 calls per graph, weights rotated past L2)")
+    hdr = f"{'shape':18s} {'K->N':>13s} {'MB':>6s} {'us':>7s} {'GB/s':>6s} {'%copy':>6s} {'target':>6s} {'':4s} " \
+          f"{'split':>5s} {'F.linear':>8s} {'mv':>7s}"
+    print(hdr)
+    for r in result["decode"]:
+        print(f"{r['name']:18s} {r['K']:>5d}->{r['N']:<7d} {r['MB']:6.1f} {r['us']:7.2f} {r['GBps']:6.0f} "
+              f"{100 * r['pct_of_copy']:5.0f}% {100 * r['target']:5.0f}% {'pass' if r['passed'] else 'FAIL':4s} "
+              f"{r['split_k']:5d} {r['torch_linear_us']:8.2f} {r['torch_mv_us']:7.2f}")
+    print("\nSPLIT_K sweep (us per call)")
+    print(f"{'shape':18s} {'mode':13s} " + " ".join(f"{s:>7d}" for s in SPLITS))
+    for sw in result["split_sweep"]:
+        for mode in ("atomic", "deterministic"):
+            if sw[mode]:
+                print(f"{sw['name']:18s} {mode:13s} " + " ".join(
+                    f"{sw[mode][s]:7.2f}" if s in sw[mode] else f"{'-':>7s}" for s in SPLITS))
+    f = result["swiglu_down"]
+    if f:
+        print(f"\nMLP down at decode: silu_mul + linear {f['silu_mul_then_linear_us']:.2f} us, "
+              f"fused swiglu_down {f['swiglu_down_us']:.2f} us")
+    print(f"\nPrefill GEMM, M = {PREFILL_M}, bf16")
+    print(f"{'shape':18s} {'K->N':>13s} {'ms':>8s} {'TFLOP/s':>8s} {'torch ms':>9s} {'TFLOP/s':>8s}")
+    for r in result["prefill"]:
+        print(f"{r['name']:18s} {r['K']:>5d}->{r['N']:<7d} {r['ms']:8.3f} {r['tflops']:8.1f} {r['torch_ms']:9.3f} "
+              f"{r['torch_tflops']:8.1f}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=".", help="directory for bench_gemv.json (default: here)")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "bench_gemv.json")
+
+    if not torch.cuda.is_available() or runtime.interpreter_active():
+        msg = "skipped: bench_gemv needs a CUDA GPU (this machine runs kernels in the Triton interpreter)"
+        print(msg)
+        with open(path, "w") as fh:
+            json.dump({"skipped": msg}, fh, indent=1)
+        return 0
+
+    started = time.time()
+    props = torch.cuda.get_device_properties(0)
+    l2_bytes = getattr(props, "L2_cache_size", 50 * 2**20)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    result = dict(gpu=props.name, sm_count=props.multi_processor_count, l2_bytes=l2_bytes,
+                  reference_bandwidth_GBps=COPY_BANDWIDTH / 1e9, torch=torch.__version__,
+                  deterministic_env=os.environ.get("QWEN_LAB_DETERMINISTIC", ""))
+    import triton
+    result["triton"] = triton.__version__
+    bw = copy_bandwidth()
+    result["copy_bandwidth_GBps"] = bw / 1e9
+    result["decode"], result["split_sweep"], result["swiglu_down"] = gemv_rows(args, started, gen, l2_bytes, bw)
+    result["prefill"] = prefill_rows(gen)
+    result["elapsed_s"] = time.time() - started
+    with open(path, "w") as fh:
+        json.dump(result, fh, indent=1)
+    print_tables(result)
+    print(f"\n{sum(r['passed'] for r in result['decode'])} of {len(result['decode'])} decode shapes meet their bar; "
+          f"{result['elapsed_s']:.0f} s; wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
