@@ -422,8 +422,8 @@ def tiny_tokenizer_json() -> dict:
 def write_tiny_tokenizer(directory) -> None:
     """Write tokenizer.json and tokenizer_config.json (with the ChatML template) of the tiny model."""
     directory = Path(directory)
-    (directory / "tokenizer.json").write_text(
-        json.dumps(tiny_tokenizer_json(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    (directory / "tokenizer.json").write_bytes(
+        (json.dumps(tiny_tokenizer_json(), ensure_ascii=False, indent=1) + "\n").encode("utf-8"))
     tcfg = {
         "tokenizer_class": "Qwen2Tokenizer",
         "added_tokens_decoder": {str(TINY_SPECIAL_IDS[t]): {"content": t, "lstrip": False, "normalized": False,
@@ -441,5 +441,5 @@ def write_tiny_tokenizer(directory) -> None:
         "model_max_length": 4096,
         "chat_template": TINY_CHAT_TEMPLATE,
     }
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps(tcfg, ensure_ascii=False, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (directory / "tokenizer_config.json").write_bytes(
+        (json.dumps(tcfg, ensure_ascii=False, indent=2, sort_keys=True) + "\n").encode("utf-8"))

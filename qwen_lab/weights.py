@@ -590,7 +590,8 @@ def _assemble(config: Qwen35Config, fetch: Callable[[str], Tensor], device, dtyp
     """
     from tqdm import tqdm
 
-    bar = tqdm(total=len(expected_tensors(config)), desc=desc, unit="tensor", disable=not progress, leave=False)
+    bar = tqdm(total=len(expected_tensors(config)), desc=desc, unit="tensor", disable=not progress, leave=False,
+               delay=0.5)  # shown only when loading takes a while
 
     def get(name):
         t = fetch(name)
@@ -711,8 +712,9 @@ def random_state_dict(config: Qwen35Config, seed: int = 0, layout: str = "causal
 # ------------------------------------------------------------------ writing snapshots
 
 
-def _json_text(obj) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+def _write_json(path: Path, obj) -> None:
+    """Sorted keys, UTF-8, "\n" line ends on every OS: the same object gives the same bytes."""
+    path.write_bytes((json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8"))
 
 
 def _tiny_vision_config(text_hidden: int) -> dict:
@@ -745,7 +747,7 @@ def save_snapshot(directory, config: Qwen35Config, state_dict: dict[str, Tensor]
     and the tokenizer files of `tokenizer_dir` when given. Returns the directory."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(_json_text(hf_config_dict(config, layout)))
+    _write_json(directory / "config.json", hf_config_dict(config, layout))
     names = list(state_dict)
     if max_shard_bytes is None:
         write_safetensors(directory / SINGLE_FILE, state_dict)
@@ -767,8 +769,7 @@ def save_snapshot(directory, config: Qwen35Config, state_dict: dict[str, Tensor]
             for k in shard:
                 weight_map[k] = fname
                 total += state_dict[k].numel() * state_dict[k].element_size()
-        (directory / INDEX_FILE).write_text(_json_text({"metadata": {"total_size": total},
-                                                        "weight_map": weight_map}))
+        _write_json(directory / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
     if tokenizer_dir is not None:
         for fname in TOKENIZER_FILES:
             src = Path(tokenizer_dir) / fname
@@ -796,11 +797,11 @@ def build_tiny_checkpoint(directory) -> Path:
     config = tiny_config()
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(_json_text(config.to_hf_dict()))
+    _write_json(directory / "config.json", config.to_hf_dict())
     write_safetensors(directory / SINGLE_FILE, random_state_dict(config, seed=0))
     write_tiny_tokenizer(directory)
     gen = {"eos_token_id": list(config.eos_token_ids), "pad_token_id": config.pad_token_id, "do_sample": False}
-    (directory / "generation_config.json").write_text(_json_text(gen))
+    _write_json(directory / "generation_config.json", gen)
     return directory
 
 

@@ -112,7 +112,7 @@ def raises(tmp_source, exc=CheckpointError, *needles):
 def test_tiny_loads_and_fuses_random_state_dict():
     config, w = load("tiny")
     assert config.name == "tiny"
-    assert config.replace(eos_token_ids=(), pad_token_id=None) == TINY
+    assert config.replace(eos_token_ids=TINY.eos_token_ids, pad_token_id=TINY.pad_token_id) == TINY
     assert_fused(config, w, unprefixed(random_state_dict(TINY, seed=0), "model."))
 
 
@@ -188,12 +188,20 @@ def test_causal_tied_snapshot_saved_by_transformers(tmp_path):
     assert_fused(config, w, unprefixed(model.state_dict(), "model."))
 
 
-def test_snapshot_written_here_loads_in_transformers(tmp_path):
-    """save_snapshot writes what transformers reads: the same names, shapes and values."""
+@pytest.mark.parametrize("layout", ["causal", "multimodal"])
+def test_snapshot_written_here_loads_in_transformers(tmp_path, layout):
+    """save_snapshot writes what transformers reads: the same names, shapes and values, in either layout."""
     transformers = pytest.importorskip("transformers")
-    state = random_state_dict(UNTIED, seed=4, dtype=torch.float32)
-    snap = write(tmp_path, UNTIED, state)
-    model = transformers.Qwen3_5ForCausalLM.from_pretrained(snap, dtype=torch.float32)
+    state = random_state_dict(UNTIED, seed=4, layout=layout, dtype=torch.float32)
+    snap = write(tmp_path, UNTIED, state, layout=layout, shard=100_000 if layout == "multimodal" else None)
+    cls = transformers.Qwen3_5ForCausalLM if layout == "causal" else transformers.Qwen3_5ForConditionalGeneration
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # the multimodal snapshot has no vision weights: that is expected
+    try:
+        model = cls.from_pretrained(snap, dtype=torch.float32)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    assert model.config.tie_word_embeddings is False
     hf_state = model.state_dict()
     for name, t in state.items():
         assert torch.equal(hf_state[name], t), name
