@@ -29,26 +29,14 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
-from .. import runtime
 from ..errors import KernelError
-
-
-@triton.jit
-def _cos_sin(phi, ACCURATE: tl.constexpr):
-    # phi reaches 2.6e5 rad at the longest context: the GPU uses libdevice's fully range-reduced cosf/sinf,
-    # which agree with torch.cos/sin to an ulp. The interpreter (NumPy) cannot call libdevice.
-    if ACCURATE:
-        return libdevice.cos(phi), libdevice.sin(phi)
-    else:
-        return tl.cos(phi), tl.sin(phi)
 
 
 @triton.jit
 def _norm_rope_tile(x_ptr, out_ptr, w_ptr, inv_freq_ptr, t, pos, h0, H,
                     stride_xt, stride_xh, stride_ot, stride_oh, eps,
-                    D: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr, ACCURATE: tl.constexpr,
+                    D: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     """RoPE (after the zero-centred RMSNorm when HAS_NORM) on heads h0 .. h0 + BLOCK_H - 1 of token t."""
     offs_h = h0 + tl.arange(0, BLOCK_H)
@@ -60,7 +48,11 @@ def _norm_rope_tile(x_ptr, out_ptr, w_ptr, inv_freq_ptr, t, pos, h0, H,
     partner = tl.where(is_first, offs_d + HALF, tl.where(is_rot, offs_d - HALF, offs_d))
     freq_idx = tl.where(is_first, offs_d, offs_d - HALF)
     inv_freq = tl.load(inv_freq_ptr + freq_idx, mask=is_rot, other=0.0)
-    cos, sin = _cos_sin(pos.to(tl.float32) * inv_freq, ACCURATE)
+    # phi reaches 2.6e5 rad at the longest context; on NVIDIA GPUs tl.cos/tl.sin compile to libdevice's
+    # fully range-reduced cosf/sinf (no sin.approx), so they agree with torch.cos/sin to an ulp
+    phi = pos.to(tl.float32) * inv_freq
+    cos = tl.cos(phi)
+    sin = tl.sin(phi)
     cos = tl.where(is_rot, cos, 1.0)
     # rotate-half: the first half subtracts its partner, the second half adds it
     sin = tl.where(is_first, -sin, tl.where(is_rot, sin, 0.0))
@@ -85,21 +77,21 @@ def _norm_rope_tile(x_ptr, out_ptr, w_ptr, inv_freq_ptr, t, pos, h0, H,
 @triton.jit
 def rope_kernel(x_ptr, out_ptr, pos_ptr, inv_freq_ptr, H,
                 stride_xt, stride_xh, stride_ot, stride_oh,
-                D: tl.constexpr, HALF: tl.constexpr, ACCURATE: tl.constexpr,
+                D: tl.constexpr, HALF: tl.constexpr,
                 BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     t = tl.program_id(0)
     h0 = tl.program_id(1) * BLOCK_H
     pos = tl.load(pos_ptr + t)  # from device memory: a graph replays at any position
     _norm_rope_tile(x_ptr, out_ptr, x_ptr, inv_freq_ptr, t, pos, h0, H,
                     stride_xt, stride_xh, stride_ot, stride_oh, 0.0,
-                    D, HALF, False, ACCURATE, BLOCK_H, BLOCK_D)
+                    D, HALF, False, BLOCK_H, BLOCK_D)
 
 
 @triton.jit
 def qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, q_out_ptr, k_out_ptr, pos_ptr, inv_freq_ptr, Hq, Hk, eps,
                         stride_qt, stride_qh, stride_kt, stride_kh,
                         stride_qot, stride_qoh, stride_kot, stride_koh,
-                        D: tl.constexpr, HALF: tl.constexpr, ACCURATE: tl.constexpr,
+                        D: tl.constexpr, HALF: tl.constexpr,
                         BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     # grid (T, blocks of q heads + blocks of k heads): one launch serves both tensors
     t = tl.program_id(0)
@@ -109,11 +101,11 @@ def qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, q_out_ptr, k_out_ptr, pos_
     if j < n_q_blocks:
         _norm_rope_tile(q_ptr, q_out_ptr, qw_ptr, inv_freq_ptr, t, pos, j * BLOCK_H, Hq,
                         stride_qt, stride_qh, stride_qot, stride_qoh, eps,
-                        D, HALF, True, ACCURATE, BLOCK_H, BLOCK_D)
+                        D, HALF, True, BLOCK_H, BLOCK_D)
     else:
         _norm_rope_tile(k_ptr, k_out_ptr, kw_ptr, inv_freq_ptr, t, pos, (j - n_q_blocks) * BLOCK_H, Hk,
                         stride_kt, stride_kh, stride_kot, stride_koh, eps,
-                        D, HALF, True, ACCURATE, BLOCK_H, BLOCK_D)
+                        D, HALF, True, BLOCK_H, BLOCK_D)
 
 
 # ---------------------------------------------------------------- launchers
@@ -205,7 +197,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, rotary_dim: int, theta: float
     grid = (T, triton.cdiv(H, BLOCK_H))
     rope_kernel[grid](x, out, positions, inv_freq, H,
                       x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-                      D=D, HALF=rotary_dim // 2, ACCURATE=not runtime.interpreter_active(),
+                      D=D, HALF=rotary_dim // 2,
                       BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, num_warps=4)
     return out
 
@@ -246,7 +238,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     qk_norm_rope_kernel[grid](q, k, q_weight, k_weight, q_out, k_out, positions, inv_freq, Hq, Hk, float(eps),
                                 q.stride(0), q.stride(1), k.stride(0), k.stride(1),
                                 q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
-                                D=D, HALF=rotary_dim // 2, ACCURATE=not runtime.interpreter_active(),
+                                D=D, HALF=rotary_dim // 2,
                                 BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, num_warps=4)
     return q_out, k_out
 
