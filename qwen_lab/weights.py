@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 from . import runtime
-from .config import FULL, LINEAR, PRESETS, TINY, Qwen35Config
+from .config import LINEAR, PRESETS, TINY, Qwen35Config
 from .errors import CheckpointError
 
 TINY_DIR = Path(__file__).resolve().parent / "data" / "tiny"
@@ -436,7 +436,7 @@ def open_snapshot(directory) -> tuple[Qwen35Config, "SnapshotReader"]:
                 raise CheckpointError(f"{directory / shard}: tensor '{name}' is listed for this file in {index} "
                                       "but the file does not hold it; the index and the shards disagree")
     prefix = _detect_prefix(infos)
-    text = _check_against_config(config, infos, prefix, directory, weight_map is not None)
+    text = _check_against_config(config, infos, prefix, directory, files, index)
     return config, SnapshotReader(text)
 
 
@@ -490,7 +490,7 @@ _LAYER = re.compile(r"^layers\.(\d+)\.")
 
 
 def _check_against_config(config: Qwen35Config, infos: dict[str, TensorInfo], prefix: str, directory: Path,
-                          sharded: bool) -> dict[str, TensorInfo]:
+                          files: list[Path], index: Path | None) -> dict[str, TensorInfo]:
     specs = expected_tensors(config)
     text = _text_tensors(infos, prefix)
     n = config.num_hidden_layers
@@ -505,7 +505,7 @@ def _check_against_config(config: Qwen35Config, infos: dict[str, TensorInfo], pr
                 f"{n} (layers 0..{n - 1}); the config disagrees with the weights")
 
     # 2. every expected tensor present, with its exact shape and a float dtype
-    missing = [k for k in specs if k not in text and not (k == "lm_head.weight")]
+    missing = [k for k in specs if k not in text and k != "lm_head.weight"]
     for name, shape in specs.items():
         info = text.get(name)
         if info is None:
@@ -514,7 +514,12 @@ def _check_against_config(config: Qwen35Config, infos: dict[str, TensorInfo], pr
                 raise CheckpointError(
                     f"{directory}: no file holds 'lm_head.weight' (expected shape {shape}); {src} sets "
                     "tie_word_embeddings=false, so the LM head must be stored beside the embedding")
-            where = f"{directory / INDEX_FILE} does not list" if sharded else f"{directory}: no safetensors file holds"
+            if index is not None:
+                where = f"{index}: does not list"
+            elif len(files) == 1:
+                where = f"{files[0]}: no"
+            else:
+                where = f"{directory}: none of the {len(files)} safetensors files holds"
             more = f" ({len(missing) - 1} other expected tensors are missing too)" if len(missing) > 1 else ""
             raise CheckpointError(f"{where} tensor '{full}' (expected shape {shape} from {src}: "
                                   f"{_shape_reason(config, name)}){more}{_layer_hint(config, name, text)}")
@@ -542,7 +547,7 @@ def _layer_hint(config: Qwen35Config, name: str, text: dict) -> str:
     kind = config.layer_types[i]
     other = "self_attn" if kind == LINEAR else "linear_attn"
     if any(k.startswith(f"layers.{i}.{other}.") for k in text):
-        return (f"; layer {i} holds {other} tensors but {'config.json'} says layer_types[{i}]='{kind}'")
+        return f"; layer {i} holds {other} tensors but config.json says layer_types[{i}]='{kind}'"
     if not any(k.startswith(f"layers.{i}.") for k in text):
         last = max((int(_LAYER.match(k).group(1)) for k in text if _LAYER.match(k)), default=-1)
         return (f"; the weights hold no tensor of layer {i} at all (they stop at layer {last}) while config.json "
