@@ -206,7 +206,9 @@ class Qwen35Config:
 
         eos = text.get("eos_token_id", raw.get("eos_token_id"))
         eos_ids = tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None)
-        tie = text.get("tie_word_embeddings", raw.get("tie_word_embeddings", False))
+        # transformers ties the head from the config of the class it builds: the top level of a multimodal
+        # config (Qwen3_5ForConditionalGeneration), the flat config otherwise; absent means untied.
+        tie = raw.get("tie_word_embeddings", False)
 
         return cls(
             vocab_size=need("vocab_size"),
@@ -268,7 +270,7 @@ TINY = Qwen35Config(
     num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=1e7, partial_rotary_factor=0.25,
     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
     linear_conv_kernel_dim=4, rms_norm_eps=1e-6, max_position_embeddings=4096, tie_word_embeddings=True,
-    name="tiny",
+    eos_token_ids=(511, 509), pad_token_id=509, name="tiny",  # <|im_end|>, <|endoftext|> of the tiny tokenizer
 )
 
 QWEN35_0_8B = Qwen35Config(

@@ -143,7 +143,7 @@ def main(argv=None) -> int:
                        cuda_graph=False if args.no_cuda_graph else None, eos_token_ids=eos,
                        stream=lambda t: print(decoder.push(t), end="", flush=True))
         dt = time.perf_counter() - t0
-        print(file=sys.stdout)
+        print(decoder.flush(), file=sys.stdout)
         print(f"[{len(new)} tokens in {dt:.2f} s, {len(new) / max(dt, 1e-9):.1f} tokens/s, {model}]", file=sys.stderr)
     except QwenLabError as e:
         print(f"error: {e}", file=sys.stderr)

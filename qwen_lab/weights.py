@@ -714,6 +714,41 @@ def random_state_dict(config: Qwen35Config, seed: int = 0, layout: str = "causal
     return out
 
 
+def to_hf_state_dict(config: Qwen35Config, weights: ModelWeights, layout: str = "causal") -> dict[str, Tensor]:
+    """The inverse of the fusion: `weights` as Hugging Face names and unfused tensors (views, same device).
+
+    Lets transformers' own model run on exactly the weights qwen_lab runs (the benchmark's eager row, parity
+    notebooks). 1-D parameters come back as float32.
+    """
+    prefix = LAYOUT_PREFIX[layout]
+    c = config
+    out = {"embed_tokens.weight": weights.embed, "norm.weight": weights.final_norm}
+    if not c.tie_word_embeddings:
+        out["lm_head.weight"] = weights.lm_head
+    for i, lw in enumerate(weights.layers):
+        p = f"layers.{i}."
+        out[p + "input_layernorm.weight"] = lw.input_norm
+        out[p + "post_attention_layernorm.weight"] = lw.post_norm
+        gate, up = lw.gate_up.split(c.intermediate_size)
+        out.update({p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
+                    p + "mlp.down_proj.weight": lw.down})
+        if lw.kind == LINEAR:
+            a = p + "linear_attn."
+            qkv, z, b, a_ = lw.in_proj.split([c.linear_conv_dim, c.linear_value_dim, c.linear_num_value_heads,
+                                              c.linear_num_value_heads])
+            out.update({a + "in_proj_qkv.weight": qkv, a + "in_proj_z.weight": z, a + "in_proj_b.weight": b,
+                        a + "in_proj_a.weight": a_, a + "conv1d.weight": lw.conv.unsqueeze(1),
+                        a + "A_log": lw.A_log, a + "dt_bias": lw.dt_bias, a + "norm.weight": lw.norm,
+                        a + "out_proj.weight": lw.out_proj})
+        else:
+            a = p + "self_attn."
+            q, k, v = lw.qkv_proj.split([c.attn_q_dim, c.attn_kv_dim, c.attn_kv_dim])
+            out.update({a + "q_proj.weight": q, a + "k_proj.weight": k, a + "v_proj.weight": v,
+                        a + "q_norm.weight": lw.q_norm, a + "k_norm.weight": lw.k_norm,
+                        a + "o_proj.weight": lw.o_proj})
+    return {_full_name(name, prefix): t for name, t in out.items()}
+
+
 # ------------------------------------------------------------------ writing snapshots
 
 

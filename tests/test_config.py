@@ -199,3 +199,15 @@ def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="no such file") as e:
         Qwen35Config.from_file(tmp_path)
     assert str(tmp_path / "config.json") in str(e.value)
+
+
+def test_multimodal_config_ties_the_head_from_the_top_level_like_transformers():
+    from qwen_lab.config import TINY, Qwen35Config
+
+    text = {k: v for k, v in TINY.to_hf_dict().items() if k not in ("architectures",)}
+    text["tie_word_embeddings"] = False
+    raw = {"model_type": "qwen3_5", "text_config": text, "tie_word_embeddings": True}
+    assert Qwen35Config.from_dict(raw).tie_word_embeddings is True
+    text["tie_word_embeddings"] = True
+    del raw["tie_word_embeddings"]
+    assert Qwen35Config.from_dict(raw).tie_word_embeddings is False

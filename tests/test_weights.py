@@ -607,3 +607,16 @@ def test_gpu_tiny_and_sharded_snapshot_load_to_the_device(tmp_path):
     snap = save_hf_snapshot(model, tmp_path / "mm", max_shard_size="100KB")
     config, w = load_weights(snap, progress=False)
     assert_fused(config, w, unprefixed(model.state_dict(), "model.language_model."), dtype=w.embed.dtype)
+
+
+def test_to_hf_state_dict_inverts_the_fusion():
+    from qwen_lab.config import TINY
+    from qwen_lab.weights import load_weights, random_state_dict, to_hf_state_dict
+
+    config, weights = load_weights("tiny", device="cpu", dtype=torch.float32, progress=False)
+    back = to_hf_state_dict(config, weights)
+    original = random_state_dict(TINY, seed=0)
+    assert set(back) == set(original)
+    for name, t in original.items():
+        assert back[name].shape == t.shape, name
+        assert torch.equal(back[name].float(), t.float()), name
