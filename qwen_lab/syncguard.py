@@ -1,0 +1,398 @@
+"""Find what would break a CUDA Graph capture, on any machine, before capturing.
+
+A CUDA Graph records the kernels a step launches and replays them without Python. Two things in the
+step's Python code make that impossible, and a CPU can detect both:
+
+1. A host synchronisation: the CPU waits for the GPU to hand it a value (`.item()`, `.cpu()`, `.tolist()`,
+   `.numpy()`, `int(t)`, `if t:`, `print(t)`, `torch.cuda.synchronize()`), or an operation whose output
+   *shape* depends on the data (`nonzero`, boolean-mask indexing, `unique`: the host must read the count
+   before it can allocate). During capture the GPU has run nothing yet, so CUDA refuses: "operation not
+   permitted when stream is capturing". Host data copied into a new tensor inside the step
+   (`torch.tensor([pos])`) is refused too (a pageable copy), or frozen at its capture-time value.
+2. A shape that changes between calls: a graph replays the exact launches, grids and addresses it
+   recorded, so every tensor of the step must have the same shape at every step (pad to a bucket).
+
+    from qwen_lab.syncguard import forbid_host_sync, find_host_syncs, record_shapes, assert_same_shapes
+    with forbid_host_sync():          # raises HostSyncError at the first synchronising call, naming it
+        step()
+    with find_host_syncs() as found:  # or: list every one without stopping
+        step()
+    with record_shapes() as a: step()
+    with record_shapes() as b: step()
+    assert_same_shapes(a, b)          # raises ShapeChangeError at the first operation whose shapes differ
+
+`forbid_host_sync` is a `torch.overrides.TorchFunctionMode`: every torch function and tensor method called
+from Python passes through it, and the ones that synchronise raise. `torch.cuda.synchronize` and the
+`synchronize` methods of streams and events are not torch functions; they are patched for the duration.
+What a C++ extension does internally, and names imported before the guard (`from torch.cuda import
+synchronize`), are not seen. The Triton interpreter's own copies (it runs kernels on the CPU in NumPy) are
+exempt: on a GPU they do not exist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import linecache
+import os
+import sys
+import threading
+from dataclasses import dataclass
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .errors import QwenLabError
+
+
+class HostSyncError(QwenLabError, RuntimeError):
+    """Code that must be capturable synchronised with the host; the message names the call and the line."""
+
+
+class ShapeChangeError(QwenLabError, AssertionError):
+    """Two calls of a step that must be capturable did not produce the same operations with the same shapes."""
+
+
+_FETCH = ("the host waits until the GPU has finished everything queued, then copies the value; during capture "
+          "nothing has run yet, so CUDA refuses (\"operation not permitted when stream is capturing\")")
+_DEVICE_VALUE = ("keep the value in a device tensor and let the next operation read it there (a position or a "
+                 "token id as a LongTensor [1], a count as a 0-d tensor)")
+_SHAPE = ("the output's size depends on the data, so the host must read a count from the GPU before it can "
+          "allocate the output, which capture refuses")
+_FIXED_SHAPE = ("use a fixed-shape form: torch.where(mask, x, 0) instead of x[mask], a masked reduction or an "
+                "argmax instead of nonzero")
+
+# torch function or tensor method -> (what the learner wrote, why it synchronises, what to do instead)
+_CALLS = {
+    torch.Tensor.item: ("tensor.item()", _FETCH, _DEVICE_VALUE),
+    torch.Tensor.tolist: ("tensor.tolist()", _FETCH, _DEVICE_VALUE),
+    torch.Tensor.numpy: ("tensor.numpy()", _FETCH, _DEVICE_VALUE),
+    torch.Tensor.__array__: ("numpy.asarray(tensor)", _FETCH, _DEVICE_VALUE),
+    torch.Tensor.cpu: ("tensor.cpu()", _FETCH, _DEVICE_VALUE),
+    torch.Tensor.__int__: ("int(tensor)", _FETCH, _DEVICE_VALUE),
+    torch.Tensor.__float__: ("float(tensor)", _FETCH, _DEVICE_VALUE),
+    torch.Tensor.__complex__: ("complex(tensor)", _FETCH, _DEVICE_VALUE),
+    torch.Tensor.__index__: ("a tensor used as a Python index or range bound (tensor.__index__)", _FETCH,
+                             _DEVICE_VALUE),
+    torch.Tensor.__bool__: ("bool(tensor), e.g. `if tensor:` or `while tensor:`", _FETCH,
+                            "decide on the device: torch.where(cond, a, b) instead of a Python branch"),
+    torch.Tensor.is_nonzero: ("tensor.is_nonzero()", _FETCH, "decide on the device: torch.where(cond, a, b)"),
+    torch.Tensor.__repr__: ("print(tensor) / str(tensor) / repr(tensor)", _FETCH,
+                            "print outside the captured step (after replay, from the static output buffer)"),
+    torch.Tensor.__format__: ("formatting a tensor (an f-string or format())", _FETCH,
+                              "print outside the captured step (after replay, from the static output buffer)"),
+    torch.equal: ("torch.equal(a, b)", _FETCH, "compare outside the step, or keep the result on the device"),
+    torch.Tensor.equal: ("tensor.equal(other)", _FETCH, "compare outside the step, or keep the result on the device"),
+    torch.allclose: ("torch.allclose(a, b)", _FETCH, "compare outside the step"),
+    torch.Tensor.allclose: ("tensor.allclose(other)", _FETCH, "compare outside the step"),
+    torch.nonzero: ("torch.nonzero(x)", _SHAPE, _FIXED_SHAPE),
+    torch.Tensor.nonzero: ("tensor.nonzero()", _SHAPE, _FIXED_SHAPE),
+    torch.argwhere: ("torch.argwhere(x)", _SHAPE, _FIXED_SHAPE),
+    torch.Tensor.argwhere: ("tensor.argwhere()", _SHAPE, _FIXED_SHAPE),
+    torch.masked_select: ("torch.masked_select(x, mask)", _SHAPE, _FIXED_SHAPE),
+    torch.Tensor.masked_select: ("tensor.masked_select(mask)", _SHAPE, _FIXED_SHAPE),
+    torch.unique: ("torch.unique(x)", _SHAPE, _FIXED_SHAPE),
+    torch.Tensor.unique: ("tensor.unique()", _SHAPE, _FIXED_SHAPE),
+    torch.unique_consecutive: ("torch.unique_consecutive(x)", _SHAPE, _FIXED_SHAPE),
+    torch.Tensor.unique_consecutive: ("tensor.unique_consecutive()", _SHAPE, _FIXED_SHAPE),
+}
+_HOST_DATA = ("it copies host memory into a new tensor at every call: a capture either refuses the copy or "
+              "freezes the value it had at capture time",
+              "allocate a static device buffer once, outside the step, and update it with .copy_() or .fill_() "
+              "before each replay")
+_TO_HOST = ("tensor.to('cpu')", _FETCH, _DEVICE_VALUE)
+_TO_DEVICE = ("copying a CPU tensor to the GPU inside the step (.cuda() / .to('cuda'))",) + _HOST_DATA
+_BOOL_INDEX = ("boolean-mask indexing x[mask]", _SHAPE, _FIXED_SHAPE)
+_BOOL_ASSIGN = ("boolean-mask assignment x[mask] = v", _SHAPE,
+                "x.masked_fill_(mask, v) or torch.where(mask, v, x) keep the shape fixed")
+
+
+def _device_of(args, kwargs):
+    """The target device of a Tensor.to(...) call, or None when it only changes the dtype."""
+    for a in list(args[1:]) + [kwargs.get("device")]:
+        if isinstance(a, (str, torch.device)):
+            try:
+                return torch.device(a)
+            except RuntimeError:
+                continue
+        if isinstance(a, torch.Tensor):  # .to(other): other's device
+            return a.device
+    return None
+
+
+def _has_bool_index(index) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool and i.dim() > 0 for i in items)
+
+
+def _classify(func, args, kwargs):
+    """(label, why, fix) when this call synchronises with the host, else None."""
+    hit = _CALLS.get(func)
+    if hit is not None:
+        return hit
+    if func is torch.Tensor.to or func is torch.Tensor.cuda:
+        src = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        dst = torch.device("cuda") if func is torch.Tensor.cuda else _device_of(args, kwargs)
+        if src is None or dst is None:
+            return None
+        if dst.type == "cpu" and src.device.type != "cpu":
+            return _TO_HOST
+        if dst.type != "cpu" and src.device.type == "cpu":
+            return _TO_DEVICE
+        return None
+    if func is torch.Tensor.__getitem__ and len(args) > 1 and _has_bool_index(args[1]):
+        return _BOOL_INDEX
+    if func is torch.Tensor.__setitem__ and len(args) > 1 and _has_bool_index(args[1]):
+        return _BOOL_ASSIGN
+    if func is torch.where and len(args) + len(kwargs) == 1:
+        return ("torch.where(cond) with one argument (it is nonzero)", _SHAPE, _FIXED_SHAPE)
+    if func in (torch.tensor, torch.as_tensor) and args and not isinstance(args[0], torch.Tensor):
+        return (f"torch.{func.__name__}(python data)",) + _HOST_DATA
+    return None
+
+
+# ---------------------------------------------------------------- where a call came from
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_HERE = os.path.abspath(__file__)
+_INTERPRETER = os.path.join("triton", "runtime", "interpreter.py")
+
+
+def _caller():
+    """(filename, line, function) of the first frame outside torch and this module, and whether the call comes
+    from the Triton interpreter (which emulates the GPU with host copies of its own: not the code under test)."""
+    f = sys._getframe(1)
+    found = None
+    while f is not None:
+        name = f.f_code.co_filename
+        if name.endswith(_INTERPRETER):
+            return found, True
+        if found is None and not name.startswith(_TORCH_DIR) and os.path.abspath(name) != _HERE \
+                and not name.startswith("<frozen"):
+            found = (name, f.f_lineno, f.f_code.co_name)
+        f = f.f_back
+    return found, False
+
+
+@dataclass(frozen=True)
+class HostSync:
+    """One synchronising call: what it was, where, why it synchronises and what to do instead."""
+    call: str
+    filename: str
+    line: int
+    function: str
+    why: str
+    fix: str
+
+    @property
+    def where(self) -> str:
+        return f"{_short(self.filename)}:{self.line} in {self.function}()"
+
+    @property
+    def source(self) -> str:
+        return linecache.getline(self.filename, self.line).strip()
+
+    def message(self) -> str:
+        src = self.source
+        return (f"host synchronisation in code that must be capturable: {self.call}\n"
+                f"  at {self.where}" + (f":  {src}" if src else "") + "\n"
+                f"  why: {self.why}.\n"
+                f"  instead: {self.fix}.")
+
+    def __str__(self) -> str:
+        return f"{self.call} at {self.where}"
+
+
+def _short(filename: str) -> str:
+    """A path relative to the qwen_lab checkout or the working directory when it is under one of them."""
+    for root in (os.path.dirname(os.path.dirname(_HERE)), os.getcwd()):
+        if filename.startswith(root + os.sep):
+            return os.path.relpath(filename, root)
+    return filename
+
+
+# ---------------------------------------------------------------- the guard
+
+_local = threading.local()
+
+
+def _allowed() -> bool:
+    return getattr(_local, "allowed", 0) > 0
+
+
+class _SyncMode(TorchFunctionMode):
+    def __init__(self, on_sync):
+        super().__init__()
+        self.on_sync = on_sync
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not _allowed():
+            hit = _classify(func, args, kwargs)
+            if hit is not None:
+                self.on_sync(hit)
+        return func(*args, **kwargs)
+
+
+_patch_lock = threading.Lock()
+_patch_depth = 0
+_patched: list[tuple[object, str, object]] = []      # (owner, attribute, original) to restore
+_patched_originals: dict[str, object] = {}            # label -> the original function
+_handlers: list = []                                  # the active guards' on_sync callbacks, innermost last
+
+
+def _cuda_sync_called(label):
+    def blocked(*args, **kwargs):
+        if not _allowed() and _handlers:
+            _handlers[-1]((label, "it blocks the host until the GPU is idle, which capture refuses",
+                           "synchronise outside the step (before replay, or when reading the result)"))
+        return _patched_originals[label](*args, **kwargs)
+    return blocked
+
+
+def _patch_cuda():
+    global _patch_depth
+    with _patch_lock:
+        _patch_depth += 1
+        if _patch_depth > 1:
+            return
+        targets = [(torch.cuda, "synchronize", "torch.cuda.synchronize()"),
+                   (torch.cuda.Stream, "synchronize", "stream.synchronize()"),
+                   (torch.cuda.Event, "synchronize", "event.synchronize()")]
+        for owner, attr, label in targets:
+            original = getattr(owner, attr, None)
+            if original is None:
+                continue
+            _patched_originals[label] = original
+            _patched.append((owner, attr, original))
+            setattr(owner, attr, _cuda_sync_called(label))
+
+
+def _unpatch_cuda():
+    global _patch_depth
+    with _patch_lock:
+        _patch_depth -= 1
+        if _patch_depth:
+            return
+        while _patched:
+            owner, attr, original = _patched.pop()
+            setattr(owner, attr, original)
+        _patched_originals.clear()
+
+
+@contextlib.contextmanager
+def _guard(on_hit):
+    def on_sync(hit):
+        where, from_interpreter = _caller()
+        if from_interpreter:
+            return
+        filename, line, function = where or ("<unknown>", 0, "?")
+        on_hit(HostSync(hit[0], filename, line, function, hit[1], hit[2]))
+
+    _handlers.append(on_sync)
+    _patch_cuda()
+    try:
+        with _SyncMode(on_sync):
+            yield
+    finally:
+        _unpatch_cuda()
+        _handlers.remove(on_sync)
+
+
+@contextlib.contextmanager
+def forbid_host_sync():
+    """Raise HostSyncError at the first call inside the block that would synchronise with the host."""
+    def raise_it(sync: HostSync):
+        raise HostSyncError(sync.message())
+
+    with _guard(raise_it):
+        yield
+
+
+@contextlib.contextmanager
+def find_host_syncs():
+    """Run the block normally and collect every synchronising call in it: `with find_host_syncs() as found:`,
+    then `found` is a list of HostSync (call, file, line, why, fix)."""
+    found: list[HostSync] = []
+    with _guard(found.append):
+        yield found
+
+
+@contextlib.contextmanager
+def allow_host_sync():
+    """Suspend the guards inside this block (for code known to run outside the captured step)."""
+    _local.allowed = getattr(_local, "allowed", 0) + 1
+    try:
+        yield
+    finally:
+        _local.allowed -= 1
+
+
+def allowing_host_sync(fn):
+    """`fn` wrapped so that the guards ignore what it does (e.g. an operator that still runs on the reference)."""
+    def wrapped(*args, **kwargs):
+        with allow_host_sync():
+            return fn(*args, **kwargs)
+    wrapped.__name__ = getattr(fn, "__name__", "wrapped")
+    wrapped.__wrapped__ = fn
+    return wrapped
+
+
+# ---------------------------------------------------------------- frozen shapes
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    op: str                      # the aten operator, e.g. "aten.slice.Tensor"
+    shapes: tuple                # the shapes of its tensor outputs
+    where: str                   # the first frame outside torch that called it
+
+    def __str__(self) -> str:
+        shapes = ", ".join(str(list(s)) for s in self.shapes)
+        return f"{self.op} -> {shapes}  (at {self.where})"
+
+
+class _ShapeMode(TorchDispatchMode):
+    def __init__(self, records):
+        super().__init__()
+        self.records = records
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        where, from_interpreter = _caller()
+        if not from_interpreter:
+            leaves = out if isinstance(out, (tuple, list)) else (out,)
+            shapes = tuple(tuple(t.shape) for t in leaves if isinstance(t, torch.Tensor))
+            place = f"{_short(where[0])}:{where[1]} in {where[2]}()" if where else "<unknown>"
+            self.records.append(OpRecord(str(func), shapes, place))
+        return out
+
+
+@contextlib.contextmanager
+def record_shapes():
+    """Record every tensor operation of the block with its output shapes: `with record_shapes() as ops:`.
+    Two calls of a capturable step must record the same list (compare with assert_same_shapes)."""
+    records: list[OpRecord] = []
+    with _ShapeMode(records):
+        yield records
+
+
+def assert_same_shapes(first: list[OpRecord], second: list[OpRecord], what: str = "the step") -> None:
+    """Raise ShapeChangeError naming the first operation whose output shapes differ between two recordings."""
+    for i, (a, b) in enumerate(zip(first, second)):
+        if a.op != b.op or a.shapes != b.shapes:
+            raise ShapeChangeError(
+                f"{what} does not have frozen shapes: operation {i} differs between two calls\n"
+                f"  first call:  {a}\n  second call: {b}\n"
+                f"  a CUDA Graph replays the shapes it recorded; make this shape independent of the data "
+                f"(read positions and lengths inside the kernel, pad to a fixed bucket)")
+    if len(first) != len(second):
+        longer = first if len(first) > len(second) else second
+        extra = longer[min(len(first), len(second))]
+        raise ShapeChangeError(
+            f"{what} does not have frozen shapes: the calls ran {len(first)} and {len(second)} operations; "
+            f"the first extra one is {extra}\n  a CUDA Graph replays the exact operations it recorded")
+
+
+__all__ = ["HostSync", "HostSyncError", "OpRecord", "ShapeChangeError", "allow_host_sync", "allowing_host_sync",
+           "assert_same_shapes", "find_host_syncs", "forbid_host_sync", "record_shapes"]

@@ -1,0 +1,218 @@
+"""qwen_lab.syncguard: every synchronising call is caught and named, nothing else is, and the guard leaves no trace.
+
+All on the CPU: the guard exists so that the capture rules can be taught and checked without a GPU.
+"""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import qwen_lab
+from qwen_lab import reference
+from qwen_lab.syncguard import (HostSyncError, ShapeChangeError, allow_host_sync, allowing_host_sync,
+                                assert_same_shapes, find_host_syncs, forbid_host_sync, record_shapes)
+
+X = torch.arange(6, dtype=torch.float32)
+S = torch.tensor(3.0)
+I = torch.tensor(2)
+
+SYNCS = {
+    "tensor.item()": lambda: S.item(),
+    "tensor.tolist()": lambda: X.tolist(),
+    "tensor.numpy()": lambda: X.numpy(),
+    "numpy.asarray(tensor)": lambda: np.asarray(X),
+    "tensor.cpu()": lambda: X.cpu(),
+    "int(tensor)": lambda: int(I),
+    "float(tensor)": lambda: float(S),
+    "Python index": lambda: [10, 20, 30][I],
+    "bool(tensor)": lambda: 1 if S > 0 else 0,
+    "print(tensor)": lambda: print(X),
+    "formatting a tensor": lambda: f"{S:.3f}",
+    "torch.equal": lambda: torch.equal(X, X),
+    "torch.allclose": lambda: torch.allclose(X, X),
+    "tensor.nonzero()": lambda: X.nonzero(),
+    "torch.nonzero": lambda: torch.nonzero(X),
+    "torch.masked_select": lambda: torch.masked_select(X, X > 2),
+    "torch.unique": lambda: torch.unique(X),
+    "boolean-mask indexing": lambda: X[X > 2],
+    "boolean-mask assignment": lambda: X.clone().__setitem__(X > 2, 0.0),
+    "torch.where(cond) with one argument": lambda: torch.where(X > 2),
+    "torch.tensor(python data)": lambda: torch.tensor([1, 2]),
+    "torch.as_tensor(python data)": lambda: torch.as_tensor([1.0]),
+    "torch.cuda.synchronize()": lambda: torch.cuda.synchronize(),
+}
+
+
+@pytest.mark.parametrize("label", sorted(SYNCS))
+def test_each_synchronising_call_raises_naming_it_and_the_line(label):
+    with pytest.raises(HostSyncError) as info:
+        with forbid_host_sync():
+            SYNCS[label]()
+    text = str(info.value)
+    assert label in text
+    assert "test_syncguard.py" in text and "instead:" in text  # the caller's line, and what to do
+
+
+def test_device_side_code_passes_untouched():
+    """Everything a capturable step does: arithmetic, reductions kept on the device, fixed-shape selection,
+    in-place writes into static buffers, index_select with a device index, argmax, dtype casts."""
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(0))
+    token = torch.zeros(1, dtype=torch.long)
+    position = torch.tensor([4])
+    with forbid_host_sync():
+        p = torch.softmax(logits / 0.7, dim=-1)
+        kept = torch.where(p >= p.max() * 0.1, p, torch.zeros_like(p))
+        cdf = torch.cumsum(kept, 0)
+        idx = torch.searchsorted(cdf, (cdf[-1] * 0.5).reshape(1))
+        token.copy_(torch.minimum(idx, torch.argmax(p).reshape(1)))
+        position.add_(1)
+        picked = torch.index_select(logits, 0, position)
+        _ = logits.to(torch.float64).to("cpu")  # already on the CPU: no transfer, no sync
+        _ = logits.masked_fill(logits > 0, 0.0)
+        _ = logits[position]  # a LongTensor index has a fixed shape
+        n = logits.shape[0] + len(logits)  # shapes are host metadata, never a sync
+    assert n == 100 and picked.shape == (1,) and position.tolist() == [5]
+
+
+def test_find_host_syncs_lists_every_call_without_stopping():
+    with find_host_syncs() as found:
+        a = S.item()
+        b = X.tolist()
+        c = X.nonzero()
+    assert [f.call for f in found] == ["tensor.item()", "tensor.tolist()", "tensor.nonzero()"]
+    assert a == 3.0 and b[-1] == 5.0 and c.shape == (5, 1)  # the code still ran normally
+    assert all(f.filename.endswith("test_syncguard.py") and f.line > 0 for f in found)
+    assert "S.item()" in found[0].source
+
+
+def test_the_guard_leaves_no_trace_after_the_block():
+    original = torch.cuda.synchronize
+    with pytest.raises(HostSyncError):
+        with forbid_host_sync():
+            with forbid_host_sync():  # nested guards restore the patched functions once, at the end
+                pass
+            S.item()
+    assert torch.cuda.synchronize is original
+    assert S.item() == 3.0 and X.tolist()[0] == 0.0  # no mode left behind
+
+
+def test_allow_host_sync_exempts_a_block_and_a_wrapped_function():
+    with forbid_host_sync():
+        with allow_host_sync():
+            assert S.item() == 3.0
+        wrapped = allowing_host_sync(lambda t: t.tolist())
+        assert wrapped(X)[1] == 1.0
+        with pytest.raises(HostSyncError, match="item"):
+            S.item()  # the exemption ended with its block
+
+
+def test_reference_operators_that_synchronise_are_named():
+    """The PyTorch oracle is not capturable: attention reads the longest position on the host, and sampling
+    asks for the last kept index with nonzero. The course's kernels exist to remove exactly these."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 8, generator=g), torch.randn(6, 1, 8, generator=g), torch.randn(6, 1, 8, generator=g))
+    positions = torch.tensor([5])
+    with pytest.raises(HostSyncError, match=r"tensor\.item\(\)[\s\S]*reference\.py:\d+ in attention"):
+        with forbid_host_sync():
+            reference.attention(q, k, v, positions)
+    logits, u = torch.randn(40, generator=g), torch.tensor(0.3)
+    with pytest.raises(HostSyncError, match="nonzero"):
+        with forbid_host_sync():
+            reference.sample(logits, 0.8, 5, 0.9, u)
+    with forbid_host_sync():  # greedy is a plain argmax
+        reference.sample(logits, 0.0, 0, 1.0, u)
+
+
+def test_triton_interpreter_launches_are_not_counted_as_syncs():
+    from qwen_lab.kernels.embedding import embedding
+
+    w = torch.randn(20, 8)
+    ids = torch.tensor([3, 0, 19])
+    with forbid_host_sync():
+        out = embedding(ids, w)
+    torch.testing.assert_close(out, w[ids])
+
+
+def test_record_shapes_accepts_a_frozen_step_and_names_the_first_change():
+    cache = torch.zeros(8, 4)
+
+    def frozen(pos):  # writes row `pos` with index_copy: the same shapes whatever pos holds
+        cache.index_copy_(0, pos, torch.ones(1, 4) * pos)
+        return cache.sum(0)
+
+    def growing(pos):  # reads the rows written so far: the slice grows with the position
+        return cache[: int(pos) + 1].sum(0)
+
+    with record_shapes() as a:
+        frozen(torch.tensor([2]))
+    with record_shapes() as b:
+        frozen(torch.tensor([5]))
+    assert len(a) > 0
+    assert_same_shapes(a, b)
+    with record_shapes() as a:
+        growing(torch.tensor([2]))
+    with record_shapes() as b:
+        growing(torch.tensor([5]))
+    with pytest.raises(ShapeChangeError, match=r"aten\.slice.*\[3, 4\][\s\S]*\[6, 4\]"):
+        assert_same_shapes(a, b)
+
+
+def test_record_shapes_reports_a_different_number_of_operations():
+    with record_shapes() as a:
+        X + 1
+    with record_shapes() as b:
+        X + 1
+        X * 2
+    with pytest.raises(ShapeChangeError, match="1 and 2 operations"):
+        assert_same_shapes(a, b)
+
+
+def test_the_torch_backend_decode_step_is_caught_and_shapes_change():
+    """The model on the reference operators: its decode step synchronises, and its attention slices the cache
+    to the current length, so two decode steps differ in shape: both classic capture errors, found on a CPU."""
+    model = qwen_lab.load_model("tiny", device="cpu", dtype=torch.float32, backend="torch")
+    cache = model.new_cache(8)
+    ids = torch.tensor([5, 6, 7])
+    with torch.inference_mode():
+        model.step(ids, torch.arange(3), cache)
+        token, pos = torch.tensor([8]), torch.tensor([3])
+        with find_host_syncs() as found:
+            model.step(token, pos, cache)
+        assert [f.function for f in found] == ["attention"] * model.config.num_full_layers
+        with record_shapes() as a:
+            model.step(token, pos, cache)
+        pos.add_(1)
+        with record_shapes() as b:
+            model.step(token, pos, cache)
+    with pytest.raises(ShapeChangeError, match="attention"):
+        assert_same_shapes(a, b, "the decode step")
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_transfers_are_caught_and_the_triton_decode_step_is_clean():
+    x = torch.ones(4, device="cuda")
+    for label, fn in (("tensor.to('cpu')", lambda: x.to("cpu")), ("tensor.cpu()", lambda: x.cpu()),
+                      ("copying a CPU tensor to the GPU", lambda: torch.ones(2).cuda()),
+                      ("stream.synchronize()", lambda: torch.cuda.current_stream().synchronize())):
+        with pytest.raises(HostSyncError, match=re.escape(label)):
+            with forbid_host_sync():
+                fn()
+    with forbid_host_sync():
+        y = x.to("cuda") * 2  # already there: no transfer
+    model = qwen_lab.load_model("qwen3.5-0.8b")
+    ids = torch.randint(0, 1000, (16,), device="cuda")
+    cache = model.new_cache(32)
+    token, pos = ids[-1:].clone(), torch.tensor([16], device="cuda")
+    with torch.inference_mode():
+        model.step(ids, torch.arange(16, device="cuda"), cache)
+        model.step(token, pos, cache)  # warm-up: Triton compiles and autotunes (which synchronises) here
+        pos.add_(1)
+        with find_host_syncs() as found:
+            model.step(token, pos, cache)
+    # only operators still on the PyTorch reference may synchronise; with none left, nothing may
+    kernels = [str(f) for f in found if not f.filename.endswith("reference.py")]
+    assert not kernels, f"Triton launchers synchronise with the host: {kernels}"
+    assert found == [] or model.fallbacks
+    assert float(y.sum()) == 8.0
