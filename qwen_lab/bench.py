@@ -150,28 +150,34 @@ def bench_qwen_lab(model, prefill_len: int, decode_steps: int, graph: bool, gen:
             "host_launches_decode": host_launches[1]}
 
 
-def bench_transformers(model, prefill_len: int, decode_steps: int, gen: torch.Generator) -> dict | None:
-    """transformers' Qwen3_5ForCausalLM (eager attention) with the same weights, or None if not installed."""
-    try:
-        from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-        from transformers.cache_utils import DynamicCache
-    except ImportError:
-        return None
+def transformers_model(config, weights, device, dtype):
+    """transformers' Qwen3_5ForCausalLM (eager attention) holding exactly `weights`, in `dtype` on `device`."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
     from .weights import to_hf_state_dict
 
-    cfg = {k: v for k, v in model.config.to_hf_dict().items() if k not in ("architectures", "model_type")}
-    cfg["torch_dtype"] = model.dtype
+    cfg = {k: v for k, v in config.to_hf_dict().items() if k not in ("architectures", "model_type", "torch_dtype")}
     hf_config = Qwen3_5TextConfig(**cfg)
     hf_config._attn_implementation = "eager"
     with torch.device("meta"):
         hf = Qwen3_5ForCausalLM(hf_config)
-    hf.load_state_dict(to_hf_state_dict(model.config, model.weights), strict=False, assign=True)
-    hf = hf.to(device=model.device, dtype=model.dtype)
-    if model.config.tie_word_embeddings:
-        hf.lm_head.weight = hf.model.embed_tokens.weight
-    # Buffers (rotary inverse frequencies) were created on the meta device: rebuild them for real.
-    hf.model.rotary_emb = type(hf.model.rotary_emb)(config=hf_config).to(model.device)
-    hf.eval()
+    state = {k: v.to(device=device, dtype=dtype) for k, v in to_hf_state_dict(config, weights).items()}
+    if config.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    hf.load_state_dict(state, strict=True, assign=True)
+    # buffers (the rotary inverse frequencies) were made on the meta device: build them for real
+    hf.model.rotary_emb = type(hf.model.rotary_emb)(config=hf_config).to(device)
+    return hf.eval()
+
+
+def bench_transformers(model, prefill_len: int, decode_steps: int, gen: torch.Generator) -> dict | None:
+    """transformers' Qwen3_5ForCausalLM (eager attention) with the same weights, or None if not installed."""
+    try:
+        from transformers.cache_utils import DynamicCache
+    except ImportError:
+        return None
+    hf = transformers_model(model.config, model.weights, model.device, model.dtype)
+    hf_config = hf.config
     dev = model.device
     ids = torch.randint(0, model.config.vocab_size, (1, prefill_len), generator=gen).to(dev)
     with torch.inference_mode():
@@ -186,8 +192,13 @@ def bench_transformers(model, prefill_len: int, decode_steps: int, gen: torch.Ge
                 hf(input_ids=tok, past_key_values=cache, use_cache=True)
         decode_ms = time_ms(decode, dev, warmup=0, reps=1) / decode_steps
     del hf
+    import importlib.util
+
+    fla = importlib.util.find_spec("fla") is not None
     return {"prefill_ms": prefill_ms, "decode_ms": decode_ms, "kernels_prefill": None, "kernels_decode": None,
-            "host_launches_prefill": None, "host_launches_decode": None}
+            "host_launches_prefill": None, "host_launches_decode": None,
+            "note": "delta rule and conv from flash-linear-attention" if fla else
+                    "delta rule and conv on transformers' PyTorch fallbacks"}
 
 
 # ---------------------------------------------------------------- the table
@@ -254,6 +265,9 @@ def format_table(result: dict) -> str:
         lines += ["", f"floors: decode {f['decode_ms']:.3f} ms ({f['decode_bytes'] / 1e9:.3f} GB at "
                       f"{f['copy_GBps']:.0f} GB/s copy), prefill {f['prefill_ms']:.2f} ms "
                       f"({f['prefill_flops'] / 1e12:.2f} TFLOP at {f['matmul_TFLOPs']:.0f} TFLOP/s)"]
+    for r in result["rows"]:
+        if r.get("note"):
+            lines.append(f"{r['name']}: {r['note']}")
     for s in result["skipped"]:
         lines.append(f"skipped: {s}")
     return "\n".join(lines)
