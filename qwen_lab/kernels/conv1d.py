@@ -1,0 +1,180 @@
+"""Causal depthwise conv1d + SiLU, carrying the last W-1 inputs of every channel between calls.
+
+Gated DeltaNet mixes each q, k and v channel with its own few predecessors before the delta rule.
+For C channels (Qwen3.5-0.8B: C = 2 * 2048 + 2048 = 6144) and a width W = 4 filter weight [C, W]:
+
+    xx = [state^T ; x]                                  ([W-1+T, C]: the carried inputs, then this step's)
+    y[t, c] = silu( sum_{j<W} weight[c, j] * xx[t + j, c] )
+    state  <- the last W-1 rows of xx, transposed       (state [C, W-1], oldest input first)
+
+so a prompt fed in pieces (or one token at a time in decode) gives exactly the outputs of one long call.
+The state holds *inputs* (before the conv and before SiLU). fp32 accumulation; y in x's dtype, the state
+keeps its own dtype.
+
+Shapes: x [T, C] with any row stride (it is a slice of the fused in-projection's output) and stride 1
+between channels; weight [C, W]; state [C, W-1], both with stride 1 on the last dim.
+
+Two kernels:
+- `conv1d_step_kernel`: one program per block of channels walks the T tokens in order, then shifts the
+  state. One launch serves decode (T = 1), where the grid is only C / BLOCK_C programs and every load is
+  a row of contiguous channels.
+- `conv1d_prefill_kernel`: a [BLOCK_T, BLOCK_C] tile per program, every token in parallel; it reads the
+  old state but does not write it. The state is then shifted by `conv1d_step_kernel` with no outputs
+  (a second, tiny launch): a program that rewrote the state while another program of the same grid
+  still had to read it would race.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from ..errors import KernelError
+
+
+@triton.jit
+def _conv1d_token(x_ptr, w_ptr, state_ptr, out_ptr, t, offs_c, mask_c, stride_xt, stride_wc, stride_sc, stride_ot,
+                  W: tl.constexpr, BLOCK_C: tl.constexpr):
+    """y[t] for one block of channels: W taps of xx, fp32, then SiLU."""
+    acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for j in tl.static_range(W):
+        # xx row p = t + j is state column p while p < W-1, else x row p - (W-1)
+        p = t + j
+        r = p - (W - 1)
+        xv = tl.load(x_ptr + r.to(tl.int64) * stride_xt + offs_c, mask=mask_c & (r >= 0), other=0.0)
+        sv = tl.load(state_ptr + offs_c * stride_sc + p, mask=mask_c & (p < W - 1), other=0.0)
+        wj = tl.load(w_ptr + offs_c * stride_wc + j, mask=mask_c, other=0.0)
+        acc += wj.to(tl.float32) * (xv.to(tl.float32) + sv.to(tl.float32))
+    y = acc * tl.sigmoid(acc)
+    tl.store(out_ptr + t.to(tl.int64) * stride_ot + offs_c, y.to(out_ptr.dtype.element_ty), mask=mask_c)
+
+
+@triton.jit
+def conv1d_step_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
+                       stride_xt, stride_wc, stride_sc, stride_ot,
+                       W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, WRITE_OUT: tl.constexpr,
+                       WHILE: tl.constexpr):
+    offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_c = offs_c < C
+    if WRITE_OUT:
+        # WHILE (interpreter only): `range(T)` there converts T, a 1-element NumPy array, to a Python int,
+        # which NumPy 2.x refuses; a while loop compares instead. The GPU compiles the plain for loop.
+        if WHILE:
+            t = T * 0
+            while t < T:
+                _conv1d_token(x_ptr, w_ptr, state_ptr, out_ptr, t, offs_c, mask_c,
+                              stride_xt, stride_wc, stride_sc, stride_ot, W, BLOCK_C)
+                t += 1
+        else:
+            for t in range(T):
+                _conv1d_token(x_ptr, w_ptr, state_ptr, out_ptr, t, offs_c, mask_c,
+                              stride_xt, stride_wc, stride_sc, stride_ot, W, BLOCK_C)
+    # New state column s = xx row T + s: an old state column (when T < W-1) or one of the last inputs.
+    offs_s = tl.arange(0, BLOCK_S)
+    p = T + offs_s
+    r = p - (W - 1)
+    keep = offs_s < W - 1
+    m2 = mask_c[:, None] & keep[None, :]
+    xv = tl.load(x_ptr + r.to(tl.int64)[None, :] * stride_xt + offs_c[:, None],
+                 mask=m2 & (r >= 0)[None, :], other=0.0)
+    sv = tl.load(state_ptr + offs_c[:, None] * stride_sc + p[None, :], mask=m2 & (p < W - 1)[None, :], other=0.0)
+    new = tl.where((r >= 0)[None, :], xv.to(state_ptr.dtype.element_ty), sv)
+    # Other threads of this program may still be reading the columns about to be overwritten.
+    tl.debug_barrier()
+    tl.store(state_ptr + offs_c[:, None] * stride_sc + offs_s[None, :], new, mask=m2)
+
+
+@triton.jit
+def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
+                          stride_xt, stride_wc, stride_sc, stride_ot,
+                          W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    t0 = tl.program_id(0) * BLOCK_T
+    offs_i = tl.arange(0, BLOCK_T)        # token index inside the tile
+    offs_t = t0 + offs_i
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_t = offs_t < T
+    mask_c = offs_c < C
+    # 64-bit base of the tile, 32-bit offsets inside it (a tile spans a few rows)
+    x_tile = x_ptr + t0.to(tl.int64) * stride_xt
+    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    for j in tl.static_range(W):
+        p = offs_t + j                    # row of xx
+        from_x = p >= W - 1               # else one of the W-1 carried inputs (state column p)
+        xv = tl.load(x_tile + (offs_i + j - (W - 1))[:, None] * stride_xt + offs_c[None, :],
+                     mask=(mask_t & from_x)[:, None] & mask_c[None, :], other=0.0)
+        sv = tl.load(state_ptr + offs_c[None, :] * stride_sc + p[:, None],
+                     mask=(mask_t & ~from_x)[:, None] & mask_c[None, :], other=0.0)
+        wj = tl.load(w_ptr + offs_c * stride_wc + j, mask=mask_c, other=0.0).to(tl.float32)
+        acc += wj[None, :] * (xv.to(tl.float32) + sv.to(tl.float32))
+    y = acc * tl.sigmoid(acc)
+    out_tile = out_ptr + t0.to(tl.int64) * stride_ot
+    tl.store(out_tile + offs_i[:, None] * stride_ot + offs_c[None, :], y.to(out_ptr.dtype.element_ty),
+             mask=mask_t[:, None] & mask_c[None, :])
+
+
+# ---------------------------------------------------------------- launchers
+
+# Up to this many tokens the sequential kernel (one launch) beats the tiled one plus the state shift.
+STEP_MAX_TOKENS = 4
+
+
+def _shape(t):
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _check_2d(name, t, rows=None, cols=None, what="", device=None):
+    if not isinstance(t, torch.Tensor) or t.dim() != 2:
+        raise KernelError(f"{name}: expected a 2-D tensor {what}, got {_shape(t)}")
+    if not t.is_floating_point():
+        raise KernelError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+    if rows is not None and t.shape[0] != rows or cols is not None and t.shape[1] != cols:
+        raise KernelError(f"{name}: shape {tuple(t.shape)}, expected {what}")
+    if t.shape[1] > 1 and t.stride(1) != 1:
+        raise KernelError(f"{name}: the last dim must be contiguous (stride 1), got strides {tuple(t.stride())}")
+    if device is not None and t.device != device:
+        raise KernelError(f"{name}: on {t.device}, expected {device} like x")
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(causal depthwise conv of width W) over x [T, C], carrying state [C, W-1]; = reference.causal_conv1d.
+
+    weight [C, W]; `state` (the last W-1 inputs, oldest first) is read and updated in place. -> y [T, C].
+    """
+    _check_2d("x", x, what="[T, C]")
+    T, C = x.shape
+    _check_2d("weight", weight, rows=C, what=f"[C={C}, W]", device=x.device)
+    W = weight.shape[1]
+    if W < 1:
+        raise KernelError("weight: the filter width W = weight.shape[1] must be at least 1")
+    if not isinstance(state, torch.Tensor) or state.dim() != 2 or tuple(state.shape) != (C, W - 1):
+        raise KernelError(f"state: expected [C={C}, W-1={W - 1}] (the last W-1 inputs), got {_shape(state)}")
+    _check_2d("state", state, device=x.device, what=f"[{C}, {W - 1}]")
+    if out is not None:
+        _check_2d("out", out, rows=T, cols=C, what=f"[{T}, {C}]", device=x.device)
+        if out.dtype != x.dtype:
+            raise KernelError(f"out: dtype {out.dtype}, expected {x.dtype} (x's dtype)")
+    else:
+        out = torch.empty((T, C), dtype=x.dtype, device=x.device)
+    if T == 0 or C == 0:
+        return out
+    BLOCK_S = triton.next_power_of_2(max(W - 1, 1))
+    args = (x, weight, state, out, T, C, x.stride(0), weight.stride(0), state.stride(0), out.stride(0))
+    interp = runtime.interpreter_active()
+    step_block = min(128 if not interp else 256, triton.next_power_of_2(C))
+    step_grid = (triton.cdiv(C, step_block),)
+    if T <= STEP_MAX_TOKENS:
+        conv1d_step_kernel[step_grid](*args, W=W, BLOCK_S=BLOCK_S, BLOCK_C=step_block, WRITE_OUT=True,
+                                      WHILE=interp, num_warps=2)
+        return out
+    BLOCK_T, BLOCK_C = (64, min(128, triton.next_power_of_2(C))) if interp else (8, 256)
+    grid = (triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))
+    conv1d_prefill_kernel[grid](*args, W=W, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C, num_warps=4)
+    conv1d_step_kernel[step_grid](*args, W=W, BLOCK_S=BLOCK_S, BLOCK_C=step_block, WRITE_OUT=False,
+                                  WHILE=interp, num_warps=2)
+    return out
+
+
+__all__ = ["STEP_MAX_TOKENS", "causal_conv1d"]

@@ -1,0 +1,560 @@
+"""Gated DeltaNet: l2norm, the gates, and the gated delta rule in its recurrent (decode) and chunked (prefill) forms.
+
+Shapes (batch 1, token-major): T tokens; q, k [T, Hk, Dk]; v [T, Hv, Dv] with Hv a multiple of Hk (value head
+h reads q/k head h // (Hv / Hk)); g, beta [T, Hv] fp32; state S [Hv, Dk, Dv] fp32, updated in place.
+Qwen3.5-0.8B: Hk = Hv = 16, Dk = Dv = 128. q, k, v may be strided views of the conv output (any strides on
+the leading dims, stride 1 on the last).
+
+Gates (fp32):   g = -exp(A_log) * softplus(a + dt_bias)  (the log of a decay in (0, 1]),   beta = sigmoid(b)
+
+The delta rule, per value head, one token at a time (q, k l2-normalised, q also scaled by Dk^-1/2):
+
+    S <- exp(g_t) S                            forget a little of everything
+    S <- S + k_t (x) beta_t (v_t - S^T k_t)    move the value stored under key k_t towards v_t
+    o_t = S^T q_t                              read the memory with q_t
+
+S^T k_t is what the memory currently returns for k_t, so each step is one step of online regression of v on
+k with learning rate beta_t: the "delta" (v_t - S^T k_t) is the prediction error.
+
+Recurrent kernel (decode): one program per (value head, block of BV value columns) keeps its [Dk, BV] slice
+of S in registers for the T tokens and writes it back once. The columns of S are independent (every
+update above acts on each column alone), so the programs need no communication.
+
+Chunked form (prefill): cut the T tokens into chunks of C = 64; inside a chunk let G_i = g_1 + ... + g_i
+(cumulative log decay from the chunk start) and S0 the state entering the chunk. Unrolling the recurrence,
+the values written at the C steps solve one unit lower-triangular system (the UT transform):
+
+    A = I + strict_tril( (beta k) k^T * exp(G_i - G_j) )          [C, C]
+    U = A^-1 (beta v)           W = A^-1 (beta k exp(G))          (UT transform)
+    V' = U - W S0                                                  (what S0 does not already predict)
+    O  = (q exp(G)) S0 + ( tril(q k^T * exp(G_i - G_j)) ) V'       (old state read + intra-chunk part)
+    S1 = exp(G_C) S0 + (k exp(G_C - G))^T V'
+
+Everything but the last three lines is independent of S0, so it runs in parallel over (chunk, head); only
+the state update is sequential, one matmul-sized step per chunk instead of per token.
+
+Chunked kernels (two launches):
+- `chunk_prep_kernel`, grid (chunks, Hv): G, what the scan reads (q exp(G), k exp(G_C - G), the intra-chunk
+  attention tril(q k^T exp(G_i - G_j))), and the UT transform U, W. A^-1 is built in two steps: the 16 x 16
+  diagonal blocks by forward substitution (row n of an inverse from the rows above it), then neighbouring
+  blocks merged while their size doubles (16 -> 32 -> 64): [[P, 0], [M, Q]]^-1 = [[P^-1, 0], [-Q^-1 M P^-1,
+  Q^-1]], two matmuls per merge. Results go to a workspace [Hv, T padded, .].
+- `chunk_scan_kernel`, grid (Hv, Dv / BV): carries its [Dk, BV] slice of S through the chunks in order
+  (V', O and S1 above: four matmuls per chunk), writes O, and the final state in place.
+The tail of the last chunk is padded with k = v = 0, beta = 0 and g = 0, so it changes neither O nor S.
+
+Precision: norms, gates, decays, the triangular solve and the state stay fp32. On the GPU the matmul
+operands are bf16 with fp32 accumulation, as in flash-linear-attention (the inverse's merges use tf32);
+under the interpreter everything is fp32. On the GPU the kernels are autotuned (the state is restored
+between trials); under the interpreter the launchers pass one small fixed configuration.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from ..errors import KernelError
+
+EPS = 1e-6  # l2norm epsilon of q and k inside the delta rule (as in the reference and transformers)
+INTERPRET = runtime.interpreter_active()  # fixed at import: the kernels below are defined for one mode
+
+
+def _tuned(configs, key, restore=(), prune=None):
+    """triton.autotune on a GPU; under the interpreter the launcher passes one small fixed config instead."""
+    def wrap(fn):
+        if INTERPRET:
+            return fn
+        return triton.autotune(configs=configs, key=key, restore_value=list(restore),
+                               prune_configs_by={"early_config_prune": prune} if prune else None)(fn)
+    return wrap
+
+
+# ---------------------------------------------------------------- small pieces
+
+
+@triton.jit
+def _softplus(x):
+    # torch's softplus: x above the threshold 20, else log(1 + e^x); for tiny e^x, log(1 + e) loses e's low
+    # bits in fp32, and e - e^2/2 is exact to fp32 there.
+    e = tl.exp(tl.minimum(x, 20.0))
+    sp = tl.where(e < 1e-4, e * (1.0 - 0.5 * e), tl.log(1.0 + e))
+    return tl.where(x > 20.0, x, sp)
+
+
+@triton.jit
+def l2norm_kernel(x_ptr, out_ptr, N0, N1, D, stride_x0, stride_x1, stride_o0, stride_o1, eps,
+                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    # rows r = i0 * N1 + i1 of x [N0, N1, D]; one [BLOCK_R, BLOCK_D] tile holds whole rows
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    i0 = (r // N1).to(tl.int64)
+    i1 = r % N1
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (r < N0 * N1)[:, None] & (offs_d < D)[None, :]
+    x = tl.load(x_ptr + (i0 * stride_x0 + i1 * stride_x1)[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    y = x * tl.rsqrt(tl.sum(x * x, 1) + eps)[:, None]
+    tl.store(out_ptr + (i0 * stride_o0 + i1 * stride_o1)[:, None] + offs_d[None, :],
+             y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def deltanet_gates_kernel(a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, g_ptr, beta_ptr, T, H,
+                          stride_at, stride_bt, stride_gt, stride_betat,
+                          BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+    offs_t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    offs_h = tl.arange(0, BLOCK_H)
+    mask_h = offs_h < H
+    mask = (offs_t < T)[:, None] & mask_h[None, :]
+    a = tl.load(a_ptr + offs_t[:, None] * stride_at + offs_h[None, :], mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + offs_t[:, None] * stride_bt + offs_h[None, :], mask=mask, other=0.0).to(tl.float32)
+    neg_A = -tl.exp(tl.load(A_log_ptr + offs_h, mask=mask_h, other=0.0).to(tl.float32))
+    dt_bias = tl.load(dt_bias_ptr + offs_h, mask=mask_h, other=0.0).to(tl.float32)
+    g = neg_A[None, :] * _softplus(a + dt_bias[None, :])
+    tl.store(g_ptr + offs_t[:, None] * stride_gt + offs_h[None, :], g, mask=mask)
+    tl.store(beta_ptr + offs_t[:, None] * stride_betat + offs_h[None, :], tl.sigmoid(b), mask=mask)
+
+
+# ---------------------------------------------------------------- recurrent form (decode)
+
+
+_RECURRENT_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=1)
+                      for bv in (8, 16, 32, 64) for w in (1, 2, 4)]
+
+
+def _prune_bv(configs, named_args, **kwargs):
+    width = max(8, triton.next_power_of_2(named_args["Dv"]))
+    kept = [c for c in configs if c.kwargs["BV"] <= width]
+    return kept or configs[:1]
+
+
+@_tuned(_RECURRENT_CONFIGS, key=["Dk", "Dv", "Hv", "FUSED_GATES"], restore=("state_ptr",), prune=_prune_bv)
+@triton.jit
+def delta_rule_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, state_ptr, out_ptr,
+                                T, Hv, Dk, Dv, REP, scale, eps,
+                                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                                stride_gt, stride_gh, stride_bt, stride_bh,
+                                stride_sh, stride_sk, stride_ot, stride_oh,
+                                FUSED_GATES: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    h = tl.program_id(0)
+    hk = h // REP
+    offs_k = tl.arange(0, BK)
+    offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    mask_k = offs_k < Dk
+    mask_v = offs_v < Dv
+    s_ptrs = state_ptr + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
+    s_mask = mask_k[:, None] & mask_v[None, :]
+    S = tl.load(s_ptrs, mask=s_mask, other=0.0)
+    if FUSED_GATES:
+        neg_A = -tl.exp(tl.load(A_log_ptr + h).to(tl.float32))
+        dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
+    # A while loop, not `for t in range(T)`: the interpreter turns a runtime range bound (a 1-element NumPy
+    # array) into a Python int, which NumPy 2.x refuses. Decode runs one iteration, so nothing is lost here.
+    t = T * 0
+    while t < T:
+        tt = t.to(tl.int64)
+        q = tl.load(q_ptr + tt * stride_qt + hk * stride_qh + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + tt * stride_kt + hk * stride_kh + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + tt * stride_vt + h * stride_vh + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+        # every program holds the whole q and k row, so it normalises them itself (Dk values: cheap)
+        q = q * (tl.rsqrt(tl.sum(q * q, 0) + eps) * scale)
+        k = k * tl.rsqrt(tl.sum(k * k, 0) + eps)
+        g = tl.load(g_ptr + tt * stride_gt + h * stride_gh).to(tl.float32)
+        beta = tl.load(beta_ptr + tt * stride_bt + h * stride_bh).to(tl.float32)
+        if FUSED_GATES:  # g_ptr and beta_ptr hold the raw projections a and b
+            g = neg_A * _softplus(g + dt_bias)
+            beta = tl.sigmoid(beta)
+        S = S * tl.exp(g)                                 # forget
+        predicted = tl.sum(S * k[:, None], 0)             # S^T k: what the memory returns for k now
+        S = S + k[:, None] * ((v - predicted) * beta)[None, :]
+        o = tl.sum(S * q[:, None], 0)                     # read
+        tl.store(out_ptr + tt * stride_ot + h * stride_oh + offs_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+        t += 1
+    tl.store(s_ptrs, S, mask=s_mask)
+
+
+# ---------------------------------------------------------------- chunked form (prefill)
+
+
+@triton.jit
+def _rows(ptr, rows, stride_t, col0, offs_d, mask_d, T):
+    """x[rows, col0 + offs_d] as fp32, zero past T (the padded tail) and past the row width."""
+    mask = (rows < T)[:, None] & mask_d[None, :]
+    return tl.load(ptr + rows.to(tl.int64)[:, None] * stride_t + col0 + offs_d[None, :], mask=mask,
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _l2_rows(ptr, rows, stride_t, col0, offs_d, mask_d, T, eps):
+    x = _rows(ptr, rows, stride_t, col0, offs_d, mask_d, T)
+    return x * tl.rsqrt(tl.sum(x * x, 1) + eps)[:, None]
+
+
+@triton.jit
+def _vec(ptr, rows, stride_t, col, T):
+    return tl.load(ptr + rows.to(tl.int64) * stride_t + col, mask=rows < T, other=0.0).to(tl.float32)
+
+
+_PREP_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]
+
+
+@_tuned(_PREP_CONFIGS, key=["Dk", "Dv", "BT", "BK", "BDV"])
+@triton.jit
+def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+                      qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr,
+                      T, Tp, Dk, Dv, REP, scale, eps,
+                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                      stride_gt, stride_gh, stride_bt, stride_bh,
+                      BT: tl.constexpr, BK: tl.constexpr, BDV: tl.constexpr, MERGES: tl.constexpr,
+                      PREC: tl.constexpr, INV_PREC: tl.constexpr):
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    hk = h // REP
+    rows_ws = h.to(tl.int64) * Tp + c * BT + tl.arange(0, BT)   # this chunk's rows of the workspace [Hv, Tp, .]
+    DT = qg_ptr.dtype.element_ty                                 # the matmul operand dtype (the workspace's)
+    i = tl.arange(0, BT)
+    rows = c * BT + i
+    offs_k = tl.arange(0, BK)
+    mask_k = offs_k < Dk
+    offs_v = tl.arange(0, BDV)
+    mask_v = offs_v < Dv
+
+    # ---- decays: G_i = g_1 + ... + g_i inside the chunk (g = 0 in the padded tail: the decay stops at T-1)
+    g = _vec(g_ptr, rows, stride_gt, h * stride_gh, T)
+    beta = _vec(beta_ptr, rows, stride_bt, h * stride_bh, T)
+    G = tl.cumsum(g, 0)
+    G_last = tl.sum(tl.where(i == BT - 1, G, 0.0), 0)
+    tl.store(gcum_ptr + rows_ws, G)
+    causal = i[:, None] >= i[None, :]
+    decay = tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))  # exp(G_i - G_j), masked before exp
+
+    # ---- what the scan reads: q exp(G), k exp(G_C - G), and the intra-chunk attention
+    k_tile = rows_ws[:, None] * Dk + offs_k[None, :]
+    k = _l2_rows(k_ptr, rows, stride_kt, hk * stride_kh, offs_k, mask_k, T, eps)
+    tl.store(kd_ptr + k_tile, (k * tl.exp(G_last - G)[:, None]).to(DT), mask=mask_k[None, :])
+    k = k.to(DT)  # from here on only a matmul operand: hold it in the narrow dtype
+    q = _l2_rows(q_ptr, rows, stride_qt, hk * stride_qh, offs_k, mask_k, T, eps) * scale
+    tl.store(qg_ptr + k_tile, (q * tl.exp(G)[:, None]).to(DT), mask=mask_k[None, :])
+    qk = tl.dot(q.to(DT), tl.trans(k), input_precision=PREC)
+    tl.store(aqk_ptr + rows_ws[:, None] * BT + i[None, :], tl.where(causal, qk * decay, 0.0).to(DT))
+
+    # ---- A = I + L, L = strict_tril((beta k) k^T exp(G_i - G_j))
+    kk = tl.dot((k.to(tl.float32) * beta[:, None]).to(DT), tl.trans(k), input_precision=PREC)
+    L = tl.where(i[:, None] > i[None, :], kk * decay, 0.0)
+
+    # ---- X = A^-1. First the NB diagonal blocks of BS x BS by forward substitution, all at once:
+    #      row n of a block's inverse is e_n - sum_{j<n} L[n, j] X[j, :] (the rows above it are final).
+    BS: tl.constexpr = 16
+    NB: tl.constexpr = BT // BS
+    blk = tl.arange(0, NB)
+    same = (blk[:, None, None, None] == blk[None, None, :, None])    # [NB, 1, NB, 1]: diagonal block pairs
+    Ld = tl.sum(tl.where(same, tl.reshape(L, [NB, BS, NB, BS]), 0.0), 2)  # [NB, BS, BS]
+    r = tl.arange(0, BS)
+    X = tl.broadcast_to((r[:, None] == r[None, :]).to(tl.float32)[None, :, :], [NB, BS, BS])
+    for n in range(1, BS):
+        sel = (r == n)[None, :, None]
+        l_n = tl.sum(tl.where(sel, Ld, 0.0), 1)                        # [NB, BS]: L[n, :] of each block
+        row = (r == n).to(tl.float32)[None, :] - tl.sum(l_n[:, :, None] * X, 1)
+        X = tl.where(sel, row[:, None, :], X)
+    X = tl.reshape(tl.where(same, X[:, :, None, :], 0.0), [BT, BT])   # block-diagonal [BT, BT]
+    # Then merge neighbouring blocks, doubling their size: for [[P, 0], [M, Q]] the inverse is
+    # [[P^-1, 0], [-Q^-1 M P^-1, Q^-1]], i.e. X <- X - X M X with M the link blocks of L.
+    for level in tl.static_range(MERGES):
+        s = BS << level
+        link = ((i // s) % 2 == 1)[:, None] & ((i[:, None] // s) == (i[None, :] // s) + 1)
+        M = tl.where(link, L, 0.0)
+        X = X - tl.dot(X, tl.dot(M, X, input_precision=INV_PREC), input_precision=INV_PREC)
+
+    # ---- the UT transform: U = X (beta v), W = X (beta k exp(G))
+    v = _rows(v_ptr, rows, stride_vt, h * stride_vh, offs_v, mask_v, T)
+    X_op = X.to(DT)
+    u = tl.dot(X_op, (v * beta[:, None]).to(DT), input_precision=PREC)
+    tl.store(u_ptr + rows_ws[:, None] * Dv + offs_v[None, :], u.to(DT), mask=mask_v[None, :])
+    w = tl.dot(X_op, (k.to(tl.float32) * (beta * tl.exp(G))[:, None]).to(DT), input_precision=PREC)
+    tl.store(w_ptr + k_tile, w.to(DT), mask=mask_k[None, :])
+
+
+@triton.jit
+def _scan_chunk(S, c, qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, h, T, Tp, Dk, Dv,
+                offs_k, mask_k, offs_v, mask_v, stride_ot, stride_oh, BT: tl.constexpr, PREC: tl.constexpr):
+    i = tl.arange(0, BT)
+    ws = h.to(tl.int64) * Tp + c * BT + i                  # workspace rows of chunk c
+    k_tile = ws[:, None] * Dk + offs_k[None, :]
+    w = tl.load(w_ptr + k_tile, mask=mask_k[None, :], other=0.0)
+    u = tl.load(u_ptr + ws[:, None] * Dv + offs_v[None, :], mask=mask_v[None, :], other=0.0).to(tl.float32)
+    S_op = S.to(w.dtype)
+    v_new = u - tl.dot(w, S_op, input_precision=PREC)                     # V' = U - W S0
+    qg = tl.load(qg_ptr + k_tile, mask=mask_k[None, :], other=0.0)
+    aqk = tl.load(aqk_ptr + ws[:, None] * BT + i[None, :])
+    o = tl.dot(qg, S_op, input_precision=PREC)                            # (q exp(G)) S0
+    o = tl.dot(aqk, v_new.to(aqk.dtype), o, input_precision=PREC)         # + tril(...) V'
+    rows = (c * BT + i).to(tl.int64)
+    tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_v[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=(rows < T)[:, None] & mask_v[None, :])
+    G_last = tl.load(gcum_ptr + h.to(tl.int64) * Tp + c * BT + BT - 1)
+    kd = tl.load(kd_ptr + k_tile, mask=mask_k[None, :], other=0.0)
+    # S1 = exp(G_C) S0 + (k exp(G_C - G))^T V'
+    return tl.dot(tl.trans(kd), v_new.to(kd.dtype), S * tl.exp(G_last), input_precision=PREC)
+
+
+_SCAN_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
+                 for bv in (16, 32, 64) for w in (4, 8) for s in (1, 2, 3)]
+
+
+@_tuned(_SCAN_CONFIGS, key=["Dk", "Dv", "BT", "BK"], restore=("state_ptr",), prune=_prune_bv)
+@triton.jit
+def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, state_ptr, out_ptr,
+                      T, Tp, n_chunks, Dk, Dv, stride_sh, stride_sk, stride_ot, stride_oh,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                      WHILE: tl.constexpr):
+    h = tl.program_id(0)
+    offs_k = tl.arange(0, BK)
+    offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    mask_k = offs_k < Dk
+    mask_v = offs_v < Dv
+    s_ptrs = state_ptr + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
+    s_mask = mask_k[:, None] & mask_v[None, :]
+    S = tl.load(s_ptrs, mask=s_mask, other=0.0)
+    if WHILE:  # interpreter only, see delta_rule_recurrent_kernel
+        c = n_chunks * 0
+        while c < n_chunks:
+            S = _scan_chunk(S, c, qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, h, T, Tp, Dk, Dv,
+                            offs_k, mask_k, offs_v, mask_v, stride_ot, stride_oh, BT, PREC)
+            c += 1
+    else:
+        for c in range(n_chunks):
+            S = _scan_chunk(S, c, qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, h, T, Tp, Dk, Dv,
+                            offs_k, mask_k, offs_v, mask_v, stride_ot, stride_oh, BT, PREC)
+    tl.store(s_ptrs, S, mask=s_mask)
+
+
+# ---------------------------------------------------------------- launchers
+
+
+def _shape(t):
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _check(name, t, ndim, what, device=None, dtype=None, float_only=True):
+    if not isinstance(t, torch.Tensor) or t.dim() != ndim:
+        raise KernelError(f"{name}: expected a {ndim}-D tensor {what}, got {_shape(t)}")
+    if float_only and not t.is_floating_point():
+        raise KernelError(f"{name}: expected a floating-point tensor {what}, got {t.dtype}")
+    if dtype is not None and t.dtype != dtype:
+        raise KernelError(f"{name}: dtype {t.dtype}, expected {dtype}")
+    if device is not None and t.device != device:
+        raise KernelError(f"{name}: on {t.device}, expected {device}")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise KernelError(f"{name}: the last dim must be contiguous (stride 1), got strides {tuple(t.stride())}")
+
+
+def _check_out(name, out, shape, dtype, device):
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    _check(name, out, len(shape), f"{list(shape)}", device=device, dtype=dtype)
+    if tuple(out.shape) != tuple(shape):
+        raise KernelError(f"{name}: shape {tuple(out.shape)}, expected {tuple(shape)}")
+    return out
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x * rsqrt(sum(x^2) + eps) over the last dim, fp32 math; = reference.l2norm.
+
+    x [D], [N, D] or [N0, N1, D] (any strides on the leading dims) -> same shape, x's dtype.
+    """
+    if not isinstance(x, torch.Tensor) or not 1 <= x.dim() <= 3:
+        raise KernelError(f"x: expected a tensor [D], [N, D] or [N0, N1, D], got {_shape(x)}")
+    _check("x", x, x.dim(), "[..., D]")
+    out = _check_out("out", out, x.shape, x.dtype, x.device)
+    x3, o3 = x, out
+    while x3.dim() < 3:
+        x3, o3 = x3.unsqueeze(0), o3.unsqueeze(0)
+    N0, N1, D = x3.shape
+    if x3.numel() == 0:
+        return out
+    BLOCK_D = triton.next_power_of_2(D)
+    BLOCK_R = max(1, min(64 if INTERPRET else 16, 4096 // BLOCK_D, triton.next_power_of_2(N0 * N1)))
+    grid = (triton.cdiv(N0 * N1, BLOCK_R),)
+    l2norm_kernel[grid](x3, o3, N0, N1, D, x3.stride(0), x3.stride(1), o3.stride(0), o3.stride(1), float(eps),
+                        BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, num_warps=4)
+    return out
+
+
+def deltanet_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                   g_out: torch.Tensor | None = None, beta_out: torch.Tensor | None = None):
+    """g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b), both fp32; = reference.deltanet_gates.
+
+    a, b [T, Hv] (strided views allowed); A_log, dt_bias [Hv] -> (g [T, Hv], beta [T, Hv]).
+    """
+    _check("a", a, 2, "[T, Hv]")
+    T, H = a.shape
+    _check("b", b, 2, f"[T={T}, Hv={H}]", device=a.device)
+    if tuple(b.shape) != (T, H):
+        raise KernelError(f"b: shape {tuple(b.shape)}, expected {(T, H)} like a")
+    for name, p in (("A_log", A_log), ("dt_bias", dt_bias)):
+        _check(name, p, 1, f"[Hv={H}]", device=a.device)
+        if p.shape[0] != H:
+            raise KernelError(f"{name}: shape {tuple(p.shape)}, expected ({H},) (one per value head)")
+    g_out = _check_out("g_out", g_out, (T, H), torch.float32, a.device)
+    beta_out = _check_out("beta_out", beta_out, (T, H), torch.float32, a.device)
+    if T == 0 or H == 0:
+        return g_out, beta_out
+    BLOCK_H = triton.next_power_of_2(H)
+    BLOCK_T = max(1, min(64, 2048 // BLOCK_H, triton.next_power_of_2(T)))
+    grid = (triton.cdiv(T, BLOCK_T),)
+    deltanet_gates_kernel[grid](a, b, A_log, dt_bias, g_out, beta_out, T, H,
+                                a.stride(0), b.stride(0), g_out.stride(0), beta_out.stride(0),
+                                BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H, num_warps=4)
+    return g_out, beta_out
+
+
+def _check_delta(q, k, v, g, beta, state, gate_names=("g", "beta")):
+    """Validate the delta rule's inputs; -> (T, Hk, Dk, Hv, Dv)."""
+    _check("q", q, 3, "[T, Hk, Dk]")
+    T, Hk, Dk = q.shape
+    dev = q.device
+    _check("k", k, 3, f"[T={T}, Hk={Hk}, Dk={Dk}] like q", device=dev, dtype=q.dtype)
+    if tuple(k.shape) != (T, Hk, Dk):
+        raise KernelError(f"k: shape {tuple(k.shape)}, expected {(T, Hk, Dk)} like q")
+    _check("v", v, 3, f"[T={T}, Hv, Dv]", device=dev, dtype=q.dtype)
+    if v.shape[0] != T:
+        raise KernelError(f"v: {v.shape[0]} tokens, expected {T} like q")
+    Hv, Dv = v.shape[1], v.shape[2]
+    if Hk == 0 or Hv % Hk:
+        raise KernelError(f"v: {Hv} value heads, expected a multiple of the {Hk} q/k heads")
+    for name, t in zip(gate_names, (g, beta)):
+        _check(name, t, 2, f"[T={T}, Hv={Hv}]", device=dev, float_only=True)
+        if tuple(t.shape) != (T, Hv):
+            raise KernelError(f"{name}: shape {tuple(t.shape)}, expected {(T, Hv)}")
+    _check("state", state, 3, f"[Hv={Hv}, Dk={Dk}, Dv={Dv}] float32", device=dev, dtype=torch.float32)
+    if tuple(state.shape) != (Hv, Dk, Dv):
+        raise KernelError(f"state: shape {tuple(state.shape)}, expected {(Hv, Dk, Dv)} = [Hv, Dk, Dv]")
+    if Dk > 256 or Dv > 256:
+        raise KernelError(f"head dims Dk={Dk}, Dv={Dv}: the kernels hold a whole head row, up to 256")
+    return T, Hk, Dk, Hv, Dv
+
+
+def _recurrent_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, out, fused):
+    T, Hk, Dk, Hv, Dv = _check_delta(q, k, v, g, beta, state, ("a", "b") if fused else ("g", "beta"))
+    out = _check_out("out", out, (T, Hv, Dv), v.dtype, v.device)
+    if T == 0:
+        return out
+    scale = Dk ** -0.5 if scale is None else float(scale)
+    BK = triton.next_power_of_2(Dk)
+    meta = {} if not INTERPRET else dict(BV=min(32, triton.next_power_of_2(Dv)), num_warps=4)
+    grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
+    delta_rule_recurrent_kernel[grid](
+        q, k, v, g, beta, A_log, dt_bias, state, out, T, Hv, Dk, Dv, Hv // Hk, scale, EPS,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
+        state.stride(0), state.stride(1), out.stride(0), out.stride(1),
+        FUSED_GATES=fused, BK=BK, **meta)
+    return out
+
+
+def delta_rule_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                         state: torch.Tensor, scale: float | None = None,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
+    """The gated delta rule token by token (decode form); = reference.delta_rule_recurrent.
+
+    q, k [T, Hk, Dk]; v [T, Hv, Dv]; g, beta [T, Hv]; state [Hv, Dk, Dv] fp32, updated in place.
+    l2norm of q and k and the q scale (Dk^-0.5 unless given) happen inside. -> o [T, Hv, Dv] in v's dtype.
+    """
+    return _recurrent_launch(q, k, v, g, beta, g, g, state, scale, out, fused=False)
+
+
+def deltanet_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                         A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor,
+                         scale: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """deltanet_gates and delta_rule_recurrent in one launch: the gates are computed inside the recurrence.
+
+    a, b [T, Hv] are the raw gate projections (strided views allowed); A_log, dt_bias [Hv]. Same result as
+    `delta_rule_recurrent(q, k, v, *reference.deltanet_gates(a, b, A_log, dt_bias), state, scale)`.
+    """
+    Hv = v.shape[1] if isinstance(v, torch.Tensor) and v.dim() == 3 else None
+    for name, p in (("A_log", A_log), ("dt_bias", dt_bias)):
+        _check(name, p, 1, f"[Hv={Hv}]", device=getattr(q, "device", None))
+        if Hv is not None and p.shape[0] != Hv:
+            raise KernelError(f"{name}: shape {tuple(p.shape)}, expected ({Hv},) (one per value head)")
+    return _recurrent_launch(q, k, v, a, b, A_log, dt_bias, state, scale, out, fused=True)
+
+
+ChunkWorkspace = namedtuple("ChunkWorkspace", "qg kd w u aqk gcum")
+ChunkWorkspace.__doc__ = """Scratch of delta_rule_chunked for T tokens padded to Tp = chunks * C:
+qg, kd, w [Hv, Tp, Dk], u [Hv, Tp, Dv], aqk [Hv, Tp, C] in the matmul dtype; gcum [Hv, Tp] fp32."""
+
+
+def _workspace_dtype(dtype: torch.dtype) -> torch.dtype:
+    # the interpreter computes bf16 tl.dot wrongly, so it always works in fp32
+    return dtype if dtype in (torch.bfloat16, torch.float16) and not INTERPRET else torch.float32
+
+
+def chunk_workspace(T: int, Hv: int, Dk: int, Dv: int, dtype: torch.dtype, device, chunk_size: int = 64):
+    """Allocate the scratch of delta_rule_chunked (pass it as `workspace=` to allocate nothing per call)."""
+    Tp = triton.cdiv(max(T, 1), chunk_size) * chunk_size
+    dt = _workspace_dtype(dtype)
+    e = dict(device=device, dtype=dt)
+    return ChunkWorkspace(torch.empty(Hv, Tp, Dk, **e), torch.empty(Hv, Tp, Dk, **e), torch.empty(Hv, Tp, Dk, **e),
+                          torch.empty(Hv, Tp, Dv, **e), torch.empty(Hv, Tp, chunk_size, **e),
+                          torch.empty(Hv, Tp, device=device, dtype=torch.float32))
+
+
+def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                       state: torch.Tensor, scale: float | None = None, chunk_size: int = 64,
+                       out: torch.Tensor | None = None, workspace: ChunkWorkspace | None = None) -> torch.Tensor:
+    """The gated delta rule chunk by chunk (prefill form); = reference.delta_rule_chunked.
+
+    Same arguments and result as `delta_rule_recurrent` (state [Hv, Dk, Dv] fp32 read as the initial state and
+    overwritten with the final one); chunk_size 64 or 128. Two launches: the parallel intra-chunk work, then
+    the sequential scan over chunks.
+    """
+    T, Hk, Dk, Hv, Dv = _check_delta(q, k, v, g, beta, state)
+    if chunk_size not in (64, 128):
+        raise KernelError(f"chunk_size={chunk_size!r}: expected 64 or 128 (four sub-blocks of at least 16 rows, "
+                          f"the smallest tl.dot)")
+    out = _check_out("out", out, (T, Hv, Dv), v.dtype, v.device)
+    if T == 0:
+        return out
+    n_chunks = triton.cdiv(T, chunk_size)
+    Tp = n_chunks * chunk_size
+    if workspace is None:
+        workspace = chunk_workspace(T, Hv, Dk, Dv, q.dtype, q.device, chunk_size)
+    else:
+        want = chunk_workspace(T, Hv, Dk, Dv, q.dtype, "meta", chunk_size)
+        pitch = workspace[0].shape[1] if isinstance(workspace[0], torch.Tensor) and workspace[0].dim() > 1 else -1
+        for name, t, w in zip(ChunkWorkspace._fields, workspace, want):
+            shape = (w.shape[0], pitch) + tuple(w.shape[2:])
+            if (not isinstance(t, torch.Tensor) or t.dtype != w.dtype or t.device != q.device
+                    or not t.is_contiguous() or tuple(t.shape) != shape or pitch < Tp):
+                raise KernelError(f"workspace.{name}: expected a contiguous {w.dtype} tensor {tuple(w.shape)} (or "
+                                  f"longer in dim 1, like the others) on {q.device}, got {_shape(t)}; build it "
+                                  f"with chunk_workspace(T, Hv, Dk, Dv, dtype, device, chunk_size)")
+    ws = workspace
+    Tw = ws.qg.shape[1]  # the workspace row pitch (>= Tp)
+    scale = Dk ** -0.5 if scale is None else float(scale)
+    BK = max(16, triton.next_power_of_2(Dk))
+    BDV = max(16, triton.next_power_of_2(Dv))
+    # fp32 operands: exact fp32 products ("ieee"). bf16 operands ignore the setting, except in the inverse's
+    # merges, whose fp32 tiles then use tf32 (10-bit mantissa; the result is rounded to bf16 right after).
+    prec = "ieee" if ws.qg.dtype == torch.float32 else "tf32"
+    meta = {} if not INTERPRET else dict(num_warps=4)
+    chunk_prep_kernel[(n_chunks, Hv)](
+        q, k, v, g, beta, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, T, Tw, Dk, Dv, Hv // Hk, scale, EPS,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
+        BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 16).bit_length() - 1, PREC=prec, INV_PREC=prec, **meta)
+    meta = {} if not INTERPRET else dict(BV=min(32, BDV), num_warps=4)
+    grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
+    chunk_scan_kernel[grid](
+        ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, state, out, T, Tw, n_chunks, Dk, Dv,
+        state.stride(0), state.stride(1), out.stride(0), out.stride(1),
+        BT=chunk_size, BK=BK, PREC=prec, WHILE=INTERPRET, **meta)
+    return out
+
+
+__all__ = ["ChunkWorkspace", "chunk_workspace", "delta_rule_chunked", "delta_rule_recurrent", "deltanet_decode_step",
+           "deltanet_gates", "l2norm"]
