@@ -1,0 +1,147 @@
+"""The causal depthwise conv1d + SiLU kernel (qwen_lab.kernels.conv1d) against qwen_lab.reference.
+
+CPU: the Triton interpreter in float32 on small channel counts; GPU: bf16 on Qwen3.5-0.8B's conv
+(6144 channels, width 4) reading a strided slice of the fused in-projection output.
+"""
+
+import pytest
+import torch
+
+from qwen_lab import checks, reference
+from qwen_lab.config import QWEN35_0_8B
+from qwen_lab.errors import KernelError
+from qwen_lab.kernels import count_launches
+from qwen_lab.kernels.conv1d import STEP_MAX_TOKENS, causal_conv1d
+
+
+def _inputs(T, C, W, g, dtype, device, row_pad=7, state_dtype=None):
+    """x as a strided view (a slice of a wider projection output), weight, and a non-zero carried state."""
+    proj = checks.randn(T, C + row_pad, g=g, dtype=dtype, device=device)
+    x = proj[:, 3:3 + C]
+    weight = checks.randn(C, W, g=g, dtype=dtype, device=device, scale=0.5)
+    state = checks.randn(C, W - 1, g=g, dtype=state_dtype or dtype, device=device)
+    return x, weight, state
+
+
+@pytest.mark.parametrize("T, C, W", [
+    (1, 100, 4),     # decode: one token, the single-step kernel
+    (3, 130, 4),     # fewer tokens than the state holds: part of the old state stays in it
+    (STEP_MAX_TOKENS, 64, 4),
+    (5, 40, 4),      # the tiled prefill kernel, then the state shift
+    (63, 72, 4),
+    (200, 130, 4),   # several token tiles and a ragged channel tile
+    (9, 24, 2),      # other filter widths
+    (17, 33, 3),
+])
+def test_causal_conv1d_matches_reference(T, C, W, rt, gen):
+    x, weight, state = _inputs(T, C, W, gen, rt.dtype, rt.device)
+    ref_state = state.clone()
+    ref = reference.causal_conv1d(x, weight, ref_state)
+    out = checks.poison_(torch.empty(T, C, dtype=rt.dtype, device=rt.device))
+    with count_launches() as launches:
+        y = causal_conv1d(x, weight, state, out=out)
+    assert y is out
+    assert sum(launches.values()) == (1 if T <= STEP_MAX_TOKENS else 2)
+    checks.compare("y", y, ref)
+    checks.compare("state", state, ref_state)
+
+
+def test_causal_conv1d_check_kernel(rt):
+    """The notebook-style check (poisoned output, launch proof, in-place state compared)."""
+    def case(T, C):
+        return lambda g: dict(zip(("x", "weight", "state"), _inputs(T, C, 4, g, rt.dtype, rt.device)),
+                              out=torch.empty(T, C, dtype=rt.dtype, device=rt.device))
+    checks.check_kernel("causal_conv1d", causal_conv1d, reference.causal_conv1d, [case(1, 48), case(70, 48)],
+                        seed=3, inplace=("state",), quiet=True)
+
+
+def test_state_carried_across_calls_equals_one_long_call(rt, gen):
+    """A prompt fed in pieces (prefill chunks, then decode steps) gives the outputs and state of one call."""
+    T, C, W = 90, 56, 4
+    x, weight, state0 = _inputs(T, C, W, gen, rt.dtype, rt.device)
+    long_state = state0.clone()
+    y_long = causal_conv1d(x, weight, long_state)
+    state = state0.clone()
+    pieces, start = [], 0
+    for n in (2, 1, 40, 1, 1, 3, 30, 1, 11):
+        pieces.append(causal_conv1d(x[start:start + n], weight, state))
+        start += n
+    assert start == T
+    checks.compare("outputs of the pieces", torch.cat(pieces), y_long)
+    checks.compare("final state", state, long_state)
+
+
+def test_first_call_of_a_sequence_is_zero_padded(rt, gen):
+    """With a zero state the conv sees zeros before the first token, like a padded nn.Conv1d."""
+    T, C, W = 12, 20, 4
+    x, weight, _ = _inputs(T, C, W, gen, rt.dtype, rt.device)
+    state = torch.zeros(C, W - 1, dtype=rt.dtype, device=rt.device)
+    y = causal_conv1d(x, weight, state)
+    conv = torch.nn.functional.conv1d(x.t().float()[None], weight.float()[:, None, :], padding=W - 1, groups=C)
+    expected = torch.nn.functional.silu(conv[0, :, :T]).t().to(rt.dtype)
+    checks.compare("y", y, expected)
+    checks.compare("state", state, x[-(W - 1):].t().contiguous())
+
+
+def test_matches_transformers_update(rt, gen):
+    """Same as transformers' causal_conv1d_update (its PyTorch path) given our [C, W-1] state layout."""
+    tf = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    T, C, W = 6, 48, 4
+    x, weight, state = _inputs(T, C, W, gen, torch.float32, "cpu")
+    hf_state = state.clone()[None]
+    expected = tf.causal_conv1d_update(x.t()[None].contiguous(), hf_state, weight, None, "silu")[0].t()
+    y = causal_conv1d(x.to(rt.device), weight.to(rt.device), state.to(rt.device))
+    checks.compare("y", y.cpu().float(), expected.contiguous())
+
+
+def test_rejects_bad_arguments(rt, gen):
+    x, weight, state = _inputs(5, 16, 4, gen, rt.dtype, rt.device)
+    with pytest.raises(KernelError, match="state"):
+        causal_conv1d(x, weight, state[:, :2])
+    with pytest.raises(KernelError, match="weight"):
+        causal_conv1d(x, weight[:8], state)
+    with pytest.raises(KernelError, match="x: the last dim must be contiguous"):
+        causal_conv1d(torch.empty(16, 5, dtype=rt.dtype, device=rt.device).t(), weight, state)
+    with pytest.raises(KernelError, match="out"):
+        causal_conv1d(x, weight, state, out=torch.empty(5, 16, dtype=torch.float64, device=rt.device))
+    with pytest.raises(KernelError, match="x"):
+        causal_conv1d(x[0], weight, state)
+
+
+# ---------------------------------------------------------------- GPU: real shapes, bf16
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 3, 2048])
+def test_gpu_real_shapes(T, rt, gen):
+    cfg = QWEN35_0_8B
+    C, W = cfg.linear_conv_dim, cfg.linear_conv_kernel_dim
+    proj = checks.randn(T, cfg.linear_in_proj_dim, g=gen, dtype=rt.dtype, device=rt.device)
+    x = proj[:, :C]                      # the q|k|v slice of the fused in-projection
+    weight = checks.randn(C, W, g=gen, dtype=rt.dtype, device=rt.device, scale=0.5)
+    state = checks.randn(C, W - 1, g=gen, dtype=rt.dtype, device=rt.device)
+    ref_state = state.clone()
+    ref = reference.causal_conv1d(x, weight, ref_state)
+    y = causal_conv1d(x, weight, state)
+    checks.compare("y", y, ref)
+    checks.compare("state", state, ref_state)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_step_captures_in_a_cuda_graph(rt, gen):
+    C, W = QWEN35_0_8B.linear_conv_dim, QWEN35_0_8B.linear_conv_kernel_dim
+    x = checks.randn(1, C, g=gen, dtype=rt.dtype, device=rt.device)
+    weight = checks.randn(C, W, g=gen, dtype=rt.dtype, device=rt.device)
+    state = checks.randn(C, W - 1, g=gen, dtype=rt.dtype, device=rt.device)
+    out = torch.empty(1, C, dtype=rt.dtype, device=rt.device)
+    start = state.clone()
+    causal_conv1d(x, weight, state, out=out)  # warm-up: compile outside the capture
+    state.copy_(start)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        causal_conv1d(x, weight, state, out=out)
+    state.copy_(start)
+    graph.replay()
+    ref_state = start.clone()
+    checks.compare("y", out, reference.causal_conv1d(x, weight, ref_state))
+    checks.compare("state", state, ref_state)
