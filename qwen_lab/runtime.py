@@ -29,7 +29,33 @@ def ensure_interpreter() -> bool:
     """Turn the Triton interpreter on when there is no GPU. Returns whether it is on."""
     if not _cuda_ok() and os.environ.get("TRITON_INTERPRET") is None:
         os.environ["TRITON_INTERPRET"] = "1"
+    if interpreter_active():
+        _patch_interpreter_scalars()
     return interpreter_active()
+
+
+def _patch_interpreter_scalars() -> None:
+    """Let runtime scalars serve as loop bounds in the interpreter, as they do on the GPU.
+
+    The interpreter keeps a scalar such as `K` or a value loaded with `tl.load` as a one-element NumPy array,
+    and `range(0, K, BLOCK)` calls `int()` on it; NumPy 2 refuses `int()` of a 1-D array ("only 0-dimensional
+    arrays can be converted to Python scalars"). Converting through `.item()` keeps the same value.
+    """
+    try:
+        import numpy as np
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "_qwen_lab", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    patched._qwen_lab = True
+    interpreter._patch_lang_tensor = patched
 
 
 def interpreter_active() -> bool:

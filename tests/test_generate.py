@@ -114,3 +114,28 @@ def test_cli_reports_bad_arguments_in_one_line():
     r = run_cli("--top-p", "2")
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].startswith("error: top_p=2")
+
+
+def test_interpreter_accepts_runtime_loop_bounds():
+    """A kernel looping up to a runtime scalar (an argument, or a value loaded from memory) runs on the CPU too."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def sum_kernel(x_ptr, meta_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        acc = tl.zeros([BLOCK], tl.float32)
+        for i in range(0, n, BLOCK):
+            offs = i + tl.arange(0, BLOCK)
+            acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+        repeats = tl.load(meta_ptr)
+        total = tl.sum(acc)
+        for _ in range(1, repeats):
+            total += tl.sum(acc)
+        tl.store(out_ptr, total)
+
+    device = qwen_lab.runtime.choose().device
+    x = torch.arange(100, dtype=torch.float32, device=device)
+    meta = torch.tensor([3], dtype=torch.int32, device=device)
+    out = torch.zeros(1, device=device)
+    sum_kernel[(1,)](x, meta, out, 100, BLOCK=16)
+    assert out.item() == 3 * 4950

@@ -68,4 +68,5 @@ def count_launches():
     try:
         yield counter
     finally:
-        stack.remove(counter)
+        # by identity: two counters holding equal counts compare equal, and list.remove compares by value
+        del stack[next(i for i, c in enumerate(stack) if c is counter)]
