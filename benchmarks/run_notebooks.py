@@ -1,0 +1,53 @@
+"""Execute notebooks without Jupyter: each code cell in order, in one namespace, like a kernel would.
+
+For machines that have the course's runtime but not nbval/nbclient (the GPU image): a cell tagged
+`raises-exception` may raise; any other cell that raises fails the notebook. IPython magics (`%...`, `!...`)
+are skipped. Prints one line per notebook and exits 1 if any failed.
+
+    python benchmarks/run_notebooks.py solutions/*.ipynb notebooks/*.ipynb
+"""
+
+import json
+import os
+import sys
+import time
+import traceback
+
+
+def run(path: str) -> tuple[bool, str]:
+    nb = json.load(open(path))
+    ns = {"__name__": "__main__"}
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    cwd = os.getcwd()
+    os.chdir(os.path.dirname(os.path.abspath(path)))
+    try:
+        for i, cell in enumerate(nb["cells"]):
+            if cell["cell_type"] != "code":
+                continue
+            src = "".join(cell["source"])
+            src = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith(("%", "!")))
+            tags = cell.get("metadata", {}).get("tags", [])
+            try:
+                exec(compile(src, f"{path}[cell {i}]", "exec"), ns)
+            except Exception as e:
+                if "raises-exception" in tags:
+                    continue
+                return False, f"cell {i} raised {type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
+        return True, ""
+    finally:
+        os.chdir(cwd)
+        try:
+            import matplotlib.pyplot as plt
+            plt.close("all")
+        except ImportError:
+            pass
+
+
+if __name__ == "__main__":
+    failed = 0
+    for path in sys.argv[1:]:
+        t0 = time.time()
+        ok, why = run(path)
+        print(f"{'ok  ' if ok else 'FAIL'} {path} ({time.time() - t0:.1f} s) {why}", flush=True)
+        failed += not ok
+    sys.exit(1 if failed else 0)
