@@ -33,6 +33,7 @@ KERNEL_MODULES = {
     "linear": "gemm",
     "silu_mul": "activations",
     "rope": "rope",
+    "qk_norm_rope": "rope",
     "kv_cache_write": "attention",
     "attention": "attention",
     "sigmoid_gate": "attention",
@@ -198,16 +199,14 @@ class Qwen35Model:
         q, gate = q_and_gate[..., :D], q_and_gate[..., D:]
         k = proj[:, qd:qd + kvd].unflatten(1, (Hkv, D))
         v = proj[:, qd + kvd:].unflatten(1, (Hkv, D))
-        q = ops["rms_norm"](q, layer.q_norm, cfg.rms_norm_eps)
-        k = ops["rms_norm"](k, layer.k_norm, cfg.rms_norm_eps)
-        q = ops["rope"](q, positions, cfg.rotary_dim, cfg.rope_theta)
-        k = ops["rope"](k, positions, cfg.rotary_dim, cfg.rope_theta)
-        self._t(i, "q_rope", q)
+        # per-head RMSNorm (1 + w) of q and k, then RoPE on their first rotary_dim dims
+        q, k = ops["qk_norm_rope"](q, k, layer.q_norm, layer.k_norm, cfg.rms_norm_eps, positions,
+                                   cfg.rotary_dim, cfg.rope_theta)
+        self._t(i, "qk_norm_rope", q)
         k_cache, v_cache = cache.key[i], cache.value[i]
         ops["kv_cache_write"](k_cache, v_cache, k, v, positions)
-        o = ops["attention"](q, k_cache, v_cache, positions)           # [T, Hq, D]
-        self._t(i, "attention", o)
-        o = ops["sigmoid_gate"](o, gate)
+        o = ops["attention"](q, k_cache, v_cache, positions, gate=gate)  # softmax(q k^T / sqrt(D)) v * sigmoid(gate)
+        self._t(i, "gated_attention", o)
         y = ops["linear"](o.reshape(T, Hq * D), layer.o_proj)
         self._t(i, "o_proj", y)
         return y

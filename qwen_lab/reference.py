@@ -93,6 +93,17 @@ def rope(x: torch.Tensor, positions: torch.Tensor, rotary_dim: int, theta: float
     return out.to(x.dtype)
 
 
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                 positions: torch.Tensor, rotary_dim: int, theta: float):
+    """The attention layer's q/k preparation: per-head zero-centred RMSNorm, then partial RoPE, on both.
+
+    q [T, Hq, D], k [T, Hkv, D], weights [D] -> (q, k). One fused kernel on the GPU; here, the composition.
+    """
+    q = rope(rms_norm(q, q_weight, eps), positions, rotary_dim, theta)
+    k = rope(rms_norm(k, k_weight, eps), positions, rotary_dim, theta)
+    return q, k
+
+
 # ---------------------------------------------------------------- gated attention
 
 
@@ -104,12 +115,13 @@ def kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-              scale: float | None = None) -> torch.Tensor:
+              scale: float | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
     """Causal grouped-query attention of T queries over a key/value cache.
 
     q [T, Hq, D]; k, v [L, Hkv, D] (L >= positions.max() + 1: the cache, or the prompt's own k, v);
     query t (at absolute position positions[t]) sees keys 0..positions[t]. Query head h reads KV head
     h // (Hq // Hkv). softmax(q k^T * scale) v with scale = D^-0.5 by default. -> [T, Hq, D].
+    With `gate` ([T, Hq, D]), returns the gated output sigmoid_gate(o, gate) (fused on the GPU).
     """
     T, Hq, D = q.shape
     Hkv = k.shape[1]
@@ -121,7 +133,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
     visible = torch.arange(S, device=q.device)[None, :] <= positions[:, None]  # [T, S]
     scores = scores.masked_fill(~visible[None], float("-inf"))
     p = torch.softmax(scores, dim=-1)
-    return torch.einsum("hts,shd->thd", p, vf).to(q.dtype)
+    o = torch.einsum("hts,shd->thd", p, vf).to(q.dtype)
+    return o if gate is None else sigmoid_gate(o, gate)
 
 
 def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

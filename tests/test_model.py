@@ -25,7 +25,8 @@ CONFIGS = {
     "three_to_one": TINY.replace(num_hidden_layers=5, layer_types=(FULL, LINEAR, LINEAR, FULL, LINEAR),
                                  linear_num_key_heads=1, linear_num_value_heads=3, linear_value_head_dim=8,
                                  head_dim=24, partial_rotary_factor=0.5, num_attention_heads=4,
-                                 num_key_value_heads=2, vocab_size=300, name="three_to_one"),
+                                 num_key_value_heads=2, vocab_size=300, pad_token_id=None, eos_token_ids=(),
+                                 name="three_to_one"),
 }
 
 
