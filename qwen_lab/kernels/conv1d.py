@@ -35,42 +35,24 @@ from ..errors import KernelError
 
 
 @triton.jit
-def _conv1d_token(x_ptr, w_ptr, state_ptr, out_ptr, t, offs_c, mask_c, stride_xt, stride_wc, stride_sc, stride_ot,
-                  W: tl.constexpr, BLOCK_C: tl.constexpr):
-    """y[t] for one block of channels: W taps of xx, fp32, then SiLU."""
-    acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for j in tl.static_range(W):
-        # xx row p = t + j is state column p while p < W-1, else x row p - (W-1)
-        p = t + j
-        r = p - (W - 1)
-        xv = tl.load(x_ptr + r.to(tl.int64) * stride_xt + offs_c, mask=mask_c & (r >= 0), other=0.0)
-        sv = tl.load(state_ptr + offs_c * stride_sc + p, mask=mask_c & (p < W - 1), other=0.0)
-        wj = tl.load(w_ptr + offs_c * stride_wc + j, mask=mask_c, other=0.0)
-        acc += wj.to(tl.float32) * (xv.to(tl.float32) + sv.to(tl.float32))
-    y = acc * tl.sigmoid(acc)
-    tl.store(out_ptr + t.to(tl.int64) * stride_ot + offs_c, y.to(out_ptr.dtype.element_ty), mask=mask_c)
-
-
-@triton.jit
 def conv1d_step_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
                        stride_xt, stride_wc, stride_sc, stride_ot,
-                       W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, WRITE_OUT: tl.constexpr,
-                       WHILE: tl.constexpr):
+                       W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, WRITE_OUT: tl.constexpr):
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
     if WRITE_OUT:
-        # WHILE (interpreter only): `range(T)` there converts T, a 1-element NumPy array, to a Python int,
-        # which NumPy 2.x refuses; a while loop compares instead. The GPU compiles the plain for loop.
-        if WHILE:
-            t = T * 0
-            while t < T:
-                _conv1d_token(x_ptr, w_ptr, state_ptr, out_ptr, t, offs_c, mask_c,
-                              stride_xt, stride_wc, stride_sc, stride_ot, W, BLOCK_C)
-                t += 1
-        else:
-            for t in range(T):
-                _conv1d_token(x_ptr, w_ptr, state_ptr, out_ptr, t, offs_c, mask_c,
-                              stride_xt, stride_wc, stride_sc, stride_ot, W, BLOCK_C)
+        for t in range(T):
+            acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+            for j in tl.static_range(W):
+                # xx row p = t + j is state column p while p < W-1, else x row p - (W-1)
+                p = t + j
+                r = p - (W - 1)
+                xv = tl.load(x_ptr + tl.cast(r, tl.int64) * stride_xt + offs_c, mask=mask_c & (r >= 0), other=0.0)
+                sv = tl.load(state_ptr + offs_c * stride_sc + p, mask=mask_c & (p < W - 1), other=0.0)
+                wj = tl.load(w_ptr + offs_c * stride_wc + j, mask=mask_c, other=0.0)
+                acc += wj.to(tl.float32) * (xv.to(tl.float32) + sv.to(tl.float32))
+            y = acc * tl.sigmoid(acc)
+            tl.store(out_ptr + tl.cast(t, tl.int64) * stride_ot + offs_c, y.to(out_ptr.dtype.element_ty), mask=mask_c)
     # New state column s = xx row T + s: an old state column (when T < W-1) or one of the last inputs.
     offs_s = tl.arange(0, BLOCK_S)
     p = T + offs_s
@@ -167,13 +149,13 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
     step_grid = (triton.cdiv(C, step_block),)
     if T <= STEP_MAX_TOKENS:
         conv1d_step_kernel[step_grid](*args, W=W, BLOCK_S=BLOCK_S, BLOCK_C=step_block, WRITE_OUT=True,
-                                      WHILE=interp, num_warps=2)
+                                      num_warps=2)
         return out
     BLOCK_T, BLOCK_C = (64, min(128, triton.next_power_of_2(C))) if interp else (8, 256)
     grid = (triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))
     conv1d_prefill_kernel[grid](*args, W=W, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C, num_warps=4)
     conv1d_step_kernel[step_grid](*args, W=W, BLOCK_S=BLOCK_S, BLOCK_C=step_block, WRITE_OUT=False,
-                                  WHILE=interp, num_warps=2)
+                                  num_warps=2)
     return out
 
 

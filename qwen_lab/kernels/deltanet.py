@@ -122,8 +122,9 @@ def deltanet_gates_kernel(a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, g_ptr, beta_ptr,
 # ---------------------------------------------------------------- recurrent form (decode)
 
 
+# (BV, warps): decode is latency-bound, so these trade programs (Hv * Dv / BV) against work per program
 _RECURRENT_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=1)
-                      for bv in (8, 16, 32, 64) for w in (1, 2, 4)]
+                      for bv, w in ((8, 1), (16, 2), (16, 4), (32, 4))]
 
 
 def _prune_bv(configs, named_args, **kwargs):
@@ -152,11 +153,9 @@ def delta_rule_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr,
     if FUSED_GATES:
         neg_A = -tl.exp(tl.load(A_log_ptr + h).to(tl.float32))
         dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
-    # A while loop, not `for t in range(T)`: the interpreter turns a runtime range bound (a 1-element NumPy
-    # array) into a Python int, which NumPy 2.x refuses. Decode runs one iteration, so nothing is lost here.
-    t = T * 0
-    while t < T:
-        tt = t.to(tl.int64)
+    # the loop body is written inline: the interpreter pays milliseconds for every call of a jit helper
+    for t in range(T):
+        tt = tl.cast(t, tl.int64)
         q = tl.load(q_ptr + tt * stride_qt + hk * stride_qh + offs_k, mask=mask_k, other=0.0).to(tl.float32)
         k = tl.load(k_ptr + tt * stride_kt + hk * stride_kh + offs_k, mask=mask_k, other=0.0).to(tl.float32)
         v = tl.load(v_ptr + tt * stride_vt + h * stride_vh + offs_v, mask=mask_v, other=0.0).to(tl.float32)
@@ -173,7 +172,6 @@ def delta_rule_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr,
         S = S + k[:, None] * ((v - predicted) * beta)[None, :]
         o = tl.sum(S * q[:, None], 0)                     # read
         tl.store(out_ptr + tt * stride_ot + h * stride_oh + offs_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
-        t += 1
     tl.store(s_ptrs, S, mask=s_mask)
 
 
@@ -278,39 +276,16 @@ def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
     tl.store(w_ptr + k_tile, w.to(DT), mask=mask_k[None, :])
 
 
-@triton.jit
-def _scan_chunk(S, c, qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, h, T, Tp, Dk, Dv,
-                offs_k, mask_k, offs_v, mask_v, stride_ot, stride_oh, BT: tl.constexpr, PREC: tl.constexpr):
-    i = tl.arange(0, BT)
-    ws = h.to(tl.int64) * Tp + c * BT + i                  # workspace rows of chunk c
-    k_tile = ws[:, None] * Dk + offs_k[None, :]
-    w = tl.load(w_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-    u = tl.load(u_ptr + ws[:, None] * Dv + offs_v[None, :], mask=mask_v[None, :], other=0.0).to(tl.float32)
-    S_op = S.to(w.dtype)
-    v_new = u - tl.dot(w, S_op, input_precision=PREC)                     # V' = U - W S0
-    qg = tl.load(qg_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-    aqk = tl.load(aqk_ptr + ws[:, None] * BT + i[None, :])
-    o = tl.dot(qg, S_op, input_precision=PREC)                            # (q exp(G)) S0
-    o = tl.dot(aqk, v_new.to(aqk.dtype), o, input_precision=PREC)         # + tril(...) V'
-    rows = (c * BT + i).to(tl.int64)
-    tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_v[None, :], o.to(out_ptr.dtype.element_ty),
-             mask=(rows < T)[:, None] & mask_v[None, :])
-    G_last = tl.load(gcum_ptr + h.to(tl.int64) * Tp + c * BT + BT - 1)
-    kd = tl.load(kd_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-    # S1 = exp(G_C) S0 + (k exp(G_C - G))^T V'
-    return tl.dot(tl.trans(kd), v_new.to(kd.dtype), S * tl.exp(G_last), input_precision=PREC)
-
-
+# (BV, warps, stages): narrow BV gives more programs, wide BV reads each W, q, k tile fewer times
 _SCAN_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
-                 for bv in (16, 32, 64) for w in (4, 8) for s in (1, 2, 3)]
+                 for bv, w, s in ((16, 4, 2), (32, 4, 2), (32, 8, 2), (32, 4, 3), (64, 4, 2), (64, 8, 2))]
 
 
 @_tuned(_SCAN_CONFIGS, key=["Dk", "Dv", "BT", "BK"], restore=("state_ptr",), prune=_prune_bv)
 @triton.jit
 def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, state_ptr, out_ptr,
                       T, Tp, n_chunks, Dk, Dv, stride_sh, stride_sk, stride_ot, stride_oh,
-                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                      WHILE: tl.constexpr):
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     h = tl.program_id(0)
     offs_k = tl.arange(0, BK)
     offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
@@ -319,16 +294,27 @@ def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, state_ptr
     s_ptrs = state_ptr + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
     s_mask = mask_k[:, None] & mask_v[None, :]
     S = tl.load(s_ptrs, mask=s_mask, other=0.0)
-    if WHILE:  # interpreter only, see delta_rule_recurrent_kernel
-        c = n_chunks * 0
-        while c < n_chunks:
-            S = _scan_chunk(S, c, qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, h, T, Tp, Dk, Dv,
-                            offs_k, mask_k, offs_v, mask_v, stride_ot, stride_oh, BT, PREC)
-            c += 1
-    else:
-        for c in range(n_chunks):
-            S = _scan_chunk(S, c, qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, h, T, Tp, Dk, Dv,
-                            offs_k, mask_k, offs_v, mask_v, stride_ot, stride_oh, BT, PREC)
+    i = tl.arange(0, BT)
+    # Only the last line of the loop depends on the previous chunk; the loads of the next chunk's tiles do
+    # not, so the compiler can prefetch them (num_stages) while this chunk's matmuls run.
+    for c in range(n_chunks):
+        ws = h.to(tl.int64) * Tp + c * BT + i                  # workspace rows of chunk c
+        k_tile = ws[:, None] * Dk + offs_k[None, :]
+        w = tl.load(w_ptr + k_tile, mask=mask_k[None, :], other=0.0)
+        u = tl.load(u_ptr + ws[:, None] * Dv + offs_v[None, :], mask=mask_v[None, :], other=0.0).to(tl.float32)
+        qg = tl.load(qg_ptr + k_tile, mask=mask_k[None, :], other=0.0)
+        aqk = tl.load(aqk_ptr + ws[:, None] * BT + i[None, :])
+        kd = tl.load(kd_ptr + k_tile, mask=mask_k[None, :], other=0.0)
+        G_last = tl.load(gcum_ptr + h.to(tl.int64) * Tp + c * BT + BT - 1)
+        S_op = S.to(w.dtype)
+        v_new = u - tl.dot(w, S_op, input_precision=PREC)                 # V' = U - W S0
+        o = tl.dot(qg, S_op, input_precision=PREC)                        # (q exp(G)) S0
+        o = tl.dot(aqk, v_new.to(aqk.dtype), o, input_precision=PREC)     # + tril(q k^T exp(G_i - G_j)) V'
+        rows = (c * BT + i).to(tl.int64)
+        tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_v[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=(rows < T)[:, None] & mask_v[None, :])
+        # S1 = exp(G_C) S0 + (k exp(G_C - G))^T V'
+        S = tl.dot(tl.trans(kd), v_new.to(kd.dtype), S * tl.exp(G_last), input_precision=PREC)
     tl.store(s_ptrs, S, mask=s_mask)
 
 
@@ -552,7 +538,7 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     chunk_scan_kernel[grid](
         ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, state, out, T, Tw, n_chunks, Dk, Dv,
         state.stride(0), state.stride(1), out.stride(0), out.stride(1),
-        BT=chunk_size, BK=BK, PREC=prec, WHILE=INTERPRET, **meta)
+        BT=chunk_size, BK=BK, PREC=prec, **meta)
     return out
 
 
