@@ -320,7 +320,8 @@ def find_host_syncs():
 
 @contextlib.contextmanager
 def allow_host_sync():
-    """Suspend the guards inside this block (for code known to run outside the captured step)."""
+    """Suspend the guards, and the shape recorder, inside this block (for code known to stay outside the captured
+    step, or exempted on purpose, like an operator that still runs on the reference)."""
     _local.allowed = getattr(_local, "allowed", 0) + 1
     try:
         yield
@@ -359,6 +360,8 @@ class _ShapeMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if _allowed():
+            return out
         where, from_interpreter = _caller()
         if not from_interpreter:
             leaves = out if isinstance(out, (tuple, list)) else (out,)

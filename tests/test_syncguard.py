@@ -108,6 +108,14 @@ def test_allow_host_sync_exempts_a_block_and_a_wrapped_function():
             S.item()  # the exemption ended with its block
 
 
+def test_allowed_code_is_left_out_of_the_shape_record():
+    with record_shapes() as ops:
+        X + 1
+        with allow_host_sync():
+            X[: int(I)].sum()
+    assert [o.op for o in ops] == ["aten.add.Tensor"]
+
+
 def test_reference_operators_that_synchronise_are_named():
     """The PyTorch oracle is not capturable: attention reads the longest position on the host, and sampling
     asks for the last kept index with nonzero. The course's kernels exist to remove exactly these."""
