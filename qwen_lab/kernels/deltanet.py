@@ -133,10 +133,12 @@ def _prune_bv(configs, named_args, **kwargs):
     return kept or configs[:1]
 
 
-@_tuned(_RECURRENT_CONFIGS, key=["Dk", "Dv", "Hv", "FUSED_GATES"], restore=("state_ptr",), prune=_prune_bv)
+# T_CLASS (1: decode, 2: a few tokens, 3: long) only separates the tuning of decode from longer calls
+@_tuned(_RECURRENT_CONFIGS, key=["Dk", "Dv", "Hv", "T_CLASS", "FUSED_GATES"], restore=("state_ptr",),
+        prune=_prune_bv)
 @triton.jit
 def delta_rule_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, state_ptr, out_ptr,
-                                T, Hv, Dk, Dv, REP, scale, eps,
+                                T, T_CLASS, Hv, Dk, Dv, REP, scale, eps,
                                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                                 stride_gt, stride_gh, stride_bt, stride_bh,
                                 stride_sh, stride_sk, stride_ot, stride_oh,
@@ -281,10 +283,11 @@ _SCAN_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
                  for bv, w, s in ((16, 4, 2), (32, 4, 2), (32, 8, 2), (32, 4, 3), (64, 4, 2), (64, 8, 2))]
 
 
-@_tuned(_SCAN_CONFIGS, key=["Dk", "Dv", "BT", "BK"], restore=("state_ptr",), prune=_prune_bv)
+# Hv is in the key only: the best BV depends on how many programs Hv * Dv / BV fill the GPU
+@_tuned(_SCAN_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK"], restore=("state_ptr",), prune=_prune_bv)
 @triton.jit
 def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, state_ptr, out_ptr,
-                      T, Tp, n_chunks, Dk, Dv, stride_sh, stride_sk, stride_ot, stride_oh,
+                      T, Tp, n_chunks, Hv, Dk, Dv, stride_sh, stride_sk, stride_ot, stride_oh,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     h = tl.program_id(0)
     offs_k = tl.arange(0, BK)
@@ -434,7 +437,8 @@ def _recurrent_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, out, fused
     meta = {} if not INTERPRET else dict(BV=min(32, triton.next_power_of_2(Dv)), num_warps=4)
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
     delta_rule_recurrent_kernel[grid](
-        q, k, v, g, beta, A_log, dt_bias, state, out, T, Hv, Dk, Dv, Hv // Hk, scale, EPS,
+        q, k, v, g, beta, A_log, dt_bias, state, out, T, 1 if T == 1 else (2 if T <= 64 else 3),
+        Hv, Dk, Dv, Hv // Hk, scale, EPS,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
         state.stride(0), state.stride(1), out.stride(0), out.stride(1),
@@ -536,7 +540,7 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     meta = {} if not INTERPRET else dict(BV=min(32, BDV), num_warps=4)
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
     chunk_scan_kernel[grid](
-        ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, state, out, T, Tw, n_chunks, Dk, Dv,
+        ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, state, out, T, Tw, n_chunks, Hv, Dk, Dv,
         state.stride(0), state.stride(1), out.stride(0), out.stride(1),
         BT=chunk_size, BK=BK, PREC=prec, **meta)
     return out
