@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import linecache
 import os
+import re
 import sys
 import threading
 from dataclasses import dataclass
@@ -186,7 +187,7 @@ class HostSync:
 
     @property
     def where(self) -> str:
-        return f"{_short(self.filename)}:{self.line} in {self.function}()"
+        return _place(self.filename, self.line, self.function)
 
     @property
     def source(self) -> str:
@@ -203,12 +204,24 @@ class HostSync:
         return f"{self.call} at {self.where}"
 
 
+_NOTEBOOK_CELL = re.compile(r"ipykernel_\d+[/\\]\d+\.py$")
+
+
 def _short(filename: str) -> str:
-    """A path relative to the qwen_lab checkout or the working directory when it is under one of them."""
+    """A path relative to the qwen_lab checkout or the working directory when it is under one of them; code typed
+    in a Jupyter cell (compiled into a temporary file) reads "notebook cell"."""
+    if _NOTEBOOK_CELL.search(filename):
+        return "notebook cell"
     for root in (os.path.dirname(os.path.dirname(_HERE)), os.getcwd()):
         if filename.startswith(root + os.sep):
             return os.path.relpath(filename, root)
     return filename
+
+
+def _place(filename: str, line: int, function: str) -> str:
+    short = _short(filename)
+    at = f"{short}, line {line}" if short == "notebook cell" else f"{short}:{line}"
+    return at if function == "<module>" else f"{at} in {function}()"
 
 
 # ---------------------------------------------------------------- the guard
@@ -366,7 +379,7 @@ class _ShapeMode(TorchDispatchMode):
         if not from_interpreter:
             leaves = out if isinstance(out, (tuple, list)) else (out,)
             shapes = tuple(tuple(t.shape) for t in leaves if isinstance(t, torch.Tensor))
-            place = f"{_short(where[0])}:{where[1]} in {where[2]}()" if where else "<unknown>"
+            place = _place(*where) if where else "<unknown>"
             self.records.append(OpRecord(str(func), shapes, place))
         return out
 
