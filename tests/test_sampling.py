@@ -119,6 +119,7 @@ def test_top_k_one_and_tiny_top_p_are_greedy(rt, gen):
     for u_value in (0.0, 0.3, ONE_MINUS):
         assert int(sample(logits, 0.9, 1, 1.0, _u(u_value, rt.device))) == best
         assert int(sample(logits, 1.7, 0, 1e-7, _u(u_value, rt.device))) == best
+    assert int(sample(logits, 1.0, 0, 1e-300, _u(0.9, rt.device))) == best     # below float32's range
 
 
 def test_uniform_edges_pick_first_and_last_kept(rt, gen):
@@ -198,6 +199,7 @@ def test_bad_arguments_are_named(rt):
     x = torch.zeros(10, device=rt.device, dtype=rt.dtype)
     u = _u(0.5, rt.device)
     for kwargs, word in [(dict(temperature=-1.0), "temperature"), (dict(temperature=float("nan")), "temperature"),
+                         (dict(temperature=1e-40), "temperature"),
                          (dict(top_k=-2), "top_k"), (dict(top_k=2.5), "top_k"), (dict(top_p=0.0), "top_p"),
                          (dict(top_p=1.5), "top_p"), (dict(uniform=0.5), "uniform"),
                          (dict(uniform=torch.zeros(2, device=rt.device)), "uniform")]:

@@ -50,6 +50,8 @@ from ..runtime import interpreter_active
 
 KEY_BITS = 30          # keys of e in [0, 1]: bit patterns 0 .. 0x3F800000 < 2^30
 LOG2E = 1.4426950408889634
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38    # the smallest normal float32
 
 
 @triton.jit
@@ -288,8 +290,8 @@ def _check_args(logits, temperature, top_k, top_p, uniform, out):
     if isinstance(temperature, torch.Tensor) or not isinstance(temperature, (int, float)) \
             or not math.isfinite(temperature) or temperature < 0:
         raise KernelError(f"{fn}: temperature must be a finite Python number >= 0 (0 = greedy), got {temperature!r}")
-    if temperature > 0 and not math.isfinite(LOG2E / temperature):
-        raise KernelError(f"{fn}: temperature={temperature!r} is too small; use 0 for greedy")
+    if temperature > 0 and not LOG2E / temperature < FLOAT32_MAX:
+        raise KernelError(f"{fn}: temperature={temperature!r} is too small for float32 math; use 0 for greedy")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise KernelError(f"{fn}: top_k must be a Python int >= 0 (0 = off), got {top_k!r}")
     if isinstance(top_p, torch.Tensor) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
@@ -324,9 +326,11 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, u
     device = logits.device
     if workspace is None:
         workspace = sampling_workspace(V, device)
-    elif workspace.vocab_size != V or workspace.counter.device != device or workspace.config != _config(V):
-        raise KernelError(f"sample: workspace was made for V={workspace.vocab_size} on {workspace.counter.device}; "
-                          f"these logits need sampling_workspace({V}, '{device}')")
+    elif not isinstance(workspace, SamplingWorkspace) or workspace.vocab_size != V \
+            or workspace.counter.device != device or workspace.config != _config(V):
+        raise KernelError(f"sample: workspace must come from sampling_workspace({V}, '{device}') for these logits, got "
+                          f"{type(workspace).__name__}" + (f" for V={workspace.vocab_size} on {workspace.counter.device}"
+                                                           if isinstance(workspace, SamplingWorkspace) else ""))
     if out is None:
         out = torch.empty((), dtype=torch.int64, device=device)
     ws, cfg = workspace, workspace.config
@@ -341,8 +345,9 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, u
     scale = _f32(LOG2E / float(temperature))
     use_k = 0 < top_k < V
     use_p = top_p < 1.0
+    top_p32 = max(_f32(top_p), FLOAT32_TINY)     # a positive top_p keeps the argmax even below float32's range
     for r in range(KEY_BITS // cfg.nbits if (use_k or use_p) else 0):
-        sample_round_kernel[grid](logits, V, stride, scale, top_k, _f32(top_p),
+        sample_round_kernel[grid](logits, V, stride, scale, top_k, top_p32,
                                   ws.mx, ws.hcount, ws.hmass, ws.state_i, ws.state_f, ws.counter,
                                   nb, ROUND=r, USE_K=use_k, USE_P=use_p, NBITS=cfg.nbits, KEY_BITS=KEY_BITS,
                                   SKIP_DEAD=cfg.skip_dead, BLOCK=cfg.block, CHUNK=cfg.chunk, NB_P2=nb_p2,
