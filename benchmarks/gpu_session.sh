@@ -18,6 +18,6 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   timeout 120 python3 benchmarks/bench_deltanet.py --out "$OUT" 2>&1 | tail -n 40 | tee "$OUT/deltanet.txt"
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  timeout ${TEST_TIMEOUT:-420} python3 -m pytest tests -q -x -n 8 -p no:cacheprovider --timeout 400 \
+  timeout ${TEST_TIMEOUT:-420} python3 -m pytest tests -q -n 8 -p no:cacheprovider --timeout 400 \
       -k "${TEST_FILTER:-}" 2>&1 | tail -n 80 | tee "$OUT/tests.txt"
 fi
