@@ -13,7 +13,8 @@ down projection fused with SwiGLU against silu_mul + linear.
 Prefill (M = 2048): `linear` (the tiled GEMM) against F.linear in TFLOP/s.
 
 Writes DIR/bench_gemv.json. Needs a CUDA GPU; prints what it skipped otherwise. Finishes in about a
-minute on an H200 (compiling and autotuning included) and stops adding optional rows past 100 s.
+minute on an H200 (compiling and autotuning included). Sections print and save as they finish, the
+decode table first; the SPLIT_K sweep comes last and stops adding points 100 s after the start.
 """
 
 from __future__ import annotations
@@ -101,32 +102,57 @@ class Rotation:
                 for i in range(CALLS_PER_GRAPH)]
 
 
-def gemv_rows(args, started, gen, l2_bytes, bw_measured):
-    from qwen_lab.kernels import activations, gemm
+def decode_rows(gen, l2_bytes, bw_measured):
+    """qwen_lab's linear at M = 1 for every shape, with torch's F.linear and torch.mv beside it."""
+    from qwen_lab.kernels import gemm
 
-    rows, sweeps = [], []
+    rows = []
     for name, K, N, target in SHAPES:
         rot = Rotation(K, N, l2_bytes, gen)
         nbytes = 2 * (N * K + K + N)
         ref = reference.linear(rot.xs[0], rot.weights[0])
-        got = gemm.linear(rot.xs[0], rot.weights[0])
-        err = (got.float() - ref.float()).abs().max().item()
+        err = (gemm.linear(rot.xs[0], rot.weights[0]).float() - ref.float()).abs().max().item()
         split = gemm.choose_split_k(1, N, K, gemm.sm_count(DEVICE))
         us = time_graph(rot.calls(lambda x, w, o: gemm.linear(x, w, out=o)))
         config = str(gemm.gemv_splitk_kernel.best_config)
         us_torch = time_graph(rot.calls(lambda x, w, o: F.linear(x, w)))  # F.linear has no out=
         us_mv = time_graph(rot.calls(lambda x, w, o: torch.mv(w, x[0], out=o[0])))
-        gbps = nbytes / (us * 1e-6) / 1e9
         pct = nbytes / (us * 1e-6) / COPY_BANDWIDTH
-        rows.append(dict(name=name, K=K, N=N, MB=nbytes / 1e6, us=us, GBps=gbps, pct_of_copy=pct,
-                         pct_of_measured_copy=nbytes / (us * 1e-6) / bw_measured, target=target,
+        rows.append(dict(name=name, K=K, N=N, MB=nbytes / 1e6, us=us, GBps=nbytes / (us * 1e-6) / 1e9,
+                         pct_of_copy=pct, pct_of_measured_copy=nbytes / (us * 1e-6) / bw_measured, target=target,
                          passed=pct >= target, split_k=split, config=config, max_abs_err=err,
                          torch_linear_us=us_torch, torch_mv_us=us_mv, weight_copies=rot.copies))
-        modes = [("atomic", False)] + ([("deterministic", True)] if N <= 8192 else [])
+        del rot
+        torch.cuda.empty_cache()
+    return rows
+
+
+def swiglu_row(gen, l2_bytes):
+    """The MLP's down projection at decode: silu_mul then linear, against swiglu_down (SwiGLU as the GEMV prologue)."""
+    from qwen_lab.kernels import activations, gemm
+
+    I, H = C.intermediate_size, C.hidden_size
+    rot = Rotation(I, H, l2_bytes, gen, x_width=2 * I)
+    act = torch.empty(1, I, dtype=torch.bfloat16, device=DEVICE)
+    row = dict(silu_mul_then_linear_us=time_graph(
+        rot.calls(lambda gu, w, o: gemm.linear(activations.silu_mul(gu, out=act), w, out=o))))
+    row["swiglu_down_us"] = time_graph(rot.calls(lambda gu, w, o: activations.swiglu_down(gu, w, out=o)))
+    ref = reference.linear(reference.silu_mul(rot.xs[0]), rot.weights[0])
+    row["max_abs_err"] = (activations.swiglu_down(rot.xs[0], rot.weights[0]).float() - ref.float()).abs().max().item()
+    return row
+
+
+def sweep_rows(gen, l2_bytes, deadline):
+    """linear_splitk at SPLIT_K = 1, 2, 4, 8, 16 per shape: atomic, and deterministic for the narrower shapes."""
+    from qwen_lab.kernels import gemm
+
+    sweeps = []
+    for name, K, N, _ in SHAPES:
+        rot = Rotation(K, N, l2_bytes, gen)
         sweep = dict(name=name, K=K, N=N, atomic={}, deterministic={})
-        for mode, det in modes:
+        for mode, det in [("atomic", False)] + ([("deterministic", True)] if N <= 8192 else []):
             for s in SPLITS:
-                if time.time() - started > SOFT_LIMIT_S:
+                if time.time() > deadline:
                     sweep["truncated"] = True
                     break
                 sweep[mode][s] = time_graph(rot.calls(
@@ -134,18 +160,7 @@ def gemv_rows(args, started, gen, l2_bytes, bw_measured):
         sweeps.append(sweep)
         del rot
         torch.cuda.empty_cache()
-
-    # the MLP's down projection: silu_mul then linear, against swiglu_down (SwiGLU as the GEMV prologue)
-    fused = {}
-    I, H = C.intermediate_size, C.hidden_size
-    rot = Rotation(I, H, l2_bytes, gen, x_width=2 * I)
-    act = torch.empty(1, I, dtype=torch.bfloat16, device=DEVICE)
-    fused["silu_mul_then_linear_us"] = time_graph(
-        rot.calls(lambda gu, w, o: gemm.linear(activations.silu_mul(gu, out=act), w, out=o)))
-    fused["swiglu_down_us"] = time_graph(rot.calls(lambda gu, w, o: activations.swiglu_down(gu, w, out=o)))
-    ref = reference.linear(reference.silu_mul(rot.xs[0]), rot.weights[0])
-    fused["max_abs_err"] = (activations.swiglu_down(rot.xs[0], rot.weights[0]).float() - ref.float()).abs().max().item()
-    return rows, sweeps, fused
+    return sweeps
 
 
 def prefill_rows(gen):
@@ -171,33 +186,40 @@ def prefill_rows(gen):
     return rows
 
 
-def print_tables(result):
-    print(f"\n{result['gpu']}, {result['sm_count']} SMs, L2 {result['l2_bytes'] / 2**20:.0f} MiB; measured copy "
+def print_decode(result):
+    print(f"{result['gpu']}, {result['sm_count']} SMs, L2 {result['l2_bytes'] / 2**20:.0f} MiB; measured copy "
           f"bandwidth {result['copy_bandwidth_GBps']:.0f} GB/s; bars are shares of {COPY_BANDWIDTH / 1e9:.0f} GB/s")
     print("\nDecode GEMV, M = 1, bf16, per call inside a CUDA Graph (20 calls per graph, weights rotated past L2)")
-    hdr = f"{'shape':18s} {'K->N':>13s} {'MB':>6s} {'us':>7s} {'GB/s':>6s} {'%copy':>6s} {'target':>6s} {'':4s} " \
-          f"{'split':>5s} {'F.linear':>8s} {'mv':>7s}"
-    print(hdr)
+    print(f"{'shape':18s} {'K->N':>13s} {'MB':>6s} {'us':>7s} {'GB/s':>6s} {'%copy':>6s} {'target':>6s} {'':4s} "
+          f"{'split':>5s} {'F.linear':>8s} {'mv':>7s}")
     for r in result["decode"]:
         print(f"{r['name']:18s} {r['K']:>5d}->{r['N']:<7d} {r['MB']:6.1f} {r['us']:7.2f} {r['GBps']:6.0f} "
               f"{100 * r['pct_of_copy']:5.0f}% {100 * r['target']:5.0f}% {'pass' if r['passed'] else 'FAIL':4s} "
               f"{r['split_k']:5d} {r['torch_linear_us']:8.2f} {r['torch_mv_us']:7.2f}")
+    print(f"{sum(r['passed'] for r in result['decode'])} of {len(result['decode'])} decode shapes meet their bar")
+
+
+def print_swiglu(f):
+    print(f"\nMLP down at decode: silu_mul + linear {f['silu_mul_then_linear_us']:.2f} us, "
+          f"fused swiglu_down {f['swiglu_down_us']:.2f} us")
+
+
+def print_prefill(rows):
+    print(f"\nPrefill GEMM, M = {PREFILL_M}, bf16")
+    print(f"{'shape':18s} {'K->N':>13s} {'ms':>8s} {'TFLOP/s':>8s} {'torch ms':>9s} {'TFLOP/s':>8s}")
+    for r in rows:
+        print(f"{r['name']:18s} {r['K']:>5d}->{r['N']:<7d} {r['ms']:8.3f} {r['tflops']:8.1f} {r['torch_ms']:9.3f} "
+              f"{r['torch_tflops']:8.1f}")
+
+
+def print_sweep(sweeps):
     print("\nSPLIT_K sweep (us per call)")
     print(f"{'shape':18s} {'mode':13s} " + " ".join(f"{s:>7d}" for s in SPLITS))
-    for sw in result["split_sweep"]:
+    for sw in sweeps:
         for mode in ("atomic", "deterministic"):
             if sw[mode]:
                 print(f"{sw['name']:18s} {mode:13s} " + " ".join(
                     f"{sw[mode][s]:7.2f}" if s in sw[mode] else f"{'-':>7s}" for s in SPLITS))
-    f = result["swiglu_down"]
-    if f:
-        print(f"\nMLP down at decode: silu_mul + linear {f['silu_mul_then_linear_us']:.2f} us, "
-              f"fused swiglu_down {f['swiglu_down_us']:.2f} us")
-    print(f"\nPrefill GEMM, M = {PREFILL_M}, bf16")
-    print(f"{'shape':18s} {'K->N':>13s} {'ms':>8s} {'TFLOP/s':>8s} {'torch ms':>9s} {'TFLOP/s':>8s}")
-    for r in result["prefill"]:
-        print(f"{r['name']:18s} {r['K']:>5d}->{r['N']:<7d} {r['ms']:8.3f} {r['tflops']:8.1f} {r['torch_ms']:9.3f} "
-              f"{r['torch_tflops']:8.1f}")
 
 
 def main(argv=None):
@@ -218,21 +240,32 @@ def main(argv=None):
     props = torch.cuda.get_device_properties(0)
     l2_bytes = getattr(props, "L2_cache_size", 50 * 2**20)
     gen = torch.Generator(device=DEVICE).manual_seed(0)
-    result = dict(gpu=props.name, sm_count=props.multi_processor_count, l2_bytes=l2_bytes,
-                  reference_bandwidth_GBps=COPY_BANDWIDTH / 1e9, torch=torch.__version__,
-                  deterministic_env=os.environ.get("QWEN_LAB_DETERMINISTIC", ""))
     import triton
-    result["triton"] = triton.__version__
-    bw = copy_bandwidth()
-    result["copy_bandwidth_GBps"] = bw / 1e9
-    result["decode"], result["split_sweep"], result["swiglu_down"] = gemv_rows(args, started, gen, l2_bytes, bw)
+    result = dict(gpu=props.name, sm_count=props.multi_processor_count, l2_bytes=l2_bytes,
+                  reference_bandwidth_GBps=COPY_BANDWIDTH / 1e9, torch=torch.__version__, triton=triton.__version__,
+                  deterministic_env=os.environ.get("QWEN_LAB_DETERMINISTIC", ""))
+
+    def save():
+        result["elapsed_s"] = time.time() - started
+        with open(path, "w") as fh:
+            json.dump(result, fh, indent=1)
+
+    # Each section prints and saves as soon as it is done, most important first: a run cut short by a
+    # timeout still leaves the decode table.
+    result["copy_bandwidth_GBps"] = copy_bandwidth() / 1e9
+    result["decode"] = decode_rows(gen, l2_bytes, result["copy_bandwidth_GBps"] * 1e9)
+    save()
+    print_decode(result)
+    result["swiglu_down"] = swiglu_row(gen, l2_bytes)
+    save()
+    print_swiglu(result["swiglu_down"])
     result["prefill"] = prefill_rows(gen)
-    result["elapsed_s"] = time.time() - started
-    with open(path, "w") as fh:
-        json.dump(result, fh, indent=1)
-    print_tables(result)
-    print(f"\n{sum(r['passed'] for r in result['decode'])} of {len(result['decode'])} decode shapes meet their bar; "
-          f"{result['elapsed_s']:.0f} s; wrote {path}")
+    save()
+    print_prefill(result["prefill"])
+    result["split_sweep"] = sweep_rows(gen, l2_bytes, started + SOFT_LIMIT_S)
+    save()
+    print_sweep(result["split_sweep"])
+    print(f"\n{result['elapsed_s']:.0f} s; wrote {path}")
     return 0
 
 
