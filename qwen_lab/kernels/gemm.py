@@ -23,7 +23,7 @@ $$ y_{mn} = \sum_{s=0}^{S-1} \sum_{k \in \text{split } s} x_{mk} W_{nk} $$
     additions varies from run to run, so the last bits of y do too;
   - deterministic (`QWEN_LAB_DETERMINISTIC=1` or `deterministic=True`): each split stores its
     partials in [S, M, N] and they are added in the fixed order s = 0, 1, ..., S-1: bitwise repeatable.
-  Either way the reduction costs no extra launch: every program counts itself in per-block counter
+  Either way the reduction costs no extra launch: every program counts itself in a per-block counter
   with an atomic increment; the program that arrives last adds the partials up, casts to x's
   dtype, writes y, and puts the workspace back to zeros (the counter too) for the next call. One
   launch per projection matters: inside a CUDA Graph each launch still costs about 1 us, as much
@@ -132,15 +132,16 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
 # Decode: the GEMV with split-K
 # ------------------------------------------------------------------------------------------------
 
+# How a GEMV program delivers its sums (the kernel's REDUCE; it compares with these literal values).
 REDUCE_NONE, REDUCE_ATOMIC, REDUCE_DETERMINISTIC = 0, 1, 2
 
 
 def _gemv_configs():
     if interpreter_active():
         return [triton.Config({"BLOCK_N": 32, "BLOCK_K": 64}, num_warps=4, num_stages=1)]
-    # (BLOCK_N, BLOCK_K, warps, stages). M = 1 uses the first five: each program holds 4-16 KB of bf16
-    # weights in flight, all its loads issued at once when its K slice fits one BLOCK_K. M > 1 (tl.dot)
-    # needs BLOCK_N >= 16; the pruner below drops what does not fit the call.
+    # (BLOCK_N, BLOCK_K, warps, stages): each program holds 8-16 KB of bf16 weights in flight, all its
+    # loads issued at once when its K slice fits one BLOCK_K. M = 1 tries them all; M > 1 (tl.dot) needs
+    # BLOCK_N >= 16. The pruner below drops what does not fit the call.
     shapes = [(4, 1024, 4, 1), (8, 1024, 4, 1), (8, 512, 4, 2), (16, 256, 4, 3), (16, 512, 8, 2),
               (32, 256, 4, 3), (64, 128, 4, 3)]
     return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bn, bk, w, s in shapes]
@@ -149,8 +150,7 @@ def _gemv_configs():
 def _prune_gemv_configs(configs, named_args, **kwargs):
     args = {**named_args, **kwargs}
     dot = args["BLOCK_M"] > 1
-    # tl.dot needs 16 rows of W per program; M = 1 wants fewer rows and a longer stretch of K.
-    fits = [c for c in configs if (c.kwargs["BLOCK_N"] >= 16) == dot]
+    fits = [c for c in configs if not dot or c.kwargs["BLOCK_N"] >= 16]  # tl.dot needs 16 rows of W
     # No block much wider than a program's slice of K: the extra lanes would only load masked zeros.
     k_slice = triton.next_power_of_2(max(int(args["K_PER_SPLIT"]), 16))
     narrow = [c for c in fits if c.kwargs["BLOCK_K"] <= max(k_slice, 128)]
@@ -399,9 +399,10 @@ def _gemv(name, x, weight, split_k, deterministic, out, swiglu):
     k_per_split = triton.cdiv(triton.cdiv(K, split_k), K_GRANULE) * K_GRANULE
     splits = triton.cdiv(K, k_per_split)
     reduce = REDUCE_NONE if splits == 1 else (REDUCE_DETERMINISTIC if deterministic else REDUCE_ATOMIC)
-    if reduce == REDUCE_DETERMINISTIC and splits * M * N >= 2**31:
-        _fail(name, "x", f"with M={M}, N={N} and {splits} splits needs a partials buffer of {splits * M * N} "
-              f"elements (over 2^31); use matmul for this many rows")
+    ws_numel = splits * M * N if reduce == REDUCE_DETERMINISTIC else M * N
+    if reduce != REDUCE_NONE and ws_numel >= 2**31:
+        _fail(name, "x", f"with M={M}, N={N} and {splits} splits needs a workspace of {ws_numel} elements "
+              f"(2^31 or more, past 32-bit offsets); use matmul for this many rows")
     block_m = 1 if M == 1 else 16
     m_blocks = triton.cdiv(M, block_m)
     if reduce == REDUCE_NONE:
@@ -409,9 +410,9 @@ def _gemv(name, x, weight, split_k, deterministic, out, swiglu):
     else:
         counts = _workspace("counts", m_blocks * N, torch.int32, x.device)  # >= one counter per block
         if reduce == REDUCE_ATOMIC:
-            ws = _workspace("sums", M * N, torch.float32, x.device)
+            ws = _workspace("sums", ws_numel, torch.float32, x.device)
         else:
-            ws = _workspace("partials", splits * M * N, torch.float32, x.device)
+            ws = _workspace("partials", ws_numel, torch.float32, x.device)
 
     def grid(meta):
         return (triton.cdiv(N, meta["BLOCK_N"]), splits, m_blocks)
