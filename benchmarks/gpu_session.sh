@@ -18,6 +18,14 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   timeout 120 python3 benchmarks/bench_deltanet.py --out "$OUT" 2>&1 | tail -n 40 | tee "$OUT/deltanet.txt"
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  timeout ${TEST_TIMEOUT:-420} python3 -m pytest tests -q -n 8 -p no:cacheprovider --timeout 400 \
-      -k "${TEST_FILTER:-}" 2>&1 | tail -n 80 | tee "$OUT/tests.txt"
+  # one process per test file, so a kernel that faults cannot poison the CUDA context of other files' tests
+  mkdir -p /tmp/testlogs
+  ls tests/test_*.py | timeout ${TEST_TIMEOUT:-420} xargs -P ${TEST_JOBS:-6} -I{} sh -c \
+      'python3 -m pytest {} -q -p no:cacheprovider --timeout 300 --tb=short -k "${TEST_FILTER:-}" > /tmp/testlogs/$(basename {} .py).txt 2>&1; echo "$(basename {}): $(tail -n 1 /tmp/testlogs/$(basename {} .py).txt)"' \
+      | sort | tee "$OUT/tests_summary.txt"
+  for f in /tmp/testlogs/*.txt; do echo "=== $f"; grep -E "^(FAILED|ERROR)|Error|error:|^E " "$f" | head -n 40; done > "$OUT/tests_failures.txt"
+  tail -n 30 "$OUT/tests_failures.txt"
+fi
+if [ "$what" = notebooks ]; then
+  timeout ${NB_TIMEOUT:-500} python3 benchmarks/run_notebooks.py solutions/*.ipynb 2>&1 | tee "$OUT/notebooks.txt"
 fi

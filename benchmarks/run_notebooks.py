@@ -8,6 +8,7 @@ are skipped. Prints one line per notebook and exits 1 if any failed.
 """
 
 import json
+import linecache
 import os
 import sys
 import time
@@ -27,8 +28,11 @@ def run(path: str) -> tuple[bool, str]:
             src = "".join(cell["source"])
             src = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith(("%", "!")))
             tags = cell.get("metadata", {}).get("tags", [])
+            name = f"<{os.path.basename(path)} cell {i}>"
+            # Triton reads a kernel's source through linecache (inspect.getsource): register the cell's text
+            linecache.cache[name] = (len(src), None, src.splitlines(True), name)
             try:
-                exec(compile(src, f"{path}[cell {i}]", "exec"), ns)
+                exec(compile(src, name, "exec"), ns)
             except Exception as e:
                 if "raises-exception" in tags:
                     continue
