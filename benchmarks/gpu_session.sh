@@ -4,18 +4,22 @@
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 what=${1:-all}
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" MPLBACKEND=Agg
-if ls .whl/*.whl >/dev/null 2>&1; then   # carried wheels (flash-linear-attention for the comparisons)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" MPLBACKEND=Agg
+# Carried wheels (flash-linear-attention) go on the path of the benchmarks only: once importable, transformers
+# swaps its PyTorch delta-rule functions for fla's Triton ones, which the parity tests must not compare against.
+FLA_PATH="$PYTHONPATH"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/fla .whl/*.whl
+  FLA_PATH="$PYTHONPATH:/tmp/fla"
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  timeout 300 python3 -m qwen_lab.bench --model qwen3.5-0.8b --prefill-len 2048 --decode-steps 64 \
+  PYTHONPATH="$FLA_PATH" timeout 300 python3 -m qwen_lab.bench --model qwen3.5-0.8b --prefill-len 2048 --decode-steps 64 \
       --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.txt"
   timeout 150 python3 benchmarks/bench_gemv.py --out "$OUT" 2>&1 | tail -n 60 | tee "$OUT/gemv.txt"
-  timeout 120 python3 benchmarks/bench_deltanet.py --out "$OUT" 2>&1 | tail -n 40 | tee "$OUT/deltanet.txt"
+  PYTHONPATH="$FLA_PATH" timeout 120 python3 benchmarks/bench_deltanet.py --out "$OUT" 2>&1 | tail -n 40 | tee "$OUT/deltanet.txt"
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
   # one process per test file, so a kernel that faults cannot poison the CUDA context of other files' tests
