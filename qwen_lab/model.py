@@ -32,6 +32,7 @@ KERNEL_MODULES = {
     "gated_rms_norm": "norms",
     "linear": "gemm",
     "silu_mul": "activations",
+    "swiglu_down": "activations",
     "rope": "rope",
     "qk_norm_rope": "rope",
     "kv_cache_write": "attention",
@@ -40,6 +41,7 @@ KERNEL_MODULES = {
     "causal_conv1d": "conv1d",
     "deltanet_gates": "deltanet",
     "delta_rule_recurrent": "deltanet",
+    "deltanet_decode_step": "deltanet",
     "delta_rule_chunked": "deltanet",
     "sample": "sampling",
 }
@@ -176,10 +178,12 @@ class Qwen35Model:
         q = qkv[:, :kd].unflatten(1, (Hk, Dk))
         k = qkv[:, kd:2 * kd].unflatten(1, (Hk, Dk))
         v = qkv[:, 2 * kd:].unflatten(1, (Hv, Dv))
-        g, beta = ops["deltanet_gates"](a, b, layer.A_log, layer.dt_bias)
-        self._t(i, "gates", g)
-        delta_rule = ops["delta_rule_recurrent"] if T == 1 else ops["delta_rule_chunked"]
-        o = delta_rule(q, k, v, g, beta, cache.recurrent_state[i])       # [T, Hv, Dv]; l2norm of q, k inside
+        state = cache.recurrent_state[i]                               # [Hv, Dk, Dv] fp32, updated in place
+        if T == 1:  # decode: the recurrent form, its gates computed inside the same kernel
+            o = ops["deltanet_decode_step"](q, k, v, a, b, layer.A_log, layer.dt_bias, state)
+        else:       # prefill: beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), then the chunked form
+            g, beta = ops["deltanet_gates"](a, b, layer.A_log, layer.dt_bias)
+            o = ops["delta_rule_chunked"](q, k, v, g, beta, state)    # [T, Hv, Dv]; l2norm of q, k inside
         self._t(i, "delta_rule", o)
         o = ops["gated_rms_norm"](o, z, layer.norm, cfg.rms_norm_eps)
         self._t(i, "gated_norm", o)
@@ -212,11 +216,10 @@ class Qwen35Model:
         return y
 
     def mlp(self, i: int, layer, h: torch.Tensor) -> torch.Tensor:
-        """SwiGLU: one GEMM for gate and up (the input read once), silu(gate) * up, the down projection."""
+        """SwiGLU: one GEMM for gate and up (the input read once), then down(silu(gate) * up)."""
         gate_up = self.ops["linear"](h, layer.gate_up)
-        act = self.ops["silu_mul"](gate_up)
-        self._t(i, "silu_mul", act)
-        y = self.ops["linear"](act, layer.down)
+        self._t(i, "gate_up", gate_up)
+        y = self.ops["swiglu_down"](gate_up, layer.down)
         self._t(i, "mlp", y)
         return y
 

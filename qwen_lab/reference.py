@@ -67,6 +67,14 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return (F.silu(gate) * up).to(gate_up.dtype)
 
 
+def swiglu_down(gate_up: torch.Tensor, down_weight: torch.Tensor) -> torch.Tensor:
+    """The MLP's second half: linear(silu_mul(gate_up), down_weight). gate_up [M, 2I], down [H, I] -> [M, H].
+
+    At decode the GPU computes SwiGLU as the prologue of the down-projection GEMV, in one kernel.
+    """
+    return linear(silu_mul(gate_up), down_weight)
+
+
 # ---------------------------------------------------------------- rotary embedding
 
 
@@ -204,6 +212,15 @@ def delta_rule_recurrent(q, k, v, g, beta, state, scale: float | None = None) ->
         out[t] = torch.einsum("hkv,hk->hv", S, qf[t])
     state.copy_(S)
     return out.to(v.dtype)
+
+
+def deltanet_decode_step(q, k, v, a, b, A_log, dt_bias, state, scale: float | None = None) -> torch.Tensor:
+    """One decode step of the delta rule with its gates: deltanet_gates, then delta_rule_recurrent (fused on the GPU).
+
+    q, k [T, Hk, Dk]; v [T, Hv, Dv]; a, b [T, Hv]; state [Hv, Dk, Dv] fp32, updated in place. -> o [T, Hv, Dv].
+    """
+    g, beta = deltanet_gates(a, b, A_log, dt_bias)
+    return delta_rule_recurrent(q, k, v, g, beta, state, scale)
 
 
 def delta_rule_chunked(q, k, v, g, beta, state, scale: float | None = None, chunk_size: int = 64) -> torch.Tensor:

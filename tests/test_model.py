@@ -30,14 +30,23 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
+@pytest.fixture(scope="module", params=[(name, backend) for name in sorted(CONFIGS) for backend in ("torch", "triton")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def pair(request, tmp_path_factory):
-    """(transformers model, qwen_lab model on the torch backend) with the same random weights."""
-    cfg = CONFIGS[request.param]
+    """(transformers model, qwen_lab model) with the same random weights, on the torch or the triton backend.
+
+    On a CPU the triton backend runs every kernel through the Triton interpreter, in float32.
+    """
+    name, backend = request.param
+    cfg = CONFIGS[name]
     hf = make_hf_model(cfg, seed=1)
-    path = tmp_path_factory.mktemp(request.param)
+    path = tmp_path_factory.mktemp(name)
     save_hf_snapshot(hf, path)
-    ours = load_model(str(path), device="cpu", dtype=torch.float32, backend="torch")
+    device = "cpu" if backend == "torch" else None
+    ours = load_model(str(path), device=device, dtype=torch.float32, backend=backend)
+    if ours.device.type != "cpu":
+        hf = hf.to(ours.device)
+    assert ours.fallbacks == [], f"operators without a kernel: {ours.fallbacks}"
     return hf, ours
 
 
@@ -49,7 +58,7 @@ def hf_logits(hf, ids):
 @pytest.mark.parametrize("T", [1, 5, 64, 65, 130])
 def test_prefill_logits_match_transformers(pair, T, gen):
     hf, ours = pair
-    ids = torch.randint(0, ours.config.vocab_size, (T,), generator=gen)
+    ids = torch.randint(0, ours.config.vocab_size, (T,), generator=gen).to(ours.device)
     got = ours.forward(ids)
     want = hf_logits(hf, ids)
     assert got.shape == (T, ours.config.vocab_size) and got.dtype == torch.float32
@@ -58,25 +67,25 @@ def test_prefill_logits_match_transformers(pair, T, gen):
 
 def test_decode_steps_equal_a_longer_prefill(pair, gen):
     hf, ours = pair
-    ids = torch.randint(0, ours.config.vocab_size, (70,), generator=gen)
+    ids = torch.randint(0, ours.config.vocab_size, (70,), generator=gen).to(ours.device)
     want = hf_logits(hf, ids)
     cache = ours.new_cache(80)
     with torch.inference_mode():
-        got = [ours.step(ids[:66], torch.arange(66), cache)[-1]]
+        got = [ours.step(ids[:66], torch.arange(66, device=ours.device), cache)[-1]]
         for t in range(66, 70):
-            got.append(ours.step(ids[t:t + 1], torch.tensor([t]), cache)[-1])
+            got.append(ours.step(ids[t:t + 1], torch.tensor([t], device=ours.device), cache)[-1])
     for j, logits in enumerate(got):
         assert checks.relative_error(logits.float(), want[65 + j]) <= 1e-4, f"decode step {j}"
 
 
 def test_greedy_generation_matches_transformers_token_for_token(pair, gen):
     hf, ours = pair
-    prompt = torch.randint(0, ours.config.vocab_size, (9,), generator=gen)
+    prompt = torch.randint(0, ours.config.vocab_size, (9,), generator=gen).to(ours.device)
     with torch.no_grad():
         want = hf.generate(prompt[None], max_new_tokens=12, do_sample=False, eos_token_id=None,
                            pad_token_id=0)[0, 9:]
-    got = generate(ours, prompt, max_new_tokens=12, eos_token_ids=())
-    assert got.tolist() == want.tolist()
+    got = generate(ours, prompt, max_new_tokens=12, eos_token_ids=(), cuda_graph=False)
+    assert got.tolist() == want.cpu().tolist()
 
 
 def test_sharded_multimodal_snapshot_matches(tmp_path, gen):
