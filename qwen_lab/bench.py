@@ -273,31 +273,33 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(result: dict, path: str) -> None:
-    """Bars of prefill and decode time per row, with the measured floors as lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(result: dict, path: str | None = None):
+    """Bars of prefill and decode time per row, with the measured floors as lines. Returns the Figure; saves it to
+    `path` when given. Drawn without pyplot, so a notebook's plotting backend is left as it was."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     rows = result["rows"]
     names = [r["name"] for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key, floor, title in ((axes[0], "prefill_ms", "prefill_ms", f"prefill {result['prefill_len']} tokens"),
-                                  (axes[1], "decode_ms", "decode_ms", "decode, per token")):
+    fig = Figure(figsize=(11, 4))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2)
+    for ax, key, title in ((axes[0], "prefill_ms", f"prefill {result['prefill_len']} tokens"),
+                           (axes[1], "decode_ms", "decode, per token")):
         vals = [r[key] for r in rows]
         bars = ax.bar(names, vals, color=["#999999", "#4c72b0", "#55a868"][:len(rows)])
         ax.bar_label(bars, labels=[f"{v:.3g} ms" for v in vals])
-        if floor in result["floors"]:
-            ax.axhline(result["floors"][floor], color="red", ls="--", label="hardware floor")
+        if key in result["floors"]:
+            ax.axhline(result["floors"][key], color="red", ls="--", label="hardware floor")
             ax.legend()
         ax.set_yscale("log")
         ax.set_ylabel("ms (log scale)")
         ax.set_title(title)
     fig.suptitle(f"{result['config']} on {result['gpu']}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    if path:
+        fig.savefig(path, dpi=120)
+    return fig
 
 
 def main(argv=None) -> int:
