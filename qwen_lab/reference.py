@@ -75,6 +75,32 @@ def swiglu_down(gate_up: torch.Tensor, down_weight: torch.Tensor) -> torch.Tenso
     return linear(silu_mul(gate_up), down_weight)
 
 
+def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                        weight: torch.Tensor):
+    """Residual add + RMSNorm + projection: (h, s) = add_rms_norm(x, residual, norm_weight, eps); returns
+    (linear(h, weight), s). x, residual [M, H], norm_weight [H], weight [N, H] -> ([M, N], [M, H]).
+
+    At decode the GPU computes the add and the norm as the prologue of the projection's GEMV, in one kernel.
+    """
+    h, s = add_rms_norm(x, residual, norm_weight, eps)
+    return linear(h, weight), s
+
+
+def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
+    """RMSNorm + projection: linear(rms_norm(x, norm_weight, eps), weight). x [M, H], weight [N, H] -> [M, N]."""
+    return linear(rms_norm(x, norm_weight, eps), weight)
+
+
+def gated_rms_norm_linear(o: torch.Tensor, z: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                          weight: torch.Tensor) -> torch.Tensor:
+    """The DeltaNet output: linear(gated_rms_norm(o, z, norm_weight, eps).reshape(M, Hv * Dv), weight).
+
+    o, z [M, Hv, Dv], norm_weight [Dv], weight [N, Hv * Dv] -> [M, N]. At decode one kernel on the GPU.
+    """
+    M = o.shape[0]
+    return linear(gated_rms_norm(o, z, norm_weight, eps).reshape(M, -1), weight)
+
+
 # ---------------------------------------------------------------- rotary embedding
 
 

@@ -134,15 +134,22 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
 
 # How a GEMV program delivers its sums (the kernel's REDUCE; it compares with these literal values).
 REDUCE_NONE, REDUCE_ATOMIC, REDUCE_DETERMINISTIC = 0, 1, 2
+# What the GEMV computes from its input before the product (the kernel's PROLOGUE): x as is; SwiGLU of
+# gate_up; RMSNorm of x; residual add + RMSNorm; the DeltaNet's per-head gated RMSNorm of o with gate z.
+PRO_NONE, PRO_SWIGLU, PRO_RMS, PRO_ADD_RMS, PRO_GATED = 0, 1, 2, 3, 4
 
 
 def _gemv_configs():
     if interpreter_active():
         return [triton.Config({"BLOCK_N": 32, "BLOCK_K": 64}, num_warps=4, num_stages=1)]
-    # (BLOCK_N, BLOCK_K, warps, stages): each program holds 8-16 KB of bf16 weights in flight, all its
-    # loads issued at once when its K slice fits one BLOCK_K. M = 1 tries them all; M > 1 (tl.dot) needs
+    # (BLOCK_N, BLOCK_K, warps, stages): each program holds 4-16 KB of bf16 weights in flight, all its
+    # loads issued at once when its K slice fits one BLOCK_K (and the next step's tile is prefetched
+    # while the current one is multiplied). The 1- and 2-row blocks with a whole 2048-4096 row per step
+    # serve the narrow projections (N = 1024) without splitting K: 512-1024 programs, each with one
+    # round trip to memory and no partial sums. M = 1 tries them all; M > 1 (tl.dot) needs
     # BLOCK_N >= 16. The pruner below drops what does not fit the call.
-    shapes = [(4, 1024, 4, 1), (8, 1024, 4, 1), (8, 512, 4, 2), (16, 256, 4, 3), (16, 512, 8, 2),
+    shapes = [(1, 2048, 4, 1), (1, 4096, 8, 1), (2, 2048, 4, 1), (2, 4096, 8, 1), (4, 1024, 4, 1),
+              (4, 2048, 8, 1), (8, 1024, 4, 1), (8, 512, 4, 2), (16, 256, 4, 3), (16, 512, 8, 2),
               (32, 256, 4, 3), (64, 128, 4, 3)]
     return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bn, bk, w, s in shapes]
 
@@ -151,6 +158,10 @@ def _prune_gemv_configs(configs, named_args, **kwargs):
     args = {**named_args, **kwargs}
     dot = args["BLOCK_M"] > 1
     fits = [c for c in configs if not dot or c.kwargs["BLOCK_N"] >= 16]  # tl.dot needs 16 rows of W
+    # 1- and 2-row blocks only where the rows of W are few (a wide N already gives enough programs).
+    fits = [c for c in fits if c.kwargs["BLOCK_N"] >= 4 or int(args["N"]) <= 4096] or fits
+    # The gated prologue normalises whole heads inside one tile: BLOCK_K must be a multiple of Dv.
+    fits = [c for c in fits if c.kwargs["BLOCK_K"] >= int(args["DV"])]
     # No block much wider than a program's slice of K: the extra lanes would only load masked zeros.
     k_slice = triton.next_power_of_2(max(int(args["K_PER_SPLIT"]), 16))
     narrow = [c for c in fits if c.kwargs["BLOCK_K"] <= max(k_slice, 128)]
@@ -158,24 +169,56 @@ def _prune_gemv_configs(configs, named_args, **kwargs):
 
 
 @triton.jit
-def _activation_tile(ptrs, up_offset, mask, SWIGLU: tl.constexpr):
-    """The activation block, in the input dtype: x itself, or, with SWIGLU, silu(gate) * up computed
-    in fp32 from gate_up = [gate | up] and rounded once, exactly as `silu_mul` would have stored it."""
-    if SWIGLU:
-        g = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(ptrs + up_offset, mask=mask, other=0.0).to(tl.float32)
-        return (g * tl.sigmoid(g) * u).to(ptrs.dtype.element_ty)
+def _residual_sum(x_rows, r_rows, offs_k, mask, ADD: tl.constexpr):
+    """x, or s = x + residual rounded to x's dtype (the residual stream as it is stored), [rows, BLOCK_K]."""
+    x = tl.load(x_rows + offs_k[None, :], mask=mask, other=0.0)
+    if ADD:
+        r = tl.load(r_rows + offs_k[None, :], mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+    return x
+
+
+@triton.jit
+def _activation_tile(x_rows, r_rows, z_rows, nw_ptr, rstd, offs_k, mask, up_offset, stride_xh, stride_zh, eps,
+                     PROLOGUE: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The activation block [rows, BLOCK_K] for columns offs_k, in the input dtype, rounded once after fp32
+    math exactly as the unfused operator would have stored it: x itself; silu(gate) * up from
+    gate_up = [gate | up]; the zero-centred RMSNorm (1 + w) of x (or of x + residual) with the row's rstd
+    computed beforehand; or the gated RMSNorm of o (heads of DV values, normalised here: the tile holds
+    whole heads) times silu(z)."""
+    if PROLOGUE == 1:
+        g = tl.load(x_rows + offs_k[None, :], mask=mask, other=0.0)
+        u = tl.load(x_rows + up_offset + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+        gf = g.to(tl.float32)
+        return (gf * tl.sigmoid(gf) * u).to(g.dtype)
+    elif PROLOGUE == 2 or PROLOGUE == 3:
+        s = _residual_sum(x_rows, r_rows, offs_k, mask, PROLOGUE == 3)
+        nw = tl.load(nw_ptr + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+        return ((s.to(tl.float32) * rstd[:, None]) * (1.0 + nw)).to(s.dtype)
+    elif PROLOGUE == 4:
+        # column k of the flattened [Hv * Dv] row is value d = k % DV of head k // DV (DV a power of two)
+        head = offs_k // DV
+        d = offs_k % DV
+        o = tl.load(x_rows + (head.to(tl.int64) * stride_xh + d)[None, :], mask=mask, other=0.0)
+        z = tl.load(z_rows + (head.to(tl.int64) * stride_zh + d)[None, :], mask=mask, other=0.0).to(tl.float32)
+        o3 = tl.reshape(o.to(tl.float32), (BLOCK_M, BLOCK_K // DV, DV))
+        inv = tl.math.rsqrt(tl.sum(o3 * o3, axis=2) / DV + eps)      # [rows, heads]: masked heads are all 0
+        y = tl.reshape(o3 * inv[:, :, None], (BLOCK_M, BLOCK_K))
+        nw = tl.load(nw_ptr + d[None, :], mask=mask, other=0.0).to(tl.float32)
+        return ((y * nw) * (z * tl.sigmoid(z))).to(o.dtype)             # plain w, then silu(z)
     else:
-        return tl.load(ptrs, mask=mask, other=0.0)
+        return tl.load(x_rows + offs_k[None, :], mask=mask, other=0.0)
 
 
-@triton.autotune(configs=_gemv_configs(), key=["N", "K", "SPLIT_K", "BLOCK_M", "REDUCE", "SWIGLU"],
+@triton.autotune(configs=_gemv_configs(), key=["N", "K", "SPLIT_K", "BLOCK_M", "REDUCE", "PROLOGUE", "DV"],
                  prune_configs_by={"early_config_prune": _prune_gemv_configs}, do_bench=_tune_bench)
 @triton.jit
 def gemv_splitk_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, count_ptr,
+                       r_ptr, z_ptr, nw_ptr, s_ptr,
                        M, N, K, K_PER_SPLIT, SPLIT_K,
                        stride_xm, stride_wn, stride_om, up_offset,
-                       BLOCK_M: tl.constexpr, REDUCE: tl.constexpr, SWIGLU: tl.constexpr,
+                       stride_rm, stride_sm, stride_xh, stride_zm, stride_zh, eps,
+                       BLOCK_M: tl.constexpr, REDUCE: tl.constexpr, PROLOGUE: tl.constexpr, DV: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # Grid: (row blocks of W, K splits, row blocks of x). Program (n, s, m) computes the partial
     # y[m block, n block] over columns [s * K_PER_SPLIT, (s + 1) * K_PER_SPLIT) of K.
@@ -187,20 +230,56 @@ def gemv_splitk_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, count_ptr,
     # Clamp rows instead of masking them: loads along K stay unmasked except at the slice's end, so
     # they compile to 16-byte vector loads; the duplicated rows are never stored.
     w_rows = w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn      # [BLOCK_N, 1]
-    x_rows = x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * stride_xm      # [BLOCK_M, 1]
+    rows_m = tl.minimum(offs_m, M - 1).to(tl.int64)[:, None]                           # [BLOCK_M, 1]
+    x_rows = x_ptr + rows_m * stride_xm
+    r_rows = r_ptr + rows_m * stride_rm
+    z_rows = z_ptr + rows_m * stride_zm
     # Every program runs the same number of steps; the last slice may end early at K (masked).
     k_lo = pid_k * K_PER_SPLIT
     k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
 
     if BLOCK_M == 1:
+        # The first weight tile is requested before anything else (the norm prologue below included),
+        # so that its trip to memory overlaps the prologue. W is read once per call: evict it first,
+        # keep L2 for the activation row every program reads.
+        offs_k = k_lo + tl.arange(0, BLOCK_K)
+        w_next = tl.load(w_rows + offs_k[None, :], mask=offs_k[None, :] < k_hi, other=0.0,
+                         eviction_policy="evict_first")
+
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if PROLOGUE == 2 or PROLOGUE == 3:
+        # RMSNorm needs the whole row: every program sums the squares of its rows over all K (a row of
+        # 1024-5120 values, in L2 after the first program read it), so the slices of every split use the
+        # same rstd and no second kernel is needed. The programs of the first N block and first split
+        # store s = x + residual (residual_out): exactly one writer per row; no program reads what another
+        # writes (the launcher refuses residual_out overlapping x or residual).
+        writer = (pid_n == 0) & (pid_k == 0)
+        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for h0 in range(0, K, BLOCK_K):
+            offs_h = h0 + tl.arange(0, BLOCK_K)
+            hmask = offs_h[None, :] < K
+            s = _residual_sum(x_rows, r_rows, offs_h, hmask, PROLOGUE == 3)
+            if PROLOGUE == 3:
+                tl.store(s_ptr + rows_m * stride_sm + offs_h[None, :], s,
+                         mask=hmask & (offs_m[:, None] < M) & writer)
+            sf = s.to(tl.float32)
+            ss += tl.sum(sf * sf, axis=1)
+        rstd = tl.math.rsqrt(ss / K + eps)
+
+    if BLOCK_M == 1:
         # GEMV: a [BLOCK_N, BLOCK_K] block of products per step, summed over K only once at the end
-        # (one cross-thread reduction per program instead of one per step).
+        # (one cross-thread reduction per program instead of one per step). The next step's tile is
+        # loaded before this one is multiplied: two tiles in flight when the slice takes several steps.
         prod = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         for k_step in range(0, K_PER_SPLIT, BLOCK_K):
             offs_k = k_lo + k_step + tl.arange(0, BLOCK_K)
             kmask = offs_k[None, :] < k_hi
-            a = _activation_tile(x_rows + offs_k[None, :], up_offset, kmask, SWIGLU)          # [1, BLOCK_K]
-            w = tl.load(w_rows + offs_k[None, :], mask=kmask, other=0.0)                      # [BLOCK_N, BLOCK_K]
+            w = w_next
+            offs_next = offs_k + BLOCK_K
+            w_next = tl.load(w_rows + offs_next[None, :], mask=offs_next[None, :] < k_hi, other=0.0,
+                             eviction_policy="evict_first")
+            a = _activation_tile(x_rows, r_rows, z_rows, nw_ptr, rstd, offs_k, kmask, up_offset, stride_xh,
+                                 stride_zh, eps, PROLOGUE, DV, BLOCK_M, BLOCK_K)                 # [1, BLOCK_K]
             prod += w.to(tl.float32) * a.to(tl.float32)
         acc = tl.sum(prod, axis=1)[None, :]                                                    # [1, BLOCK_N]
     else:
@@ -209,8 +288,9 @@ def gemv_splitk_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, count_ptr,
         for k_step in range(0, K_PER_SPLIT, BLOCK_K):
             offs_k = k_lo + k_step + tl.arange(0, BLOCK_K)
             kmask = offs_k[None, :] < k_hi
-            a = _activation_tile(x_rows + offs_k[None, :], up_offset, kmask, SWIGLU)
-            w = tl.load(w_rows + offs_k[None, :], mask=kmask, other=0.0)
+            w = tl.load(w_rows + offs_k[None, :], mask=kmask, other=0.0, eviction_policy="evict_first")
+            a = _activation_tile(x_rows, r_rows, z_rows, nw_ptr, rstd, offs_k, kmask, up_offset, stride_xh,
+                                 stride_zh, eps, PROLOGUE, DV, BLOCK_M, BLOCK_K)
             acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
 
     out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -254,20 +334,22 @@ def _fail(name: str, arg: str, what: str):
     raise KernelError(f"{name}: {arg} {what}")
 
 
-def _check_operands(name: str, x, weight, out, x_name: str = "x", k_of_x=lambda k: k):
-    """Validate x [M, K'] and weight [N, K] (K' = k_of_x(K)), and out [M, N]; return M, N, K."""
-    for arg, t in ((x_name, x), ("weight", weight)):
-        if not isinstance(t, torch.Tensor):
-            _fail(name, arg, f"must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 2:
-            _fail(name, arg, f"must be 2-D, got shape {tuple(t.shape)}")
-        if t.dtype not in _DTYPES:
-            _fail(name, arg, f"has dtype {t.dtype}; expected bfloat16, float16 or float32")
-        if t.shape[1] > 1 and t.stride(1) != 1:
-            _fail(name, arg, f"must be contiguous in its last dim (stride 1), got strides {t.stride()}")
-    M, N, K = x.shape[0], weight.shape[0], weight.shape[1]
-    if x.shape[1] != k_of_x(K):
-        _fail(name, x_name, f"has {x.shape[1]} columns; weight {tuple(weight.shape)} needs {k_of_x(K)}")
+def _check_matrix(name: str, arg: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        _fail(name, arg, f"must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 2:
+        _fail(name, arg, f"must be 2-D, got shape {tuple(t.shape)}")
+    if t.dtype not in _DTYPES:
+        _fail(name, arg, f"has dtype {t.dtype}; expected bfloat16, float16 or float32")
+    if t.shape[1] > 1 and t.stride(1) != 1:
+        _fail(name, arg, f"must be contiguous in its last dim (stride 1), got strides {t.stride()}")
+
+
+def _check_weight_out(name: str, x, weight, out, M: int, x_cols: int, x_name: str = "x", k_of_x=lambda k: k):
+    """Validate weight [N, K] against an input of M rows and x_cols columns (= k_of_x(K)), and out [M, N]."""
+    N, K = weight.shape[0], weight.shape[1]
+    if x_cols != k_of_x(K):
+        _fail(name, x_name, f"has {x_cols} columns; weight {tuple(weight.shape)} needs {k_of_x(K)}")
     if weight.dtype != x.dtype:
         _fail(name, "weight", f"has dtype {weight.dtype}, but {x_name} has {x.dtype}; cast one to the other")
     if weight.device != x.device:
@@ -282,7 +364,15 @@ def _check_operands(name: str, x, weight, out, x_name: str = "x", k_of_x=lambda 
             _fail(name, "out", f"must be {x.dtype} on {x.device}, got {out.dtype} on {out.device}")
         if N > 1 and out.stride(1) != 1:
             _fail(name, "out", f"must be contiguous in its last dim (stride 1), got strides {out.stride()}")
-    return M, N, K
+    return N, K
+
+
+def _check_operands(name: str, x, weight, out, x_name: str = "x", k_of_x=lambda k: k):
+    """Validate x [M, K'] and weight [N, K] (K' = k_of_x(K)), and out [M, N]; return M, N, K."""
+    _check_matrix(name, x_name, x)
+    _check_matrix(name, "weight", weight)
+    N, K = _check_weight_out(name, x, weight, out, x.shape[0], x.shape[1], x_name, k_of_x)
+    return x.shape[0], N, K
 
 
 def _dot_precision(dtype) -> str:
@@ -378,48 +468,110 @@ def linear_splitk(x: torch.Tensor, weight: torch.Tensor, split_k: int | None = N
     return _gemv("linear_splitk", x, weight, split_k, deterministic, out, swiglu=False)
 
 
-def _gemv(name, x, weight, split_k, deterministic, out, swiglu):
+def _gemv(name, x, weight, split_k, deterministic, out, swiglu=False):
     """Launch gemv_splitk_kernel. With swiglu, x is gate_up [M, 2K] and the kernel multiplies silu(gate) * up."""
     x_name = "gate_up" if swiglu else "x"
     M, N, K = _check_operands(name, x, weight, out, x_name, (lambda k: 2 * k) if swiglu else (lambda k: k))
-    if split_k is None:
+    if out is None:
+        out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    prologue = PRO_SWIGLU if swiglu else PRO_NONE
+    return _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue,
+                        dict(stride_xm=x.stride(0), up_offset=K))
+
+
+# SPLIT_K measured per shape on the GPU: (prologue, M bucket, N, K, deterministic, dtype, device) -> split.
+_split_choice: dict = {}
+# Splits the launcher times on the first call of a narrow shape (where choose_split_k wants to split).
+SPLIT_CANDIDATES = (1, 2, 4, 8)
+
+
+def split_tuning_enabled() -> bool:
+    """On a GPU the first call of a narrow GEMV shape times a few SPLIT_K values and keeps the fastest
+    (QWEN_LAB_TUNE_SPLIT=0 turns it off: choose_split_k's value is used as is)."""
+    return os.environ.get("QWEN_LAB_TUNE_SPLIT", "1").strip().lower() in _TRUE
+
+
+def _pick_split(key, heuristic: int, K: int, granule: int, device, launch) -> int:
+    """The heuristic's SPLIT_K, or on a GPU the fastest candidate, timed once per shape outside graph capture.
+
+    The blocks inside each launch are autotuned by Triton anyway; this times the whole launch (the
+    reduction included) for SPLIT_K in SPLIT_CANDIDATES + the heuristic's and remembers the winner, since
+    whether a narrow projection is best served by one 4096-column step per program or by 4 slices and a
+    reduction depends on the GPU's latencies. Wide shapes (heuristic 1) are not timed.
+    """
+    if key in _split_choice:
+        return _split_choice[key]
+    if (heuristic == 1 or device.type != "cuda" or interpreter_active() or not split_tuning_enabled()
+            or torch.cuda.is_current_stream_capturing()):
+        return heuristic
+    most = triton.cdiv(K, granule)
+    candidates = sorted({s for s in (*SPLIT_CANDIDATES, heuristic) if s <= most and (s == 1 or K // s >= 128)})
+    times = {}
+    for s in candidates:
+        launch(s)  # compile + autotune the blocks for this split, allocate its workspace
+        times[s] = triton.testing.do_bench(lambda s=s: launch(s), warmup=5, rep=20, return_mode="median")
+    best = min(times, key=times.get)
+    _split_choice[key] = best
+    return best
+
+
+def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue, args, dv=1):
+    """Validate split_k, pick the reduction and workspace, launch gemv_splitk_kernel once; returns out.
+
+    args: the prologue's tensors and strides (x_ptr is `x`; r, z, nw, s default to x and are not read).
+    With the gated prologue every split starts at a head boundary (K_PER_SPLIT a multiple of dv).
+    """
+    granule = max(K_GRANULE, dv)
+    tune = split_k is None
+    if tune:
         split_k = choose_split_k(M, N, K, sm_count(x.device))
     if isinstance(split_k, bool) or not isinstance(split_k, int) or not 1 <= split_k <= MAX_SPLIT_K:
         _fail(name, "split_k", f"must be an int in [1, {MAX_SPLIT_K}], got {split_k!r}")
-    if split_k > triton.cdiv(K, K_GRANULE):
-        _fail(name, "split_k", f"is {split_k}, too many for K={K}: each split needs at least {K_GRANULE} "
-              f"columns, so at most {triton.cdiv(K, K_GRANULE)} splits")
+    if split_k > triton.cdiv(K, granule):
+        _fail(name, "split_k", f"is {split_k}, too many for K={K}: each split needs at least {granule} "
+              f"columns, so at most {triton.cdiv(K, granule)} splits")
     if deterministic is None:
         deterministic = deterministic_mode()
-    if out is None:
-        out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return out
-    # Whole granules per split keep every slice aligned; rounding may leave fewer, non-empty, splits.
-    k_per_split = triton.cdiv(triton.cdiv(K, split_k), K_GRANULE) * K_GRANULE
-    splits = triton.cdiv(K, k_per_split)
-    reduce = REDUCE_NONE if splits == 1 else (REDUCE_DETERMINISTIC if deterministic else REDUCE_ATOMIC)
-    ws_numel = splits * M * N if reduce == REDUCE_DETERMINISTIC else M * N
-    if reduce != REDUCE_NONE and ws_numel >= 2**31:
-        _fail(name, "x", f"with M={M}, N={N} and {splits} splits needs a workspace of {ws_numel} elements "
-              f"(2^31 or more, past 32-bit offsets); use matmul for this many rows")
     block_m = 1 if M == 1 else 16
     m_blocks = triton.cdiv(M, block_m)
-    if reduce == REDUCE_NONE:
-        ws, counts = out, out  # not read: the kernel stores y directly
-    else:
-        counts = _workspace("counts", m_blocks * N, torch.int32, x.device)  # >= one counter per block
-        if reduce == REDUCE_ATOMIC:
-            ws = _workspace("sums", ws_numel, torch.float32, x.device)
+    dot_precision = _dot_precision(x.dtype)
+
+    def launch(split):
+        # Whole granules per split keep every slice aligned; rounding may leave fewer, non-empty, splits.
+        k_per_split = triton.cdiv(triton.cdiv(K, split), granule) * granule
+        splits = triton.cdiv(K, k_per_split)
+        reduce = REDUCE_NONE if splits == 1 else (REDUCE_DETERMINISTIC if deterministic else REDUCE_ATOMIC)
+        ws_numel = splits * M * N if reduce == REDUCE_DETERMINISTIC else M * N
+        if reduce != REDUCE_NONE and ws_numel >= 2**31:
+            _fail(name, "x", f"with M={M}, N={N} and {splits} splits needs a workspace of {ws_numel} elements "
+                  f"(2^31 or more, past 32-bit offsets); use matmul for this many rows")
+        if reduce == REDUCE_NONE:
+            ws, counts = out, out  # not read: the kernel stores y directly
         else:
-            ws = _workspace("partials", ws_numel, torch.float32, x.device)
+            counts = _workspace("counts", m_blocks * N, torch.int32, x.device)  # >= one counter per block
+            if reduce == REDUCE_ATOMIC:
+                ws = _workspace("sums", ws_numel, torch.float32, x.device)
+            else:
+                ws = _workspace("partials", ws_numel, torch.float32, x.device)
 
-    def grid(meta):
-        return (triton.cdiv(N, meta["BLOCK_N"]), splits, m_blocks)
+        def grid(meta):
+            return (triton.cdiv(N, meta["BLOCK_N"]), splits, m_blocks)
 
-    gemv_splitk_kernel[grid](x, weight, out, ws, counts, M, N, K, k_per_split, splits,
-                             x.stride(0), weight.stride(0), out.stride(0), K,
-                             BLOCK_M=block_m, REDUCE=reduce, SWIGLU=swiglu, DOT_PRECISION=_dot_precision(x.dtype))
+        gemv_splitk_kernel[grid](
+            x, weight, out, ws, counts,
+            args.get("r", x), args.get("z", x), args.get("nw", x), args.get("s", x),
+            M, N, K, k_per_split, splits,
+            args["stride_xm"], weight.stride(0), out.stride(0), args.get("up_offset", 0),
+            args.get("stride_rm", 0), args.get("stride_sm", 0), args.get("stride_xh", 0),
+            args.get("stride_zm", 0), args.get("stride_zh", 0), float(args.get("eps", 0.0)),
+            BLOCK_M=block_m, REDUCE=reduce, PROLOGUE=prologue, DV=dv, DOT_PRECISION=dot_precision)
+
+    if tune:
+        key = (prologue, triton.next_power_of_2(M), N, K, bool(deterministic), x.dtype, x.device)
+        split_k = _pick_split(key, split_k, K, granule, x.device, launch)
+    launch(split_k)
     return out
 
 
@@ -433,5 +585,157 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     return _matmul("linear", x, weight, out)
 
 
-__all__ = ["GEMV_MAX_M", "choose_split_k", "deterministic_mode", "gemv_splitk_kernel", "linear", "linear_splitk",
-           "matmul", "matmul_kernel", "sm_count"]
+# ------------------------------------------------------------------------------------------------
+# Norms fused into the GEMV's prologue
+# ------------------------------------------------------------------------------------------------
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last + 1) byte addresses that t's elements can touch."""
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _check_norm_weight(name: str, norm_weight, D: int, x) -> None:
+    if not isinstance(norm_weight, torch.Tensor) or not norm_weight.is_floating_point():
+        _fail(name, "norm_weight", f"must be a floating-point torch.Tensor, got "
+              f"{norm_weight.dtype if isinstance(norm_weight, torch.Tensor) else type(norm_weight).__name__}")
+    if norm_weight.dim() != 1 or norm_weight.shape[0] != D:
+        _fail(name, "norm_weight", f"must be [{D}], got shape {tuple(norm_weight.shape)}")
+    if norm_weight.device != x.device:
+        _fail(name, "norm_weight", f"is on {norm_weight.device}, but x is on {x.device}")
+    if D > 1 and norm_weight.stride(0) != 1:
+        _fail(name, "norm_weight", f"must be contiguous, got stride {norm_weight.stride(0)}")
+
+
+def _check_row_like(name: str, arg: str, t, x, dtype=None) -> None:
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        _fail(name, arg, f"must be a floating-point torch.Tensor, got "
+              f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if tuple(t.shape) != tuple(x.shape) or t.device != x.device:
+        _fail(name, arg, f"must have x's shape {tuple(x.shape)} on {x.device}, got {tuple(t.shape)} on {t.device}")
+    if dtype is not None and t.dtype != dtype:
+        _fail(name, arg, f"must be {dtype} (x's dtype), got {t.dtype}")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        _fail(name, arg, f"must be contiguous in its last dim (stride 1), got strides {t.stride()}")
+
+
+def _rms_linear(name, x, residual, norm_weight, eps, weight, out, residual_out, split_k=None, deterministic=None):
+    """add_rms_norm_linear (residual given) or rms_norm_linear; split_k / deterministic as in linear_splitk."""
+    _check_matrix(name, "x", x)
+    _check_matrix(name, "weight", weight)
+    M, H = x.shape
+    N, K = _check_weight_out(name, x, weight, out, M, H)
+    _check_norm_weight(name, norm_weight, H, x)
+    if residual is not None:
+        _check_row_like(name, "residual", residual, x)
+        if residual_out is None:
+            residual_out = torch.empty((M, H), dtype=x.dtype, device=x.device)
+        else:
+            _check_row_like(name, "residual_out", residual_out, x, x.dtype)
+            for arg, t in (("residual", residual), ("x", x)):
+                if _overlap(residual_out, t):
+                    # At decode every program reads x and residual while one of them writes s: an
+                    # in-place residual_out would let a program read a residual already replaced by s.
+                    _fail(name, "residual_out", f"overlaps {arg}; pass a separate buffer (e.g. alternate "
+                          f"two residual buffers between layers): the fused kernel reads {arg} in every "
+                          f"program while one program writes residual_out")
+    if out is None:
+        out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M > GEMV_MAX_M:  # compute-bound: the norm kernel, then the tiled GEMM
+        from . import norms
+        if residual is None:
+            h = norms.rms_norm(x, norm_weight, eps)
+        else:
+            h, residual_out = norms.add_rms_norm(x, residual, norm_weight, eps, residual_out=residual_out)
+        y = _matmul(name, h, weight, out)
+        return y if residual is None else (y, residual_out)
+    args = dict(stride_xm=x.stride(0), nw=norm_weight, eps=eps)
+    if residual is not None:
+        args.update(r=residual, stride_rm=residual.stride(0), s=residual_out, stride_sm=residual_out.stride(0))
+    if M > 0 and N == 0 and residual is not None:  # no GEMV program would run to write s
+        residual_out.copy_((x.float() + residual.float()).to(x.dtype))
+    _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, PRO_RMS if residual is None else PRO_ADD_RMS,
+                 args)
+    return out if residual is None else (out, residual_out)
+
+
+def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                        weight: torch.Tensor, out: torch.Tensor | None = None,
+                        residual_out: torch.Tensor | None = None):
+    """Residual add + zero-centred RMSNorm + projection: s = x + residual (rounded to x's dtype),
+    h = rms_norm(s) * (1 + norm_weight) rounded to x's dtype, returns (h @ weight^T, s).
+
+    x, residual [M, H] (rows may be strided, last dim contiguous), norm_weight [H], weight [N, H] ->
+    (y [M, N], s [M, H]). M <= 16: ONE launch, the add and the norm computed in the GEMV's prologue (every
+    program sums the squares of its whole rows; the programs of the first row block and first split write
+    s into residual_out). Larger M: norms.add_rms_norm, then the tiled GEMM. `residual_out` must not
+    overlap x or residual (KernelError): pass a separate buffer, e.g. alternate two between layers.
+    """
+    return _rms_linear("add_rms_norm_linear", x, residual, norm_weight, eps, weight, out, residual_out)
+
+
+def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """Zero-centred RMSNorm + projection: rms_norm(x) * (1 + norm_weight) rounded to x's dtype, @ weight^T.
+
+    x [M, H], norm_weight [H], weight [N, H] -> [M, N]; one launch for M <= 16, else rms_norm then the GEMM.
+    """
+    return _rms_linear("rms_norm_linear", x, None, norm_weight, eps, weight, out, None)
+
+
+def _gated_fusable(Dv: int) -> bool:
+    """The fused gated prologue normalises whole heads inside one tile: Dv a power of two, 16 or more, and
+    no wider than the largest BLOCK_K the configs offer."""
+    widest = max(c.kwargs["BLOCK_K"] for c in _gemv_configs())
+    return Dv >= K_GRANULE and Dv & (Dv - 1) == 0 and Dv <= widest
+
+
+def gated_rms_norm_linear(o: torch.Tensor, z: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                          weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The Gated DeltaNet's output: gated_rms_norm(o, z, norm_weight, eps).reshape(M, Hv * Dv) @ weight^T.
+
+    o, z [M, Hv, Dv] (any strides on the leading dims, e.g. z a view of the in-projection's output; last
+    dim contiguous), norm_weight [Dv] (any float dtype), weight [N, Hv * Dv] -> [M, N]. M <= 16 and Dv a
+    power of two (16 .. the widest BLOCK_K): ONE launch, each program normalising the heads of its slice of
+    K in the GEMV's prologue (BLOCK_K and the split points are multiples of Dv, so a tile holds whole
+    heads). Otherwise norms.gated_rms_norm, then `linear`.
+    """
+    return _gated_linear(o, z, norm_weight, eps, weight, out)
+
+
+def _gated_linear(o, z, norm_weight, eps, weight, out, split_k=None, deterministic=None):
+    """gated_rms_norm_linear with split_k / deterministic as in linear_splitk (the fused path only)."""
+    name = "gated_rms_norm_linear"
+    if not isinstance(o, torch.Tensor) or o.dim() != 3:
+        _fail(name, "o", f"must be a 3-D tensor [M, Hv, Dv], got "
+              f"{tuple(o.shape) if isinstance(o, torch.Tensor) else type(o).__name__}")
+    if o.dtype not in _DTYPES:
+        _fail(name, "o", f"has dtype {o.dtype}; expected bfloat16, float16 or float32")
+    if o.shape[-1] > 1 and o.stride(-1) != 1:
+        _fail(name, "o", f"must be contiguous in its last dim (stride 1), got strides {o.stride()}")
+    _check_row_like(name, "z", z, o)
+    _check_matrix(name, "weight", weight)
+    M, Hv, Dv = o.shape
+    N, K = _check_weight_out(name, o, weight, out, M, Hv * Dv, "o")
+    _check_norm_weight(name, norm_weight, Dv, o)
+    if out is None:
+        out = torch.empty((M, N), dtype=o.dtype, device=o.device)
+    if M > GEMV_MAX_M or not _gated_fusable(Dv):
+        from . import norms
+        h = norms.gated_rms_norm(o, z, norm_weight, eps)
+        return linear(h.reshape(M, K), weight, out=out)
+    args = dict(stride_xm=o.stride(0), stride_xh=o.stride(1), z=z, stride_zm=z.stride(0), stride_zh=z.stride(1),
+                nw=norm_weight, eps=eps)
+    return _launch_gemv(name, o, weight, out, M, N, K, split_k, deterministic, PRO_GATED, args, dv=Dv)
+
+
+__all__ = ["GEMV_MAX_M", "add_rms_norm_linear", "choose_split_k", "deterministic_mode", "gated_rms_norm_linear",
+           "gemv_splitk_kernel", "linear", "linear_splitk", "matmul", "matmul_kernel", "rms_norm_linear", "sm_count"]
