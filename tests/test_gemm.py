@@ -246,3 +246,254 @@ def test_gpu_splitk_inside_a_cuda_graph(rt, gen, deterministic):
         graph.replay()
         torch.cuda.synchronize()
         checks.compare(f"graph replay {step}", out, reference.linear(x, w))
+
+
+# ---------------------------------------------------------------- norms fused into the GEMV prologue
+
+
+def _norm_w(D, g, rt, dtype=None):
+    return checks.randn(D, g=g, dtype=dtype or rt.dtype, device=rt.device, scale=0.3)
+
+
+def _add_case(M, H, N, rt, row_pad=0):
+    def make(g):
+        xb = _x(M, H + row_pad, g, rt)  # with row_pad, x rows are farther apart than H
+        return dict(x=xb[:, :H], residual=_x(M, H, g, rt), norm_weight=_norm_w(H, g, rt), eps=1e-6,
+                    weight=_w(N, H, g, rt), out=torch.empty(M, N, dtype=rt.dtype, device=rt.device))
+    return make
+
+
+def _ohz(M, Hv, Dv, g, rt):
+    """o [M, Hv, Dv] contiguous, and z a strided view of a wider projection output (as the model slices it)."""
+    o = checks.randn(M, Hv, Dv, g=g, dtype=rt.dtype, device=rt.device)
+    proj = checks.randn(M, 3 * Hv * Dv + 5, g=g, dtype=rt.dtype, device=rt.device, scale=2.0)
+    z = proj[:, Hv * Dv + 5:2 * Hv * Dv + 5].unflatten(1, (Hv, Dv))
+    return o, z
+
+
+def _gated_case(M, Hv, Dv, N, rt):
+    def make(g):
+        o, z = _ohz(M, Hv, Dv, g, rt)
+        return dict(o=o, z=z, norm_weight=_norm_w(Dv, g, rt, torch.float32) + 1.0, eps=1e-6,
+                    weight=_w(N, Hv * Dv, g, rt), out=torch.empty(M, N, dtype=rt.dtype, device=rt.device))
+    return make
+
+
+# H = 100: not a multiple of BLOCK_K (64 under the interpreter); M = 17 takes the norm kernel + GEMM path
+@pytest.mark.parametrize("M", [1, 3, 17])
+def test_add_rms_norm_linear_matches_reference(rt, M):
+    checks.check_kernel("add_rms_norm_linear", gemm.add_rms_norm_linear, reference.add_rms_norm_linear,
+                        [_add_case(M, 100, 45, rt, row_pad=7)], seed=M, quiet=True)
+
+
+@pytest.mark.parametrize("M", [1, 3, 17])
+def test_rms_norm_linear_matches_reference(rt, M):
+    def make(g):
+        return dict(x=_x(M, 100, g, rt), norm_weight=_norm_w(100, g, rt), eps=1e-6, weight=_w(45, 100, g, rt),
+                    out=torch.empty(M, 45, dtype=rt.dtype, device=rt.device))
+    checks.check_kernel("rms_norm_linear", gemm.rms_norm_linear, reference.rms_norm_linear, [make], seed=M,
+                        quiet=True)
+
+
+@pytest.mark.parametrize("M", [1, 3, 17])
+def test_gated_rms_norm_linear_matches_reference(rt, M):
+    # Hv * Dv = 80: five heads of 16, not a multiple of BLOCK_K = 64; z a strided view
+    checks.check_kernel("gated_rms_norm_linear", gemm.gated_rms_norm_linear, reference.gated_rms_norm_linear,
+                        [_gated_case(M, 5, 16, 45, rt)], seed=M, quiet=True)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("M,split_k", [(1, 1), (1, 4), (3, 4)])
+def test_fused_prologues_with_split_k(rt, gen, deterministic, M, split_k):
+    # with split-K every slice uses the rstd of the whole row (RMSNorm) or of its own whole heads (gated)
+    H, N = 150, 40
+    x, r, nw, w = _x(M, H, gen, rt), _x(M, H, gen, rt), _norm_w(H, gen, rt), _w(N, H, gen, rt)
+    y, s = gemm._rms_linear("add_rms_norm_linear", x, r, nw, 1e-6, w, None, None, split_k, deterministic)
+    y_ref, s_ref = reference.add_rms_norm_linear(x, r, nw, 1e-6, w)
+    checks.compare(f"add_rms_norm_linear split {split_k}", y, y_ref)
+    assert torch.equal(s, s_ref), "s = x + residual must be the reference's rounding exactly"
+    y = gemm._rms_linear("rms_norm_linear", x, None, nw, 1e-6, w, None, None, split_k, deterministic)
+    checks.compare(f"rms_norm_linear split {split_k}", y, reference.rms_norm_linear(x, nw, 1e-6, w))
+    o, z = _ohz(M, 6, 16, gen, rt)  # K = 96: split 4 -> slices of 32 (two heads), each split on a head boundary
+    gw, gnw = _w(N, 96, gen, rt), _norm_w(16, gen, rt)
+    y = gemm._gated_linear(o, z, gnw, 1e-6, gw, None, split_k, deterministic)
+    checks.compare(f"gated_rms_norm_linear split {split_k}", y, reference.gated_rms_norm_linear(o, z, gnw, 1e-6, gw))
+
+
+def test_fused_deterministic_is_bitwise_repeatable(rt, gen):
+    x, r, nw, w = _x(2, 300, gen, rt), _x(2, 300, gen, rt), _norm_w(300, gen, rt), _w(50, 300, gen, rt)
+    runs = [gemm._rms_linear("add_rms_norm_linear", x, r, nw, 1e-6, w, None, None, 5, True) for _ in range(2)]
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    o, z = _ohz(2, 8, 16, gen, rt)
+    gw, gnw = _w(50, 128, gen, rt), _norm_w(16, gen, rt)
+    a, b = (gemm._gated_linear(o, z, gnw, 1e-6, gw, None, 4, True) for _ in range(2))
+    assert torch.equal(a, b)
+
+
+def test_fused_ops_are_one_launch_at_decode(rt, gen):
+    H, N = 64, 40
+    x, r, nw, w = _x(1, H, gen, rt), _x(1, H, gen, rt), _norm_w(H, gen, rt), _w(N, H, gen, rt)
+    o, z = _ohz(1, 4, 16, gen, rt)
+    for call in (lambda: gemm.add_rms_norm_linear(x, r, nw, 1e-6, w),
+                 lambda: gemm.rms_norm_linear(x, nw, 1e-6, w),
+                 lambda: gemm.gated_rms_norm_linear(o, z, _norm_w(16, gen, rt), 1e-6, w)):
+        with count_launches() as launches:
+            call()
+        assert dict(launches) == {"gemv_splitk_kernel": 1}
+    # beyond GEMV_MAX_M rows: the norm kernel, then the tiled GEMM
+    X, R = _x(17, H, gen, rt), _x(17, H, gen, rt)
+    with count_launches() as launches:
+        gemm.add_rms_norm_linear(X, R, nw, 1e-6, w)
+    assert dict(launches) == {"add_rms_norm_kernel": 1, "matmul_kernel": 1}
+
+
+def test_fused_writes_into_the_given_buffers(rt, gen):
+    M, H, N = 3, 70, 33
+    x, r, nw, w = _x(M, H, gen, rt), _x(M, H, gen, rt), _norm_w(H, gen, rt), _w(N, H, gen, rt)
+    out_big = checks.poison_(torch.empty(M, N + 6, dtype=rt.dtype, device=rt.device))
+    res_big = checks.poison_(torch.empty(M, H + 4, dtype=rt.dtype, device=rt.device))
+    out, res = out_big[:, 2:2 + N], res_big[:, 1:1 + H]
+    y, s = gemm.add_rms_norm_linear(x, r, nw, 1e-6, w, out=out, residual_out=res)
+    assert y.data_ptr() == out.data_ptr() and s.data_ptr() == res.data_ptr()
+    y_ref, s_ref = reference.add_rms_norm_linear(x, r, nw, 1e-6, w)
+    checks.compare("add_rms_norm_linear into strided buffers", y, y_ref)
+    assert torch.equal(s, s_ref)
+    assert torch.isnan(out_big[:, :2]).all() and torch.isnan(out_big[:, 2 + N:]).all(), "wrote outside out"
+    assert torch.isnan(res_big[:, :1]).all() and torch.isnan(res_big[:, 1 + H:]).all(), "wrote outside residual_out"
+
+
+@pytest.mark.parametrize("M", [1, 17])
+def test_residual_out_must_not_alias_the_inputs(rt, gen, M):
+    # every decode program reads x and residual while one program writes residual_out: in place would race
+    H, N = 64, 16
+    x, r, nw, w = _x(M, H, gen, rt), _x(M, H, gen, rt), _norm_w(H, gen, rt), _w(N, H, gen, rt)
+    both = _x(M, 2 * H, gen, rt)
+    for res_out, inputs, what in ((r, (x, r), "overlaps residual"), (x, (x, r), "overlaps x"),
+                                  (both[:, H // 2:H // 2 + H], (x, both[:, :H]), "overlaps residual")):
+        with pytest.raises(KernelError, match=f"residual_out {what}"):
+            gemm.add_rms_norm_linear(*inputs, nw, 1e-6, w, residual_out=res_out)
+    # a separate buffer (e.g. the other of two alternating residual buffers) is fine
+    y, s = gemm.add_rms_norm_linear(x, r, nw, 1e-6, w, residual_out=torch.empty_like(x))
+    assert torch.equal(s, reference.add_rms_norm(x, r, nw, 1e-6)[1])
+
+
+def test_gated_falls_back_when_heads_do_not_tile(rt, gen):
+    # Dv = 24 is not a power of two: gated_rms_norm, then linear (two launches), same result
+    o, z = _ohz(1, 3, 24, gen, rt)
+    nw, w = _norm_w(24, gen, rt), _w(20, 72, gen, rt)
+    with count_launches() as launches:
+        y = gemm.gated_rms_norm_linear(o, z, nw, 1e-6, w)
+    assert sum(launches.values()) == 2
+    checks.compare("gated_rms_norm_linear Dv=24", y, reference.gated_rms_norm_linear(o, z, nw, 1e-6, w))
+
+
+def test_fused_bad_arguments_are_named(rt, gen):
+    x, r, nw, w = _x(2, 32, gen, rt), _x(2, 32, gen, rt), _norm_w(32, gen, rt), _w(8, 32, gen, rt)
+    o, z = _ohz(2, 2, 16, gen, rt)
+    cases = [
+        (lambda: gemm.add_rms_norm_linear(x, r[:1], nw, 1e-6, w), "residual must have x's shape"),
+        (lambda: gemm.add_rms_norm_linear(x, r, nw[:16], 1e-6, w), "norm_weight must be"),
+        (lambda: gemm.add_rms_norm_linear(x, r, nw, 1e-6, _w(8, 16, gen, rt)), "x has 32 columns"),
+        (lambda: gemm.add_rms_norm_linear(x, r, nw, 1e-6, w, residual_out=torch.empty(2, 31)), "residual_out"),
+        (lambda: gemm.rms_norm_linear(x[0], nw, 1e-6, w), "x must be 2-D"),
+        (lambda: gemm.rms_norm_linear(x, nw, 1e-6, w, out=torch.empty(2, 9, dtype=rt.dtype)), "out"),
+        (lambda: gemm.gated_rms_norm_linear(o[0], z[0], nw[:16], 1e-6, w), "o must be a 3-D"),
+        (lambda: gemm.gated_rms_norm_linear(o, z[:1], nw[:16], 1e-6, w), "z must have x's shape"),
+        (lambda: gemm.gated_rms_norm_linear(o, z, nw, 1e-6, w), r"norm_weight must be \[16\]"),
+        (lambda: gemm.gated_rms_norm_linear(o, z, nw[:16], 1e-6, _w(8, 48, gen, rt)), "o has 32 columns"),
+    ]
+    for call, message in cases:
+        with pytest.raises(KernelError, match=message):
+            call()
+
+
+# ---------------------------------------------------------------- GPU: the fused decode shapes, bf16
+
+# (N, H) of each projection that follows a zero-centred RMSNorm of the hidden state
+NORMED = {name: REAL[name] for name in ("deltanet_in_proj", "attention_qkv", "mlp_gate_up", "lm_head")}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 5, 64])
+@pytest.mark.parametrize("name", list(NORMED))
+def test_gpu_add_rms_norm_linear_real_shapes(rt, gen, name, M):
+    H, N = NORMED[name]
+    if name == "lm_head" and M > 1:
+        pytest.skip("the LM head runs on one row at decode")
+    x, r, nw, w = _x(M, H, gen, rt), _x(M, H, gen, rt), _norm_w(H, gen, rt), _w(N, H, gen, rt)
+    y_ref, s_ref = reference.add_rms_norm_linear(x, r, nw, C.rms_norm_eps, w)
+    y, s = gemm.add_rms_norm_linear(x, r, nw, C.rms_norm_eps, w)
+    checks.compare(f"add_rms_norm_linear {name} M={M}", y, y_ref)
+    assert torch.equal(s, s_ref)
+    checks.compare(f"rms_norm_linear {name} M={M}", gemm.rms_norm_linear(x, nw, C.rms_norm_eps, w),
+                   reference.rms_norm_linear(x, nw, C.rms_norm_eps, w))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 5, 64])
+def test_gpu_gated_rms_norm_linear_real_shape(rt, gen, M):
+    Hv, Dv, H = C.linear_num_value_heads, C.linear_value_head_dim, C.hidden_size
+    o = _x(M, Hv * Dv, gen, rt).view(M, Hv, Dv)
+    proj = _x(M, C.linear_in_proj_dim, gen, rt)  # z is a strided slice of the in-projection, as in the model
+    cd = C.linear_conv_dim
+    z = proj[:, cd:cd + Hv * Dv].unflatten(1, (Hv, Dv))
+    nw = _norm_w(Dv, gen, rt, torch.float32) + 1.0
+    w = _w(H, Hv * Dv, gen, rt)
+    ref = reference.gated_rms_norm_linear(o, z, nw, C.rms_norm_eps, w)
+    checks.compare(f"gated_rms_norm_linear M={M}", gemm.gated_rms_norm_linear(o, z, nw, C.rms_norm_eps, w), ref)
+    for deterministic in (False, True):
+        for split_k in (1, 2, 4, 8):
+            got = gemm._gated_linear(o, z, nw, C.rms_norm_eps, w, None, split_k, deterministic)
+            checks.compare(f"gated split {split_k} det {deterministic}", got, ref)
+
+
+@pytest.mark.gpu
+def test_gpu_fused_deterministic_bitwise(rt, gen):
+    H, N = C.hidden_size, C.attn_in_proj_dim
+    x, r, nw, w = _x(1, H, gen, rt), _x(1, H, gen, rt), _norm_w(H, gen, rt), _w(N, H, gen, rt)
+    first = gemm._rms_linear("add_rms_norm_linear", x, r, nw, 1e-6, w, None, None, 4, True)
+    for _ in range(10):
+        y, s = gemm._rms_linear("add_rms_norm_linear", x, r, nw, 1e-6, w, None, None, 4, True)
+        assert torch.equal(y, first[0]) and torch.equal(s, first[1])
+
+
+@pytest.mark.gpu
+def test_gpu_fused_inside_a_cuda_graph(rt, gen):
+    # the model's decode pattern: two alternating residual buffers, the fused ops captured once, replayed
+    H, N = C.hidden_size, C.linear_in_proj_dim
+    Hv, Dv = C.linear_num_value_heads, C.linear_value_head_dim
+    x = torch.zeros(1, H, dtype=rt.dtype, device=rt.device)
+    res_a, res_b = torch.zeros_like(x), torch.empty_like(x)
+    nw, w = _norm_w(H, gen, rt), _w(N, H, gen, rt)
+    o = torch.zeros(1, Hv, Dv, dtype=rt.dtype, device=rt.device)
+    z = torch.zeros(1, Hv, Dv, dtype=rt.dtype, device=rt.device)
+    gnw, gw = _norm_w(Dv, gen, rt, torch.float32), _w(H, Hv * Dv, gen, rt)
+    y = torch.empty(1, N, dtype=rt.dtype, device=rt.device)
+    y2 = torch.empty(1, H, dtype=rt.dtype, device=rt.device)
+
+    def step():
+        gemm.add_rms_norm_linear(x, res_a, nw, 1e-6, w, out=y, residual_out=res_b)
+        gemm.gated_rms_norm_linear(o, z, gnw, 1e-6, gw, out=y2)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm-up: compile, autotune, time the splits, allocate the workspaces
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for i in range(3):
+        x.copy_(_x(1, H, gen, rt))
+        res_a.copy_(_x(1, H, gen, rt))
+        o.copy_(_x(1, Hv * Dv, gen, rt).view(1, Hv, Dv))
+        z.copy_(_x(1, Hv * Dv, gen, rt).view(1, Hv, Dv))
+        graph.replay()
+        torch.cuda.synchronize()
+        y_ref, s_ref = reference.add_rms_norm_linear(x, res_a, nw, 1e-6, w)
+        checks.compare(f"graph replay {i}: add_rms_norm_linear", y, y_ref)
+        assert torch.equal(res_b, s_ref)
+        checks.compare(f"graph replay {i}: gated_rms_norm_linear", y2,
+                       reference.gated_rms_norm_linear(o, z, gnw, 1e-6, gw))
