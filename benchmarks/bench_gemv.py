@@ -8,8 +8,10 @@ docs PERF.md. Each call is timed the way the model runs it: 20 calls captured in
 replayed with triton.testing.do_bench (median), divided by 20; the 20 calls rotate through copies of
 the weight that together exceed twice the L2 cache, so no call is served from L2 by its predecessor.
 Rows: qwen_lab's `linear` (the heuristic's SPLIT_K, autotuned blocks), torch's F.linear and torch.mv,
-then the SPLIT_K sweep (1, 2, 4, 8, 16; atomic, and deterministic for the narrow shapes), and the MLP's
-down projection fused with SwiGLU against silu_mul + linear.
+then the SPLIT_K sweep (1, 2, 4, 8, 16; atomic, and deterministic for the narrow shapes), the MLP's
+down projection fused with SwiGLU against silu_mul + linear, and the norms fused into the GEMV's
+prologue (add_rms_norm_linear on the three in-projections and the LM head against add_rms_norm + linear;
+gated_rms_norm_linear on the DeltaNet out-projection against gated_rms_norm + linear).
 Prefill (M = 2048): `linear` (the tiled GEMM) against F.linear in TFLOP/s.
 
 Writes DIR/bench_gemv.json. Needs a CUDA GPU; prints what it skipped otherwise. Finishes in about a
@@ -112,9 +114,10 @@ def decode_rows(gen, l2_bytes, bw_measured):
         nbytes = 2 * (N * K + K + N)
         ref = reference.linear(rot.xs[0], rot.weights[0])
         err = (gemm.linear(rot.xs[0], rot.weights[0]).float() - ref.float()).abs().max().item()
-        split = gemm.choose_split_k(1, N, K, gemm.sm_count(DEVICE))
         us = time_graph(rot.calls(lambda x, w, o: gemm.linear(x, w, out=o)))
         config = str(gemm.gemv_splitk_kernel.best_config)
+        # the SPLIT_K `linear` used: timed per narrow shape on the first call, else the heuristic's
+        split = gemm.chosen_split_k(1, N, K, dtype=torch.bfloat16, device=DEVICE)
         us_torch = time_graph(rot.calls(lambda x, w, o: F.linear(x, w)))  # F.linear has no out=
         us_mv = time_graph(rot.calls(lambda x, w, o: torch.mv(w, x[0], out=o[0])))
         pct = nbytes / (us * 1e-6) / COPY_BANDWIDTH
@@ -140,6 +143,63 @@ def swiglu_row(gen, l2_bytes):
     ref = reference.linear(reference.silu_mul(rot.xs[0]), rot.weights[0])
     row["max_abs_err"] = (activations.swiglu_down(rot.xs[0], rot.weights[0]).float() - ref.float()).abs().max().item()
     return row
+
+
+def fused_norm_rows(gen, l2_bytes):
+    """Norm + projection at decode, one fused launch against the two kernels it replaces (times per call)."""
+    from qwen_lab.kernels import gemm, norms
+
+    eps = C.rms_norm_eps
+    H = C.hidden_size
+    rows = []
+    nw = (torch.randn(H, generator=gen, device=DEVICE) * 0.1).to(torch.bfloat16)
+    res = torch.randn(1, H, generator=gen, device=DEVICE).to(torch.bfloat16)
+    h_buf, s_buf = torch.empty(1, H, dtype=torch.bfloat16, device=DEVICE), torch.empty_like(res)
+    for name, K, N, _ in SHAPES:
+        if K != H:
+            continue
+        rot = Rotation(K, N, l2_bytes, gen)
+        nbytes = 2 * (N * K + 3 * K + N)
+
+        def separate(x, w, o):
+            h, _ = norms.add_rms_norm(x, res, nw, eps, out=h_buf, residual_out=s_buf)
+            return gemm.linear(h, w, out=o)
+
+        us_sep = time_graph(rot.calls(separate))
+        us_fused = time_graph(rot.calls(
+            lambda x, w, o: gemm.add_rms_norm_linear(x, res, nw, eps, w, out=o, residual_out=s_buf)))
+        y_ref, _ = reference.add_rms_norm_linear(rot.xs[0], res, nw, eps, rot.weights[0])
+        y, _ = gemm.add_rms_norm_linear(rot.xs[0], res, nw, eps, rot.weights[0])
+        rows.append(dict(op="add_rms_norm_linear", name=name, K=K, N=N, fused_us=us_fused, separate_us=us_sep,
+                         fused_pct_of_copy=nbytes / (us_fused * 1e-6) / COPY_BANDWIDTH,
+                         max_abs_err=(y.float() - y_ref.float()).abs().max().item()))
+        del rot
+        torch.cuda.empty_cache()
+    # the DeltaNet's output: gated norm of o [1, Hv, Dv] with z a slice of the in-projection, then out_proj
+    Hv, Dv, cd = C.linear_num_value_heads, C.linear_value_head_dim, C.linear_conv_dim
+    K, N = Hv * Dv, H
+    rot = Rotation(K, N, l2_bytes, gen)
+    proj = torch.randn(1, C.linear_in_proj_dim, generator=gen, device=DEVICE).to(torch.bfloat16)
+    z = proj[:, cd:cd + K].unflatten(1, (Hv, Dv))
+    gnw = torch.rand(Dv, generator=gen, device=DEVICE) + 0.5
+    g_buf = torch.empty(1, Hv, Dv, dtype=torch.bfloat16, device=DEVICE)
+
+    def separate_gated(x, w, o):
+        h = norms.gated_rms_norm(x.view(1, Hv, Dv), z, gnw, eps, out=g_buf)
+        return gemm.linear(h.view(1, K), w, out=o)
+
+    us_sep = time_graph(rot.calls(separate_gated))
+    us_fused = time_graph(rot.calls(lambda x, w, o: gemm.gated_rms_norm_linear(x.view(1, Hv, Dv), z, gnw, eps, w,
+                                                                             out=o)))
+    o3 = rot.xs[0].view(1, Hv, Dv)
+    err = (gemm.gated_rms_norm_linear(o3, z, gnw, eps, rot.weights[0]).float()
+           - reference.gated_rms_norm_linear(o3, z, gnw, eps, rot.weights[0]).float()).abs().max().item()
+    rows.append(dict(op="gated_rms_norm_linear", name="out_proj", K=K, N=N, fused_us=us_fused, separate_us=us_sep,
+                     fused_pct_of_copy=2 * (N * K + 2 * K + N) / (us_fused * 1e-6) / COPY_BANDWIDTH,
+                     max_abs_err=err))
+    del rot
+    torch.cuda.empty_cache()
+    return rows
 
 
 def sweep_rows(gen, l2_bytes, deadline):
@@ -204,6 +264,14 @@ def print_swiglu(f):
           f"fused swiglu_down {f['swiglu_down_us']:.2f} us")
 
 
+def print_fused_norms(rows):
+    print("\nNorm fused into the GEMV prologue at decode (us per call inside a CUDA Graph)")
+    print(f"{'op':22s} {'shape':18s} {'K->N':>13s} {'fused':>7s} {'%copy':>6s} {'norm+linear':>11s} {'saved':>6s}")
+    for r in rows:
+        print(f"{r['op']:22s} {r['name']:18s} {r['K']:>5d}->{r['N']:<7d} {r['fused_us']:7.2f} "
+              f"{100 * r['fused_pct_of_copy']:5.0f}% {r['separate_us']:11.2f} {r['separate_us'] - r['fused_us']:6.2f}")
+
+
 def print_prefill(rows):
     print(f"\nPrefill GEMM, M = {PREFILL_M}, bf16")
     print(f"{'shape':18s} {'K->N':>13s} {'ms':>8s} {'TFLOP/s':>8s} {'torch ms':>9s} {'TFLOP/s':>8s}")
@@ -259,6 +327,9 @@ def main(argv=None):
     result["swiglu_down"] = swiglu_row(gen, l2_bytes)
     save()
     print_swiglu(result["swiglu_down"])
+    result["fused_norms"] = fused_norm_rows(gen, l2_bytes)
+    save()
+    print_fused_norms(result["fused_norms"])
     result["prefill"] = prefill_rows(gen)
     save()
     print_prefill(result["prefill"])

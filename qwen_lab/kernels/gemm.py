@@ -491,6 +491,22 @@ def split_tuning_enabled() -> bool:
     return os.environ.get("QWEN_LAB_TUNE_SPLIT", "1").strip().lower() in _TRUE
 
 
+def _split_key(prologue, M, N, K, deterministic, dtype, device):
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return (prologue, triton.next_power_of_2(M), N, K, bool(deterministic), dtype, str(device))
+
+
+def chosen_split_k(M: int, N: int, K: int, prologue: int = PRO_NONE, deterministic: bool | None = None,
+                   dtype=torch.bfloat16, device="cuda") -> int:
+    """The SPLIT_K the GEMV launchers use for this call shape: the one timed on the first call of a narrow
+    shape when there was one (see `_pick_split`), else `choose_split_k`'s."""
+    det = deterministic_mode() if deterministic is None else deterministic
+    key = _split_key(prologue, M, N, K, det, dtype, device)
+    return _split_choice.get(key, choose_split_k(M, N, K, sm_count(device)))
+
+
 def _pick_split(key, heuristic: int, K: int, granule: int, device, launch) -> int:
     """The heuristic's SPLIT_K, or on a GPU the fastest candidate, timed once per shape outside graph capture.
 
@@ -569,7 +585,7 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
             BLOCK_M=block_m, REDUCE=reduce, PROLOGUE=prologue, DV=dv, DOT_PRECISION=dot_precision)
 
     if tune:
-        key = (prologue, triton.next_power_of_2(M), N, K, bool(deterministic), x.dtype, x.device)
+        key = _split_key(prologue, M, N, K, deterministic, x.dtype, x.device)
         split_k = _pick_split(key, split_k, K, granule, x.device, launch)
     launch(split_k)
     return out
@@ -737,5 +753,5 @@ def _gated_linear(o, z, norm_weight, eps, weight, out, split_k=None, determinist
     return _launch_gemv(name, o, weight, out, M, N, K, split_k, deterministic, PRO_GATED, args, dv=Dv)
 
 
-__all__ = ["GEMV_MAX_M", "add_rms_norm_linear", "choose_split_k", "deterministic_mode", "gated_rms_norm_linear",
+__all__ = ["GEMV_MAX_M", "add_rms_norm_linear", "choose_split_k", "chosen_split_k", "deterministic_mode", "gated_rms_norm_linear",
            "gemv_splitk_kernel", "linear", "linear_splitk", "matmul", "matmul_kernel", "rms_norm_linear", "sm_count"]
