@@ -31,6 +31,9 @@ KERNEL_MODULES = {
     "add_rms_norm": "norms",
     "gated_rms_norm": "norms",
     "linear": "gemm",
+    "rms_norm_linear": "gemm",
+    "add_rms_norm_linear": "gemm",
+    "gated_rms_norm_linear": "gemm",
     "silu_mul": "activations",
     "swiglu_down": "activations",
     "rope": "rope",
@@ -84,6 +87,7 @@ class Qwen35Model:
             self.ops, self.fallbacks = torch_ops(), []
         else:
             self.ops, self.fallbacks = triton_ops()
+        self._stock = dict(self.ops) if backend == "triton" else {}
         self.trace: Callable | None = None  # trace(layer, op_name, tensor): see divergence_report
         self.layer_index = -1                # the layer being computed (-1: embedding; num_layers: the head)
 
@@ -133,44 +137,60 @@ class Qwen35Model:
         ids, positions: LongTensor [T] on the device. Returns logits [T, V] (all_logits) or [1, V] for the last
         position, in the model dtype. Nothing here synchronises with the host on the triton backend.
         """
-        cfg, W, ops = self.config, self.weights, self.ops
-        eps = cfg.rms_norm_eps
+        W, ops = self.weights, self.ops
         self.layer_index = -1
-        x = ops["embedding"](ids, W.embed)
+        x = ops["embedding"](ids, W.embed)                             # the residual stream [T, H]
         self._t(-1, "embedding", x)
-        self.layer_index = 0
-        h = ops["rms_norm"](x, W.layers[0].input_norm, eps)
-        self._t(0, "input_norm", h)
+        y = None                                                       # the last branch output, not yet in x
         for i, layer in enumerate(W.layers):
             self.layer_index = i
-            if i > 0:
-                h, x = ops["add_rms_norm"](y, x, layer.input_norm, eps)
-                self._t(i, "input_norm", h)
+            w_in = layer.in_proj if layer.kind == LINEAR else layer.qkv_proj
+            proj, x = self.norm_linear(i, "input_norm", y, x, layer.input_norm, w_in)   # x += y; norm; project
             if layer.kind == LINEAR:
-                y = self.gated_deltanet(i, layer, h, cache)
+                y = self.gated_deltanet(i, layer, proj, cache)
             else:
-                y = self.gated_attention(i, layer, h, positions, cache)
-            h, x = ops["add_rms_norm"](y, x, layer.post_norm, eps)
-            self._t(i, "post_attention_norm", h)
-            y = self.mlp(i, layer, h)
+                y = self.gated_attention(i, layer, proj, positions, cache)
+            gate_up, x = self.norm_linear(i, "post_attention_norm", y, x, layer.post_norm, layer.gate_up)
+            y = self.mlp(i, layer, gate_up)
         self.layer_index = len(W.layers)
         if not all_logits:
             y, x = y[-1:], x[-1:]
-        h, x = ops["add_rms_norm"](y, x, W.final_norm, eps)
-        self._t(len(W.layers), "final_norm", h)
-        logits = ops["linear"](h, W.lm_head, **({"out": logits_out} if logits_out is not None else {}))
+        logits, _ = self.norm_linear(len(W.layers), "final_norm", y, x, W.final_norm, W.lm_head, out=logits_out)
         self._t(len(W.layers), "lm_head", logits)
         return logits
 
-    def gated_deltanet(self, i: int, layer, h: torch.Tensor, cache: Cache) -> torch.Tensor:
-        """Gated DeltaNet mixer: in-projection, causal conv, gates, the delta rule, gated norm, out-projection."""
+    def norm_linear(self, i: int, name: str, y, x, norm_weight, weight, out=None):
+        """x = x + y (y None: x as is), then RMSNorm (1 + w), then the projection: -> (h @ weight^T, x).
+
+        With the library's own kernels in the table, the residual add and the norm run as the prologue of the
+        projection's kernel (one launch at decode); a table holding anyone else's norm or linear runs them apart.
+        """
+        ops, eps = self.ops, self.config.rms_norm_eps
+        kw = {} if out is None else {"out": out}
+        if self._fused("rms_norm", "add_rms_norm", "linear"):
+            if y is None:
+                return ops["rms_norm_linear"](x, norm_weight, eps, weight, **kw), x
+            return ops["add_rms_norm_linear"](y, x, norm_weight, eps, weight, **kw)
+        if y is None:
+            h = ops["rms_norm"](x, norm_weight, eps)
+        else:
+            h, x = ops["add_rms_norm"](y, x, norm_weight, eps)
+        self._t(i, name, h)
+        return ops["linear"](h, weight, **kw), x
+
+    def _fused(self, *names: str) -> bool:
+        """Whether these table entries are still the library's own Triton kernels (so their fusion applies)."""
+        return self.backend == "triton" and all(self.ops[n] is self._stock.get(n) for n in names)
+
+    def gated_deltanet(self, i: int, layer, proj: torch.Tensor, cache: Cache) -> torch.Tensor:
+        """Gated DeltaNet mixer, from its fused in-projection: causal conv, gates, the delta rule, gated norm,
+        out-projection."""
         cfg, ops = self.config, self.ops
-        T = h.shape[0]
+        T = proj.shape[0]
         Hk, Hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         Dk, Dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         kd, vd, cd = cfg.linear_key_dim, cfg.linear_value_dim, cfg.linear_conv_dim
-        proj = ops["linear"](h, layer.in_proj)                         # [T, qkv | z | b | a]
-        self._t(i, "in_proj", proj)
+        self._t(i, "in_proj", proj)                                    # [T, qkv | z | b | a]
         qkv, z = proj[:, :cd], proj[:, cd:cd + vd].unflatten(1, (Hv, Dv))
         b, a = proj[:, cd + vd:cd + vd + Hv], proj[:, cd + vd + Hv:]
         qkv = ops["causal_conv1d"](qkv, layer.conv, cache.conv_state[i])  # SiLU inside
@@ -185,20 +205,23 @@ class Qwen35Model:
             g, beta = ops["deltanet_gates"](a, b, layer.A_log, layer.dt_bias)
             o = ops["delta_rule_chunked"](q, k, v, g, beta, state)    # [T, Hv, Dv]; l2norm of q, k inside
         self._t(i, "delta_rule", o)
-        o = ops["gated_rms_norm"](o, z, layer.norm, cfg.rms_norm_eps)
-        self._t(i, "gated_norm", o)
-        y = ops["linear"](o.reshape(T, vd), layer.out_proj)
+        if self._fused("gated_rms_norm", "linear"):  # the gated norm as the out-projection's prologue
+            y = ops["gated_rms_norm_linear"](o, z, layer.norm, cfg.rms_norm_eps, layer.out_proj)
+        else:
+            o = ops["gated_rms_norm"](o, z, layer.norm, cfg.rms_norm_eps)  # rmsnorm(o) * w * silu(z)
+            self._t(i, "gated_norm", o)
+            y = ops["linear"](o.reshape(T, vd), layer.out_proj)
         self._t(i, "out_proj", y)
         return y
 
-    def gated_attention(self, i: int, layer, h: torch.Tensor, positions: torch.Tensor, cache: Cache) -> torch.Tensor:
-        """Gated attention mixer: fused q/gate/k/v projection, q/k norm, partial RoPE, causal GQA, sigmoid gate."""
+    def gated_attention(self, i: int, layer, proj: torch.Tensor, positions: torch.Tensor, cache: Cache) -> torch.Tensor:
+        """Gated attention mixer, from its fused q/gate/k/v projection: q/k norm, partial RoPE, causal GQA, sigmoid
+        gate, output projection."""
         cfg, ops = self.config, self.ops
-        T = h.shape[0]
+        T = proj.shape[0]
         Hq, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         qd, kvd = cfg.attn_q_dim, cfg.attn_kv_dim
-        proj = ops["linear"](h, layer.qkv_proj)                        # [T, (q_h | gate_h) per head | k | v]
-        self._t(i, "qkv_proj", proj)
+        self._t(i, "qkv_proj", proj)                                   # [T, (q_h | gate_h) per head | k | v]
         q_and_gate = proj[:, :qd].unflatten(1, (Hq, 2 * D))
         q, gate = q_and_gate[..., :D], q_and_gate[..., D:]
         k = proj[:, qd:qd + kvd].unflatten(1, (Hkv, D))
@@ -215,9 +238,8 @@ class Qwen35Model:
         self._t(i, "o_proj", y)
         return y
 
-    def mlp(self, i: int, layer, h: torch.Tensor) -> torch.Tensor:
-        """SwiGLU: one GEMM for gate and up (the input read once), then down(silu(gate) * up)."""
-        gate_up = self.ops["linear"](h, layer.gate_up)
+    def mlp(self, i: int, layer, gate_up: torch.Tensor) -> torch.Tensor:
+        """SwiGLU, from the fused gate/up projection (the input read once): down(silu(gate) * up)."""
         self._t(i, "gate_up", gate_up)
         y = self.ops["swiglu_down"](gate_up, layer.down)
         self._t(i, "mlp", y)
