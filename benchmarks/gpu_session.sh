@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Everything a GPU session checks, in one command on the device machine (the lease is short: one call).
-#   bash benchmarks/gpu_session.sh [tests|bench|all]     results under $OUT (or ./gpu_out)
+#   bash benchmarks/gpu_session.sh [all] [tests] [bench] [kernels] [notebooks]    results under $OUT (or ./gpu_out)
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
-what=${1:-all}
+what=" ${*:-all} "
+want() { [[ "$what" == *" $1 "* || "$what" == *" all "* ]]; }
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" MPLBACKEND=Agg
 # Carried wheels (flash-linear-attention) go on the path of the benchmarks only: once importable, transformers
 # swaps its PyTorch delta-rule functions for fla's Triton ones, which the parity tests must not compare against.
@@ -15,13 +16,15 @@ fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 
-if [ "$what" = bench ] || [ "$what" = all ]; then
+if want bench; then
   PYTHONPATH="$FLA_PATH" timeout 300 python3 -m qwen_lab.bench --model qwen3.5-0.8b --prefill-len 2048 --decode-steps 64 \
-      --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.txt"
+      --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | grep -v "falling back" | tee "$OUT/bench.txt"
+fi
+if want kernels; then
   timeout 150 python3 benchmarks/bench_gemv.py --out "$OUT" 2>&1 | tail -n 60 | tee "$OUT/gemv.txt"
   PYTHONPATH="$FLA_PATH" timeout 120 python3 benchmarks/bench_deltanet.py --out "$OUT" 2>&1 | tail -n 40 | tee "$OUT/deltanet.txt"
 fi
-if [ "$what" = tests ] || [ "$what" = all ]; then
+if want tests; then
   # one process per test file, so a kernel that faults cannot poison the CUDA context of other files' tests
   mkdir -p /tmp/testlogs
   ls tests/test_*.py | timeout ${TEST_TIMEOUT:-420} xargs -P ${TEST_JOBS:-6} -I{} sh -c \
@@ -30,6 +33,6 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   for f in /tmp/testlogs/*.txt; do echo "=== $f"; grep -E "^(FAILED|ERROR)|Error|error:|^E " "$f" | head -n 40; done > "$OUT/tests_failures.txt"
   tail -n 30 "$OUT/tests_failures.txt"
 fi
-if [ "$what" = notebooks ]; then
+if want notebooks; then
   timeout ${NB_TIMEOUT:-500} python3 benchmarks/run_notebooks.py solutions/*.ipynb 2>&1 | tee "$OUT/notebooks.txt"
 fi
