@@ -46,11 +46,13 @@ The tail of the last chunk is padded with k = v = 0, beta = 0 and g = 0, so it c
 Precision: norms, gates, decays, the triangular solve and the state stay fp32. On the GPU the matmul
 operands are bf16 with fp32 accumulation, as in flash-linear-attention (the inverse's merges use tf32);
 under the interpreter everything is fp32. On the GPU the kernels are autotuned (the state is restored
-between trials); under the interpreter the launchers pass one small fixed configuration.
+between trials); under the interpreter the launchers pass one small fixed configuration. `force_config`
+runs one chosen GPU config instead, in either mode: the tests run every GPU config through the interpreter.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import namedtuple
 
 import torch
@@ -64,14 +66,57 @@ EPS = 1e-6  # l2norm epsilon of q and k inside the delta rule (as in the referen
 INTERPRET = runtime.interpreter_active()  # fixed at import: the kernels below are defined for one mode
 
 
+_CONFIGS = {}   # kernel name -> (its GPU autotuning configs, their pruning function)
+_FORCED = {}    # kernel name -> the triton.Config every launch uses instead (see force_config)
+
+
 def _tuned(configs, key, restore=(), prune=None):
     """triton.autotune on a GPU; under the interpreter the launcher passes one small fixed config instead."""
     def wrap(fn):
+        _CONFIGS[fn.fn.__name__] = (configs, prune)
         if INTERPRET:
             return fn
         return triton.autotune(configs=configs, key=key, restore_value=list(restore),
                                prune_configs_by={"early_config_prune": prune} if prune else None)(fn)
     return wrap
+
+
+def autotune_configs(kernel: str, **named_args) -> list:
+    """The configs the GPU autotuner tries for `kernel` (a name, e.g. "chunk_scan_kernel") on arguments like
+    `named_args` (those its pruning reads, e.g. Dv=128): the configs `force_config` can run one by one."""
+    configs, prune = _CONFIGS[kernel]
+    return list(prune(configs, named_args) if prune else configs)
+
+
+@contextlib.contextmanager
+def force_config(kernel: str, config: "triton.Config"):
+    """Launch `kernel` with this one config (meta-parameters, num_warps, num_stages), bypassing the autotuner
+    on a GPU and the small fixed config under the interpreter. Tests use it to run every GPU config through
+    the interpreter, where a config that indexes out of bounds shows up on the CPU."""
+    if kernel not in _CONFIGS:
+        raise KernelError(f"force_config: {kernel!r} is not an autotuned kernel; expected one of {sorted(_CONFIGS)}")
+    previous = _FORCED.get(kernel)
+    _FORCED[kernel] = config
+    try:
+        yield
+    finally:
+        if previous is None:
+            del _FORCED[kernel]
+        else:
+            _FORCED[kernel] = previous
+
+
+def _launch(kernel, grid, args, kwargs, interpreter_meta):
+    """kernel[grid](*args, **kwargs) plus the meta-parameters of this mode: the autotuner's on a GPU,
+    `interpreter_meta` under the interpreter, or the config of `force_config` in either."""
+    fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
+    config = _FORCED.get(fn.fn.__name__)
+    if config is not None:
+        meta = dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+        if callable(grid):
+            grid = grid(meta)
+        return fn[grid](*args, **kwargs, **meta)  # the kernel itself: an autotuner would refuse BV=...
+    return kernel[grid](*args, **kwargs, **(interpreter_meta if INTERPRET else {}))
 
 
 # ---------------------------------------------------------------- small pieces
@@ -202,8 +247,9 @@ def _vec(ptr, rows, stride_t, col, T):
 _PREP_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]
 
 
+# T is not specialised (see chunk_scan_kernel)
 @_tuned(_PREP_CONFIGS, key=["Dk", "Dv", "BT", "BK", "BDV"])
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
                       qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr,
                       T, Tp, Dk, Dv, REP, scale, eps,
@@ -284,8 +330,13 @@ _SCAN_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
 
 
 # Hv is in the key only: the best BV depends on how many programs Hv * Dv / BV fill the GPU
+# T and n_chunks are not specialised. Triton turns an integer argument equal to 1 into a constant, so it
+# compiled a separate scan for every prompt of at most 64 tokens (n_chunks == 1: the chunk loop is folded
+# away and the loads, the transposed k tile and the dots are scheduled without the software pipeline) and for
+# T == 1. Every failure seen on the H200 ran such a variant (a fault at T = 1, garbage at T = 64), while the
+# looped kernel was right for 77, 300 and 2048 tokens; now every length runs the looped kernel.
 @_tuned(_SCAN_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK"], restore=("state_ptr",), prune=_prune_bv)
-@triton.jit
+@triton.jit(do_not_specialize=["T", "n_chunks"])
 def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, state_ptr, out_ptr,
                       T, Tp, n_chunks, Hv, Dk, Dv, stride_sh, stride_sk, stride_ot, stride_oh,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
@@ -434,15 +485,14 @@ def _recurrent_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, out, fused
         return out
     scale = Dk ** -0.5 if scale is None else float(scale)
     BK = triton.next_power_of_2(Dk)
-    meta = {} if not INTERPRET else dict(BV=min(32, triton.next_power_of_2(Dv)), num_warps=4)
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
-    delta_rule_recurrent_kernel[grid](
+    _launch(delta_rule_recurrent_kernel, grid, (
         q, k, v, g, beta, A_log, dt_bias, state, out, T, 1 if T == 1 else (2 if T <= 64 else 3),
         Hv, Dk, Dv, Hv // Hk, scale, EPS,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-        state.stride(0), state.stride(1), out.stride(0), out.stride(1),
-        FUSED_GATES=fused, BK=BK, **meta)
+        state.stride(0), state.stride(1), out.stride(0), out.stride(1)),
+        dict(FUSED_GATES=fused, BK=BK), dict(BV=min(32, triton.next_power_of_2(Dv)), num_warps=4))
     return out
 
 
@@ -531,20 +581,19 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     # fp32 operands: exact fp32 products ("ieee"). bf16 operands ignore the setting, except in the inverse's
     # merges, whose fp32 tiles then use tf32 (10-bit mantissa; the result is rounded to bf16 right after).
     prec = "ieee" if ws.qg.dtype == torch.float32 else "tf32"
-    meta = {} if not INTERPRET else dict(num_warps=4)
-    chunk_prep_kernel[(n_chunks, Hv)](
+    _launch(chunk_prep_kernel, (n_chunks, Hv), (
         q, k, v, g, beta, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, T, Tw, Dk, Dv, Hv // Hk, scale, EPS,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-        BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 16).bit_length() - 1, PREC=prec, INV_PREC=prec, **meta)
-    meta = {} if not INTERPRET else dict(BV=min(32, BDV), num_warps=4)
+        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1)),
+        dict(BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 16).bit_length() - 1, PREC=prec, INV_PREC=prec),
+        dict(num_warps=4))
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
-    chunk_scan_kernel[grid](
+    _launch(chunk_scan_kernel, grid, (
         ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, state, out, T, Tw, n_chunks, Hv, Dk, Dv,
-        state.stride(0), state.stride(1), out.stride(0), out.stride(1),
-        BT=chunk_size, BK=BK, PREC=prec, **meta)
+        state.stride(0), state.stride(1), out.stride(0), out.stride(1)),
+        dict(BT=chunk_size, BK=BK, PREC=prec), dict(BV=min(32, BDV), num_warps=4))
     return out
 
 
-__all__ = ["ChunkWorkspace", "chunk_workspace", "delta_rule_chunked", "delta_rule_recurrent", "deltanet_decode_step",
-           "deltanet_gates", "l2norm"]
+__all__ = ["ChunkWorkspace", "autotune_configs", "chunk_workspace", "delta_rule_chunked", "delta_rule_recurrent",
+           "deltanet_decode_step", "deltanet_gates", "force_config", "l2norm"]
