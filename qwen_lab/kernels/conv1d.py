@@ -102,6 +102,17 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
 STEP_MAX_TOKENS = 4
 
 
+def block_sizes(C: int, interpreter: bool) -> tuple[int, int, int]:
+    """(BLOCK_C of the step kernel, BLOCK_T and BLOCK_C of the tiled prefill kernel) for C channels.
+
+    The GPU sizes suit real widths (thousands of channels); the interpreter's are larger so that it runs
+    few programs. Tests call this with interpreter=False to run the GPU sizes through the interpreter.
+    """
+    if interpreter:
+        return min(256, triton.next_power_of_2(C)), 64, min(128, triton.next_power_of_2(C))
+    return min(128, triton.next_power_of_2(C)), 8, 256
+
+
 def _shape(t):
     return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
 
@@ -144,14 +155,12 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
         return out
     BLOCK_S = triton.next_power_of_2(max(W - 1, 1))
     args = (x, weight, state, out, T, C, x.stride(0), weight.stride(0), state.stride(0), out.stride(0))
-    interp = runtime.interpreter_active()
-    step_block = min(128 if not interp else 256, triton.next_power_of_2(C))
+    step_block, BLOCK_T, BLOCK_C = block_sizes(C, runtime.interpreter_active())
     step_grid = (triton.cdiv(C, step_block),)
     if T <= STEP_MAX_TOKENS:
         conv1d_step_kernel[step_grid](*args, W=W, BLOCK_S=BLOCK_S, BLOCK_C=step_block, WRITE_OUT=True,
                                       num_warps=2)
         return out
-    BLOCK_T, BLOCK_C = (64, min(128, triton.next_power_of_2(C))) if interp else (8, 256)
     grid = (triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))
     conv1d_prefill_kernel[grid](*args, W=W, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C, num_warps=4)
     conv1d_step_kernel[step_grid](*args, W=W, BLOCK_S=BLOCK_S, BLOCK_C=step_block, WRITE_OUT=False,
@@ -159,4 +168,4 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
     return out
 
 
-__all__ = ["STEP_MAX_TOKENS", "causal_conv1d"]
+__all__ = ["STEP_MAX_TOKENS", "block_sizes", "causal_conv1d"]
