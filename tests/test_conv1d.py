@@ -11,6 +11,7 @@ from qwen_lab import checks, reference
 from qwen_lab.config import QWEN35_0_8B
 from qwen_lab.errors import KernelError
 from qwen_lab.kernels import count_launches
+from qwen_lab.kernels import conv1d
 from qwen_lab.kernels.conv1d import STEP_MAX_TOKENS, causal_conv1d
 
 
@@ -106,6 +107,84 @@ def test_rejects_bad_arguments(rt, gen):
         causal_conv1d(x, weight, state, out=torch.empty(5, 16, dtype=torch.float64, device=rt.device))
     with pytest.raises(KernelError, match="x"):
         causal_conv1d(x[0], weight, state)
+
+
+# ---------------------------------------------------------------- guard regions: nothing outside the tensors
+#
+# The interpreter reads and writes CPU memory through raw pointers: an access past the end of a tensor lands
+# in a neighbouring allocation and goes unnoticed, where the GPU faults. So every tensor here is a strided view
+# in the middle of a bigger buffer holding NaN around inputs (read, it reaches the output) and a sentinel
+# around outputs; nothing outside the views may change. The GPU's block sizes (8 x 256 tiles, 128-channel
+# steps) run through the interpreter too.
+
+NAN, SENTINEL = float("nan"), -7777.0
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+_tags = iter(range(1, 1 << 30))
+
+
+def _tagged_nan_(buf):
+    """Fill buf with a NaN whose payload no other guard uses: a NaN copied from another tensor's margin
+    (a load past one end, then a store past another) then shows as a changed bit pattern."""
+    tag = next(_tags) % 63 + 1
+    pattern = {2: 0x7FC0 | tag, 4: 0x7FC00000 | (tag << 8), 8: 0x7FF8000000000000 | (tag << 20)}
+    buf.view(_BITS[buf.element_size()]).fill_(pattern[buf.element_size()])
+
+
+class _Guard:
+    """A copy of `src` as a view into a bigger buffer filled with `fill`: rows get `pad` extra elements of pitch,
+    and a margin of at least 64 more rows lies on both sides."""
+
+    def __init__(self, src, fill, pad=3):
+        rows, cols = src.shape
+        pitch = cols + pad
+        span = (rows - 1) * pitch + cols if rows and cols else 0
+        margin = span + 64 * pitch + 256
+        self.buf = torch.full((2 * margin + span,), fill, dtype=src.dtype, device=src.device)
+        if fill != fill:
+            _tagged_nan_(self.buf)
+        self.view = self.buf.as_strided((rows, cols), (pitch, 1), margin)
+        self.view.copy_(src)
+        inside = torch.zeros(self.buf.shape, dtype=torch.bool, device=src.device)
+        inside.as_strided((rows, cols), (pitch, 1), margin).fill_(True)
+        self.outside, self.before = ~inside, self.buf.clone()
+
+    def touched(self) -> int:
+        bits = _BITS[self.buf.element_size()]
+        return int((self.buf.view(bits) != self.before.view(bits))[self.outside].sum())
+
+
+@pytest.mark.parametrize("sizes", ["interpreter", "gpu"])
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 63, 64, 65, 130])
+def test_conv1d_stays_inside_its_tensors(T, sizes, rt, gen, monkeypatch):
+    if sizes == "gpu":  # the block sizes a GPU launch uses, here as well
+        real = conv1d.block_sizes
+        monkeypatch.setattr(conv1d, "block_sizes", lambda C, interpreter: real(C, False))
+    for C, W in [(40, 4), (300, 4), (33, 2), (17, 3)]:
+        x, weight, state = _inputs(T, C, W, gen, rt.dtype, rt.device)
+        ref_state = state.clone()
+        ref = reference.causal_conv1d(x, weight, ref_state)
+        gx, gw, gs = _Guard(x, NAN), _Guard(weight, NAN), _Guard(state, NAN)
+        go = _Guard(torch.full((T, C), NAN, dtype=rt.dtype, device=rt.device), SENTINEL)
+        causal_conv1d(gx.view, gw.view, gs.view, out=go.view)
+        for name, g in (("x", gx), ("weight", gw), ("state", gs), ("out", go)):
+            assert g.touched() == 0, f"T={T}, C={C}, W={W}: elements around '{name}' changed: a store went outside it"
+        hint = "NaN here means a kernel read outside its inputs (the memory around them holds NaN)"
+        checks.compare(f"y (T={T}, C={C}, W={W}, {sizes} blocks)", go.view, ref, hint=hint)
+        checks.compare(f"state (T={T}, C={C}, W={W}, {sizes} blocks)", gs.view, ref_state, hint=hint)
+
+
+@pytest.mark.parametrize("T0", [1, 3, 64])
+def test_decode_after_prefill_equals_a_longer_call(T0, rt, gen):
+    """A prefill of T0 tokens then single-token decode steps == one call over all of them."""
+    steps, C, W = 4, 56, 4
+    x, weight, state0 = _inputs(T0 + steps, C, W, gen, rt.dtype, rt.device)
+    long_state = state0.clone()
+    y_long = causal_conv1d(x, weight, long_state)
+    state = state0.clone()
+    ys = [causal_conv1d(x[:T0], weight, state)] + [causal_conv1d(x[t:t + 1], weight, state)
+                                                   for t in range(T0, T0 + steps)]
+    checks.compare(f"outputs (prefill {T0}, then decode)", torch.cat(ys), y_long)
+    checks.compare(f"state (prefill {T0}, then decode)", state, long_state)
 
 
 # ---------------------------------------------------------------- GPU: real shapes, bf16
