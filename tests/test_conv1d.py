@@ -138,7 +138,7 @@ class _Guard:
         rows, cols = src.shape
         pitch = cols + pad
         span = (rows - 1) * pitch + cols if rows and cols else 0
-        margin = span + 64 * pitch + 256
+        margin = (span + 64 * pitch + 256 + 15) // 16 * 16  # views stay 16-byte aligned
         self.buf = torch.full((2 * margin + span,), fill, dtype=src.dtype, device=src.device)
         if fill != fill:
             _tagged_nan_(self.buf)

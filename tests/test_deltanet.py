@@ -279,7 +279,7 @@ class _Guard:
         for d in range(len(shape) - 2, -1, -1):
             strides[d] = shape[d + 1] * strides[d + 1] + pad
         span = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
-        margin = span + min(64 * strides[0], 1 << 16) + 256
+        margin = (span + min(64 * strides[0], 1 << 16) + 256 + 15) // 16 * 16  # views stay 16-byte aligned
         self.buf = torch.full((2 * margin + span,), fill, dtype=src.dtype, device=src.device)
         if fill != fill:
             _tagged_nan_(self.buf)
