@@ -26,7 +26,7 @@ def _logits(hf, ids):
         return hf(input_ids=ids[None]).logits[0].float()
 
 
-@pytest.mark.parametrize("T", [1, 77, 300])
+@pytest.mark.parametrize("T", [1, 64, 77, 300])
 def test_bf16_prefill_is_as_accurate_as_transformers_bf16(models, T):
     ours, hf32 = models
     ids = torch.randint(0, ours.config.vocab_size, (T,), generator=torch.Generator().manual_seed(T)).cuda()
