@@ -64,6 +64,8 @@ from ..errors import KernelError
 
 EPS = 1e-6  # l2norm epsilon of q and k inside the delta rule (as in the reference and transformers)
 INTERPRET = runtime.interpreter_active()  # fixed at import: the kernels below are defined for one mode
+# Below this head dim the chunked kernels are not used on a GPU (see delta_rule_chunked).
+CHUNKED_MIN_HEAD_DIM = 64
 
 
 _CONFIGS = {}   # kernel name -> (its GPU autotuning configs, their pruning function)
@@ -553,6 +555,11 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     the sequential scan over chunks.
     """
     T, Hk, Dk, Hv, Dv = _check_delta(q, k, v, g, beta, state)
+    if min(Dk, Dv) < CHUNKED_MIN_HEAD_DIM and not INTERPRET:
+        # Compiled for sm_90 by Triton 3.6, the chunked kernels fault (or return garbage) when a head dim is below
+        # 64, while 64 and 128 (every released Qwen3.5) are right: benchmarks/probe_deltanet.py, docs/perf-log.md.
+        # Such small heads only occur in test models, where the recurrent kernel computes the same function.
+        return delta_rule_recurrent(q, k, v, g, beta, state, scale=scale, out=out)
     if chunk_size not in (64, 128):
         raise KernelError(f"chunk_size={chunk_size!r}: expected 64 or 128 (four sub-blocks of at least 16 rows, "
                           f"the smallest tl.dot)")
