@@ -217,5 +217,69 @@ def finite_or_raise(name: str, t: torch.Tensor) -> None:
         raise CheckFailed(f"{name}: {n} of {t.numel()} values are NaN or infinite")
 
 
+# ---------------------------------------------------------------- guard regions
+
+GUARD_NAN, GUARD_SENTINEL = float("nan"), -7777.0
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+_tags = iter(range(1, 1 << 30))
+
+
+def _tagged_nan_(buf):
+    """Fill buf with a NaN whose payload no other guard uses: a NaN copied from another tensor's margin
+    (a load past one end, then a store past another) then shows as a changed bit pattern."""
+    tag = next(_tags) % 63 + 1
+    pattern = {2: 0x7FC0 | tag, 4: 0x7FC00000 | (tag << 8), 8: 0x7FF8000000000000 | (tag << 20)}
+    buf.view(_BITS[buf.element_size()]).fill_(pattern[buf.element_size()])
+
+
+class GuardedTensor:
+    """A copy of `src` as a view into a bigger buffer filled with `fill`: every leading dim gets `pad` extra
+    elements of pitch, and a margin of at least 64 more rows lies on both sides.
+
+    The Triton interpreter runs kernels on CPU memory, where a load or store past a tensor's end lands in a
+    neighbouring allocation unnoticed while a GPU faults. Guarded tensors make such accesses visible on a CPU:
+    NaN around inputs (read, it reaches an output), a sentinel around outputs, and `touched()` counts every
+    element outside the view whose bits changed."""
+
+    def __init__(self, src, fill, pad=3):
+        shape = tuple(src.shape)
+        strides = [1] * len(shape)
+        for d in range(len(shape) - 2, -1, -1):
+            strides[d] = shape[d + 1] * strides[d + 1] + pad
+        span = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+        margin = (span + min(64 * strides[0], 1 << 16) + 256 + 15) // 16 * 16  # views stay 16-byte aligned
+        self.buf = torch.full((2 * margin + span,), fill, dtype=src.dtype, device=src.device)
+        if fill != fill:
+            _tagged_nan_(self.buf)
+        self.view = self.buf.as_strided(shape, strides, margin)
+        self.view.copy_(src)
+        inside = torch.zeros(self.buf.shape, dtype=torch.bool, device=src.device)
+        inside.as_strided(shape, strides, margin).fill_(True)
+        self.outside = ~inside
+        self.before = self.buf.clone()
+
+    def touched(self) -> int:
+        """How many elements outside the view changed (compared as bit patterns, so NaN == NaN)."""
+        bits = _BITS[self.buf.element_size()]
+        return int((self.buf.view(bits) != self.before.view(bits))[self.outside].sum())
+
+
+def guarded_call(fn, args: dict, outputs=(), **kwargs) -> dict:
+    """fn(**args) with every tensor argument guarded; outputs start as NaN inside and a sentinel around.
+    Asserts that nothing outside the tensors changed; -> the argument views (outputs and in-place state)."""
+    guards = {}
+    for name, t in args.items():
+        if isinstance(t, torch.Tensor):
+            guards[name] = GuardedTensor(torch.full_like(t, GUARD_NAN) if name in outputs else t,
+                                         GUARD_SENTINEL if name in outputs else GUARD_NAN)
+    fn(**{name: guards[name].view if name in guards else t for name, t in args.items()}, **kwargs)
+    for name, g in guards.items():
+        n = g.touched()
+        assert n == 0, (f"{getattr(fn, '__name__', fn)}: {n} elements around '{name}' {tuple(g.view.shape)} changed: "
+                        f"a store went outside the tensor")
+    return {name: g.view for name, g in guards.items()}
+
+
 __all__ = ["CheckFailed", "Comparison", "TOLERANCES", "check_kernel", "compare", "finite_or_raise", "poison_",
-           "randn", "relative_error", "tolerance"]
+           "randn", "relative_error", "tolerance", "GuardedTensor", "guarded_call",
+           "GUARD_NAN", "GUARD_SENTINEL"]

@@ -13,7 +13,6 @@ Conventions (batch 1, token-major):
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F

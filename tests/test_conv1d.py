@@ -117,40 +117,7 @@ def test_rejects_bad_arguments(rt, gen):
 # around outputs; nothing outside the views may change. The GPU's block sizes (8 x 256 tiles, 128-channel
 # steps) run through the interpreter too.
 
-NAN, SENTINEL = float("nan"), -7777.0
-_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-_tags = iter(range(1, 1 << 30))
-
-
-def _tagged_nan_(buf):
-    """Fill buf with a NaN whose payload no other guard uses: a NaN copied from another tensor's margin
-    (a load past one end, then a store past another) then shows as a changed bit pattern."""
-    tag = next(_tags) % 63 + 1
-    pattern = {2: 0x7FC0 | tag, 4: 0x7FC00000 | (tag << 8), 8: 0x7FF8000000000000 | (tag << 20)}
-    buf.view(_BITS[buf.element_size()]).fill_(pattern[buf.element_size()])
-
-
-class _Guard:
-    """A copy of `src` as a view into a bigger buffer filled with `fill`: rows get `pad` extra elements of pitch,
-    and a margin of at least 64 more rows lies on both sides."""
-
-    def __init__(self, src, fill, pad=3):
-        rows, cols = src.shape
-        pitch = cols + pad
-        span = (rows - 1) * pitch + cols if rows and cols else 0
-        margin = (span + 64 * pitch + 256 + 15) // 16 * 16  # views stay 16-byte aligned
-        self.buf = torch.full((2 * margin + span,), fill, dtype=src.dtype, device=src.device)
-        if fill != fill:
-            _tagged_nan_(self.buf)
-        self.view = self.buf.as_strided((rows, cols), (pitch, 1), margin)
-        self.view.copy_(src)
-        inside = torch.zeros(self.buf.shape, dtype=torch.bool, device=src.device)
-        inside.as_strided((rows, cols), (pitch, 1), margin).fill_(True)
-        self.outside, self.before = ~inside, self.buf.clone()
-
-    def touched(self) -> int:
-        bits = _BITS[self.buf.element_size()]
-        return int((self.buf.view(bits) != self.before.view(bits))[self.outside].sum())
+from qwen_lab.checks import GUARD_NAN as NAN, GUARD_SENTINEL as SENTINEL, GuardedTensor as _Guard  # noqa: E402
 
 
 @pytest.mark.parametrize("sizes", ["interpreter", "gpu"])

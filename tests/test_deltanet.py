@@ -256,60 +256,8 @@ def test_rejects_bad_arguments(rt, gen):
 # sentinel. After the call every element outside the views must be bit for bit what it was. The GPU's
 # autotuning configs (block sizes the interpreter never picks) are forced in turn with `force_config`.
 
-NAN, SENTINEL = float("nan"), -7777.0
-_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-_tags = iter(range(1, 1 << 30))
-
-
-def _tagged_nan_(buf):
-    """Fill buf with a NaN whose payload no other guard uses: a NaN copied from another tensor's margin
-    (a load past one end, then a store past another) then shows as a changed bit pattern."""
-    tag = next(_tags) % 63 + 1
-    pattern = {2: 0x7FC0 | tag, 4: 0x7FC00000 | (tag << 8), 8: 0x7FF8000000000000 | (tag << 20)}
-    buf.view(_BITS[buf.element_size()]).fill_(pattern[buf.element_size()])
-
-
-class _Guard:
-    """A copy of `src` as a view into a bigger buffer filled with `fill`: every leading dim gets `pad` extra
-    elements of pitch, and a margin of at least one more chunk of 64 rows lies on both sides."""
-
-    def __init__(self, src, fill, pad=3):
-        shape = tuple(src.shape)
-        strides = [1] * len(shape)
-        for d in range(len(shape) - 2, -1, -1):
-            strides[d] = shape[d + 1] * strides[d + 1] + pad
-        span = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
-        margin = (span + min(64 * strides[0], 1 << 16) + 256 + 15) // 16 * 16  # views stay 16-byte aligned
-        self.buf = torch.full((2 * margin + span,), fill, dtype=src.dtype, device=src.device)
-        if fill != fill:
-            _tagged_nan_(self.buf)
-        self.view = self.buf.as_strided(shape, strides, margin)
-        self.view.copy_(src)
-        inside = torch.zeros(self.buf.shape, dtype=torch.bool, device=src.device)
-        inside.as_strided(shape, strides, margin).fill_(True)
-        self.outside = ~inside
-        self.before = self.buf.clone()
-
-    def touched(self) -> int:
-        """How many elements outside the view changed (compared as bit patterns, so NaN == NaN)."""
-        bits = _BITS[self.buf.element_size()]
-        return int((self.buf.view(bits) != self.before.view(bits))[self.outside].sum())
-
-
-def _guarded_call(fn, args: dict, outputs=(), **kwargs) -> dict:
-    """fn(**args) with every tensor argument guarded; outputs start as NaN inside and a sentinel around.
-    Asserts that nothing outside the tensors changed; -> the argument views (outputs and in-place state)."""
-    guards = {}
-    for name, t in args.items():
-        if isinstance(t, torch.Tensor):
-            guards[name] = _Guard(torch.full_like(t, NAN) if name in outputs else t,
-                                  SENTINEL if name in outputs else NAN)
-    fn(**{name: guards[name].view if name in guards else t for name, t in args.items()}, **kwargs)
-    for name, g in guards.items():
-        n = g.touched()
-        assert n == 0, (f"{getattr(fn, '__name__', fn)}: {n} elements around '{name}' {tuple(g.view.shape)} changed: "
-                        f"a store went outside the tensor")
-    return {name: g.view for name, g in guards.items()}
+from qwen_lab.checks import GUARD_NAN as NAN, GuardedTensor as _Guard  # noqa: E402
+from qwen_lab.checks import guarded_call as _guarded_call  # noqa: E402
 
 
 def _inputs_for(kernel, T, Hk, Hv, Dk, Dv, gen, rt):
