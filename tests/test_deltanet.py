@@ -17,7 +17,7 @@ import torch
 from qwen_lab import checks, reference, runtime
 from qwen_lab.config import QWEN35_0_8B
 from qwen_lab.errors import KernelError
-from qwen_lab.kernels import count_launches
+from qwen_lab.kernels import count_launches, deltanet
 from qwen_lab.kernels.deltanet import (ChunkWorkspace, autotune_configs, chunk_workspace, delta_rule_chunked,
                                        delta_rule_recurrent, deltanet_decode_step, deltanet_gates, force_config,
                                        l2norm)
@@ -133,7 +133,8 @@ def test_chunked_matches_reference(T, Hk, Hv, rt):
         checks.check_kernel("delta_rule_chunked", delta_rule_chunked, reference.delta_rule_chunked,
                             [_case(T, Hk, Hv, 16, 32, rt)], seed=T + Hv, inplace=("state",), quiet=True,
                             **_chunked_tol(rt))
-    assert sum(launches.values()) == 2
+    # two kernels; on a GPU these 16/32-wide heads run the recurrent kernel instead (see delta_rule_chunked)
+    assert sum(launches.values()) == (2 if deltanet.INTERPRET else 1)
 
 
 def test_chunked_ragged_dims_and_chunk_128(rt):

@@ -555,11 +555,6 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     the sequential scan over chunks.
     """
     T, Hk, Dk, Hv, Dv = _check_delta(q, k, v, g, beta, state)
-    if min(Dk, Dv) < CHUNKED_MIN_HEAD_DIM and not INTERPRET:
-        # Compiled for sm_90 by Triton 3.6, the chunked kernels fault (or return garbage) when a head dim is below
-        # 64, while 64 and 128 (every released Qwen3.5) are right: benchmarks/probe_deltanet.py, docs/perf-log.md.
-        # Such small heads only occur in test models, where the recurrent kernel computes the same function.
-        return delta_rule_recurrent(q, k, v, g, beta, state, scale=scale, out=out)
     if chunk_size not in (64, 128):
         raise KernelError(f"chunk_size={chunk_size!r}: expected 64 or 128 (four sub-blocks of at least 16 rows, "
                           f"the smallest tl.dot)")
@@ -568,9 +563,7 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
         return out
     n_chunks = triton.cdiv(T, chunk_size)
     Tp = n_chunks * chunk_size
-    if workspace is None:
-        workspace = chunk_workspace(T, Hv, Dk, Dv, q.dtype, q.device, chunk_size)
-    else:
+    if workspace is not None:
         want = chunk_workspace(T, Hv, Dk, Dv, q.dtype, "meta", chunk_size)
         pitch = workspace[0].shape[1] if isinstance(workspace[0], torch.Tensor) and workspace[0].dim() > 1 else -1
         for name, t, w in zip(ChunkWorkspace._fields, workspace, want):
@@ -580,6 +573,13 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
                 raise KernelError(f"workspace.{name}: expected a contiguous {w.dtype} tensor {tuple(w.shape)} (or "
                                   f"longer in dim 1, like the others) on {q.device}, got {_shape(t)}; build it "
                                   f"with chunk_workspace(T, Hv, Dk, Dv, dtype, device, chunk_size)")
+    if min(Dk, Dv) < CHUNKED_MIN_HEAD_DIM and not INTERPRET:
+        # Compiled for sm_90 by Triton 3.6, the chunked kernels fault (or return garbage) when a head dim is below
+        # 64, while 64 and 128 (every released Qwen3.5) are right: benchmarks/probe_deltanet.py, docs/perf-log.md.
+        # Such small heads only occur in test models, where the recurrent kernel computes the same function.
+        return delta_rule_recurrent(q, k, v, g, beta, state, scale=scale, out=out)
+    if workspace is None:
+        workspace = chunk_workspace(T, Hv, Dk, Dv, q.dtype, q.device, chunk_size)
     ws = workspace
     Tw = ws.qg.shape[1]  # the workspace row pitch (>= Tp)
     scale = Dk ** -0.5 if scale is None else float(scale)
