@@ -143,6 +143,12 @@ def _unfinished(e: BaseException) -> NotImplementedError | None:
     return None
 
 
+def _is_output(name: str) -> bool:
+    """Output buffers by name: `out`, `out_*`, `*_out` (e.g. `residual_out`): poisoned, and not given to the
+    reference, which allocates its own results."""
+    return name.startswith("out") or name.endswith("_out")
+
+
 def _clone_inputs(kwargs: dict) -> dict:
     return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
 
@@ -158,7 +164,8 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
     """Run `fn` and `ref` on each case and compare every output (and every in-place argument).
 
     cases: callables taking a torch.Generator and returning the keyword arguments of one call, so each
-    check draws fresh inputs. `inplace` names arguments that both functions update in place (a cache,
+    check draws fresh inputs. Arguments named `out...` or `..._out` are output buffers: poisoned with NaN
+    first and left out of the reference's call. `inplace` names arguments that both functions update in place (a cache,
     a state): they are compared after the call too. With `require_triton`, a `fn` that launched no
     Triton kernel fails (the exercise is to write one). Prints one line per case unless `quiet`.
     """
@@ -169,11 +176,11 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
         inputs = make(g)
         ref_in, fn_in = _clone_inputs(inputs), _clone_inputs(inputs)
         for key, value in fn_in.items():
-            if key.startswith("out") and isinstance(value, torch.Tensor):
+            if _is_output(key) and isinstance(value, torch.Tensor):
                 poison_(value)
         shapes = ", ".join(f"{k}={tuple(v.shape)}" for k, v in inputs.items() if isinstance(v, torch.Tensor))
         where = f"{name} (case {i}: {shapes})"
-        expected = _as_tuple(ref(**{k: v for k, v in ref_in.items() if not k.startswith("out")}))
+        expected = _as_tuple(ref(**{k: v for k, v in ref_in.items() if not _is_output(k)}))
         try:
             with count_launches() as launches:
                 got = fn(**fn_in)

@@ -250,3 +250,22 @@ def test_gpu_gated_norm(gen, T):
     w = checks.randn(Dv, g=gen, dtype=torch.float32, device="cuda") + 1.0
     checks.compare("gated_rms_norm", gated_rms_norm(x, z, w, cfg.rms_norm_eps),
                    reference.gated_rms_norm(x, z, w, cfg.rms_norm_eps))
+
+
+def test_check_kernel_poisons_every_output_buffer_by_name(rt, gen):
+    """`residual_out` is an output like `out`: poisoned before the call and never handed to the reference."""
+    from qwen_lab.kernels.norms import add_rms_norm
+
+    def case(g):
+        x = checks.randn(3, 40, g=g, dtype=rt.dtype, device=rt.device)
+        return dict(x=x, residual=checks.randn(3, 40, g=g, dtype=rt.dtype, device=rt.device),
+                    weight=checks.randn(40, g=g, device=rt.device, scale=0.1), eps=1e-6,
+                    out=torch.empty_like(x), residual_out=torch.empty_like(x))
+    results = checks.check_kernel("add_rms_norm", add_rms_norm, reference.add_rms_norm, [case], quiet=True)
+    assert len(results) == 2
+
+    def lazy(x, residual, weight, eps, out=None, residual_out=None):  # forgets to write residual_out
+        normed, _ = add_rms_norm(x, residual, weight, eps, out=out)
+        return normed, residual_out
+    with pytest.raises(checks.CheckFailed, match="NaN"):
+        checks.check_kernel("add_rms_norm", lazy, reference.add_rms_norm, [case], quiet=True)
