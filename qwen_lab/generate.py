@@ -68,7 +68,8 @@ def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.
 
     device = model.device
     rng = torch.Generator(device=device).manual_seed(int(seed))
-    uniforms = torch.rand(max_new_tokens, generator=rng, device=device)  # one per new token, drawn once
+    # one uniform number per new token, drawn once; two more for the graph's warm-up steps, which also draw
+    uniforms = torch.rand(max_new_tokens + 2, generator=rng, device=device)
     sample = model.ops["sample"]
     cache = model.new_cache(capacity)
     runner = None
