@@ -516,3 +516,33 @@ def test_lm_head_sized_outputs_keep_the_norm_apart(monkeypatch, rt, gen):
     y_ref, s_ref = reference.add_rms_norm_linear(x, res, w_norm, 1e-6, weight)
     checks.compare("y", y, y_ref)
     checks.compare("s", s, s_ref)
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_gemv_with_and_without_the_hand_written_prefetch(prefetch, monkeypatch, rt, gen):
+    """Both bodies of the decode GEMV (the autotuner chooses per shape on the GPU) compute the same products,
+    with every prologue: plain, SwiGLU, RMSNorm, residual add + RMSNorm, gated norm."""
+    import triton
+
+    from qwen_lab.kernels import activations
+
+    kernel = gemm.gemv_splitk_kernel
+    forced = [triton.Config({"BLOCK_N": 16, "BLOCK_K": 32, "PREFETCH": prefetch}, num_warps=4, num_stages=1)]
+    monkeypatch.setattr(kernel, "configs", forced)
+    monkeypatch.setattr(kernel, "cache", {})
+    f = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(rt.device, rt.dtype)  # noqa: E731
+    x, res, w = f(1, 100), f(1, 100), f(37, 100, scale=0.1)
+    nw = (torch.randn(100, generator=gen) * 0.1).to(rt.device)
+    checks.compare("linear", gemm.linear(x, w), reference.linear(x, w))
+    assert kernel.best_config.kwargs["PREFETCH"] == prefetch
+    gu, down = f(1, 2 * 70), f(37, 70, scale=0.1)
+    checks.compare("swiglu_down", activations.swiglu_down(gu, down), reference.swiglu_down(gu, down))
+    checks.compare("rms_norm_linear", gemm.rms_norm_linear(x, nw, 1e-6, w), reference.rms_norm_linear(x, nw, 1e-6, w))
+    y, s = gemm.add_rms_norm_linear(x, res, nw, 1e-6, w)
+    y_ref, s_ref = reference.add_rms_norm_linear(x, res, nw, 1e-6, w)
+    checks.compare("add_rms_norm_linear", y, y_ref)
+    checks.compare("residual", s, s_ref)
+    o, z = f(1, 4, 32), f(1, 4, 32)
+    w_out, gw = f(37, 128, scale=0.1), (1 + torch.randn(32, generator=gen) * 0.1).to(rt.device)
+    checks.compare("gated_rms_norm_linear", gemm.gated_rms_norm_linear(o, z, gw, 1e-6, w_out),
+                   reference.gated_rms_norm_linear(o, z, gw, 1e-6, w_out))

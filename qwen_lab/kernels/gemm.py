@@ -143,7 +143,7 @@ PRO_NONE, PRO_SWIGLU, PRO_RMS, PRO_ADD_RMS, PRO_GATED = 0, 1, 2, 3, 4
 
 def _gemv_configs():
     if interpreter_active():
-        return [triton.Config({"BLOCK_N": 32, "BLOCK_K": 64}, num_warps=4, num_stages=1)]
+        return [triton.Config({"BLOCK_N": 32, "BLOCK_K": 64, "PREFETCH": 1}, num_warps=4, num_stages=1)]
     # (BLOCK_N, BLOCK_K, warps, stages): each program holds 4-16 KB of bf16 weights in flight, all its
     # loads issued at once when its K slice fits one BLOCK_K (and the next step's tile is prefetched
     # while the current one is multiplied). The 1- and 2-row blocks with a whole 2048-4096 row per step
@@ -153,7 +153,11 @@ def _gemv_configs():
     shapes = [(1, 2048, 4, 1), (1, 4096, 8, 1), (2, 2048, 4, 1), (2, 4096, 8, 1), (4, 1024, 4, 1),
               (4, 2048, 8, 1), (8, 1024, 4, 1), (8, 512, 4, 2), (16, 256, 4, 3), (16, 512, 8, 2),
               (32, 256, 4, 3), (64, 128, 4, 3)]
-    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bn, bk, w, s in shapes]
+    # Each shape twice: with the hand-written prefetch of the next weight tile (evicted from L2 first), and with
+    # plain loads left to the compiler's pipelining. Measured on the H200, the first serves the narrow
+    # projections best and the second the wide ones (docs/perf-log.md): the autotuner picks per shape.
+    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": p}, num_warps=w, num_stages=s)
+            for bn, bk, w, s in shapes for p in (1, 0)]
 
 
 def _prune_gemv_configs(configs, named_args, **kwargs):
@@ -221,7 +225,8 @@ def gemv_splitk_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, count_ptr,
                        stride_xm, stride_wn, stride_om, up_offset,
                        stride_rm, stride_sm, stride_xh, stride_zm, stride_zh, eps,
                        BLOCK_M: tl.constexpr, REDUCE: tl.constexpr, PROLOGUE: tl.constexpr, DV: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       PREFETCH: tl.constexpr):
     # Grid: (row blocks of W, K splits, row blocks of x). Program (n, s, m) computes the partial
     # y[m block, n block] over columns [s * K_PER_SPLIT, (s + 1) * K_PER_SPLIT) of K.
     pid_n = tl.program_id(0)
@@ -240,7 +245,7 @@ def gemv_splitk_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, count_ptr,
     k_lo = pid_k * K_PER_SPLIT
     k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
 
-    if BLOCK_M == 1:
+    if BLOCK_M == 1 and PREFETCH:
         # The first weight tile is requested before anything else (the norm prologue below included),
         # so that its trip to memory overlaps the prologue. W is read once per call: evict it first,
         # keep L2 for the activation row every program reads.
@@ -276,10 +281,13 @@ def gemv_splitk_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, count_ptr,
         for k_step in range(0, K_PER_SPLIT, BLOCK_K):
             offs_k = k_lo + k_step + tl.arange(0, BLOCK_K)
             kmask = offs_k[None, :] < k_hi
-            w = w_next
-            offs_next = offs_k + BLOCK_K
-            w_next = tl.load(w_rows + offs_next[None, :], mask=offs_next[None, :] < k_hi, other=0.0,
-                             eviction_policy="evict_first")
+            if PREFETCH:
+                w = w_next
+                offs_next = offs_k + BLOCK_K
+                w_next = tl.load(w_rows + offs_next[None, :], mask=offs_next[None, :] < k_hi, other=0.0,
+                                 eviction_policy="evict_first")
+            else:
+                w = tl.load(w_rows + offs_k[None, :], mask=kmask, other=0.0)
             a = _activation_tile(x_rows, r_rows, z_rows, nw_ptr, rstd, offs_k, kmask, up_offset, stride_xh,
                                  stride_zh, eps, PROLOGUE, DV, BLOCK_M, BLOCK_K)                 # [1, BLOCK_K]
             prod += w.to(tl.float32) * a.to(tl.float32)
