@@ -154,8 +154,9 @@ def _gemv_configs():
               (4, 2048, 8, 1), (8, 1024, 4, 1), (8, 512, 4, 2), (16, 256, 4, 3), (16, 512, 8, 2),
               (32, 256, 4, 3), (64, 128, 4, 3)]
     # Each shape twice: with the hand-written prefetch of the next weight tile (evicted from L2 first), and with
-    # plain loads left to the compiler's pipelining. Measured on the H200, the first serves the narrow
-    # projections best and the second the wide ones (docs/perf-log.md): the autotuner picks per shape.
+    # plain loads left to the compiler's pipelining (the first version's body). On the H200 the version with the
+    # prefetch ran the narrow projections faster and the wide ones slower than the first version did
+    # (docs/perf-log.md); which of its changes slowed the wide ones is not yet known, so the autotuner decides.
     return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": p}, num_warps=w, num_stages=s)
             for bn, bk, w, s in shapes for p in (1, 0)]
 
