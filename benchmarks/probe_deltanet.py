@@ -4,7 +4,6 @@ Each case runs in its own process, so a kernel that faults cannot hide the resul
     python benchmarks/probe_deltanet.py            -> one line per case: ok (rel err) / WRONG / FAULT
 """
 
-import itertools
 import json
 import subprocess
 import sys

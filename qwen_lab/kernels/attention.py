@@ -36,9 +36,8 @@ in fp32, and stored once, saving a launch and a round trip of [T, Hq, D].
 Masking: masked scores are -inf, and the row maximum is replaced by 0 when it is -inf, so a row that sees
 no key at all (a padding row, position < 0) gives exp(-inf) = 0 weights and a zero output, never NaN.
 
-The interpreter cannot take a loop bound from a tensor (it converts scalars with int() on a 1-element
-array), so every key loop whose bound is read from the device exists twice: a `for` loop for the compiler
-(which software-pipelines it) and a `while` loop for the interpreter, chosen by the constexpr WHILE.
+Key loops take their bounds from device memory (the positions), in plain `for` loops the compiler
+software-pipelines; `qwen_lab.runtime` lets the interpreter run the same loops.
 """
 
 from __future__ import annotations
@@ -103,7 +102,7 @@ def attn_scores_kernel(q_ptr, k_ptr, s_ptr, T, L, scale,
 
 @triton.jit
 def attn_masked_softmax_kernel(s_ptr, pos_ptr, T, L, stride_sh, stride_st,
-                               BLOCK_N: tl.constexpr, WHILE: tl.constexpr):
+                               BLOCK_N: tl.constexpr):
     # one program per (head, query) row, in place: P[j] = exp(S[j] - max) / sum for j <= pos, else 0
     t = tl.program_id(0)
     h = tl.program_id(1)
@@ -114,28 +113,16 @@ def attn_masked_softmax_kernel(s_ptr, pos_ptr, T, L, stride_sh, stride_st,
     # pass 1: running max and running sum over the row, block by block (base-e here: a teaching kernel)
     m = tl.full([BLOCK_N], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_N], tl.float32)
-    if WHILE:
-        start = n * 0
-        while start < L:
-            m, l = _softmax_stats_step(row, start, n, m, l, offs)
-            start += BLOCK_N
-    else:
-        for start in range(0, L, BLOCK_N):
-            m, l = _softmax_stats_step(row, start, n, m, l, offs)
+    for start in range(0, L, BLOCK_N):
+        m, l = _softmax_stats_step(row, start, n, m, l, offs)
     m_row = tl.max(m, 0)
     # the NaN trap: a row that sees no key has max = -inf and exp(-inf - (-inf)) = NaN. Guard it.
     m_row = tl.where(m_row == float("-inf"), 0.0, m_row)
     l_row = tl.sum(l * tl.exp(m - m_row), 0)
     inv = 1.0 / tl.where(l_row > 0, l_row, 1.0)  # no key: every exp below is 0 anyway
     # pass 2: normalise and store (masked keys get exactly 0)
-    if WHILE:
-        start = n * 0
-        while start < L:
-            _softmax_write_step(row, start, n, L, m_row, inv, offs)
-            start += BLOCK_N
-    else:
-        for start in range(0, L, BLOCK_N):
-            _softmax_write_step(row, start, n, L, m_row, inv, offs)
+    for start in range(0, L, BLOCK_N):
+        _softmax_write_step(row, start, n, L, m_row, inv, offs)
 
 
 @triton.jit
@@ -159,8 +146,7 @@ def _softmax_write_step(row, start, n, L, m_row, inv, offs):
 def attn_weighted_sum_kernel(p_ptr, v_ptr, out_ptr, pos_ptr, T, L,
                              stride_ph, stride_pt, stride_vl, stride_vh, stride_ot, stride_oh,
                              G: tl.constexpr, D: tl.constexpr, DOT_PREC: tl.constexpr,
-                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                             WHILE: tl.constexpr):
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     # o[t, h] = sum_j P[h, t, j] v[j, h // G]; keys past the last visible one (all P = 0) are skipped
     pid_m, h = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -172,14 +158,8 @@ def attn_weighted_sum_kernel(p_ptr, v_ptr, out_ptr, pos_ptr, T, L,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     p_rows = p_ptr + h * stride_ph + offs_m[:, None] * stride_pt
     v_rows = v_ptr + (h // G) * stride_vh + offs_d[None, :]
-    if WHILE:
-        start = hi * 0
-        while start < hi:
-            acc = _weighted_sum_step(acc, p_rows, v_rows, start, L, m_ok, offs_n, offs_d, stride_vl, D, DOT_PREC)
-            start += BLOCK_N
-    else:
-        for start in range(0, hi, BLOCK_N):
-            acc = _weighted_sum_step(acc, p_rows, v_rows, start, L, m_ok, offs_n, offs_d, stride_vl, D, DOT_PREC)
+    for start in range(0, hi, BLOCK_N):
+        acc = _weighted_sum_step(acc, p_rows, v_rows, start, L, m_ok, offs_n, offs_d, stride_vl, D, DOT_PREC)
     tl.store(out_ptr + offs_m[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & (offs_d < D)[None, :])
 
@@ -235,7 +215,7 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, gate_ptr, T, L
                            stride_qt, stride_qh, stride_kl, stride_kh, stride_vl, stride_vh,
                            stride_ot, stride_oh, stride_gt, stride_gh,
                            G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                           HAS_GATE: tl.constexpr, WHILE: tl.constexpr, DOT_PREC: tl.constexpr, T_BUCKET,
+                           HAS_GATE: tl.constexpr, DOT_PREC: tl.constexpr, T_BUCKET,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # T_BUCKET (T rounded up to a power of two) is only an autotuning key
     # rows of a tile are (token, query head of this KV head) pairs: BLOCK_T tokens x GP heads (G used)
@@ -265,23 +245,12 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, gate_ptr, T, L
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_rows = k_ptr + kvh * stride_kh + offs_d[None, :]
     v_rows = v_ptr + kvh * stride_vh + offs_d[None, :]
-    if WHILE:
-        start = n_full * 0
-        while start < n_full:
-            acc, m_i, l_i = _flash_step(acc, m_i, l_i, q, k_rows, v_rows, start, pos, L, qk_scale, offs_n, d_ok,
-                                        stride_kl, stride_vl, False, DOT_PREC)
-            start += BLOCK_N
-        while start < hi:
-            acc, m_i, l_i = _flash_step(acc, m_i, l_i, q, k_rows, v_rows, start, pos, L, qk_scale, offs_n, d_ok,
-                                        stride_kl, stride_vl, True, DOT_PREC)
-            start += BLOCK_N
-    else:
-        for start in range(0, n_full, BLOCK_N):
-            acc, m_i, l_i = _flash_step(acc, m_i, l_i, q, k_rows, v_rows, start, pos, L, qk_scale, offs_n, d_ok,
-                                        stride_kl, stride_vl, False, DOT_PREC)
-        for start in range(n_full, hi, BLOCK_N):
-            acc, m_i, l_i = _flash_step(acc, m_i, l_i, q, k_rows, v_rows, start, pos, L, qk_scale, offs_n, d_ok,
-                                        stride_kl, stride_vl, True, DOT_PREC)
+    for start in range(0, n_full, BLOCK_N):
+        acc, m_i, l_i = _flash_step(acc, m_i, l_i, q, k_rows, v_rows, start, pos, L, qk_scale, offs_n, d_ok,
+                                    stride_kl, stride_vl, False, DOT_PREC)
+    for start in range(n_full, hi, BLOCK_N):
+        acc, m_i, l_i = _flash_step(acc, m_i, l_i, q, k_rows, v_rows, start, pos, L, qk_scale, offs_n, d_ok,
+                                    stride_kl, stride_vl, True, DOT_PREC)
 
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row that saw no key stays 0
     mask = row_ok[:, None] & d_ok[None, :]
@@ -299,7 +268,7 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, gate_ptr, T, L
 def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
                               stride_qh, stride_kl, stride_kh, stride_vl, stride_vh, stride_ws, stride_wh,
                               G: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                              NUM_SPLITS: tl.constexpr, WHILE: tl.constexpr, DOT_PREC: tl.constexpr,
+                              NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr,
                               BLOCK_N: tl.constexpr):
     # program (KV head, split): the G query heads of this KV head (padded to ROWS >= 16 for tl.dot)
     # against one chunk of the keys; writes the partial (acc, m, l) to the workspace
@@ -328,15 +297,9 @@ def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
     k_rows = k_ptr + kvh * stride_kh + offs_d[None, :]
     v_rows = v_ptr + kvh * stride_vh + offs_d[None, :]
     # a split that starts past the length runs no iteration and stores the neutral partial below
-    if WHILE:
-        while start < end:
-            acc, m_i, l_i = _flash_step(acc, m_i, l_i, q, k_rows, v_rows, start, pos_rows, L, qk_scale, offs_n,
-                                        d_ok, stride_kl, stride_vl, True, DOT_PREC)
-            start += BLOCK_N
-    else:
-        for s in range(start, end, BLOCK_N):
-            acc, m_i, l_i = _flash_step(acc, m_i, l_i, q, k_rows, v_rows, s, pos_rows, L, qk_scale, offs_n,
-                                        d_ok, stride_kl, stride_vl, True, DOT_PREC)
+    for s in range(start, end, BLOCK_N):
+        acc, m_i, l_i = _flash_step(acc, m_i, l_i, q, k_rows, v_rows, s, pos_rows, L, qk_scale, offs_n,
+                                    d_ok, stride_kl, stride_vl, True, DOT_PREC)
     base = ws_ptr + split * stride_ws + offs_h * stride_wh
     tl.store(base[:, None] + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
     tl.store(base + D, m_i, mask=row_ok)
@@ -556,12 +519,12 @@ def attention_three_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
         scores.stride(0), scores.stride(1), G=G, D=D, DOT_PREC=_dot_precision(q.dtype), BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, num_warps=4)
     attn_masked_softmax_kernel[(T, Hq)](scores, positions, T, L, scores.stride(0), scores.stride(1),
-                                        BLOCK_N=min(1024, max(16, triton.next_power_of_2(L))), WHILE=interp,
+                                        BLOCK_N=min(1024, max(16, triton.next_power_of_2(L))),
                                         num_warps=4)
     attn_weighted_sum_kernel[(triton.cdiv(T, BLOCK_M), Hq)](
         scores, v, out, positions, T, L, scores.stride(0), scores.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), G=G, D=D, DOT_PREC=_dot_precision(q.dtype), BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, WHILE=interp, num_warps=4)
+        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, num_warps=4)
     return out
 
 
@@ -604,12 +567,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
             cfg = dict(_INTERP_PREFILL)
             cfg["BLOCK_M"] = max(cfg["BLOCK_M"], GP)
             grid = (triton.cdiv(T, cfg["BLOCK_M"] // GP), Hkv)
-            flash_attention_kernel[grid](*common, G=G, GP=GP, D=D, BLOCK_D=BLOCK_D, HAS_GATE=has_gate, WHILE=True,
+            flash_attention_kernel[grid](*common, G=G, GP=GP, D=D, BLOCK_D=BLOCK_D, HAS_GATE=has_gate,
                                          DOT_PREC=prec, T_BUCKET=triton.next_power_of_2(T), **cfg)
         else:
             def grid(meta):
                 return (triton.cdiv(T, meta["BLOCK_M"] // GP), Hkv)
-            _prefill_kernel()[grid](*common, G=G, GP=GP, D=D, BLOCK_D=BLOCK_D, HAS_GATE=has_gate, WHILE=False,
+            _prefill_kernel()[grid](*common, G=G, GP=GP, D=D, BLOCK_D=BLOCK_D, HAS_GATE=has_gate,
                                     DOT_PREC=prec, T_BUCKET=triton.next_power_of_2(T))
         return out
     # decode
@@ -625,10 +588,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
               v.stride(0), v.stride(1), workspace.stride(0), workspace.stride(1))
     if interp:
         flash_decode_split_kernel[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=splits,
-                                                 WHILE=True, DOT_PREC=prec, BLOCK_N=_INTERP_DECODE_BLOCK_N)
+                                                 DOT_PREC=prec, BLOCK_N=_INTERP_DECODE_BLOCK_N)
     else:
         _decode_kernel()[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=splits,
-                                        WHILE=False, DOT_PREC=prec)
+                                        DOT_PREC=prec)
     block_dc = min(BLOCK_D, 64)
     flash_decode_combine_kernel[(Hq, triton.cdiv(D, block_dc))](
         workspace, out, g, workspace.stride(0), workspace.stride(1), out.stride(1), g.stride(1),
