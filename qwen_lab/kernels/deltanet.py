@@ -224,6 +224,119 @@ def delta_rule_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr,
     tl.store(s_ptrs, S, mask=s_mask)
 
 
+# ---------------------------------------------------------------- decode with the causal conv fused in
+#
+# At decode a Gated DeltaNet layer would launch causal_conv1d over its C = 2 Hk Dk + Hv Dv channels, then the
+# decode step. conv_decode_step_kernel does both: a program (value head h, block of BV value columns) computes
+# the conv + SiLU of exactly the channels it needs (the Dk q and Dk k channels of key head h // REP, its BV v
+# channels) from the carried inputs conv_state [C, W-1] and this token's input, then the gates and the delta
+# rule as delta_rule_recurrent_kernel does for one token.
+#
+# The conv state has to be shifted in place (drop the oldest input, append this one), and that is a write to
+# the very entries the conv reads. Who writes what:
+# - v channels: each is read by exactly one program, which writes it after its own reads (a barrier orders
+#   the threads of the program).
+# - q/k channels of key head hk: read by all R = REP * (Dv / BV) programs of the value heads sharing it (on
+#   Qwen3.5-0.8B REP = 1 but Dv / BV = 4 to 16 column blocks). No fixed program can be the writer: CUDA does not
+#   order the programs of a grid, so a fixed writer could shift the state before another reader has loaded
+#   it, and every way of splitting the write among the readers overlaps what the others read (each reads the
+#   whole row of a channel, and the shift rewrites all of it). So the LAST reader writes: after loading the
+#   old state, each program takes a ticket (an atomic increment of tickets[hk], acquire-release, after a
+#   barrier so the loads of all its threads are done); the program that draws ticket R - 1 knows that every
+#   other reader has finished reading, stores the shifted q/k state and resets the counter to 0 for the next
+#   launch. The counters live in a small int32 buffer kept per device (`_tickets`), zero between launches.
+#   The alternative, one program per key head doing all its value heads and columns, needs no atomics but
+#   runs Hk programs (16 on Qwen3.5-0.8B) on a GPU of 132 SMs.
+
+
+@_tuned(_RECURRENT_CONFIGS, key=["Dk", "Dv", "Hv", "W"], restore=("state_ptr", "conv_state_ptr"), prune=_prune_bv)
+@triton.jit
+def conv_decode_step_kernel(qkv_ptr, conv_w_ptr, conv_state_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr,
+                            out_ptr, ticket_ptr, Hv, Dk, Dv, REP, KEY_DIM, scale, eps,
+                            stride_cw, stride_cs, stride_sh, stride_sk, stride_oh,
+                            W: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    h = tl.program_id(0)
+    hk = h // REP
+    offs_k = tl.arange(0, BK)
+    offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    mask_k = offs_k < Dk
+    mask_v = offs_v < Dv
+    # the recurrent state first: the largest load, in flight while the conv and the ticket are worked out
+    s_ptrs = state_ptr + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
+    s_mask = mask_k[:, None] & mask_v[None, :]
+    S = tl.load(s_ptrs, mask=s_mask, other=0.0)
+
+    # ---- conv + SiLU of this program's channels: q and k of key head hk, its BV columns of v
+    # conv_state column j holds the input W-1-j steps back (oldest first) and meets weight column j; weight
+    # column W-1 meets this step's input. The shifted state: column j <- column j + 1, the last <- the input.
+    offs_w = tl.arange(0, BW)
+    mask_w = offs_w < W - 1
+    shift_w = offs_w + 1 < W - 1                 # columns whose new value is an old column (not the input)
+    ch_q = hk * Dk + offs_k
+    ch_k = KEY_DIM + hk * Dk + offs_k
+    ch_v = 2 * KEY_DIM + h * Dv + offs_v
+    m_qk = mask_k[:, None] & mask_w[None, :]
+    m_v = mask_v[:, None] & mask_w[None, :]
+    # each channel's old state row [BW], and the same row read one column on (the shifted state's first W-2)
+    old_q = tl.load(conv_state_ptr + ch_q[:, None] * stride_cs + offs_w[None, :], mask=m_qk, other=0.0)
+    old_k = tl.load(conv_state_ptr + ch_k[:, None] * stride_cs + offs_w[None, :], mask=m_qk, other=0.0)
+    old_v = tl.load(conv_state_ptr + ch_v[:, None] * stride_cs + offs_w[None, :], mask=m_v, other=0.0)
+    nxt_q = tl.load(conv_state_ptr + ch_q[:, None] * stride_cs + 1 + offs_w[None, :],
+                    mask=mask_k[:, None] & shift_w[None, :], other=0.0)
+    nxt_k = tl.load(conv_state_ptr + ch_k[:, None] * stride_cs + 1 + offs_w[None, :],
+                    mask=mask_k[:, None] & shift_w[None, :], other=0.0)
+    nxt_v = tl.load(conv_state_ptr + ch_v[:, None] * stride_cs + 1 + offs_w[None, :],
+                    mask=mask_v[:, None] & shift_w[None, :], other=0.0)
+    x_q = tl.load(qkv_ptr + ch_q, mask=mask_k, other=0.0)
+    x_k = tl.load(qkv_ptr + ch_k, mask=mask_k, other=0.0)
+    x_v = tl.load(qkv_ptr + ch_v, mask=mask_v, other=0.0)
+    # every thread's loads of the old conv state are done past this barrier: the writes below cannot overtake
+    # them, and the ticket is drawn only once this whole program has read what it needs
+    tl.debug_barrier()
+    # v channels: read by this program only, so it shifts them itself
+    new_v = tl.where(shift_w[None, :], nxt_v, x_v[:, None].to(nxt_v.dtype))
+    tl.store(conv_state_ptr + ch_v[:, None] * stride_cs + offs_w[None, :], new_v, mask=m_v)
+    # q/k channels: the last of the R programs sharing key head hk to draw a ticket writes them (see above)
+    ticket = tl.atomic_add(ticket_ptr + hk, 1, sem="acq_rel", scope="gpu")
+    last = ticket == REP * tl.num_programs(1) - 1
+
+    # fp32 math; the conv output is rounded to the input dtype, as causal_conv1d returns it
+    w_q = tl.load(conv_w_ptr + ch_q[:, None] * stride_cw + offs_w[None, :], mask=m_qk, other=0.0).to(tl.float32)
+    w_k = tl.load(conv_w_ptr + ch_k[:, None] * stride_cw + offs_w[None, :], mask=m_qk, other=0.0).to(tl.float32)
+    w_v = tl.load(conv_w_ptr + ch_v[:, None] * stride_cw + offs_w[None, :], mask=m_v, other=0.0).to(tl.float32)
+    wl_q = tl.load(conv_w_ptr + ch_q * stride_cw + (W - 1), mask=mask_k, other=0.0).to(tl.float32)
+    wl_k = tl.load(conv_w_ptr + ch_k * stride_cw + (W - 1), mask=mask_k, other=0.0).to(tl.float32)
+    wl_v = tl.load(conv_w_ptr + ch_v * stride_cw + (W - 1), mask=mask_v, other=0.0).to(tl.float32)
+    q = tl.sum(w_q * old_q.to(tl.float32), 1) + wl_q * x_q.to(tl.float32)
+    k = tl.sum(w_k * old_k.to(tl.float32), 1) + wl_k * x_k.to(tl.float32)
+    v = tl.sum(w_v * old_v.to(tl.float32), 1) + wl_v * x_v.to(tl.float32)
+    IN_T = qkv_ptr.dtype.element_ty
+    q = (q * tl.sigmoid(q)).to(IN_T).to(tl.float32)
+    k = (k * tl.sigmoid(k)).to(IN_T).to(tl.float32)
+    v = (v * tl.sigmoid(v)).to(IN_T).to(tl.float32)
+
+    # ---- gates, l2norm and one step of the delta rule (as in delta_rule_recurrent_kernel)
+    q = q * (tl.rsqrt(tl.sum(q * q, 0) + eps) * scale)
+    k = k * tl.rsqrt(tl.sum(k * k, 0) + eps)
+    a = tl.load(a_ptr + h).to(tl.float32)
+    b = tl.load(b_ptr + h).to(tl.float32)
+    g = -tl.exp(tl.load(A_log_ptr + h).to(tl.float32)) * _softplus(a + tl.load(dt_bias_ptr + h).to(tl.float32))
+    beta = tl.sigmoid(b)
+    S = S * tl.exp(g)                                 # forget
+    predicted = tl.sum(S * k[:, None], 0)             # S^T k
+    S = S + k[:, None] * ((v - predicted) * beta)[None, :]
+    o = tl.sum(S * q[:, None], 0)                     # read
+    tl.store(out_ptr + h * stride_oh + offs_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+    tl.store(s_ptrs, S, mask=s_mask)
+
+    # ---- the last reader of key head hk's q/k channels shifts their state and resets the counter
+    new_q = tl.where(shift_w[None, :], nxt_q, x_q[:, None].to(nxt_q.dtype))
+    new_k = tl.where(shift_w[None, :], nxt_k, x_k[:, None].to(nxt_k.dtype))
+    tl.store(conv_state_ptr + ch_q[:, None] * stride_cs + offs_w[None, :], new_q, mask=m_qk & last)
+    tl.store(conv_state_ptr + ch_k[:, None] * stride_cs + offs_w[None, :], new_k, mask=m_qk & last)
+    tl.store(ticket_ptr + hk, 0, mask=last)
+
+
 # ---------------------------------------------------------------- chunked form (prefill)
 
 
@@ -525,6 +638,83 @@ def deltanet_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: t
     return _recurrent_launch(q, k, v, a, b, A_log, dt_bias, state, scale, out, fused=True)
 
 
+_TICKETS: dict = {}  # device -> int32 counters of conv_decode_step_kernel, zero between launches
+
+
+def _tickets(device, n: int) -> torch.Tensor:
+    """At least n zeroed int32 counters on `device`, allocated once (each launch leaves them at zero again).
+
+    Allocated on the first call, which must not be inside a CUDA Graph capture: memory allocated there would
+    belong to the graph's pool (graph.capture warms every kernel up outside the capture first). The counters are
+    shared by every launch on the device, so two fused decode steps must not run concurrently on two streams.
+    """
+    key = torch.device(device)
+    buf = _TICKETS.get(key)
+    if buf is None or buf.numel() < n:
+        if key.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise KernelError("deltanet_conv_decode_step: its counters are allocated on the first call, which "
+                              "must come before CUDA Graph capture (run the step once to warm it up)")
+        buf = _TICKETS[key] = torch.zeros(max(n, 64), dtype=torch.int32, device=key)
+    return buf
+
+
+def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor,
+                              a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                              state: torch.Tensor, num_k_heads: int, head_k_dim: int, num_v_heads: int,
+                              head_v_dim: int, scale: float | None = None,
+                              out: torch.Tensor | None = None) -> torch.Tensor:
+    """causal_conv1d and deltanet_decode_step of one decode token in one launch; = reference.deltanet_conv_decode_step.
+
+    qkv [1, C] with C = 2 Hk Dk + Hv Dv (q | k | v channels before the conv; a strided slice allowed), conv_weight
+    [C, W], conv_state [C, W-1] (updated in place), a, b [1, Hv], A_log, dt_bias [Hv], state [Hv, Dk, Dv] fp32
+    (updated in place). -> o [1, Hv, Dv] in qkv's dtype.
+    """
+    Hk, Dk, Hv, Dv = num_k_heads, head_k_dim, num_v_heads, head_v_dim
+    for name, n in (("num_k_heads", Hk), ("head_k_dim", Dk), ("num_v_heads", Hv), ("head_v_dim", Dv)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise KernelError(f"{name}={n!r}: expected a positive int")
+    if Hv % Hk:
+        raise KernelError(f"num_v_heads={Hv}: expected a multiple of num_k_heads={Hk}")
+    if Dk > 256 or Dv > 256:
+        raise KernelError(f"head dims Dk={Dk}, Dv={Dv}: the kernel holds a whole head row, up to 256")
+    C = 2 * Hk * Dk + Hv * Dv
+    _check("qkv", qkv, 2, f"[1, C={C}] (2 Hk Dk + Hv Dv channels)")
+    if tuple(qkv.shape) != (1, C):
+        raise KernelError(f"qkv: shape {tuple(qkv.shape)}, expected (1, {C}): one token of 2*{Hk}*{Dk} + {Hv}*{Dv} "
+                          f"channels (a decode step)")
+    dev = qkv.device
+    _check("conv_weight", conv_weight, 2, f"[C={C}, W]", device=dev)
+    W = conv_weight.shape[1]
+    if conv_weight.shape[0] != C or W < 1:
+        raise KernelError(f"conv_weight: shape {tuple(conv_weight.shape)}, expected ({C}, W) with W >= 1")
+    _check("conv_state", conv_state, 2, f"[C={C}, W-1={W - 1}]", device=dev)
+    if tuple(conv_state.shape) != (C, W - 1):
+        raise KernelError(f"conv_state: shape {tuple(conv_state.shape)}, expected ({C}, {W - 1}) = [C, W-1] "
+                          f"(the last W-1 inputs of every channel)")
+    for name, t in (("a", a), ("b", b)):
+        _check(name, t, 2, f"[1, Hv={Hv}]", device=dev)
+        if tuple(t.shape) != (1, Hv):
+            raise KernelError(f"{name}: shape {tuple(t.shape)}, expected (1, {Hv})")
+    for name, p in (("A_log", A_log), ("dt_bias", dt_bias)):
+        _check(name, p, 1, f"[Hv={Hv}]", device=dev)
+        if p.shape[0] != Hv:
+            raise KernelError(f"{name}: shape {tuple(p.shape)}, expected ({Hv},) (one per value head)")
+    _check("state", state, 3, f"[Hv={Hv}, Dk={Dk}, Dv={Dv}] float32", device=dev, dtype=torch.float32)
+    if tuple(state.shape) != (Hv, Dk, Dv):
+        raise KernelError(f"state: shape {tuple(state.shape)}, expected {(Hv, Dk, Dv)} = [Hv, Dk, Dv]")
+    out = _check_out("out", out, (1, Hv, Dv), qkv.dtype, dev)
+    scale = Dk ** -0.5 if scale is None else float(scale)
+    tickets = _tickets(dev, Hk)
+    grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
+    _launch(conv_decode_step_kernel, grid, (
+        qkv, conv_weight, conv_state, a, b, A_log, dt_bias, state, out, tickets,
+        Hv, Dk, Dv, Hv // Hk, Hk * Dk, scale, EPS,
+        conv_weight.stride(0), conv_state.stride(0), state.stride(0), state.stride(1), out.stride(1)),
+        dict(W=W, BW=triton.next_power_of_2(max(W - 1, 1)), BK=triton.next_power_of_2(Dk)),
+        dict(BV=min(32, triton.next_power_of_2(Dv)), num_warps=4))
+    return out
+
+
 ChunkWorkspace = namedtuple("ChunkWorkspace", "qg kd w u aqk gcum")
 ChunkWorkspace.__doc__ = """Scratch of delta_rule_chunked for T tokens padded to Tp = chunks * C:
 qg, kd, w [Hv, Tp, Dk], u [Hv, Tp, Dv], aqk [Hv, Tp, C] in the matmul dtype; gcum [Hv, Tp] fp32."""
@@ -603,4 +793,4 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
 
 
 __all__ = ["ChunkWorkspace", "autotune_configs", "chunk_workspace", "delta_rule_chunked", "delta_rule_recurrent",
-           "deltanet_decode_step", "deltanet_gates", "force_config", "l2norm"]
+           "deltanet_conv_decode_step", "deltanet_decode_step", "deltanet_gates", "force_config", "l2norm"]
