@@ -115,7 +115,7 @@ def decode_rows(gen, l2_bytes, bw_measured):
         ref = reference.linear(rot.xs[0], rot.weights[0])
         err = (gemm.linear(rot.xs[0], rot.weights[0]).float() - ref.float()).abs().max().item()
         us = time_graph(rot.calls(lambda x, w, o: gemm.linear(x, w, out=o)))
-        config = str(gemm.gemv_splitk_kernel.best_config)
+        config = str(gemm.last_plan[1]) if gemm.last_plan else "-"
         # the SPLIT_K `linear` used: timed per narrow shape on the first call, else the heuristic's
         split = gemm.chosen_split_k(1, N, K, dtype=torch.bfloat16, device=DEVICE)
         us_torch = time_graph(rot.calls(lambda x, w, o: F.linear(x, w)))  # F.linear has no out=

@@ -248,6 +248,59 @@ def test_gpu_splitk_inside_a_cuda_graph(rt, gen, deterministic):
         checks.compare(f"graph replay {step}", out, reference.linear(x, w))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", ["1", "0"], ids=["pdl", "no-pdl"])
+def test_gpu_chained_gemvs_in_a_graph(rt, gen, monkeypatch, pdl):
+    """Each GEMV reads the previous one's output. With programmatic dependent launch a GEMV starts reading its
+    weights before the previous kernel has finished: it must still read x only after that kernel's writes."""
+    monkeypatch.setenv("QWEN_LAB_PDL", pdl)
+    assert gemm.pdl_enabled(rt.device) == (pdl == "1" and torch.cuda.get_device_capability()[0] >= 9)
+    H, I = C.hidden_size, C.intermediate_size
+    ws = [_w(I, H, gen, rt), _w(H, I, gen, rt), _w(2 * I, H, gen, rt), _w(H, 2 * I, gen, rt)]
+    nw = _norm_w(H, gen, rt)
+    x = torch.zeros(1, H, dtype=rt.dtype, device=rt.device)
+
+    def chain():
+        h = gemm.linear(x, ws[0])                      # 1024 -> 3584
+        h = gemm.linear(h, ws[1])                      # 3584 -> 1024 (narrow: split-K candidates)
+        h = gemm.rms_norm_linear(h, nw, 1e-6, ws[2])   # norm prologue, 1024 -> 7168
+        return gemm.linear(h, ws[3])                   # 7168 -> 1024
+
+    def expected():
+        h = reference.linear(reference.linear(x, ws[0]), ws[1])
+        return reference.linear(reference.rms_norm_linear(h, nw, 1e-6, ws[2]), ws[3])
+
+    for _ in range(2):
+        chain()  # compile, time the plans, allocate workspaces
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain()
+    for step in range(3):
+        x.copy_(_x(1, H, gen, rt))
+        checks.compare(f"eager chain {step}", chain(), expected())
+        graph.replay()
+        torch.cuda.synchronize()
+        checks.compare(f"graph replay {step}", out, expected())
+
+
+@pytest.mark.gpu
+def test_gpu_first_call_times_and_keeps_a_plan(rt, gen, monkeypatch):
+    """The first call of a shape times its candidate plans inside a CUDA Graph and keeps the fastest; a later call
+    reuses it. A narrow shape (N = 1024) also times SPLIT_K values."""
+    monkeypatch.setattr(gemm, "_plans", {})
+    K, N = REAL["mlp_down"]
+    w, x = _w(N, K, gen, rt), _x(1, K, gen, rt)
+    assert gemm.gemv_plan(1, N, K, dtype=rt.dtype, device=rt.device) is None
+    checks.compare("first call", gemm.linear(x, w), reference.linear(x, w))
+    plan = gemm.gemv_plan(1, N, K, dtype=rt.dtype, device=rt.device)
+    assert plan is not None and plan[0] in (*gemm.SPLIT_CANDIDATES, gemm.choose_split_k(1, N, K, gemm.sm_count(rt.device)))
+    assert plan[1] in gemm._gemv_configs()
+    assert gemm.chosen_split_k(1, N, K, dtype=rt.dtype, device=rt.device) == plan[0]
+    checks.compare("second call", gemm.linear(x, w), reference.linear(x, w))
+    assert gemm.last_plan == plan
+
+
 # ---------------------------------------------------------------- norms fused into the GEMV prologue
 
 
@@ -520,21 +573,20 @@ def test_lm_head_sized_outputs_keep_the_norm_apart(monkeypatch, rt, gen):
 
 @pytest.mark.parametrize("prefetch", [0, 1])
 def test_gemv_with_and_without_the_hand_written_prefetch(prefetch, monkeypatch, rt, gen):
-    """Both bodies of the decode GEMV (the autotuner chooses per shape on the GPU) compute the same products,
+    """Both bodies of the decode GEMV (the first-call tuning chooses per shape on the GPU) compute the same products,
     with every prologue: plain, SwiGLU, RMSNorm, residual add + RMSNorm, gated norm."""
     import triton
 
     from qwen_lab.kernels import activations
 
-    kernel = gemm.gemv_splitk_kernel
-    forced = [triton.Config({"BLOCK_N": 16, "BLOCK_K": 32, "PREFETCH": prefetch}, num_warps=4, num_stages=1)]
-    monkeypatch.setattr(kernel, "configs", forced)
-    monkeypatch.setattr(kernel, "cache", {})
+    forced = triton.Config({"BLOCK_N": 16, "BLOCK_K": 32, "PREFETCH": prefetch}, num_warps=4, num_stages=1)
+    monkeypatch.setattr(gemm, "GEMV_FORCE", forced)
+    monkeypatch.setattr(gemm, "_plans", {})
     f = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(rt.device, rt.dtype)  # noqa: E731
     x, res, w = f(1, 100), f(1, 100), f(37, 100, scale=0.1)
     nw = (torch.randn(100, generator=gen) * 0.1).to(rt.device)
     checks.compare("linear", gemm.linear(x, w), reference.linear(x, w))
-    assert kernel.best_config.kwargs["PREFETCH"] == prefetch
+    assert gemm.last_plan[1].kwargs["PREFETCH"] == prefetch
     gu, down = f(1, 2 * 70), f(37, 70, scale=0.1)
     checks.compare("swiglu_down", activations.swiglu_down(gu, down), reference.swiglu_down(gu, down))
     checks.compare("rms_norm_linear", gemm.rms_norm_linear(x, nw, 1e-6, w), reference.rms_norm_linear(x, nw, 1e-6, w))

@@ -29,6 +29,14 @@ $$ y_{mn} = \sum_{s=0}^{S-1} \sum_{k \in \text{split } s} x_{mk} W_{nk} $$
   launch per projection matters: inside a CUDA Graph each launch still costs about 1 us, as much
   as the whole read of a 4 MB weight at full bandwidth.
 
+Which block shape (and, for the narrow shapes, which SPLIT_K) serves a decode shape best depends on the GPU's
+latencies, and the differences are a microsecond or two: too small to time one launch from Python. So the first
+call of each shape times every fitting plan inside a CUDA Graph, over copies of the weight that together exceed
+the L2 cache (as the model's layers do), and keeps the fastest (`gemv_plan` tells which). On Hopper and newer
+GPUs the GEMV is launched with programmatic dependent launch: it starts while the kernel before it finishes,
+requests its first weight tile (W is never written, so that is safe), and only then waits for the previous
+kernel's results (`gdc_wait`): the weight stream overlaps the previous kernel's tail and the launch gap.
+
 `linear` picks the regime from M. Launchers take an optional `out=` so that a CUDA Graph can own
 every buffer; the workspaces are allocated once per device (zeroed) on the first call (which must
 happen before graph capture: the warm-up run does it) and are reused by every later call on that
@@ -43,6 +51,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..errors import KernelError
 from ..runtime import interpreter_active
@@ -82,6 +91,11 @@ def _matmul_configs():
         (128, 64, 64, 4, 4),
         (64, 128, 64, 4, 4),
         (64, 64, 64, 4, 4),
+        # deeper K steps: the narrow projections (N = 1024) give only 64-256 tiles, so each program's K loop
+        # is long and fewer, larger steps keep the tensor cores fed
+        (128, 128, 128, 3, 8),
+        (64, 128, 128, 3, 4),
+        (128, 64, 128, 3, 4),
     ]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=s, num_warps=w)
             for bm, bn, bk, s, w in shapes]
@@ -161,16 +175,16 @@ def _gemv_configs():
             for bn, bk, w, s in shapes for p in (1, 0)]
 
 
-def _prune_gemv_configs(configs, named_args, **kwargs):
-    args = {**named_args, **kwargs}
-    dot = args["BLOCK_M"] > 1
-    fits = [c for c in configs if not dot or c.kwargs["BLOCK_N"] >= 16]  # tl.dot needs 16 rows of W
+def _fitting_configs(block_m: int, N: int, k_per_split: int, dv: int) -> list:
+    """The configurations of `_gemv_configs` that suit one launch shape."""
+    configs = _gemv_configs()
+    fits = [c for c in configs if block_m == 1 or c.kwargs["BLOCK_N"] >= 16]  # tl.dot needs 16 rows of W
     # 1- and 2-row blocks only where the rows of W are few (a wide N already gives enough programs).
-    fits = [c for c in fits if c.kwargs["BLOCK_N"] >= 4 or int(args["N"]) <= 4096] or fits
+    fits = [c for c in fits if c.kwargs["BLOCK_N"] >= 4 or N <= 4096] or fits
     # The gated prologue normalises whole heads inside one tile: BLOCK_K must be a multiple of Dv.
-    fits = [c for c in fits if c.kwargs["BLOCK_K"] >= int(args["DV"])]
+    fits = [c for c in fits if c.kwargs["BLOCK_K"] >= dv]
     # No block much wider than a program's slice of K: the extra lanes would only load masked zeros.
-    k_slice = triton.next_power_of_2(max(int(args["K_PER_SPLIT"]), 16))
+    k_slice = triton.next_power_of_2(max(k_per_split, 16))
     narrow = [c for c in fits if c.kwargs["BLOCK_K"] <= max(k_slice, 128)]
     return narrow or [min(fits, key=lambda c: c.kwargs["BLOCK_K"])]
 
@@ -217,8 +231,6 @@ def _activation_tile(x_rows, r_rows, z_rows, nw_ptr, rstd, offs_k, mask, up_offs
         return tl.load(x_rows + offs_k[None, :], mask=mask, other=0.0)
 
 
-@triton.autotune(configs=_gemv_configs(), key=["N", "K", "SPLIT_K", "BLOCK_M", "REDUCE", "PROLOGUE", "DV"],
-                 prune_configs_by={"early_config_prune": _prune_gemv_configs}, do_bench=_tune_bench)
 @triton.jit
 def gemv_splitk_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, count_ptr,
                        r_ptr, z_ptr, nw_ptr, s_ptr,
@@ -227,7 +239,7 @@ def gemv_splitk_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, count_ptr,
                        stride_rm, stride_sm, stride_xh, stride_zm, stride_zh, eps,
                        BLOCK_M: tl.constexpr, REDUCE: tl.constexpr, PROLOGUE: tl.constexpr, DV: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       PREFETCH: tl.constexpr):
+                       PREFETCH: tl.constexpr, USE_PDL: tl.constexpr):
     # Grid: (row blocks of W, K splits, row blocks of x). Program (n, s, m) computes the partial
     # y[m block, n block] over columns [s * K_PER_SPLIT, (s + 1) * K_PER_SPLIT) of K.
     pid_n = tl.program_id(0)
@@ -253,6 +265,14 @@ def gemv_splitk_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, count_ptr,
         offs_k = k_lo + tl.arange(0, BLOCK_K)
         w_next = tl.load(w_rows + offs_k[None, :], mask=offs_k[None, :] < k_hi, other=0.0,
                          eviction_policy="evict_first")
+
+    if USE_PDL:
+        # Programmatic dependent launch: this kernel may start while the previous one is still finishing.
+        # Everything above reads only W, which no kernel writes, so its trip to memory overlaps the previous
+        # kernel's tail; from here on we read what that kernel wrote (x, the residual) and write what it may
+        # still read, so wait for it to complete. Then let the next kernel start its own weight reads.
+        gdc_wait()
+        gdc_launch_dependents()
 
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if PROLOGUE == 2 or PROLOGUE == 3:
@@ -490,68 +510,117 @@ def _gemv(name, x, weight, split_k, deterministic, out, swiglu=False):
                         dict(stride_xm=x.stride(0), up_offset=K))
 
 
-# SPLIT_K measured per shape on the GPU: (prologue, M bucket, N, K, deterministic, dtype, device) -> split.
-_split_choice: dict = {}
-# Splits the launcher times on the first call of a narrow shape (where choose_split_k wants to split).
+# The launch plan of every GEMV shape met so far, measured on the GPU:
+# (prologue, M bucket, N, K, deterministic, dtype, device, split_k asked for, PDL) -> (SPLIT_K, triton.Config).
+_plans: dict = {}
+# SPLIT_K values timed for a narrow shape (one where choose_split_k wants to split), with its own choice.
 SPLIT_CANDIDATES = (1, 2, 4, 8)
+# Tests set this to run every GEMV with one configuration (a triton.Config of BLOCK_N, BLOCK_K, PREFETCH).
+GEMV_FORCE = None
+# The (SPLIT_K, config) of the last GEMV launched: what a benchmark reports.
+last_plan = None
 
 
-def split_tuning_enabled() -> bool:
-    """On a GPU the first call of a narrow GEMV shape times a few SPLIT_K values and keeps the fastest
-    (QWEN_LAB_TUNE_SPLIT=0 turns it off: choose_split_k's value is used as is)."""
-    return os.environ.get("QWEN_LAB_TUNE_SPLIT", "1").strip().lower() in _TRUE
+def tuning_enabled() -> bool:
+    """On a GPU the first call of each GEMV shape times its candidate plans (block shapes, and SPLIT_K for the
+    narrow shapes) and keeps the fastest; QWEN_LAB_TUNE=0 turns that off (the first fitting plan is used)."""
+    return os.environ.get("QWEN_LAB_TUNE", os.environ.get("QWEN_LAB_TUNE_SPLIT", "1")).strip().lower() in _TRUE
 
 
-def _split_key(prologue, M, N, K, deterministic, dtype, device):
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple:
+    return torch.cuda.get_device_capability(index)
+
+
+def pdl_enabled(device) -> bool:
+    """Whether the decode GEMV is launched with programmatic dependent launch: on Hopper and newer GPUs, unless
+    QWEN_LAB_PDL=0. The kernel then starts reading its weights while the kernel before it finishes."""
+    device = torch.device(device)
+    if device.type != "cuda" or interpreter_active():
+        return False
+    if os.environ.get("QWEN_LAB_PDL", "1").strip().lower() not in _TRUE:
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
+
+
+def _plan_key(prologue, M, N, K, deterministic, dtype, device, split_k, pdl):
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return (prologue, triton.next_power_of_2(M), N, K, bool(deterministic), dtype, str(device))
+    return (prologue, triton.next_power_of_2(M), N, K, bool(deterministic), dtype, str(device), split_k, pdl)
+
+
+def gemv_plan(M: int, N: int, K: int, prologue: int = PRO_NONE, deterministic: bool | None = None,
+              dtype=torch.bfloat16, device="cuda", split_k: int | None = None):
+    """The (SPLIT_K, triton.Config) chosen for this call shape on its first call, or None if none was chosen yet."""
+    det = deterministic_mode() if deterministic is None else deterministic
+    return _plans.get(_plan_key(prologue, M, N, K, det, dtype, device, split_k, pdl_enabled(device)))
 
 
 def chosen_split_k(M: int, N: int, K: int, prologue: int = PRO_NONE, deterministic: bool | None = None,
                    dtype=torch.bfloat16, device="cuda") -> int:
-    """The SPLIT_K the GEMV launchers use for this call shape: the one timed on the first call of a narrow
-    shape when there was one (see `_pick_split`), else `choose_split_k`'s."""
-    det = deterministic_mode() if deterministic is None else deterministic
-    key = _split_key(prologue, M, N, K, det, dtype, device)
-    return _split_choice.get(key, choose_split_k(M, N, K, sm_count(device)))
+    """The SPLIT_K the GEMV launchers use for this call shape: the one measured fastest on its first call when there
+    was one (see `_tune_plan`), else `choose_split_k`'s."""
+    plan = gemv_plan(M, N, K, prologue, deterministic, dtype, device)
+    return plan[0] if plan else choose_split_k(M, N, K, sm_count(device))
 
 
-def _pick_split(key, heuristic: int, K: int, granule: int, device, launch) -> int:
-    """The heuristic's SPLIT_K, or on a GPU the fastest candidate, timed once per shape outside graph capture.
+def _graph_time_us(calls, reps: int = 5) -> float:
+    """Microseconds per call of `calls`, captured back to back in one CUDA Graph and replayed: no launch
+    overhead from Python in the measurement, as in the model's own replay."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (reps * len(calls))
 
-    The blocks inside each launch are autotuned by Triton anyway; this times the whole launch (the
-    reduction included) for SPLIT_K in SPLIT_CANDIDATES + the heuristic's and remembers the winner, since
-    whether a narrow projection is best served by one 4096-column step per program or by 4 slices and a
-    reduction depends on the GPU's latencies. Wide shapes (heuristic 1) are not timed.
-    """
-    if key in _split_choice:
-        return _split_choice[key]
-    if (heuristic == 1 or device.type != "cuda" or interpreter_active() or not split_tuning_enabled()
-            or torch.cuda.is_current_stream_capturing()):
-        return heuristic
-    most = triton.cdiv(K, granule)
-    candidates = sorted({s for s in (*SPLIT_CANDIDATES, heuristic) if s <= most and (s == 1 or K // s >= 128)})
+
+def _tune_plan(plans, launch, weight) -> tuple:
+    """The fastest of `plans` [(split, config)], each timed inside a CUDA Graph over copies of `weight` that
+    together exceed the L2 cache, so every call reads its weights from HBM as the model's layers do."""
+    dev = weight.device
+    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20) or (64 << 20)
+    nbytes = weight.numel() * weight.element_size()
+    copies = 1 if nbytes >= 2 * l2 else min(64, triton.cdiv(3 * l2, max(nbytes, 1)))
+    weights = [weight] + [weight.clone() for _ in range(copies - 1)]
+    calls_per_graph = max(copies, 8)
     times = {}
-    for s in candidates:
-        launch(s)  # compile + autotune the blocks for this split, allocate its workspace
-        times[s] = triton.testing.do_bench(lambda s=s: launch(s), warmup=5, rep=20, return_mode="median")
-    best = min(times, key=times.get)
-    _split_choice[key] = best
-    return best
+    for plan in plans:
+        try:
+            launch(plan, weight)  # compile, and allocate the workspace outside the graph
+        except triton.runtime.errors.OutOfResources:
+            continue
+    torch.cuda.synchronize()
+    for plan in plans:
+        try:
+            times[plan] = _graph_time_us([lambda w=weights[i % copies]: launch(plan, w)
+                                          for i in range(calls_per_graph)])
+        except triton.runtime.errors.OutOfResources:
+            continue
+    del weights
+    return min(times, key=times.get)
 
 
 def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue, args, dv=1):
-    """Validate split_k, pick the reduction and workspace, launch gemv_splitk_kernel once; returns out.
+    """Validate split_k, pick the plan (SPLIT_K and block shape), the reduction and the workspace, and launch
+    gemv_splitk_kernel once; returns out.
 
     args: the prologue's tensors and strides (x_ptr is `x`; r, z, nw, s default to x and are not read).
     With the gated prologue every split starts at a head boundary (K_PER_SPLIT a multiple of dv).
     """
+    global last_plan
     granule = max(K_GRANULE, dv)
-    tune = split_k is None
-    if tune:
-        split_k = choose_split_k(M, N, K, sm_count(x.device))
+    asked = split_k
+    heuristic = choose_split_k(M, N, K, sm_count(x.device))
+    if split_k is None:
+        split_k = heuristic
     if isinstance(split_k, bool) or not isinstance(split_k, int) or not 1 <= split_k <= MAX_SPLIT_K:
         _fail(name, "split_k", f"must be an int in [1, {MAX_SPLIT_K}], got {split_k!r}")
     if split_k > triton.cdiv(K, granule):
@@ -564,11 +633,16 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
     block_m = 1 if M == 1 else 16
     m_blocks = triton.cdiv(M, block_m)
     dot_precision = _dot_precision(x.dtype)
+    pdl = pdl_enabled(x.device)
 
-    def launch(split):
+    def per_split(split):
         # Whole granules per split keep every slice aligned; rounding may leave fewer, non-empty, splits.
         k_per_split = triton.cdiv(triton.cdiv(K, split), granule) * granule
-        splits = triton.cdiv(K, k_per_split)
+        return k_per_split, triton.cdiv(K, k_per_split)
+
+    def launch(plan, w):
+        split, config = plan
+        k_per_split, splits = per_split(split)
         reduce = REDUCE_NONE if splits == 1 else (REDUCE_DETERMINISTIC if deterministic else REDUCE_ATOMIC)
         ws_numel = splits * M * N if reduce == REDUCE_DETERMINISTIC else M * N
         if reduce != REDUCE_NONE and ws_numel >= 2**31:
@@ -582,23 +656,40 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
                 ws = _workspace("sums", ws_numel, torch.float32, x.device)
             else:
                 ws = _workspace("partials", ws_numel, torch.float32, x.device)
-
-        def grid(meta):
-            return (triton.cdiv(N, meta["BLOCK_N"]), splits, m_blocks)
-
+        grid = (triton.cdiv(N, config.kwargs["BLOCK_N"]), splits, m_blocks)
+        extra = {"launch_pdl": True} if pdl else {}
         gemv_splitk_kernel[grid](
-            x, weight, out, ws, counts,
+            x, w, out, ws, counts,
             args.get("r", x), args.get("z", x), args.get("nw", x), args.get("s", x),
             M, N, K, k_per_split, splits,
-            args["stride_xm"], weight.stride(0), out.stride(0), args.get("up_offset", 0),
+            args["stride_xm"], w.stride(0), out.stride(0), args.get("up_offset", 0),
             args.get("stride_rm", 0), args.get("stride_sm", 0), args.get("stride_xh", 0),
             args.get("stride_zm", 0), args.get("stride_zh", 0), float(args.get("eps", 0.0)),
-            BLOCK_M=block_m, REDUCE=reduce, PROLOGUE=prologue, DV=dv, DOT_PRECISION=dot_precision)
+            BLOCK_M=block_m, REDUCE=reduce, PROLOGUE=prologue, DV=dv, DOT_PRECISION=dot_precision,
+            USE_PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages, **extra, **config.kwargs)
 
-    if tune:
-        key = _split_key(prologue, M, N, K, deterministic, x.dtype, x.device)
-        split_k = _pick_split(key, split_k, K, granule, x.device, launch)
-    launch(split_k)
+    def candidates(splits):
+        return [(s, c) for s in splits for c in _fitting_configs(block_m, N, per_split(s)[0], dv)]
+
+    key = _plan_key(prologue, M, N, K, deterministic, x.dtype, x.device, asked, pdl)
+    plan = _plans.get(key)
+    if plan is None:
+        if GEMV_FORCE is not None:
+            plan = (split_k, GEMV_FORCE)
+        elif x.device.type != "cuda" or interpreter_active():
+            plan = candidates([split_k])[0]
+        elif not tuning_enabled() or torch.cuda.is_current_stream_capturing():
+            plan = candidates([split_k])[0]  # no timing inside a capture: the first fitting plan
+        else:
+            # Narrow shapes (the heuristic splits K) also time other SPLIT_K values: whether one whole row per
+            # program beats 4 slices and a reduction depends on the GPU's latencies. Wide ones keep SPLIT_K = 1.
+            most = triton.cdiv(K, granule)
+            splits = [split_k] if asked is not None or heuristic == 1 else sorted(
+                {s for s in (*SPLIT_CANDIDATES, heuristic) if s <= most and (s == 1 or K // s >= 128)})
+            plan = _tune_plan(candidates(splits), launch, weight)
+            _plans[key] = plan
+    last_plan = plan
+    launch(plan, weight)
     return out
 
 
