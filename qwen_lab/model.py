@@ -45,6 +45,7 @@ KERNEL_MODULES = {
     "deltanet_gates": "deltanet",
     "delta_rule_recurrent": "deltanet",
     "deltanet_decode_step": "deltanet",
+    "deltanet_conv_decode_step": "deltanet",
     "delta_rule_chunked": "deltanet",
     "sample": "sampling",
 }
@@ -193,17 +194,25 @@ class Qwen35Model:
         self._t(i, "in_proj", proj)                                    # [T, qkv | z | b | a]
         qkv, z = proj[:, :cd], proj[:, cd:cd + vd].unflatten(1, (Hv, Dv))
         b, a = proj[:, cd + vd:cd + vd + Hv], proj[:, cd + vd + Hv:]
-        qkv = ops["causal_conv1d"](qkv, layer.conv, cache.conv_state[i])  # SiLU inside
-        self._t(i, "conv1d", qkv)
-        q = qkv[:, :kd].unflatten(1, (Hk, Dk))
-        k = qkv[:, kd:2 * kd].unflatten(1, (Hk, Dk))
-        v = qkv[:, 2 * kd:].unflatten(1, (Hv, Dv))
         state = cache.recurrent_state[i]                               # [Hv, Dk, Dv] fp32, updated in place
-        if T == 1:  # decode: the recurrent form, its gates computed inside the same kernel
-            o = ops["deltanet_decode_step"](q, k, v, a, b, layer.A_log, layer.dt_bias, state)
-        else:       # prefill: beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), then the chunked form
-            g, beta = ops["deltanet_gates"](a, b, layer.A_log, layer.dt_bias)
-            o = ops["delta_rule_chunked"](q, k, v, g, beta, state)    # [T, Hv, Dv]; l2norm of q, k inside
+        if T == 1 and self._fused("causal_conv1d", "deltanet_decode_step"):
+            # decode with the library's own conv and decode step: conv, gates and recurrence in one launch
+            o = ops["deltanet_conv_decode_step"](qkv, layer.conv, cache.conv_state[i], a, b, layer.A_log,
+                                                 layer.dt_bias, state, Hk, Dk, Hv, Dv)
+            # The conv output never leaves the kernel, so there is no "conv1d" tensor to trace here; what can
+            # be seen of the conv is its updated state (this token's input in the last column).
+            self._t(i, "conv_state", cache.conv_state[i])
+        else:
+            qkv = ops["causal_conv1d"](qkv, layer.conv, cache.conv_state[i])  # SiLU inside
+            self._t(i, "conv1d", qkv)
+            q = qkv[:, :kd].unflatten(1, (Hk, Dk))
+            k = qkv[:, kd:2 * kd].unflatten(1, (Hk, Dk))
+            v = qkv[:, 2 * kd:].unflatten(1, (Hv, Dv))
+            if T == 1:  # decode: the recurrent form, its gates computed inside the same kernel
+                o = ops["deltanet_decode_step"](q, k, v, a, b, layer.A_log, layer.dt_bias, state)
+            else:       # prefill: beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), then the chunked form
+                g, beta = ops["deltanet_gates"](a, b, layer.A_log, layer.dt_bias)
+                o = ops["delta_rule_chunked"](q, k, v, g, beta, state)  # [T, Hv, Dv]; l2norm of q, k inside
         self._t(i, "delta_rule", o)
         if self._fused("gated_rms_norm", "linear"):  # the gated norm as the out-projection's prologue
             y = ops["gated_rms_norm_linear"](o, z, layer.norm, cfg.rms_norm_eps, layer.out_proj)
