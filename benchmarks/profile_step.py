@@ -1,0 +1,100 @@
+"""Where the time of one prefill and one decode step goes: every kernel of the captured step, timed by the profiler.
+
+    python benchmarks/profile_step.py [--model qwen3.5-0.8b] [--prefill-len 2048] [--out DIR]
+
+Captures `model.step` for a prompt of --prefill-len tokens and for one decode token in CUDA Graphs (as the
+benchmark does), replays each under torch.profiler and prints, per kernel name: launches per step, GPU time
+per step, mean time per launch. The difference between the step's wall time and the sum of its kernels' times
+is what the GPU spent between kernels (launch gaps, waits). Writes profile.json under --out.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import qwen_lab  # noqa: E402
+from qwen_lab.graph import capture  # noqa: E402
+
+
+def profile_replays(graph, reps: int) -> tuple[dict, float]:
+    """Kernel name -> [launches, total us] over `reps` replays, and the wall time per replay in us."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    wall_us = start.elapsed_time(end) * 1e3 / reps
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels: dict = defaultdict(lambda: [0, 0.0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
+            k = kernels[ev.name]
+            k[0] += 1
+            k[1] += ev.device_time_total
+    return {name: [n / reps, us / reps] for name, (n, us) in kernels.items()}, wall_us
+
+
+def table(title: str, kernels: dict, wall_us: float) -> list[str]:
+    busy = sum(us for _, us in kernels.values())
+    launches = sum(n for n, _ in kernels.values())
+    lines = [f"{title}: {wall_us:.1f} us per step, kernels busy {busy:.1f} us ({launches:.0f} launches), "
+             f"between kernels {wall_us - busy:.1f} us ({(wall_us - busy) / max(launches, 1):.2f} us per launch)",
+             f"{'kernel':60s} {'per step':>8s} {'us/step':>9s} {'us each':>8s} {'share':>6s}"]
+    for name, (n, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"{name[:60]:60s} {n:8.1f} {us:9.1f} {us / max(n, 1e-9):8.2f} {us / wall_us:6.1%}")
+    return lines
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="qwen3.5-0.8b")
+    p.add_argument("--prefill-len", type=int, default=2048)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("skipped: profiling the captured steps needs an NVIDIA GPU")
+        return 0
+    t0 = time.time()
+    model = qwen_lab.load_model(args.model, backend="triton")
+    T = args.prefill_len
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (T,), generator=gen).to(model.device)
+    positions = torch.arange(T, device=model.device)
+    cache = model.new_cache(T + 8)
+    token, pos = ids[-1:].clone(), torch.tensor([T], device=model.device)
+    result = {"model": args.model, "prefill_len": T, "gpu": torch.cuda.get_device_name()}
+    lines = []
+    with torch.inference_mode():
+        g_prefill, _ = capture(lambda: model.step(ids, positions, cache), warmup=2)
+        g_decode, _ = capture(lambda: model.step(token, pos, cache), warmup=2)
+        for name, graph in (("prefill", g_prefill), ("decode", g_decode)):
+            kernels, wall = profile_replays(graph, args.reps)
+            result[name] = {"wall_us": wall, "kernels": kernels}
+            lines += table(f"{name} ({T} tokens)" if name == "prefill" else "decode (1 token)", kernels, wall) + [""]
+    print("\n".join(lines))
+    print(f"{time.time() - t0:.0f} s")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "profile.json"), "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
