@@ -1,4 +1,4 @@
-"""CUDA Graph capture and replay of the decode step.
+"""CUDA Graph capture and replay of the decode step and of the prefill.
 
 A decode step launches a couple of hundred small kernels; from Python each launch costs 11-16 us on the
 H200, more than most of these kernels run. A CUDA Graph records the whole step once and replays it with
@@ -15,6 +15,28 @@ What breaks capture, and what this module says when it does (the three classic e
 - a host synchronisation (`.item()`, `.cpu()`, `print(tensor)`, `torch.cuda.synchronize()`) inside the step;
 - an allocation whose address changes, or a shape that changes between replays (shapes are frozen);
 - kernels launched on another stream than the capture stream (warm-up must happen on a side stream first).
+
+The prefill, in buckets. A graph freezes shapes, and a prompt can have any length T. The prefill is therefore
+split greedily into pieces whose lengths come from a fixed set of buckets, largest first:
+
+    PREFILL_BUCKETS = (2048, 1024, 256, 64, 16, 4, 1)
+    77 -> 64 + 4 + 4 + 4 + 1,   2048 -> 2048,   3000 -> 2048 + 256 + 256 + 256 + 64 + 64 + 16 + 16 + 16 + 4 + 4
+
+and each bucket size s has one captured step `model.step(ids[:s], positions[:s], cache)` reading its token ids
+and positions from static device buffers, writing the logits of its last position into one shared static
+buffer. The pieces run one after another at increasing positions, and that equals one prefill of the whole
+prompt, with no padding and no mask:
+- the kernels read the positions from device memory, so a piece at positions p .. p+s-1 is an ordinary step;
+- attention writes the piece's keys and values into the KV cache and reads all earlier ones from it;
+- the causal convolution carries its last W-1 inputs in the conv state, the delta rule its state matrix, from
+  one piece to the next, exactly as they carry them from the prefill to the first decode step.
+Padding a prompt up to one bucket and masking the padding, the usual way to serve many lengths from a few
+graphs, would be wrong here: attention can mask padded keys, but the Gated DeltaNet has no mask, and padded
+tokens would enter its conv state and its recurrent state. With at most a few pieces per bucket size, the
+number of replays stays small (77 tokens: five replays, 2048: one).
+
+All the bucket graphs share one memory pool: they never run at the same time and hand each other nothing but
+the cache and the logits buffer, which live outside the pool, so their scratch tensors can share memory.
 """
 
 from __future__ import annotations
@@ -23,7 +45,9 @@ import inspect
 
 import torch
 
-from .errors import QwenLabError
+from .errors import GenerationError, QwenLabError
+
+PREFILL_BUCKETS = (2048, 1024, 256, 64, 16, 4, 1)
 
 LIKELY_CAUSES = (
     "Likely causes: (1) a host synchronisation inside the captured step (.item(), .cpu(), .tolist(), print of a "
@@ -37,8 +61,13 @@ class GraphCaptureError(QwenLabError, RuntimeError):
     """Capturing a CUDA Graph failed; the message says why it most likely did."""
 
 
-def capture(fn, warmup: int = 2):
-    """Warm `fn` up on a side stream, then capture it. Returns (graph, fn's output during capture)."""
+def capture(fn, warmup: int = 2, pool=None):
+    """Warm `fn` up on a side stream, then capture it. Returns (graph, fn's output during capture).
+
+    warmup: calls before capture (Triton compiles and autotunes on the first call; one is enough once every
+    kernel is compiled). pool: a `torch.cuda.graph_pool_handle()` shared with other graphs that never run
+    concurrently with this one (None: a private pool).
+    """
     if not torch.cuda.is_available():
         raise GraphCaptureError("CUDA Graphs need an NVIDIA GPU; this machine has none")
     side = torch.cuda.Stream()
@@ -50,21 +79,119 @@ def capture(fn, warmup: int = 2):
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=pool):
             out = fn()
     except Exception as e:  # torch reports capture failures as RuntimeError/AcceleratorError with terse text
         raise GraphCaptureError(f"capture failed: {type(e).__name__}: {e}\n{LIKELY_CAUSES}") from e
     return graph, out
 
 
+def prefill_pieces(T: int, buckets=PREFILL_BUCKETS) -> list[int]:
+    """Split a prompt of T tokens greedily into bucket sizes, largest first: 77 -> [64, 4, 4, 4, 1].
+
+    The pieces sum to T; the bucket 1 (required) makes every T reachable.
+    """
+    if isinstance(T, bool) or not isinstance(T, int) or T < 1:
+        raise GenerationError(f"T={T!r}; expected the prompt length, an integer >= 1")
+    sizes = _check_buckets(buckets)
+    pieces, left = [], T
+    for s in sizes:
+        n, left = divmod(left, s)
+        pieces += [s] * n
+    return pieces
+
+
+def _check_buckets(buckets) -> list[int]:
+    """The bucket sizes, validated, distinct and largest first."""
+    try:
+        sizes = list(buckets)
+    except TypeError:
+        raise GenerationError(f"buckets={buckets!r}; expected a sequence of positive integers") from None
+    if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+        raise GenerationError(f"buckets={tuple(sizes)!r}; expected a non-empty sequence of positive integers")
+    if 1 not in sizes:
+        raise GenerationError(f"buckets={tuple(sizes)!r}; expected the bucket 1 among them, so that every prompt "
+                              f"length splits into buckets")
+    return sorted(set(sizes), reverse=True)
+
+
+class PrefillGraphs:
+    """The prefill of `model` into `cache` as CUDA Graphs, one per bucket size, for prompts of any length.
+
+    Captured at construction (before any real prefill: the warm-up runs each step for real and writes the
+    cache, which is reset afterwards unless `reset_cache=False`). Buckets larger than the cache, or than
+    `max_len` (the longest prompt expected; default the cache's capacity), are not captured: longer prompts
+    still run, in more pieces. `run(ids, start)` prefills ids at positions start .. start+T-1 and returns the
+    static logits buffer [1, V] of the last position (read or clone it before the next run).
+    """
+
+    def __init__(self, model, cache, buckets=PREFILL_BUCKETS, max_len: int | None = None, *,
+                 warmup: int = 1, reset_cache: bool = True):
+        sizes = _check_buckets(buckets)
+        if model.device.type != "cuda" or not torch.cuda.is_available():
+            raise GraphCaptureError(f"CUDA Graphs need the model on an NVIDIA GPU; this model is on {model.device}")
+        if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
+            raise GenerationError(f"max_len={max_len!r}; expected None or an integer >= 1")
+        limit = cache.max_len if max_len is None else min(int(max_len), cache.max_len)
+        self.buckets = tuple(s for s in sizes if s <= limit)           # never empty: 1 <= limit
+        self.model, self.cache = model, cache
+        dev = model.device
+        n = self.buckets[0]
+        self.ids = torch.zeros(n, dtype=torch.long, device=dev)       # the piece's token ids (first s entries)
+        self.positions = torch.arange(n, device=dev)                   # the piece's positions (first s entries)
+        self._arange = torch.arange(n, device=dev)                     # 0 .. n-1, to build positions on the device
+        self.logits = torch.empty(1, model.config.vocab_size, dtype=model.dtype, device=dev)
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        for s in self.buckets:  # largest first: the later, smaller captures reuse the pool's free blocks
+            def body(s=s):
+                return model.step(self.ids[:s], self.positions[:s], cache, logits_out=self.logits)
+            self.graphs[s], _ = capture(body, warmup=warmup, pool=self.pool)
+        if reset_cache:
+            cache.reset()
+
+    def pieces(self, T: int) -> list[int]:
+        """The bucket sizes a prompt of T tokens is replayed as."""
+        return prefill_pieces(T, self.buckets)
+
+    def run(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Prefill ids (LongTensor [T] on the model's device) at positions start .. start+T-1, piece by piece.
+
+        Only device work: per piece, a copy of its ids, its positions (start + offset + arange(s)) and one
+        replay. Returns the static logits [1, V] of the last position.
+        """
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype != torch.long:
+            raise GenerationError(f"ids: expected a LongTensor [T], got "
+                                  f"{tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__}"
+                                  f"{'' if not isinstance(ids, torch.Tensor) else ' ' + str(ids.dtype)}")
+        if ids.device != self.ids.device:
+            raise GenerationError(f"ids: expected a tensor on {self.ids.device}, got one on {ids.device}")
+        T = ids.numel()
+        if T == 0:
+            raise GenerationError("ids: the prompt is empty; expected at least one token id")
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise GenerationError(f"start={start!r}; expected an integer >= 0")
+        if start + T > self.cache.max_len:
+            raise GenerationError(f"the prompt has {T} tokens from position {start}, but the cache holds "
+                                  f"max_len={self.cache.max_len} positions; shorten the prompt or use a larger cache")
+        offset = start
+        for s in self.pieces(T):
+            self.ids[:s].copy_(ids[offset - start:offset - start + s])
+            torch.add(self._arange[:s], offset, out=self.positions[:s])
+            self.graphs[s].replay()
+            offset += s
+        return self.logits
+
+
 class DecodeGraph:
     """One decode step of `model` over `cache`, sampling included, captured once and replayed per token.
 
     The graph must be built before the prefill: warm-up runs the step for real, which writes the cache, so
-    the cache is reset afterwards. Then `prime(token, position)` after the prefill and `replay()` per token.
+    the cache is reset afterwards (`reset_cache=False` leaves that to the caller, who captures more graphs). Then `prime(token, position)` after the prefill and `replay()` per token.
     """
 
-    def __init__(self, model, cache, temperature: float, top_k: int, top_p: float, uniforms: torch.Tensor):
+    def __init__(self, model, cache, temperature: float, top_k: int, top_p: float, uniforms: torch.Tensor, *,
+                 reset_cache: bool = True):
         dev = model.device
         self.model, self.cache = model, cache
         self.token = torch.zeros(1, dtype=torch.long, device=dev)     # in: the last token; out: the next one
@@ -90,7 +217,8 @@ class DecodeGraph:
             return logits
 
         self.graph, self.logits = capture(body)
-        cache.reset()
+        if reset_cache:
+            cache.reset()
 
     def prime(self, token: torch.Tensor, position: int, counter: int) -> None:
         """Set the static inputs: the token just sampled, its position, and the index of the next uniform."""

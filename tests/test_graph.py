@@ -1,0 +1,274 @@
+"""The prefill in bucket-sized pieces (qwen_lab.graph.prefill_pieces, PrefillGraphs) and its use in generate().
+
+On a CPU (Triton interpreter, tiny model, float32): the greedy split into buckets, and the fact the design rests
+on: `model.step` over the pieces, one after another into one cache, gives the logits and the cache contents
+(KV rows, conv state, recurrent state) of one step over the whole prompt. On a GPU (bf16): the captured graphs
+replay exactly the eager pieces, the pieces stay within bf16 noise of one eager prefill, generate() with graphs
+picks the tokens eager generation picks, and a prompt longer than the cache is refused.
+"""
+
+import os
+
+import pytest
+import torch
+
+import qwen_lab
+from qwen_lab import checks
+from qwen_lab.errors import GenerationError
+from qwen_lab.graph import PREFILL_BUCKETS, GraphCaptureError, PrefillGraphs, prefill_pieces
+
+
+# ---------------------------------------------------------------- the split
+
+
+@pytest.mark.parametrize("T, pieces", [
+    (1, [1]),
+    (3, [1, 1, 1]),
+    (4, [4]),
+    (77, [64, 4, 4, 4, 1]),
+    (2048, [2048]),
+    (2049, [2048, 1]),
+    (3000, [2048, 256, 256, 256, 64, 64, 16, 16, 16, 4, 4]),
+    (5000, [2048, 2048, 256, 256, 256, 64, 64, 4, 4]),
+])
+def test_prefill_pieces_split_greedily_largest_first(T, pieces):
+    assert prefill_pieces(T) == pieces
+    assert sum(prefill_pieces(T)) == T
+
+
+def test_prefill_pieces_with_other_buckets():
+    assert PREFILL_BUCKETS == (2048, 1024, 256, 64, 16, 4, 1)
+    assert prefill_pieces(70, (16, 4, 1)) == [16, 16, 16, 16, 4, 1, 1]
+    assert prefill_pieces(70, (1, 16, 4)) == [16, 16, 16, 16, 4, 1, 1]   # any order; largest used first
+    assert prefill_pieces(7, (1,)) == [1] * 7
+    for T in range(1, 300):
+        p = prefill_pieces(T)
+        assert sum(p) == T and p == sorted(p, reverse=True)
+
+
+@pytest.mark.parametrize("T", [0, -3, 2.0, True, None, "5"])
+def test_prefill_pieces_rejects_bad_lengths(T):
+    with pytest.raises(GenerationError, match="T="):
+        prefill_pieces(T)
+
+
+@pytest.mark.parametrize("buckets, fragment", [
+    ((16, 4), "bucket 1"),
+    ((), "non-empty"),
+    ((16, 0, 1), "positive"),
+    ((16, -4, 1), "positive"),
+    ((16, 4.0, 1), "positive"),
+    (7, "sequence"),
+])
+def test_prefill_pieces_rejects_bad_buckets(buckets, fragment):
+    with pytest.raises(GenerationError, match=f"buckets=.*{fragment}"):
+        prefill_pieces(10, buckets)
+
+
+def test_prefill_graphs_need_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: see the gpu tests")
+    model = qwen_lab.load_model("tiny", device="cpu", dtype=torch.float32, backend="torch")
+    with pytest.raises(GraphCaptureError, match="NVIDIA GPU"):
+        PrefillGraphs(model, model.new_cache(8))
+
+
+# ---------------------------------------------------------------- pieces = one prefill
+
+
+def step_in_pieces(model, ids, cache, buckets, start=0):
+    """model.step over the bucket pieces of ids, one after another into `cache`: the logits [1, V] of the last."""
+    offset = 0
+    with torch.inference_mode():
+        for s in prefill_pieces(ids.numel(), buckets):
+            positions = torch.arange(start + offset, start + offset + s, device=model.device)
+            logits = model.step(ids[offset:offset + s], positions, cache)
+            offset += s
+    return logits
+
+
+def cache_contents(cache, T):
+    """(name, tensor) of everything a prefill of T tokens wrote: KV rows 0..T-1, conv and recurrent states."""
+    out = []
+    for i in range(cache.config.num_hidden_layers):
+        for name in ("key", "value"):
+            t = getattr(cache, name)[i]
+            if t is not None:
+                out.append((f"{name}[{i}] rows 0..{T - 1}", t[:T]))
+        for name in ("conv_state", "recurrent_state"):
+            t = getattr(cache, name)[i]
+            if t is not None:
+                out.append((f"{name}[{i}]", t))
+    return out
+
+
+def cache_errors(a, b, T):
+    """{name: relative error of a's contents against b's}."""
+    return {name: checks.relative_error(x.float(), y.float())
+            for (name, x), (_, y) in zip(cache_contents(a, T), cache_contents(b, T))}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return qwen_lab.load_model("tiny")  # the triton backend: the interpreter on a CPU
+
+
+@pytest.mark.parametrize("T", [1, 5, 17, 70])
+def test_steps_over_the_pieces_equal_one_prefill(tiny, T):
+    """No padding and no mask: the pieces at increasing positions carry the conv and delta-rule states and read
+    the earlier keys from the KV cache, so they compute what one step over the whole prompt computes."""
+    ids = torch.randint(0, tiny.config.vocab_size, (T,), generator=torch.Generator().manual_seed(T)).to(tiny.device)
+    whole_cache, piece_cache = tiny.new_cache(T + 3), tiny.new_cache(T + 3)
+    with torch.inference_mode():
+        whole = tiny.step(ids, torch.arange(T, device=tiny.device), whole_cache)
+    pieces = step_in_pieces(tiny, ids, piece_cache, (16, 4, 1))
+    rtol = 1e-5 if tiny.dtype == torch.float32 else 2e-2
+    err = checks.relative_error(pieces.float(), whole.float())
+    assert torch.isfinite(pieces).all() and err < rtol, f"T={T}: last logits differ, relative error {err:.3g}"
+    errors = cache_errors(piece_cache, whole_cache, T)
+    assert len(errors) == 2 * tiny.config.num_full_layers + 2 * tiny.config.num_linear_layers
+    bad = {k: f"{v:.3g}" for k, v in errors.items() if not v < rtol}
+    assert not bad, f"T={T}: cache contents differ from one prefill: {bad}"
+
+
+def test_generate_eager_is_one_prefill_then_decode_steps():
+    """cuda_graph=False keeps the eager loop: one model.step over the prompt, then one step per token."""
+    model = qwen_lab.load_model("tiny", device="cpu", dtype=torch.float32, backend="torch")
+    prompt = torch.randint(0, model.config.vocab_size, (9,), generator=torch.Generator().manual_seed(4))
+    got = qwen_lab.generate(model, prompt, max_new_tokens=6, cuda_graph=False, eos_token_ids=())
+    cache = model.new_cache(16)
+    want = []
+    with torch.inference_mode():
+        logits = model.step(prompt, torch.arange(9), cache)[-1]
+        for n in range(6):
+            want.append(int(logits.argmax()))
+            logits = model.step(torch.tensor(want[-1:]), torch.tensor([9 + n]), cache)[-1]
+    assert got.tolist() == want
+
+
+# ---------------------------------------------------------------- GPU
+
+
+@pytest.fixture(scope="module")
+def deterministic():
+    """Split-K GEMVs reduce in a fixed order, so the same launches give the same bits (graph and eager)."""
+    old = os.environ.get("QWEN_LAB_DETERMINISTIC")
+    os.environ["QWEN_LAB_DETERMINISTIC"] = "1"
+    yield
+    if old is None:
+        os.environ.pop("QWEN_LAB_DETERMINISTIC", None)
+    else:
+        os.environ["QWEN_LAB_DETERMINISTIC"] = old
+
+
+@pytest.fixture(scope="module")
+def big(deterministic):
+    return qwen_lab.load_model("qwen3.5-0.8b", dtype=torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def big_float32(big):
+    """transformers' model holding the same weights in float32: the yardstick of bf16 rounding."""
+    from qwen_lab import bench
+
+    return bench.transformers_model(big.config, big.weights, big.device, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def big_graphs(big):
+    cache = big.new_cache(2048 + 8)
+    return PrefillGraphs(big, cache), cache
+
+
+@pytest.mark.gpu
+def test_prefill_graphs_capture_the_buckets_that_fit(big, big_graphs):
+    graphs, cache = big_graphs
+    assert graphs.buckets == PREFILL_BUCKETS and set(graphs.graphs) == set(PREFILL_BUCKETS)
+    small = PrefillGraphs(big, big.new_cache(300))
+    assert small.buckets == (256, 64, 16, 4, 1)
+    assert small.pieces(300) == [256, 16, 16, 4, 4, 4]
+    assert PrefillGraphs(big, big.new_cache(300), max_len=20).buckets == (16, 4, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 77, 300, 2048])
+def test_prefill_graphs_match_the_eager_prefill(big, big_graphs, big_float32, T):
+    graphs, cache = big_graphs
+    dev = big.device
+    ids = torch.randint(0, big.config.vocab_size, (T,), generator=torch.Generator().manual_seed(T)).to(dev)
+    cache.reset()
+    with torch.inference_mode():
+        got = graphs.run(ids).clone()
+    torch.cuda.synchronize()
+    assert got.shape == (1, big.config.vocab_size) and torch.isfinite(got).all()
+
+    # (1) the graphs replay exactly the eager steps over the same pieces: same kernels, same shapes
+    pieces_cache = big.new_cache(cache.max_len)
+    pieces = step_in_pieces(big, ids, pieces_cache, graphs.buckets)
+    err = checks.relative_error(got.float(), pieces.float())
+    assert err < 1e-2, f"T={T}: graph replay against the eager pieces: relative error {err:.3g}"
+    errors = cache_errors(cache, pieces_cache, T)
+    bad = {k: f"{v:.3g}" for k, v in errors.items() if not v < 1e-2}
+    assert not bad, f"T={T}: the graphs' cache differs from the eager pieces' cache: {bad}"
+
+    # (2) the pieces against one eager prefill of the whole prompt: different shapes round differently in bf16,
+    # so the bar is the bf16 rounding level, measured here as the eager prefill's own error against float32
+    whole_cache = big.new_cache(cache.max_len)
+    with torch.inference_mode():
+        whole = big.step(ids, torch.arange(T, device=dev), whole_cache)
+    err_whole = checks.relative_error(got.float(), whole.float())
+    with torch.inference_mode():
+        exact = big_float32(input_ids=ids[None], logits_to_keep=1).logits[0, -1:].float()
+    noise = checks.relative_error(whole.float(), exact)
+    print(f"T={T}: graphs vs eager pieces {err:.2e}, vs one eager prefill {err_whole:.2e}; eager bf16 vs "
+          f"float32 {noise:.2e}; pieces {graphs.pieces(T)}")
+    assert err_whole < max(1e-2, 1.5 * noise), f"T={T}: pieces vs one prefill {err_whole:.3g}, bf16 noise {noise:.3g}"
+    assert checks.relative_error(got.float(), exact) < 1.5 * noise + 1e-2
+    errors = cache_errors(cache, whole_cache, T)
+    bad = {k: f"{v:.3g}" for k, v in errors.items() if not v < max(2e-2, 1.5 * noise)}
+    assert not bad, f"T={T}: the graphs' cache differs from one prefill's beyond bf16 noise {noise:.3g}: {bad}"
+
+
+def assert_same_greedy_tokens(model, prompt, graph, eager):
+    """graph == eager, or they part at a near-tie: there the two tokens' logits (eager, over the common prefix)
+    are closer than a tenth of the logits' spread, which bf16 rounding of two computation orders can flip."""
+    if graph == eager:
+        return
+    n = next(i for i, (a, b) in enumerate(zip(graph, eager)) if a != b)
+    ids = torch.cat([prompt.to(model.device), torch.tensor(eager[:n], dtype=torch.long, device=model.device)])
+    logits = model.forward(ids)[-1]
+    gap = float(logits[eager[n]] - logits[graph[n]])
+    spread = float(logits.std())
+    assert abs(gap) < 0.1 * spread, (f"the graph run picked {graph[n]} at step {n}, eager {eager[n]}: their logits "
+                                     f"differ by {gap:.3g}, not a near-tie (spread {spread:.3g})\n"
+                                     f"graph {graph}\neager {eager}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("source, T", [("tiny", 37), ("tiny", 5), ("qwen3.5-0.8b", 77)])
+def test_generate_with_graphs_picks_the_eager_tokens(deterministic, big, source, T):
+    model = big if source != "tiny" else qwen_lab.load_model("tiny", device="cuda")
+    prompt = torch.randint(0, model.config.vocab_size, (T,), generator=torch.Generator().manual_seed(T))
+    eager = qwen_lab.generate(model, prompt, max_new_tokens=16, cuda_graph=False, eos_token_ids=()).tolist()
+    graph = qwen_lab.generate(model, prompt, max_new_tokens=16, cuda_graph=True, eos_token_ids=()).tolist()
+    default = qwen_lab.generate(model, prompt, max_new_tokens=16, eos_token_ids=()).tolist()
+    assert len(graph) == len(eager) == 16
+    assert default == graph  # graphs are the default on a GPU, and a second run replays the same bits
+    assert_same_greedy_tokens(model, prompt, graph, eager)
+
+
+@pytest.mark.gpu
+def test_prefill_graphs_refuse_a_prompt_longer_than_the_cache():
+    model = qwen_lab.load_model("tiny", device="cuda")
+    graphs = PrefillGraphs(model, model.new_cache(8))
+    assert graphs.buckets == (4, 1)
+    ids = torch.randint(0, model.config.vocab_size, (9,), device="cuda")
+    with pytest.raises(GenerationError, match="max_len=8"):
+        graphs.run(ids)
+    with pytest.raises(GenerationError, match="max_len=8"):
+        graphs.run(ids[:5], start=4)
+    with pytest.raises(GenerationError, match="ids"):
+        graphs.run(ids.cpu())
+    assert torch.isfinite(graphs.run(ids[:8])).all()
+    with pytest.raises(GenerationError, match="max_len=8"):
+        qwen_lab.generate(model, ids, max_new_tokens=2, max_len=8, cuda_graph=True)
