@@ -1,7 +1,7 @@
 """The Gated DeltaNet kernels (qwen_lab.kernels.deltanet) against qwen_lab.reference and transformers.
 
 CPU: the Triton interpreter in float32, small heads (Dk != Dv, Hv = Hk and Hv = 2 Hk), token counts around
-the chunk size of 64. GPU: bf16 inputs and an fp32 state on Qwen3.5-0.8B shapes (16 heads of 128), the
+the chunk size of 64; the decode step with the causal conv fused in, over consecutive steps and in the model. GPU: bf16 inputs and an fp32 state on Qwen3.5-0.8B shapes (16 heads of 128), the
 larger models' 32 and 48 value heads, and 2048 / 8192-token prefills.
 """
 
@@ -19,8 +19,8 @@ from qwen_lab.config import QWEN35_0_8B
 from qwen_lab.errors import KernelError
 from qwen_lab.kernels import count_launches, deltanet
 from qwen_lab.kernels.deltanet import (ChunkWorkspace, autotune_configs, chunk_workspace, delta_rule_chunked,
-                                       delta_rule_recurrent, deltanet_decode_step, deltanet_gates, force_config,
-                                       l2norm)
+                                       delta_rule_recurrent, deltanet_conv_decode_step, deltanet_decode_step,
+                                       deltanet_gates, force_config, l2norm)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository (for child processes)
 
@@ -406,6 +406,190 @@ def test_l2norm_and_gates_stay_inside_their_tensors(rt, gen):
         checks.compare(f"beta (T={T}, Hv={Hv})", got["beta_out"], beta_ref, atol=1e-6, rtol=1e-5, hint=READ_HINT)
 
 
+# ---------------------------------------------------------------- the decode step with the conv fused in
+#
+# deltanet_conv_decode_step = reference causal_conv1d (conv + SiLU, conv_state shifted in place), the split into
+# q, k, v, then deltanet_decode_step, in one launch. The q/k channels of a key head are read by every program of
+# the value heads sharing it (Hv / Hk heads times Dv / BV column blocks) and shifted by the last of them to draw
+# a ticket: the shapes below have several such readers (Hv = 2 Hk, 3 Hk, two column blocks of BV = 32 for
+# Dv = 40), so a writer that went first would hand the next readers a shifted state.
+
+def _conv_decode_inputs(steps, Hk, Hv, Dk, Dv, W, gen, dtype, device):
+    """`steps` decode tokens: qkv, b, a as column slices of one in-projection-like [steps, C + z + 2 Hv] tensor
+    (row stride larger than each width), a conv weight, a non-zero conv state, the gate parameters, a state."""
+    C = 2 * Hk * Dk + Hv * Dv
+    proj = checks.randn(steps, C + Dv + 2 * Hv, g=gen, dtype=dtype, device=device)
+    A_log, dt_bias = _gate_params(Hv, gen, device)
+    return dict(qkv=proj[:, :C], b=proj[:, C + Dv:C + Dv + Hv], a=proj[:, C + Dv + Hv:],
+                conv_weight=checks.randn(C, W, g=gen, dtype=dtype, device=device, scale=0.5),
+                conv_state=checks.randn(C, W - 1, g=gen, dtype=dtype, device=device),
+                A_log=A_log, dt_bias=dt_bias, state=checks.randn(Hv, Dk, Dv, g=gen, device=device, scale=0.5))
+
+
+def _two_reference_calls(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, state, Hk, Dk, Hv, Dv):
+    """The unfused route of the model: reference causal_conv1d, the split, reference deltanet_decode_step."""
+    y = reference.causal_conv1d(qkv, conv_weight, conv_state)
+    kd = Hk * Dk
+    q, k = y[:, :kd].unflatten(1, (Hk, Dk)), y[:, kd:2 * kd].unflatten(1, (Hk, Dk))
+    v = y[:, 2 * kd:].unflatten(1, (Hv, Dv))
+    return reference.deltanet_decode_step(q, k, v, a, b, A_log, dt_bias, state)
+
+
+def _tickets_are_zero(device):
+    """The kernel's counters are back at zero after every launch (the next launch counts from there)."""
+    counters = deltanet._TICKETS.get(torch.device(device))
+    assert counters is not None and int(counters.abs().sum()) == 0, f"ticket counters left at {counters}"
+
+
+# (Hk, Hv, Dk, Dv, W): Hv = Hk with Dk != Dv; Hv = 2 Hk; Hv = 3 Hk with ragged dims and two column blocks;
+# Hv = 3 Hk with a width-3 filter; a width-2 filter (a one-column state, nothing shifted but the input)
+_CONV_DECODE_SHAPES = [(2, 2, 16, 32, 4), (2, 4, 16, 16, 4), (1, 3, 24, 40, 4), (2, 6, 12, 20, 3), (1, 2, 16, 8, 2)]
+
+
+@pytest.mark.parametrize("shape", _CONV_DECODE_SHAPES, ids=lambda s: "Hk{}-Hv{}-Dk{}-Dv{}-W{}".format(*s))
+def test_conv_decode_step_equals_conv_then_decode_step(shape, rt, gen):
+    """Three consecutive steps, conv state and state carried, against the reference conv + decode step."""
+    Hk, Hv, Dk, Dv, W = shape
+    heads = (Hk, Dk, Hv, Dv)
+    steps = 3
+    d = _conv_decode_inputs(steps, Hk, Hv, Dk, Dv, W, gen, rt.dtype, rt.device)
+    conv_state, state = d["conv_state"].clone(), d["state"].clone()          # the kernel's
+    ref_conv_state, ref_state = d["conv_state"].clone(), d["state"].clone()  # the two reference calls'
+    for s in range(steps):
+        row = {n: d[n][s:s + 1] for n in ("qkv", "a", "b")}
+        params = dict(conv_weight=d["conv_weight"], A_log=d["A_log"], dt_bias=d["dt_bias"])
+        if s == 0:  # the reference function added for this kernel is the same composition
+            c0, s0 = d["conv_state"].clone(), d["state"].clone()
+            ref0 = reference.deltanet_conv_decode_step(**row, **params, conv_state=c0, state=s0, num_k_heads=Hk,
+                                                       head_k_dim=Dk, num_v_heads=Hv, head_v_dim=Dv)
+        with count_launches() as launches:
+            o = deltanet_conv_decode_step(**row, **params, conv_state=conv_state, state=state, num_k_heads=Hk,
+                                          head_k_dim=Dk, num_v_heads=Hv, head_v_dim=Dv)
+        assert dict(launches) == {"conv_decode_step_kernel": 1}, dict(launches)
+        ref = _two_reference_calls(row["qkv"], d["conv_weight"], ref_conv_state, row["a"], row["b"], d["A_log"],
+                                   d["dt_bias"], ref_state, *heads)
+        if s == 0:
+            assert torch.equal(ref0, ref) and torch.equal(c0, ref_conv_state) and torch.equal(s0, ref_state)
+        assert o.shape == (1, Hv, Dv) and o.dtype == rt.dtype
+        checks.compare(f"step {s}: o", o, ref)
+        # the conv state holds inputs: moving them is exact
+        assert torch.equal(conv_state, ref_conv_state), f"step {s}: conv_state differs from the reference's"
+        checks.compare(f"step {s}: state", state, ref_state)
+        _tickets_are_zero(rt.device)
+
+
+def test_conv_decode_step_stays_inside_its_tensors_with_every_gpu_config(rt, gen):
+    """Every block size the GPU autotuner may pick (BV = 8 gives Dv / 8 readers of each q/k channel per value
+    head), with every tensor a guarded view: NaN around inputs, a sentinel around outputs, padded row pitches
+    (so the conv state, its weight and the state have row strides larger than their widths)."""
+    ran = 0
+    for Hk, Hv, Dk, Dv, W in [(1, 3, 24, 40, 4), (2, 4, 16, 16, 4)]:
+        configs = autotune_configs("conv_decode_step_kernel", Dv=Dv)
+        if runtime.interpreter_active():  # it ignores num_warps and num_stages: one run per set of block sizes
+            configs = list({str(c.kwargs): c for c in configs}.values())
+        for config in configs:
+            d = _conv_decode_inputs(1, Hk, Hv, Dk, Dv, W, gen, rt.dtype, rt.device)
+            ref_conv_state, ref_state = d["conv_state"].clone(), d["state"].clone()
+            ref = _two_reference_calls(d["qkv"], d["conv_weight"], ref_conv_state, d["a"], d["b"], d["A_log"],
+                                       d["dt_bias"], ref_state, Hk, Dk, Hv, Dv)
+            args = dict(d, num_k_heads=Hk, head_k_dim=Dk, num_v_heads=Hv, head_v_dim=Dv,
+                        out=torch.empty(1, Hv, Dv, dtype=rt.dtype, device=rt.device))
+            with force_config("conv_decode_step_kernel", config):
+                got = _guarded_call(deltanet_conv_decode_step, args, outputs=("out",))
+            where = f"Hk={Hk} Hv={Hv} Dk={Dk} Dv={Dv} W={W} BV={config.kwargs['BV']}"
+            checks.compare(f"{where}: o", got["out"], ref, hint=READ_HINT)
+            assert torch.equal(got["conv_state"], ref_conv_state), f"{where}: conv_state differs"
+            checks.compare(f"{where}: state", got["state"], ref_state, hint=READ_HINT)
+            _tickets_are_zero(rt.device)
+            ran += 1
+    assert ran >= 3
+
+
+def test_conv_decode_step_rejects_bad_arguments(rt, gen):
+    Hk, Hv, Dk, Dv, W = 2, 4, 16, 16, 4
+    d = _conv_decode_inputs(2, Hk, Hv, Dk, Dv, W, gen, rt.dtype, rt.device)
+    good = dict(qkv=d["qkv"][:1], conv_weight=d["conv_weight"], conv_state=d["conv_state"], a=d["a"][:1],
+                b=d["b"][:1], A_log=d["A_log"], dt_bias=d["dt_bias"], state=d["state"], num_k_heads=Hk,
+                head_k_dim=Dk, num_v_heads=Hv, head_v_dim=Dv)
+    bad = [
+        ("qkv", dict(qkv=d["qkv"])),                                   # two tokens: not a decode step
+        ("qkv", dict(qkv=d["qkv"][:1, :-1])),                          # a channel short
+        ("qkv", dict(qkv=d["qkv"][:1, ::2])),                          # channels not contiguous
+        ("conv_weight", dict(conv_weight=d["conv_weight"][:-1])),
+        ("conv_state", dict(conv_state=d["conv_state"][:, :-1])),      # W-2 columns for a width-W filter
+        ("a", dict(a=d["a"][:1, :-1])),
+        ("b", dict(b=d["b"])),
+        ("A_log", dict(A_log=d["A_log"][:-1])),
+        ("state", dict(state=d["state"].double())),
+        ("state", dict(state=d["state"][:, :8])),
+        ("num_v_heads", dict(num_v_heads=3, qkv=d["qkv"][:1, :2 * Hk * Dk + 3 * Dv])),  # not a multiple of Hk
+        ("head_k_dim", dict(head_k_dim=0)),
+        ("out", dict(out=torch.empty(1, Hv, Dv, dtype=torch.float64, device=rt.device))),
+        ("out", dict(out=torch.empty(1, Hv, Dv + 1, dtype=rt.dtype, device=rt.device))),
+    ]
+    for name, change in bad:
+        with pytest.raises(KernelError, match=rf"^{name}\b"):
+            deltanet_conv_decode_step(**{**good, **change})
+    before = (d["conv_state"].clone(), d["state"].clone())
+    with pytest.raises(KernelError):
+        deltanet_conv_decode_step(**{**good, "qkv": d["qkv"]})
+    assert torch.equal(before[0], d["conv_state"]) and torch.equal(before[1], d["state"]), "a rejected call wrote"
+
+
+def test_model_decode_runs_the_fused_conv_and_equals_the_unfused_route(rt):
+    """The tiny model (Hv = 2 Hk): decode through deltanet_conv_decode_step equals the two-call route forced by
+    swapping the conv entry (for the reference conv, and for the same Triton conv under another name), and
+    launches one kernel fewer per DeltaNet layer than the latter."""
+    from qwen_lab.kernels import conv1d
+    from qwen_lab.model import Qwen35Model, load_model
+
+    base = load_model("tiny", device=rt.device, dtype=rt.dtype)
+    cfg = base.config
+    ids = torch.arange(7, device=rt.device) * 37 % cfg.vocab_size
+    prefilled = base.new_cache(16)
+    with torch.inference_mode():
+        base.step(ids[:5], torch.arange(5, device=rt.device), prefilled)
+    routes = {"fused": None, "reference conv": reference.causal_conv1d,
+              "triton conv, unfused": lambda *args, **kw: conv1d.causal_conv1d(*args, **kw)}
+    results = {}
+    for route, conv in routes.items():
+        model = Qwen35Model(cfg, base.weights, device=rt.device, dtype=rt.dtype)
+        if conv is not None:
+            model.ops["causal_conv1d"] = conv
+        cache = model.new_cache(16)
+        for mine, theirs in zip(cache.tensors(), prefilled.tensors()):
+            mine.copy_(theirs)
+        traced = []
+        model.trace = lambda layer, name, t: traced.append((layer, name))
+        logits, launches = [], []
+        with torch.inference_mode():
+            for t in (5, 6):
+                with count_launches() as c:
+                    logits.append(model.step(ids[t:t + 1], torch.tensor([t], device=rt.device), cache).float())
+                launches.append(c)
+        results[route] = (logits, cache, launches, traced)
+    fused_logits, fused_cache, fused_launches, fused_traced = results["fused"]
+    for route in ("reference conv", "triton conv, unfused"):
+        logits, cache, _, traced = results[route]
+        for j, (a, b) in enumerate(zip(fused_logits, logits)):
+            assert checks.relative_error(a, b) <= (1e-5 if rt.dtype == torch.float32 else 2e-2), f"{route}: step {j}"
+        for i in range(cfg.num_hidden_layers):
+            if fused_cache.conv_state[i] is not None:
+                checks.compare(f"{route}: conv_state[{i}]", fused_cache.conv_state[i], cache.conv_state[i])
+                checks.compare(f"{route}: recurrent_state[{i}]", fused_cache.recurrent_state[i],
+                               cache.recurrent_state[i], *checks.tolerance(rt.dtype))
+        assert any(name == "conv1d" for _, name in traced)
+    n_linear = cfg.num_linear_layers
+    for c in fused_launches:
+        assert c["conv_decode_step_kernel"] == n_linear and c["conv1d_step_kernel"] == 0
+        assert c["delta_rule_recurrent_kernel"] == 0
+    unfused_launches = results["triton conv, unfused"][2]
+    for fused, unfused in zip(fused_launches, unfused_launches):
+        assert sum(unfused.values()) - sum(fused.values()) == n_linear, (dict(fused), dict(unfused))
+    assert not any(name == "conv1d" for _, name in fused_traced)
+    assert sum(name == "conv_state" for _, name in fused_traced) == 2 * n_linear
+
+
 # ---------------------------------------------------------------- GPU: every autotuning config, faults isolated
 #
 # A kernel that faults leaves the CUDA context unusable, so one bad config would fail every later test of this
@@ -555,3 +739,92 @@ def test_gpu_decode_step_captures_in_a_cuda_graph(rt, gen):
     ref = reference.delta_rule_recurrent(d["q"], d["k"], d["v"], g, beta, ref_state)
     checks.compare("o", out, ref)
     checks.compare("state", d["state"], ref_state, atol=1e-4, rtol=1e-3)
+
+
+def _qwen_conv_decode(Hv, steps, rt, gen):
+    """Qwen3.5-0.8B's DeltaNet shapes (Hk = 16 heads of 128, width-4 conv) with Hv value heads; bf16 inputs, conv
+    weight and conv state (the model dtype), fp32 state."""
+    cfg = QWEN35_0_8B
+    Hk, Dk, Dv, W = cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim, \
+        cfg.linear_conv_kernel_dim
+    d = _conv_decode_inputs(steps, Hk, Hv, Dk, Dv, W, gen, rt.dtype, rt.device)
+    return d, (Hk, Dk, Hv, Dv)
+
+
+def _gpu_judge_step(where, o, ref, conv_state, ref_conv_state, state, ref_state):
+    # The conv outputs are rounded to bf16 in both; a sum in another order can round a few of them one bf16 step
+    # apart, which then moves the fp32 state by ~1e-4: the state is judged as a whole and loosely elementwise.
+    checks.compare(f"{where}: o", o, ref)
+    assert torch.equal(conv_state, ref_conv_state), f"{where}: conv_state differs (it only moves inputs)"
+    assert checks.relative_error(state, ref_state) <= 1e-3, f"{where}: state"
+    checks.compare(f"{where}: state", state, ref_state, atol=2e-3, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Hv", [16, 32, 48])
+def test_gpu_conv_decode_step_eight_steps(Hv, rt, gen):
+    """Eight consecutive decode steps (conv state and state carried) against reference conv + decode step."""
+    d, heads = _qwen_conv_decode(Hv, 8, rt, gen)
+    conv_state, state = d["conv_state"].clone(), d["state"].clone()
+    ref_conv_state, ref_state = d["conv_state"].clone(), d["state"].clone()
+    for s in range(8):
+        qkv, a, b = d["qkv"][s:s + 1], d["a"][s:s + 1], d["b"][s:s + 1]
+        o = deltanet_conv_decode_step(qkv, d["conv_weight"], conv_state, a, b, d["A_log"], d["dt_bias"], state,
+                                      *heads)
+        ref = _two_reference_calls(qkv, d["conv_weight"], ref_conv_state, a, b, d["A_log"], d["dt_bias"], ref_state,
+                                   *heads)
+        _gpu_judge_step(f"Hv={Hv} step {s}", o, ref, conv_state, ref_conv_state, state, ref_state)
+    _tickets_are_zero(rt.device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Hv", [16, 48])
+def test_gpu_conv_decode_step_every_config_many_steps(Hv, rt, gen):
+    """Every autotuning config for 40 steps each: a program that read a q/k channel's conv state after another
+    had shifted it would compute a wrong q or k for its value columns, and o would show it."""
+    d, heads = _qwen_conv_decode(Hv, 40, rt, gen)
+    for config in autotune_configs("conv_decode_step_kernel", Dv=heads[3]):
+        conv_state, state = d["conv_state"].clone(), d["state"].clone()
+        ref_conv_state, ref_state = d["conv_state"].clone(), d["state"].clone()
+        with force_config("conv_decode_step_kernel", config):
+            for s in range(40):
+                qkv, a, b = d["qkv"][s:s + 1], d["a"][s:s + 1], d["b"][s:s + 1]
+                o = deltanet_conv_decode_step(qkv, d["conv_weight"], conv_state, a, b, d["A_log"], d["dt_bias"],
+                                              state, *heads)
+                ref = _two_reference_calls(qkv, d["conv_weight"], ref_conv_state, a, b, d["A_log"], d["dt_bias"],
+                                           ref_state, *heads)
+                _gpu_judge_step(f"Hv={Hv} {config} step {s}", o, ref, conv_state, ref_conv_state, state, ref_state)
+        _tickets_are_zero(rt.device)
+
+
+@pytest.mark.gpu
+def test_gpu_conv_decode_step_replays_in_a_cuda_graph(rt, gen):
+    """Captured once after a warm-up (which allocates the ticket counters), replayed for four tokens."""
+    d, heads = _qwen_conv_decode(QWEN35_0_8B.linear_num_value_heads, 6, rt, gen)
+    Hv, Dv = heads[2], heads[3]
+    qkv, a, b = d["qkv"][:1].clone(), d["a"][:1].clone(), d["b"][:1].clone()   # the graph's static inputs
+    conv_state, state = d["conv_state"].clone(), d["state"].clone()
+    out = torch.empty(1, Hv, Dv, dtype=rt.dtype, device=rt.device)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm-up: compile and autotune outside the capture
+            deltanet_conv_decode_step(qkv, d["conv_weight"], conv_state, a, b, d["A_log"], d["dt_bias"], state,
+                                      *heads, out=out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        deltanet_conv_decode_step(qkv, d["conv_weight"], conv_state, a, b, d["A_log"], d["dt_bias"], state,
+                                  *heads, out=out)
+    conv_state.copy_(d["conv_state"])
+    state.copy_(d["state"])
+    ref_conv_state, ref_state = d["conv_state"].clone(), d["state"].clone()
+    for s in range(2, 6):
+        qkv.copy_(d["qkv"][s:s + 1])
+        a.copy_(d["a"][s:s + 1])
+        b.copy_(d["b"][s:s + 1])
+        graph.replay()
+        ref = _two_reference_calls(qkv, d["conv_weight"], ref_conv_state, a, b, d["A_log"], d["dt_bias"], ref_state,
+                                   *heads)
+        _gpu_judge_step(f"replay {s}", out, ref, conv_state, ref_conv_state, state, ref_state)
+    _tickets_are_zero(rt.device)
