@@ -8,11 +8,18 @@ Modules are imported lazily (after `qwen_lab.runtime` has chosen interpreter or 
 
 `count_launches()` counts Triton kernel launches made from Python inside a `with` block: the checks
 use it to prove that a learner's Triton kernel really ran, the model to count launches per forward.
+
+`pdl_options(device)`: the launch options of programmatic dependent launch (Hopper and newer, unless
+QWEN_LAB_PDL=0). A kernel launched with them may start while the kernel before it in the stream is still
+running, so it calls `gdc_wait()` before it touches any memory that kernel may write (or read) and
+`gdc_launch_dependents()` to let the next one start early in turn. The decode step is a chain of a
+hundred-odd short kernels: this hides most of the gap between one kernel's end and the next one's start.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections import Counter
 
@@ -70,3 +77,31 @@ def count_launches():
     finally:
         # by identity: two counters holding equal counts compare equal, and list.remove compares by value
         del stack[next(i for i, c in enumerate(stack) if c is counter)]
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple:
+    import torch
+
+    return torch.cuda.get_device_capability(index)
+
+
+def pdl_enabled(device) -> bool:
+    """Whether kernels on `device` are launched with programmatic dependent launch: a CUDA GPU of compute
+    capability 9.0 or newer, the Triton interpreter off, and QWEN_LAB_PDL not set to 0."""
+    import os
+
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return False
+    if os.environ.get("QWEN_LAB_PDL", "1").strip().lower() not in ("1", "true", "yes", "on"):
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
+
+
+def pdl_options(device) -> dict:
+    """Keyword arguments for a kernel launch: `USE_PDL` for the kernel (a constexpr that turns its
+    `gdc_wait()` on) and Triton's `launch_pdl` option; empty when PDL is off."""
+    return {"USE_PDL": True, "launch_pdl": True} if pdl_enabled(device) else {}

@@ -45,9 +45,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import runtime
 from ..errors import KernelError
+from . import pdl_options
 
 LOG2E = 1.4426950408889634
 
@@ -59,7 +61,10 @@ LOG2E = 1.4426950408889634
 def kv_cache_write_kernel(k_cache_ptr, v_cache_ptr, k_ptr, v_ptr, pos_ptr, L, H,
                           stride_kct, stride_kch, stride_vct, stride_vch,
                           stride_kt, stride_kh, stride_vt, stride_vh,
-                          D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                          D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     # one program per token: its K and V rows go to cache row positions[t] (read on the device)
     t = tl.program_id(0)
     pos = tl.load(pos_ptr + t)
@@ -269,7 +274,10 @@ def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
                               stride_qh, stride_kl, stride_kh, stride_vl, stride_vh, stride_ws, stride_wh,
                               G: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                               NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr,
-                              BLOCK_N: tl.constexpr):
+                              BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     # program (KV head, split): the G query heads of this KV head (padded to ROWS >= 16 for tl.dot)
     # against one chunk of the keys; writes the partial (acc, m, l) to the workspace
     kvh = tl.program_id(0)
@@ -309,7 +317,10 @@ def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
 @triton.jit
 def flash_decode_combine_kernel(ws_ptr, out_ptr, gate_ptr, stride_ws, stride_wh, stride_oh, stride_gh,
                                 D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P: tl.constexpr,
-                                HAS_GATE: tl.constexpr, BLOCK_D: tl.constexpr):
+                                HAS_GATE: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     # program (query head, block of D): o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s
     h = tl.program_id(0)
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -492,7 +503,7 @@ def kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
     kv_cache_write_kernel[(T,)](k_cache, v_cache, k, v, positions, L, H,
                                 k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
                                 k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                                D=D, BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, num_warps=4)
+                                D=D, BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, num_warps=4, **pdl_options(k.device))
     return None
 
 
@@ -591,12 +602,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
                                                  DOT_PREC=prec, BLOCK_N=_INTERP_DECODE_BLOCK_N)
     else:
         _decode_kernel()[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=splits,
-                                        DOT_PREC=prec)
+                                        DOT_PREC=prec, **pdl_options(q.device))
     block_dc = min(BLOCK_D, 64)
     flash_decode_combine_kernel[(Hq, triton.cdiv(D, block_dc))](
         workspace, out, g, workspace.stride(0), workspace.stride(1), out.stride(1), g.stride(1),
         D=D, NUM_SPLITS=splits, SPLITS_P=triton.next_power_of_2(splits), HAS_GATE=has_gate, BLOCK_D=block_dc,
-        num_warps=4)
+        num_warps=4, **pdl_options(q.device))
     return out
 
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..errors import KernelError
+from . import pdl_options
 from ..runtime import interpreter_active
 
 
@@ -27,7 +29,10 @@ from ..runtime import interpreter_active
 def embedding_kernel(ids_ptr, weight_ptr, out_ptr,
                      T, V, H,
                      stride_ids, stride_w, stride_out,
-                     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+                     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)          # token positions of this tile
@@ -104,7 +109,7 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None 
     grid = (triton.cdiv(T, block_t), triton.cdiv(H, block_h))
     embedding_kernel[grid](flat_ids, weight, out2d, T, V, H,
                            flat_ids.stride(0) if T > 1 else 1, weight.stride(0), out2d.stride(0),
-                           BLOCK_T=block_t, BLOCK_H=block_h, num_warps=warps)
+                           BLOCK_T=block_t, BLOCK_H=block_h, num_warps=warps, **pdl_options(weight.device))
     return out
 
 

@@ -54,6 +54,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..errors import KernelError
+from . import pdl_enabled
 from ..runtime import interpreter_active
 
 # M at or below this is served by the GEMV / split-K path (decode and very short prompts).
@@ -525,22 +526,6 @@ def tuning_enabled() -> bool:
     """On a GPU the first call of each GEMV shape times its candidate plans (block shapes, and SPLIT_K for the
     narrow shapes) and keeps the fastest; QWEN_LAB_TUNE=0 turns that off (the first fitting plan is used)."""
     return os.environ.get("QWEN_LAB_TUNE", os.environ.get("QWEN_LAB_TUNE_SPLIT", "1")).strip().lower() in _TRUE
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple:
-    return torch.cuda.get_device_capability(index)
-
-
-def pdl_enabled(device) -> bool:
-    """Whether the decode GEMV is launched with programmatic dependent launch: on Hopper and newer GPUs, unless
-    QWEN_LAB_PDL=0. The kernel then starts reading its weights while the kernel before it finishes."""
-    device = torch.device(device)
-    if device.type != "cuda" or interpreter_active():
-        return False
-    if os.environ.get("QWEN_LAB_PDL", "1").strip().lower() not in _TRUE:
-        return False
-    return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
 
 
 def _plan_key(prologue, M, N, K, deterministic, dtype, device, split_k, pdl):

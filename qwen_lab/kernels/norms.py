@@ -34,8 +34,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..errors import KernelError
+from . import pdl_options
 from ..runtime import interpreter_active
 
 MAX_D = 32768
@@ -61,7 +63,10 @@ def rms_norm_kernel(x_ptr, w_ptr, out_ptr,
                     R, n1, D,
                     sx0, sx1, so0, so1,
                     eps,
-                    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < R)[:, None] & (cols < D)[None, :]
@@ -203,7 +208,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
         return out
     block_r, block_d, warps = _config(R, D)
     rms_norm_kernel[(triton.cdiv(R, block_r),)](x, weight, out, R, n1, D, sx0, sx1, so0, so1, float(eps),
-                                                BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps)
+                                                BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, **pdl_options(x.device))
     return out
 
 

@@ -29,8 +29,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..errors import KernelError
+from . import pdl_options
 
 
 @triton.jit
@@ -92,7 +94,10 @@ def qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, q_out_ptr, k_out_ptr, pos_
                         stride_qt, stride_qh, stride_kt, stride_kh,
                         stride_qot, stride_qoh, stride_kot, stride_koh,
                         D: tl.constexpr, HALF: tl.constexpr,
-                        BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                        BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     # grid (T, blocks of q heads + blocks of k heads): one launch serves both tensors
     t = tl.program_id(0)
     j = tl.program_id(1)
@@ -239,7 +244,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
                                 q.stride(0), q.stride(1), k.stride(0), k.stride(1),
                                 q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
                                 D=D, HALF=rotary_dim // 2,
-                                BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, num_warps=4)
+                                BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, num_warps=4, **pdl_options(q.device))
     return q_out, k_out
 
 

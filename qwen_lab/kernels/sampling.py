@@ -44,8 +44,10 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..errors import KernelError
+from . import pdl_options
 from ..runtime import interpreter_active
 
 KEY_BITS = 30          # keys of e in [0, 1]: bit patterns 0 .. 0x3F800000 < 2^30
@@ -57,9 +59,12 @@ FLOAT32_TINY = 1.1754943508222875e-38    # the smallest normal float32
 @triton.jit
 def sample_max_kernel(logits_ptr, V, stride,
                       pmax_ptr, parg_ptr, counter_ptr, mx_ptr, out_ptr,
-                      NB, BLOCK: tl.constexpr, NB_P2: tl.constexpr):
+                      NB, BLOCK: tl.constexpr, NB_P2: tl.constexpr, USE_PDL: tl.constexpr = False):
     """Per block: max and argmax (lowest index on ties). The last program: the global ones.
     Writes the max logit for the next kernels and the argmax into out (the greedy answer)."""
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(logits_ptr + offs.to(tl.int64) * stride, mask=offs < V, other=float("-inf")).to(tl.float32)
@@ -84,8 +89,11 @@ def sample_round_kernel(logits_ptr, V, stride, scale, top_k, top_p,
                         mx_ptr, hcount_ptr, hmass_ptr, state_i_ptr, state_f_ptr, counter_ptr,
                         NB, ROUND: tl.constexpr, USE_K: tl.constexpr, USE_P: tl.constexpr,
                         NBITS: tl.constexpr, KEY_BITS: tl.constexpr, SKIP_DEAD: tl.constexpr,
-                        BLOCK: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr):
+                        BLOCK: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr, USE_PDL: tl.constexpr = False):
     """One radix-select round: fix the next NBITS bits of tau's key."""
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     NBINS: tl.constexpr = 1 << NBITS
     SHIFT: tl.constexpr = KEY_BITS - NBITS * (ROUND + 1)
     pid = tl.program_id(0)
@@ -161,9 +169,12 @@ def sample_round_kernel(logits_ptr, V, stride, scale, top_k, top_p,
 def sample_draw_kernel(logits_ptr, V, stride, scale,
                        mx_ptr, u_ptr, state_i_ptr, kmass_ptr, klast_ptr, counter_ptr, out_ptr,
                        NB, USE_TAU: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
-                       NB_P2: tl.constexpr):
+                       NB_P2: tl.constexpr, USE_PDL: tl.constexpr = False):
     """Kept mass and last kept index per block; the last program finds the block, then the index,
     where the running kept mass first exceeds u * M."""
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     mx = tl.load(mx_ptr)
     if USE_TAU:
@@ -338,8 +349,9 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, u
     nb_p2 = max(2, triton.next_power_of_2(nb))
     stride = logits.stride(0)
     grid = (nb,)
+    pdl = pdl_options(device)
     sample_max_kernel[grid](logits, V, stride, ws.pmax, ws.parg, ws.counter, ws.mx, out,
-                            nb, BLOCK=cfg.block, NB_P2=nb_p2, num_warps=cfg.warps)
+                            nb, BLOCK=cfg.block, NB_P2=nb_p2, num_warps=cfg.warps, **pdl)
     if temperature == 0:
         return out
     scale = _f32(LOG2E / float(temperature))
@@ -351,10 +363,10 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, u
                                   ws.mx, ws.hcount, ws.hmass, ws.state_i, ws.state_f, ws.counter,
                                   nb, ROUND=r, USE_K=use_k, USE_P=use_p, NBITS=cfg.nbits, KEY_BITS=KEY_BITS,
                                   SKIP_DEAD=cfg.skip_dead, BLOCK=cfg.block, CHUNK=cfg.chunk, NB_P2=nb_p2,
-                                  num_warps=cfg.warps)
+                                  num_warps=cfg.warps, **pdl)
     sample_draw_kernel[grid](logits, V, stride, scale, ws.mx, uniform, ws.state_i, ws.kmass, ws.klast,
                              ws.counter, out, nb, USE_TAU=use_k or use_p, BLOCK=cfg.block, CHUNK=cfg.chunk,
-                             NB_P2=nb_p2, num_warps=cfg.warps)
+                             NB_P2=nb_p2, num_warps=cfg.warps, **pdl)
     return out
 
 

@@ -1,0 +1,78 @@
+"""Programmatic dependent launch: when it is on, and that the decode step computes the same with it as without it."""
+
+import pytest
+import torch
+
+import qwen_lab
+from qwen_lab import kernels
+
+
+@pytest.mark.parametrize("capability, env, expected", [((9, 0), None, True), ((10, 0), "1", True),
+                                                        ((8, 9), None, False), ((9, 0), "0", False)])
+def test_pdl_on_hopper_and_newer_unless_turned_off(monkeypatch, capability, env, expected):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(kernels, "_capability", lambda index: capability)
+    if env is None:
+        monkeypatch.delenv("QWEN_LAB_PDL", raising=False)
+    else:
+        monkeypatch.setenv("QWEN_LAB_PDL", env)
+    cuda = torch.device("cuda", 0)
+    assert kernels.pdl_enabled(cuda) is expected
+    assert kernels.pdl_options(cuda) == ({"USE_PDL": True, "launch_pdl": True} if expected else {})
+
+
+def test_pdl_never_on_the_cpu_or_under_the_interpreter(monkeypatch):
+    monkeypatch.setattr(kernels, "_capability", lambda index: (9, 0))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert kernels.pdl_options("cpu") == {}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert kernels.pdl_options(torch.device("cuda", 0)) == {}
+
+
+def _decode_logits(model, ids, forced, graph: bool):
+    """Prefill `ids`, then one decode step per token of `forced` (eager, or replayed from a captured step), fed the
+    same tokens whatever the logits say (so a near tie cannot send two runs down different paths); their logits."""
+    from qwen_lab.graph import capture
+
+    T, steps = ids.numel(), forced.numel()
+    cache = model.new_cache(T + steps + 1)
+    token = torch.zeros(1, dtype=torch.long, device=model.device)
+    pos = torch.zeros(1, dtype=torch.long, device=model.device)
+    out = []
+    with torch.inference_mode():
+        if graph:
+            g, logits = capture(lambda: model.step(token, pos, cache), warmup=2)
+            cache.reset()
+        model.step(ids, torch.arange(T, device=model.device), cache)
+        pos.fill_(T)
+        for n in range(steps):
+            token.copy_(forced[n:n + 1])
+            if graph:
+                g.replay()
+                step_logits = logits[-1].float().clone()
+            else:
+                step_logits = model.step(token, pos, cache)[-1].float()
+            out.append(step_logits)
+            pos.add_(1)
+    return torch.stack(out)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_with_pdl_equals_decode_without(monkeypatch):
+    """The whole decode step of Qwen3.5-0.8B's shapes, replayed from a CUDA Graph with every kernel launched early
+    (PDL on), against the same model launched plainly (PDL off), eager and in a graph."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs compute capability 9.0 or newer")
+    model = qwen_lab.load_model("qwen3.5-0.8b", backend="triton")
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (37,), generator=g).to(model.device)
+    forced = torch.randint(0, model.config.vocab_size, (6,), generator=g).to(model.device)
+    monkeypatch.setenv("QWEN_LAB_PDL", "0")
+    plain = _decode_logits(model, ids, forced, graph=False)
+    plain_graph = _decode_logits(model, ids, forced, graph=True)
+    monkeypatch.setenv("QWEN_LAB_PDL", "1")
+    early = _decode_logits(model, ids, forced, graph=True)
+    early_eager = _decode_logits(model, ids, forced, graph=False)
+    for name, got in (("graph, PDL off", plain_graph), ("graph, PDL on", early), ("eager, PDL on", early_eager)):
+        err = ((got - plain).norm() / plain.norm()).item()
+        assert err < 2e-2, f"{name}: relative error {err:.3g} against eager without PDL"
