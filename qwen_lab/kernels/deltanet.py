@@ -20,6 +20,12 @@ Recurrent kernel (decode): one program per (value head, block of BV value column
 of S in registers for the T tokens and writes it back once. The columns of S are independent (every
 update above acts on each column alone), so the programs need no communication.
 
+Decode with the conv fused in (`deltanet_conv_decode_step`): the same grid and the same step, each program
+first computing the causal conv + SiLU (see kernels/conv1d.py) of the q, k and v channels it reads, straight
+from the in-projection output and the carried conv state [2 Hk Dk + Hv Dv, W-1], which it shifts in place.
+The q/k channels of a key head are read by several programs; the last of them to finish reading (an atomic
+ticket) writes their shifted state. One launch per DeltaNet layer and token instead of two.
+
 Chunked form (prefill): cut the T tokens into chunks of C = 64; inside a chunk let G_i = g_1 + ... + g_i
 (cumulative log decay from the chunk start) and S0 the state entering the chunk. Unrolling the recurrence,
 the values written at the C steps solve one unit lower-triangular system (the UT transform):
