@@ -76,13 +76,15 @@ def test_prefill_graphs_need_a_gpu():
 # ---------------------------------------------------------------- pieces = one prefill
 
 
-def step_in_pieces(model, ids, cache, buckets, start=0):
-    """model.step over the bucket pieces of ids, one after another into `cache`: the logits [1, V] of the last."""
+def step_in_pieces(model, ids, cache, buckets, start=0, logits_out=None):
+    """model.step over the bucket pieces of ids, one after another into `cache`: the logits [1, V] of the last.
+    With logits_out, every piece writes its logits there, as the captured steps do."""
     offset = 0
     with torch.inference_mode():
         for s in prefill_pieces(ids.numel(), buckets):
             positions = torch.arange(start + offset, start + offset + s, device=model.device)
-            logits = model.step(ids[offset:offset + s], positions, cache)
+            logits = model.step(ids[offset:offset + s], positions, cache, logits_out=logits_out)
+            assert logits_out is None or logits.data_ptr() == logits_out.data_ptr()
             offset += s
     return logits
 
@@ -121,7 +123,8 @@ def test_steps_over_the_pieces_equal_one_prefill(tiny, T):
     whole_cache, piece_cache = tiny.new_cache(T + 3), tiny.new_cache(T + 3)
     with torch.inference_mode():
         whole = tiny.step(ids, torch.arange(T, device=tiny.device), whole_cache)
-    pieces = step_in_pieces(tiny, ids, piece_cache, (16, 4, 1))
+    static_logits = torch.full((1, tiny.config.vocab_size), float("nan"), dtype=tiny.dtype, device=tiny.device)
+    pieces = step_in_pieces(tiny, ids, piece_cache, (16, 4, 1), logits_out=static_logits)
     rtol = 1e-5 if tiny.dtype == torch.float32 else 2e-2
     err = checks.relative_error(pieces.float(), whole.float())
     assert torch.isfinite(pieces).all() and err < rtol, f"T={T}: last logits differ, relative error {err:.3g}"
