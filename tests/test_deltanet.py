@@ -479,29 +479,41 @@ def test_conv_decode_step_equals_conv_then_decode_step(shape, rt, gen):
         _tickets_are_zero(rt.device)
 
 
+def _run_conv_decode_guarded(shape, gen, rt, forced=(), W=4):
+    """deltanet_conv_decode_step on guarded inputs of shape (1, Hk, Hv, Dk, Dv) (the layout of the other kernels'
+    shapes) with the (kernel name, config) pairs of `forced`, judged against the two reference calls."""
+    _, Hk, Hv, Dk, Dv = shape
+    d = _conv_decode_inputs(1, Hk, Hv, Dk, Dv, W, gen, rt.dtype, rt.device)
+    ref_conv_state, ref_state = d["conv_state"].clone(), d["state"].clone()
+    ref = _two_reference_calls(d["qkv"], d["conv_weight"], ref_conv_state, d["a"], d["b"], d["A_log"],
+                               d["dt_bias"], ref_state, Hk, Dk, Hv, Dv)
+    args = dict(d, num_k_heads=Hk, head_k_dim=Dk, num_v_heads=Hv, head_v_dim=Dv,
+                out=torch.empty(1, Hv, Dv, dtype=rt.dtype, device=rt.device))
+    with contextlib.ExitStack() as stack:
+        for name, config in forced:
+            stack.enter_context(force_config(name, config))
+        got = _guarded_call(deltanet_conv_decode_step, args, outputs=("out",))
+    where = f"deltanet_conv_decode_step Hk={Hk} Hv={Hv} Dk={Dk} Dv={Dv} W={W} with {[str(c) for _, c in forced]}"
+    if rt.dtype == torch.float32:
+        checks.compare(f"{where}: o", got["out"], ref, hint=READ_HINT)
+        checks.compare(f"{where}: state", got["state"], ref_state, hint=READ_HINT)
+    else:
+        _gpu_judge_step(where, got["out"], ref, got["conv_state"], ref_conv_state, got["state"], ref_state)
+    assert torch.equal(got["conv_state"], ref_conv_state), f"{where}: conv_state differs"
+    _tickets_are_zero(rt.device)
+
+
 def test_conv_decode_step_stays_inside_its_tensors_with_every_gpu_config(rt, gen):
     """Every block size the GPU autotuner may pick (BV = 8 gives Dv / 8 readers of each q/k channel per value
     head), with every tensor a guarded view: NaN around inputs, a sentinel around outputs, padded row pitches
     (so the conv state, its weight and the state have row strides larger than their widths)."""
     ran = 0
-    for Hk, Hv, Dk, Dv, W in [(1, 3, 24, 40, 4), (2, 4, 16, 16, 4)]:
-        configs = autotune_configs("conv_decode_step_kernel", Dv=Dv)
+    for shape, W in [((1, 1, 3, 24, 40), 4), ((1, 2, 4, 16, 16), 3)]:
+        configs = autotune_configs("conv_decode_step_kernel", Dv=shape[4])
         if runtime.interpreter_active():  # it ignores num_warps and num_stages: one run per set of block sizes
             configs = list({str(c.kwargs): c for c in configs}.values())
         for config in configs:
-            d = _conv_decode_inputs(1, Hk, Hv, Dk, Dv, W, gen, rt.dtype, rt.device)
-            ref_conv_state, ref_state = d["conv_state"].clone(), d["state"].clone()
-            ref = _two_reference_calls(d["qkv"], d["conv_weight"], ref_conv_state, d["a"], d["b"], d["A_log"],
-                                       d["dt_bias"], ref_state, Hk, Dk, Hv, Dv)
-            args = dict(d, num_k_heads=Hk, head_k_dim=Dk, num_v_heads=Hv, head_v_dim=Dv,
-                        out=torch.empty(1, Hv, Dv, dtype=rt.dtype, device=rt.device))
-            with force_config("conv_decode_step_kernel", config):
-                got = _guarded_call(deltanet_conv_decode_step, args, outputs=("out",))
-            where = f"Hk={Hk} Hv={Hv} Dk={Dk} Dv={Dv} W={W} BV={config.kwargs['BV']}"
-            checks.compare(f"{where}: o", got["out"], ref, hint=READ_HINT)
-            assert torch.equal(got["conv_state"], ref_conv_state), f"{where}: conv_state differs"
-            checks.compare(f"{where}: state", got["state"], ref_state, hint=READ_HINT)
-            _tickets_are_zero(rt.device)
+            _run_conv_decode_guarded(shape, gen, rt, [("conv_decode_step_kernel", config)], W=W)
             ran += 1
     assert ran >= 3
 
@@ -614,6 +626,10 @@ def _probe_jobs():
             jobs.append((fn, shape, ()))
             jobs += [(fn, shape, (("delta_rule_recurrent_kernel", c),))
                      for c in autotune_configs("delta_rule_recurrent_kernel", Dv=shape[4])]
+    for shape in [(1, 2, 4, 16, 32), (1, 16, 16, 128, 128), (1, 16, 48, 128, 128)]:  # one token: W = 4
+        jobs.append((deltanet_conv_decode_step, shape, ()))
+        jobs += [(deltanet_conv_decode_step, shape, (("conv_decode_step_kernel", c),))
+                 for c in autotune_configs("conv_decode_step_kernel", Dv=shape[4])]
     return jobs
 
 
@@ -633,7 +649,10 @@ def _probe_main(start: int):
             continue
         fn, shape, forced = job
         try:
-            _run_guarded(fn, shape, torch.Generator().manual_seed(i), rt, forced)
+            if fn is deltanet_conv_decode_step:
+                _run_conv_decode_guarded(shape, torch.Generator().manual_seed(i), rt, forced)
+            else:
+                _run_guarded(fn, shape, torch.Generator().manual_seed(i), rt, forced)
             if rt.device.type == "cuda":
                 torch.cuda.synchronize()
             print(f"PROBE {i} PASS", flush=True)
