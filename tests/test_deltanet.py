@@ -472,10 +472,13 @@ def test_conv_decode_step_equals_conv_then_decode_step(shape, rt, gen):
         if s == 0:
             assert torch.equal(ref0, ref) and torch.equal(c0, ref_conv_state) and torch.equal(s0, ref_state)
         assert o.shape == (1, Hv, Dv) and o.dtype == rt.dtype
-        checks.compare(f"step {s}: o", o, ref)
+        if rt.dtype == torch.float32:
+            checks.compare(f"step {s}: o", o, ref)
+            checks.compare(f"step {s}: state", state, ref_state)
+        else:  # bf16 conv outputs on a GPU (see _gpu_judge_step)
+            _gpu_judge_step(f"step {s}", o, ref, conv_state, ref_conv_state, state, ref_state)
         # the conv state holds inputs: moving them is exact
         assert torch.equal(conv_state, ref_conv_state), f"step {s}: conv_state differs from the reference's"
-        checks.compare(f"step {s}: state", state, ref_state)
         _tickets_are_zero(rt.device)
 
 
@@ -573,9 +576,14 @@ def test_model_decode_runs_the_fused_conv_and_equals_the_unfused_route(rt):
         for mine, theirs in zip(cache.tensors(), prefilled.tensors()):
             mine.copy_(theirs)
         traced = []
-        model.trace = lambda layer, name, t: traced.append((layer, name))
         logits, launches = [], []
         with torch.inference_mode():
+            if not runtime.interpreter_active():  # on a GPU, compile and autotune first: tuning launches too
+                scratch = model.new_cache(16)
+                for mine, theirs in zip(scratch.tensors(), prefilled.tensors()):
+                    mine.copy_(theirs)
+                model.step(ids[5:6], torch.tensor([5], device=rt.device), scratch)
+            model.trace = lambda layer, name, t: traced.append((layer, name))
             for t in (5, 6):
                 with count_launches() as c:
                     logits.append(model.step(ids[t:t + 1], torch.tensor([t], device=rt.device), cache).float())
