@@ -64,9 +64,11 @@ from collections import namedtuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import runtime
 from ..errors import KernelError
+from . import pdl_options
 
 EPS = 1e-6  # l2norm epsilon of q and k inside the delta rule (as in the reference and transformers)
 INTERPRET = runtime.interpreter_active()  # fixed at import: the kernels below are defined for one mode
@@ -260,7 +262,8 @@ def delta_rule_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr,
 def conv_decode_step_kernel(qkv_ptr, conv_w_ptr, conv_state_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr,
                             out_ptr, ticket_ptr, Hv, Dk, Dv, REP, KEY_DIM, scale, eps,
                             stride_cw, stride_cs, stride_sh, stride_sk, stride_oh,
-                            W: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                            W: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                            USE_PDL: tl.constexpr = False):
     h = tl.program_id(0)
     hk = h // REP
     offs_k = tl.arange(0, BK)
@@ -271,6 +274,13 @@ def conv_decode_step_kernel(qkv_ptr, conv_w_ptr, conv_state_ptr, a_ptr, b_ptr, A
     s_ptrs = state_ptr + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
     s_mask = mask_k[:, None] & mask_v[None, :]
     S = tl.load(s_ptrs, mask=s_mask, other=0.0)
+    if USE_PDL:
+        # Launched early (programmatic dependent launch). The state was last written by this layer's step of the
+        # previous token, many kernels back, which is complete (every kernel releases its successor only after
+        # its own wait), so the load above may run before the wait; qkv, a and b come from the kernel just
+        # before (the in-projection) and are read after it.
+        gdc_wait()
+        gdc_launch_dependents()
 
     # ---- conv + SiLU of this program's channels: q and k of key head hk, its BV columns of v
     # conv_state column j holds the input W-1-j steps back (oldest first) and meets weight column j; weight
@@ -716,7 +726,7 @@ def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv
         qkv, conv_weight, conv_state, a, b, A_log, dt_bias, state, out, tickets,
         Hv, Dk, Dv, Hv // Hk, Hk * Dk, scale, EPS,
         conv_weight.stride(0), conv_state.stride(0), state.stride(0), state.stride(1), out.stride(1)),
-        dict(W=W, BW=triton.next_power_of_2(max(W - 1, 1)), BK=triton.next_power_of_2(Dk)),
+        dict(W=W, BW=triton.next_power_of_2(max(W - 1, 1)), BK=triton.next_power_of_2(Dk), **pdl_options(dev)),
         dict(BV=min(32, triton.next_power_of_2(Dv)), num_warps=4))
     return out
 
