@@ -108,3 +108,20 @@ def test_gpu_bad_ids_zero_rows():
     out = embedding(ids, weight)
     assert torch.equal(out[1:3], torch.zeros_like(out[1:3]))
     assert torch.equal(out[[0, 3]], weight[[5, 99]])
+
+
+def test_launches_inside_uncounted_are_not_counted(rt, gen):
+    """count_launches counts a call's own launches; a launcher's first-call timing runs go through `uncounted`."""
+    from qwen_lab.kernels import count_launches, uncounted
+    from qwen_lab.kernels.embedding import embedding
+
+    w = torch.randn(20, 8, generator=gen).to(rt.device, rt.dtype)
+    ids = torch.tensor([3, 0, 19], device=rt.device)
+    with count_launches() as outer:
+        embedding(ids, w)
+        with uncounted():
+            embedding(ids, w)
+            with count_launches() as inner:  # a count opened inside still sees its own launches
+                embedding(ids, w)
+        embedding(ids, w)
+    assert outer["embedding_kernel"] == 2 and inner["embedding_kernel"] == 1

@@ -270,17 +270,13 @@ def conv_decode_step_kernel(qkv_ptr, conv_w_ptr, conv_state_ptr, a_ptr, b_ptr, A
     offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
     mask_k = offs_k < Dk
     mask_v = offs_v < Dv
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     # the recurrent state first: the largest load, in flight while the conv and the ticket are worked out
     s_ptrs = state_ptr + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
     s_mask = mask_k[:, None] & mask_v[None, :]
     S = tl.load(s_ptrs, mask=s_mask, other=0.0)
-    if USE_PDL:
-        # Launched early (programmatic dependent launch). The state was last written by this layer's step of the
-        # previous token, many kernels back, which is complete (every kernel releases its successor only after
-        # its own wait), so the load above may run before the wait; qkv, a and b come from the kernel just
-        # before (the in-projection) and are read after it.
-        gdc_wait()
-        gdc_launch_dependents()
 
     # ---- conv + SiLU of this program's channels: q and k of key head hk, its BV columns of v
     # conv_state column j holds the input W-1-j steps back (oldest first) and meets weight column j; weight

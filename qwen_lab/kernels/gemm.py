@@ -54,7 +54,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..errors import KernelError
-from . import pdl_enabled
+from . import pdl_enabled, uncounted
 from ..runtime import interpreter_active
 
 # M at or below this is served by the GEMV / split-K path (decode and very short prompts).
@@ -671,7 +671,8 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
             most = triton.cdiv(K, granule)
             splits = [split_k] if asked is not None or heuristic == 1 else sorted(
                 {s for s in (*SPLIT_CANDIDATES, heuristic) if s <= most and (s == 1 or K // s >= 128)})
-            plan = _tune_plan(candidates(splits), launch, weight)
+            with uncounted():  # the timing runs are not this call's launches
+                plan = _tune_plan(candidates(splits), launch, weight)
             _plans[key] = plan
     last_plan = plan
     launch(plan, weight)
