@@ -120,12 +120,18 @@ def test_rejects_bad_arguments(rt, gen):
 from qwen_lab.checks import GUARD_NAN as NAN, GUARD_SENTINEL as SENTINEL, GuardedTensor as _Guard  # noqa: E402
 
 
-@pytest.mark.parametrize("sizes", ["interpreter", "gpu"])
-@pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 63, 64, 65, 130])
+_SIZES = [("interpreter", T) for T in (1, 2, 3, 4, 5, 63, 64, 65, 130)] + \
+    [("gpu", T) for T in (1, 2, 3, 4, 5, 63, 64, 65, 130)] + \
+    [(f"prefill-config-{i}", T) for i in range(len(conv1d.PREFILL_CONFIGS)) for T in (5, 65, 130)]
+
+
+@pytest.mark.parametrize("sizes, T", _SIZES)
 def test_conv1d_stays_inside_its_tensors(T, sizes, rt, gen, monkeypatch):
     if sizes == "gpu":  # the block sizes a GPU launch uses, here as well
         real = conv1d.block_sizes
         monkeypatch.setattr(conv1d, "block_sizes", lambda C, interpreter: real(C, False))
+    elif sizes.startswith("prefill-config"):  # each tile the GPU autotuner may pick for the prefill kernel
+        monkeypatch.setattr(conv1d, "FORCE_PREFILL_CONFIG", conv1d.PREFILL_CONFIGS[int(sizes.rsplit("-", 1)[1])])
     for C, W in [(40, 4), (300, 4), (33, 2), (17, 3)]:
         x, weight, state = _inputs(T, C, W, gen, rt.dtype, rt.device)
         ref_state = state.clone()

@@ -70,8 +70,9 @@ def conv1d_step_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
 
 @triton.jit
 def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
-                          stride_xt, stride_wc, stride_sc, stride_ot,
+                          stride_xt, stride_wc, stride_sc, stride_ot, T_BUCKET,
                           W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    # T_BUCKET (T rounded up to a power of two) is only the GPU autotuner's key: one tuning per length bucket
     t0 = tl.program_id(0) * BLOCK_T
     offs_i = tl.arange(0, BLOCK_T)        # token index inside the tile
     offs_t = t0 + offs_i
@@ -97,6 +98,22 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
 
 
 # ---------------------------------------------------------------- launchers
+
+# Tiles of the prefill kernel the GPU autotuner times (per channel count and prompt-length bucket): the kernel
+# only streams x once and y once, and which tile keeps enough bytes in flight depends on the GPU.
+PREFILL_CONFIGS = [triton.Config({"BLOCK_T": bt, "BLOCK_C": bc}, num_warps=w)
+                   for bt, bc, w in ((8, 256, 4), (16, 256, 4), (32, 128, 4), (32, 256, 8), (64, 128, 8),
+                                     (64, 64, 4), (16, 512, 8), (128, 64, 8))]
+# Tests set this to a triton.Config to run the prefill kernel with that tile (on the GPU or the interpreter).
+FORCE_PREFILL_CONFIG = None
+_tuned: dict = {}
+
+
+def _tuned_prefill():
+    if "prefill" not in _tuned:
+        _tuned["prefill"] = triton.autotune(PREFILL_CONFIGS, key=["C", "T_BUCKET", "W"])(conv1d_prefill_kernel)
+    return _tuned["prefill"]
+
 
 # Up to this many tokens the sequential kernel (one launch) beats the tiled one plus the state shift.
 STEP_MAX_TOKENS = 4
@@ -161,11 +178,20 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
         conv1d_step_kernel[step_grid](*args, W=W, BLOCK_S=BLOCK_S, BLOCK_C=step_block, WRITE_OUT=True,
                                       num_warps=2)
         return out
-    grid = (triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))
-    conv1d_prefill_kernel[grid](*args, W=W, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C, num_warps=4)
+    t_bucket = triton.next_power_of_2(T)
+    if FORCE_PREFILL_CONFIG is not None:
+        c = FORCE_PREFILL_CONFIG
+        grid = (triton.cdiv(T, c.kwargs["BLOCK_T"]), triton.cdiv(C, c.kwargs["BLOCK_C"]))
+        conv1d_prefill_kernel[grid](*args, t_bucket, W=W, num_warps=c.num_warps, **c.kwargs)
+    elif runtime.interpreter_active():
+        grid = (triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))
+        conv1d_prefill_kernel[grid](*args, t_bucket, W=W, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C, num_warps=4)
+    else:
+        grid = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(C, meta["BLOCK_C"]))  # noqa: E731
+        _tuned_prefill()[grid](*args, t_bucket, W=W)
     conv1d_step_kernel[step_grid](*args, W=W, BLOCK_S=BLOCK_S, BLOCK_C=step_block, WRITE_OUT=False,
                                   num_warps=2)
     return out
 
 
-__all__ = ["STEP_MAX_TOKENS", "block_sizes", "causal_conv1d"]
+__all__ = ["PREFILL_CONFIGS", "STEP_MAX_TOKENS", "block_sizes", "causal_conv1d"]
