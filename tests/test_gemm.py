@@ -598,3 +598,21 @@ def test_gemv_with_and_without_the_hand_written_prefetch(prefetch, monkeypatch, 
     w_out, gw = f(37, 128, scale=0.1), (1 + torch.randn(32, generator=gen) * 0.1).to(rt.device)
     checks.compare("gated_rms_norm_linear", gemm.gated_rms_norm_linear(o, z, gw, 1e-6, w_out),
                    reference.gated_rms_norm_linear(o, z, gw, 1e-6, w_out))
+
+
+@pytest.mark.parametrize("index", range(len(gemm._gemv_configs(gpu=True))))
+def test_every_gpu_gemv_config_computes_the_same(index, monkeypatch, rt, gen):
+    """Each block shape the GPU's first-call timing may pick, forced here (through the interpreter on a CPU): plain,
+    split in two, and with the residual-add + norm prologue, on ragged shapes."""
+    config = gemm._gemv_configs(gpu=True)[index]
+    monkeypatch.setattr(gemm, "GEMV_FORCE", config)
+    f = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(rt.device, rt.dtype)  # noqa: E731
+    x, res, w = f(1, 300), f(1, 300), f(37, 300, scale=0.1)
+    nw = (torch.randn(300, generator=gen) * 0.1).to(rt.device)
+    checks.compare(f"linear {config}", gemm.linear(x, w), reference.linear(x, w))
+    checks.compare(f"linear_splitk 2 {config}", gemm.linear_splitk(x, w, split_k=2), reference.linear(x, w))
+    y, s = gemm.add_rms_norm_linear(x, res, nw, 1e-6, w)
+    y_ref, s_ref = reference.add_rms_norm_linear(x, res, nw, 1e-6, w)
+    checks.compare(f"add_rms_norm_linear {config}", y, y_ref)
+    checks.compare(f"residual {config}", s, s_ref)
+    assert gemm.last_plan[1] is config

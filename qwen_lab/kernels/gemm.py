@@ -156,8 +156,9 @@ REDUCE_NONE, REDUCE_ATOMIC, REDUCE_DETERMINISTIC = 0, 1, 2
 PRO_NONE, PRO_SWIGLU, PRO_RMS, PRO_ADD_RMS, PRO_GATED = 0, 1, 2, 3, 4
 
 
-def _gemv_configs():
-    if interpreter_active():
+def _gemv_configs(gpu: bool | None = None):
+    """The decode GEMV's candidate configurations: the GPU's (gpu=True), or under the interpreter one small one."""
+    if not gpu and (gpu is not None or interpreter_active()):
         return [triton.Config({"BLOCK_N": 32, "BLOCK_K": 64, "PREFETCH": 1}, num_warps=4, num_stages=1)]
     # (BLOCK_N, BLOCK_K, warps, stages): each program holds 4-16 KB of bf16 weights in flight, all its
     # loads issued at once when its K slice fits one BLOCK_K (and the next step's tile is prefetched
@@ -167,7 +168,10 @@ def _gemv_configs():
     # BLOCK_N >= 16. The pruner below drops what does not fit the call.
     shapes = [(1, 2048, 4, 1), (1, 4096, 8, 1), (2, 2048, 4, 1), (2, 4096, 8, 1), (4, 1024, 4, 1),
               (4, 2048, 8, 1), (8, 1024, 4, 1), (8, 512, 4, 2), (16, 256, 4, 3), (16, 512, 8, 2),
-              (32, 256, 4, 3), (64, 128, 4, 3)]
+              (32, 256, 4, 3), (64, 128, 4, 3),
+              # neighbours of the H200's picks (4 x 1024 rows on 4 warps for the wide projections, 1-4 x 2048 for
+              # the narrow ones): the same tile on fewer or more warps
+              (4, 1024, 2, 1), (8, 1024, 8, 1), (2, 2048, 8, 1), (1, 4096, 4, 1)]
     # Each shape twice: with the hand-written prefetch of the next weight tile (evicted from L2 first), and with
     # plain loads left to the compiler's pipelining (the first version's body). On the H200 the version with the
     # prefetch ran the narrow projections faster and the wide ones slower than the first version did
