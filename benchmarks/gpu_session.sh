@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything a GPU session checks, in one command on the device machine (the lease is short: one call).
-#   bash benchmarks/gpu_session.sh [all] [tests] [bench] [kernels] [notebooks]    results under $OUT (or ./gpu_out)
+#   bash benchmarks/gpu_session.sh [all] [tests] [bench] [kernels] [profile] [notebooks]    results under $OUT (or ./gpu_out)
+# On a machine with two GPUs, run the timing targets on one and the tests and notebooks on the other:
+#   CUDA_VISIBLE_DEVICES=1 bash benchmarks/gpu_session.sh tests notebooks & CUDA_VISIBLE_DEVICES=0 bash benchmarks/gpu_session.sh bench profile
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 what=" ${*:-all} "
@@ -17,7 +19,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 
 if want bench; then
-  PYTHONPATH="$FLA_PATH" timeout 300 python3 -m qwen_lab.bench --model qwen3.5-0.8b --prefill-len 2048 --decode-steps 64 \
+  PYTHONPATH="$FLA_PATH" timeout ${BENCH_TIMEOUT:-300} python3 -m qwen_lab.bench --model qwen3.5-0.8b --prefill-len 2048 --decode-steps 64 \
       --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | grep -v "falling back" | tee "$OUT/bench.txt"
 fi
 if want kernels; then
@@ -25,13 +27,14 @@ if want kernels; then
   PYTHONPATH="$FLA_PATH" timeout 120 python3 benchmarks/bench_deltanet.py --out "$OUT" 2>&1 | tail -n 40 | tee "$OUT/deltanet.txt"
 fi
 if want tests; then
-  # one process per test file, so a kernel that faults cannot poison the CUDA context of other files' tests
-  mkdir -p /tmp/testlogs
-  ls tests/test_*.py | timeout ${TEST_TIMEOUT:-420} xargs -P ${TEST_JOBS:-6} -I{} sh -c \
-      'python3 -m pytest {} -q -p no:cacheprovider --timeout 300 --tb=short -k "${TEST_FILTER:-}" > /tmp/testlogs/$(basename {} .py).txt 2>&1; echo "$(basename {}): $(tail -n 1 /tmp/testlogs/$(basename {} .py).txt)"' \
-      | sort | tee "$OUT/tests_summary.txt"
-  for f in /tmp/testlogs/*.txt; do echo "=== $f"; grep -E "^(FAILED|ERROR)|Error|error:|^E " "$f" | head -n 40; done > "$OUT/tests_failures.txt"
-  tail -n 30 "$OUT/tests_failures.txt"
+  # every test file in one pytest run spread test by test over worker processes (a worker that faults is replaced,
+  # so a bad kernel cannot take the other tests down with it); the slowest file no longer bounds the wall time
+  timeout ${TEST_TIMEOUT:-480} python3 -m pytest tests -q -p no:cacheprovider -n ${TEST_JOBS:-12} --dist load \
+      --timeout 300 --tb=short -rfE -k "${TEST_FILTER:-}" > "$OUT/tests.txt" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | tail -n 40
+fi
+if want profile; then
+  timeout 120 python3 benchmarks/profile_step.py 2>&1 | tee "$OUT/profile.txt" | head -n 60
 fi
 if want notebooks; then
   timeout ${NB_TIMEOUT:-500} python3 benchmarks/run_notebooks.py solutions/*.ipynb 2>&1 | tee "$OUT/notebooks.txt"
