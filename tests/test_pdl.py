@@ -60,9 +60,14 @@ def _decode_logits(model, ids, forced, graph: bool):
 @pytest.mark.gpu
 def test_gpu_decode_with_pdl_equals_decode_without(monkeypatch):
     """The whole decode step of Qwen3.5-0.8B's shapes, replayed from a CUDA Graph with every kernel launched early
-    (PDL on), against the same model launched plainly (PDL off), eager and in a graph."""
+    (PDL on), against the same model launched plainly (PDL off), eager and in a graph. PDL changes when a kernel
+    starts, never what it computes: with the same GEMV plans (first-call timing off, so PDL on and off cannot pick
+    different block shapes and split-K orders) and fixed-order split-K the logits must agree to rounding noise;
+    a kernel that read its input before the previous kernel had written it would not."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs compute capability 9.0 or newer")
+    monkeypatch.setenv("QWEN_LAB_TUNE", "0")
+    monkeypatch.setenv("QWEN_LAB_DETERMINISTIC", "1")
     model = qwen_lab.load_model("qwen3.5-0.8b", backend="triton")
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (37,), generator=g).to(model.device)
@@ -75,4 +80,4 @@ def test_gpu_decode_with_pdl_equals_decode_without(monkeypatch):
     early_eager = _decode_logits(model, ids, forced, graph=False)
     for name, got in (("graph, PDL off", plain_graph), ("graph, PDL on", early), ("eager, PDL on", early_eager)):
         err = ((got - plain).norm() / plain.norm()).item()
-        assert err < 2e-2, f"{name}: relative error {err:.3g} against eager without PDL"
+        assert err < 1e-3, f"{name}: relative error {err:.3g} against eager without PDL"

@@ -653,6 +653,14 @@ def deltanet_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: t
 _TICKETS: dict = {}  # device -> int32 counters of conv_decode_step_kernel, zero between launches
 
 
+def _device_key(device) -> torch.device:
+    """`device` with its index filled in ("cuda" and "cuda:0" are one device, and must share one set of counters)."""
+    key = torch.device(device)
+    if key.type == "cuda" and key.index is None:
+        key = torch.device("cuda", torch.cuda.current_device())
+    return key
+
+
 def _tickets(device, n: int) -> torch.Tensor:
     """At least n zeroed int32 counters on `device`, allocated once (each launch leaves them at zero again).
 
@@ -660,7 +668,7 @@ def _tickets(device, n: int) -> torch.Tensor:
     belong to the graph's pool (graph.capture warms every kernel up outside the capture first). The counters are
     shared by every launch on the device, so two fused decode steps must not run concurrently on two streams.
     """
-    key = torch.device(device)
+    key = _device_key(device)
     buf = _TICKETS.get(key)
     if buf is None or buf.numel() < n:
         if key.type == "cuda" and torch.cuda.is_current_stream_capturing():
