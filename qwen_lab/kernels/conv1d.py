@@ -87,10 +87,15 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
         from_x = p >= W - 1               # else one of the W-1 carried inputs (state column p)
         xv = tl.load(x_tile + (offs_i + j - (W - 1))[:, None] * stride_xt + offs_c[None, :],
                      mask=(mask_t & from_x)[:, None] & mask_c[None, :], other=0.0)
-        sv = tl.load(state_ptr + offs_c[None, :] * stride_sc + p[:, None],
-                     mask=(mask_t & ~from_x)[:, None] & mask_c[None, :], other=0.0)
         wj = tl.load(w_ptr + offs_c * stride_wc + j, mask=mask_c, other=0.0).to(tl.float32)
-        acc += wj[None, :] * (xv.to(tl.float32) + sv.to(tl.float32))
+        acc += wj[None, :] * xv.to(tl.float32)
+        if t0 < W - 1:
+            # Only the first tile reaches back into the carried state. The state's channels are W-1 apart in
+            # memory, so its loads cannot be vectorised: issued (even masked off) by every tile they would cost
+            # more instructions than the tile's own loads.
+            sv = tl.load(state_ptr + offs_c[None, :] * stride_sc + p[:, None],
+                         mask=(mask_t & ~from_x)[:, None] & mask_c[None, :], other=0.0)
+            acc += wj[None, :] * sv.to(tl.float32)
     y = acc * tl.sigmoid(acc)
     out_tile = out_ptr + t0.to(tl.int64) * stride_ot
     tl.store(out_tile + offs_i[:, None] * stride_ot + offs_c[None, :], y.to(out_ptr.dtype.element_ty),
