@@ -1,0 +1,150 @@
+"""Compile the GPU configurations of the course's kernels for an H100/H200 (sm_90) on a machine without a GPU.
+
+Triton compiles ahead of time for any target: TTIR -> TTGIR -> LLVM -> PTX -> cubin (with the ptxas it ships).
+The metadata then says how much shared memory each program needs, which is what fails on the GPU when a tile
+or a pipeline depth is too large ("out of resource: shared memory"). Run as a script (with the interpreter
+off) it prints one JSON line per case; tests/test_sm90_compile.py runs it and checks every case.
+
+    TRITON_INTERPRET=0 python tests/sm90_compile.py [--notebook-09-stages N]
+"""
+
+import json
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "0"  # before triton: the kernels must be real JIT functions, not interpreted
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+TARGET = GPUTarget("cuda", 90, 32)
+# dynamic shared memory one program may use on sm_90 (227 KB)
+SHARED_LIMIT = 232448
+
+
+def _jit(fn):
+    while isinstance(fn, triton.runtime.Autotuner):
+        fn = fn.fn
+    return fn
+
+
+def compile_case(fn, constexprs: dict, types: dict | None = None, warps: int = 4, stages: int = 1) -> dict:
+    """Compile `fn` for sm_90: arguments ending in _ptr are bf16 pointers and the others int32 unless `types` says
+    otherwise; pointers and integer sizes/strides are taken as multiples of 16 (as Triton specialises them for
+    the model's shapes)."""
+    fn = _jit(fn)
+    types = types or {}
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            sig[name] = "constexpr"
+            continue
+        sig[name] = types.get(name, "*bf16" if name.endswith("_ptr") else "i32")
+        if sig[name].startswith("*") or sig[name] == "i32":
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    kernel = triton.compile(ASTSource(fn, sig, constexprs=constexprs, attrs=attrs), target=TARGET,
+                            options={"num_warps": warps, "num_stages": stages})
+    return {"shared": kernel.metadata.shared}
+
+
+def cases():
+    """(label, thunk) for every case: the library's GPU configurations at Qwen3.5-0.8B's sizes, and the
+    notebook exercise whose launcher sets its own pipeline depth."""
+    from qwen_lab.config import QWEN35_0_8B as C
+    from qwen_lab.kernels import attention, conv1d, deltanet, gemm
+
+    out = []
+    for c in gemm._matmul_configs():
+        out.append((f"matmul {c}", lambda c=c: compile_case(
+            gemm.matmul_kernel, dict(c.kwargs, DOT_PRECISION="ieee"), warps=c.num_warps, stages=c.num_stages)))
+    gemv_types = {"ws_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
+    for c in gemm._gemv_configs(gpu=True):
+        for prologue, dv in ((gemm.PRO_NONE, 1), (gemm.PRO_ADD_RMS, 1), (gemm.PRO_GATED, C.linear_value_head_dim)):
+            if c.kwargs["BLOCK_K"] < dv:
+                continue
+            meta = dict(c.kwargs, BLOCK_M=1, REDUCE=gemm.REDUCE_ATOMIC, PROLOGUE=prologue, DV=dv,
+                        DOT_PRECISION="ieee", USE_PDL=True)
+            out.append((f"gemv M=1 prologue {prologue} {c}", lambda meta=meta, c=c: compile_case(
+                gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages)))
+        if c.kwargs["BLOCK_N"] >= 16:  # a few prompt rows: the tl.dot path
+            meta = dict(c.kwargs, BLOCK_M=16, REDUCE=gemm.REDUCE_NONE, PROLOGUE=gemm.PRO_ADD_RMS, DV=1,
+                        DOT_PRECISION="ieee", USE_PDL=False)
+            out.append((f"gemv M=16 {c}", lambda meta=meta, c=c: compile_case(
+                gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages)))
+    D, G = C.head_dim, C.num_attention_heads // C.num_key_value_heads
+    attn_types = {"pos_ptr": "*i64", "qk_scale": "fp32"}
+    for c in attention._PREFILL_CONFIGS:
+        meta = dict(c.kwargs, G=G, GP=triton.next_power_of_2(G), D=D, BLOCK_D=triton.next_power_of_2(D),
+                    HAS_GATE=True, DOT_PREC="ieee")
+        out.append((f"flash_attention {c}", lambda meta=meta, c=c: compile_case(
+            attention.flash_attention_kernel, meta, attn_types, c.num_warps, c.num_stages)))
+    for c in attention._DECODE_CONFIGS:
+        meta = dict(c.kwargs, G=G, ROWS=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
+                    NUM_SPLITS=8, DOT_PREC="ieee", USE_PDL=True)
+        out.append((f"flash_decode_split {c}", lambda meta=meta, c=c: compile_case(
+            attention.flash_decode_split_kernel, meta, dict(attn_types, ws_ptr="*fp32"), c.num_warps, c.num_stages)))
+    Dk, Dv = C.linear_key_head_dim, C.linear_value_head_dim
+    prep_types = {"g_ptr": "*fp32", "beta_ptr": "*fp32", "gcum_ptr": "*fp32", "scale": "fp32", "eps": "fp32"}
+    for c in deltanet.autotune_configs("chunk_prep_kernel"):
+        meta = dict(c.kwargs, BT=64, BK=Dk, BDV=Dv, MERGES=2, PREC="ieee", INV_PREC="ieee")
+        out.append((f"chunk_prep {c}", lambda meta=meta, c=c: compile_case(
+            deltanet.chunk_prep_kernel, meta, prep_types, c.num_warps, c.num_stages)))
+    scan_types = {"gcum_ptr": "*fp32", "state_ptr": "*fp32"}
+    for c in deltanet.autotune_configs("chunk_scan_kernel", Dv=Dv):
+        meta = dict(c.kwargs, BT=64, BK=Dk, PREC="ieee")
+        out.append((f"chunk_scan {c}", lambda meta=meta, c=c: compile_case(
+            deltanet.chunk_scan_kernel, meta, scan_types, c.num_warps, c.num_stages)))
+    conv_types = {"state_ptr": "*fp32", "A_log_ptr": "*fp32", "dt_bias_ptr": "*bf16", "ticket_ptr": "*i32",
+                  "scale": "fp32", "eps": "fp32"}
+    for c in deltanet.autotune_configs("conv_decode_step_kernel", Dv=Dv):
+        meta = dict(c.kwargs, W=C.linear_conv_kernel_dim, BW=4, BK=Dk, USE_PDL=True)
+        out.append((f"conv_decode_step {c}", lambda meta=meta, c=c: compile_case(
+            deltanet.conv_decode_step_kernel, meta, conv_types, c.num_warps, c.num_stages)))
+    for c in conv1d.PREFILL_CONFIGS:
+        meta = dict(c.kwargs, W=C.linear_conv_kernel_dim)
+        out.append((f"conv1d_prefill {c}", lambda meta=meta, c=c: compile_case(
+            conv1d.conv1d_prefill_kernel, meta, warps=c.num_warps, stages=c.num_stages)))
+    out.append(("notebook 09 exercise chunk_scan_kernel, as its launcher runs it", _notebook_09_scan))
+    return out
+
+
+def _notebook_09_scan(stages: int | None = None) -> dict:
+    """The solution of exercise 09.2, compiled with the launch options of the notebook's own launcher (or with
+    `stages` pipeline stages)."""
+    import re
+
+    nb = json.load(open(os.path.join(ROOT, "solutions", "09_gated_deltanet_chunked.ipynb")))
+    src = next("".join(c["source"]) for c in nb["cells"]
+               if c["cell_type"] == "code" and "".join(c["source"]).startswith("# Exercise 09.2"))
+    launcher = src[src.index("def my_delta_rule_chunked"):]
+    if stages is None:
+        stages = int(re.search(r"num_stages=(\d+)", launcher).group(1)) if "num_stages=" in launcher else 3
+    kernel_src = src[:src.index("def my_delta_rule_chunked")]
+    kernel_src = re.sub(r"^\s*### (BEGIN|END) SOLUTION\n", "", kernel_src, flags=re.M)
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "qwen_lab_nb09_scan.py")
+    with open(path, "w") as f:  # Triton reads a kernel's source from its file
+        f.write("import triton\nimport triton.language as tl\n\n" + kernel_src)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("qwen_lab_nb09_scan", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fn = module.chunk_scan_kernel
+    types = {n: ("*fp32" if n.endswith("_ptr") else "i32") for n in fn.arg_names}
+    return compile_case(fn, {"Dk": 128, "Dv": 128, "C": 64, "BV": 16}, types, warps=4, stages=stages)
+
+
+if __name__ == "__main__":
+    todo = cases()
+    if len(sys.argv) > 1 and sys.argv[1] == "--notebook-09-stages":  # one case, at a given pipeline depth
+        todo = [(f"notebook 09 exercise, {sys.argv[2]} stages", lambda: _notebook_09_scan(int(sys.argv[2])))]
+    for label, thunk in todo:
+        try:
+            result = {"label": label, "ok": True, **thunk()}
+        except Exception as e:  # reported, judged by the test
+            result = {"label": label, "ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        print(json.dumps(result), flush=True)

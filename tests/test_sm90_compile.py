@@ -1,0 +1,46 @@
+"""Every GPU configuration of the kernels compiles for sm_90 (H100/H200) and fits its shared memory, checked on any
+machine: Triton compiles ahead of time for a target it does not have (tests/sm90_compile.py does the compiling,
+in a child process with the interpreter off)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "sm90_compile.py")
+SHARED_LIMIT = 232448  # 227 KB of shared memory per program on sm_90
+
+
+def _run(*args) -> list[dict]:
+    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, SCRIPT, *args], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def results():
+    return _run()
+
+
+def test_every_gpu_config_compiles_for_sm90(results):
+    failed = [f"{r['label']}: {r['error']}" for r in results if not r["ok"]]
+    assert not failed, "\n".join(failed)
+    kinds = {r["label"].split(" ")[0] for r in results}
+    assert {"matmul", "gemv", "flash_attention", "flash_decode_split", "chunk_prep", "chunk_scan", "conv_decode_step",
+            "conv1d_prefill", "notebook"} <= kinds, kinds
+
+
+def test_every_gpu_config_fits_the_shared_memory_of_sm90(results):
+    over = [f"{r['label']}: {r['shared']} bytes" for r in results if r["ok"] and r["shared"] > SHARED_LIMIT]
+    assert not over, "over the 227 KB an sm_90 program may use:\n" + "\n".join(over)
+
+
+def test_the_check_sees_a_pipeline_too_deep_for_the_sm():
+    """The exercise 09.2 scan with three pipeline stages (the default) needs more shared memory than an SM has: on
+    the H200 it failed with "out of resource: shared memory"; its launcher asks for one stage."""
+    (deep,) = _run("--notebook-09-stages", "3")
+    assert deep["ok"] and deep["shared"] > SHARED_LIMIT, deep
