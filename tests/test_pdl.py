@@ -81,3 +81,54 @@ def test_gpu_decode_with_pdl_equals_decode_without(monkeypatch):
     for name, got in (("graph, PDL off", plain_graph), ("graph, PDL on", early), ("eager, PDL on", early_eager)):
         err = ((got - plain).norm() / plain.norm()).item()
         assert err < 1e-3, f"{name}: relative error {err:.3g} against eager without PDL"
+
+
+def _pdl_kernels():
+    """Every @triton.jit kernel of the library that takes USE_PDL (may be launched with programmatic dependent
+    launch), as (module, name, function)."""
+    import importlib
+
+    import triton
+
+    found = []
+    for mod_name in ("attention", "conv1d", "deltanet", "embedding", "gemm", "norms", "rope", "sampling"):
+        mod = importlib.import_module(f"qwen_lab.kernels.{mod_name}")
+        for name in dir(mod):
+            obj = getattr(mod, name)
+            while isinstance(obj, triton.runtime.Autotuner):
+                obj = obj.fn
+            fn = getattr(obj, "fn", None)
+            if callable(fn) and "USE_PDL" in getattr(obj, "arg_names", ()):
+                found.append((mod_name, name, fn))
+    return found
+
+
+def _memory_calls(node):
+    import ast
+
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and isinstance(sub.func.value, ast.Name) \
+                and sub.func.value.id == "tl" and (sub.func.attr in ("load", "store") or sub.func.attr.startswith("atomic")):
+            yield sub
+
+
+def test_every_pdl_kernel_waits_before_it_reads_what_the_previous_kernel_wrote():
+    """Before its `if USE_PDL: gdc_wait()` a kernel may only read its weights (which no kernel writes): any other
+    load, store or atomic there could race with the kernel launched just before it."""
+    import ast
+    import inspect
+    import textwrap
+
+    kernels = _pdl_kernels()
+    assert {name for _, name, _ in kernels} >= {"gemv_splitk_kernel", "conv_decode_step_kernel", "embedding_kernel",
+                                                "qk_norm_rope_kernel", "flash_decode_split_kernel"}
+    for mod_name, name, fn in kernels:
+        body = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0].body
+        waits = [i for i, st in enumerate(body) if isinstance(st, ast.If) and "USE_PDL" in ast.unparse(st.test)
+                 and "gdc_wait" in ast.unparse(st)]
+        assert waits, f"{mod_name}.{name} takes USE_PDL but has no top-level `if USE_PDL: gdc_wait()`"
+        for st in body[:waits[0]]:
+            for call in _memory_calls(st):
+                text = ast.unparse(call)
+                assert call.func.attr == "load" and text.startswith("tl.load(w_rows"), (
+                    f"{mod_name}.{name}: `{text}` runs before the PDL wait; only weight loads may")
