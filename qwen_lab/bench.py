@@ -134,8 +134,8 @@ def bench_qwen_lab(model, prefill_len: int, decode_steps: int, graph: bool, gen:
         else:
             from .graph import PrefillGraphs, capture
 
-            # the prefill as generate() replays it: bucket-sized pieces (for 2048 tokens, one replay); the states
-            # are reset, untimed, before each run
+            # the prefill replayed in bucket-sized pieces (for 2048 tokens, one replay), as a server holding its
+            # graphs across prompts would run it; the states are reset, untimed, before each run
             prefill = PrefillGraphs(model, cache, max_len=prefill_len)
             prefill_ms = time_ms(lambda: prefill.run(ids), dev, reps=10, setup=cache.reset)
             cache.reset()

@@ -3,9 +3,9 @@
     prefill:  logits = model.step(prompt, positions 0..T-1, cache)        (chunked delta rule, flash attention)
     decode:   token = sample(logits); logits = model.step(token, position, cache), until EOS or the budget
 
-With cuda_graph (the default on a GPU) the same two phases replay captured graphs: the prefill as pieces of
-fixed bucket sizes (qwen_lab.graph.PrefillGraphs; the pieces together equal one prefill), each decode step as
-one replay that also samples (qwen_lab.graph.DecodeGraph).
+With cuda_graph (the default on a GPU) each decode step is one replay of a captured step that also samples
+(qwen_lab.graph.DecodeGraph). The prefill runs once per call and is launched eagerly; a caller that prefills many
+prompts into one cache can replay it from qwen_lab.graph.PrefillGraphs.
 
 Sampling draws its uniform number on the device from a seeded generator, so a run is reproducible
 and the loop needs no host synchronisation except to look at the token (EOS, streaming).
@@ -45,8 +45,8 @@ def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.
     temperature 0 is greedy; top_k 0 and top_p 1 disable those filters. Generation stops after an EOS token
     (included in the result): `eos_token_ids` defaults to the snapshot's. `max_len` is the cache capacity
     (default: prompt + max_new_tokens); a prompt that does not fit raises. `stream(token_id)` is called for
-    each new token as it is produced. cuda_graph: None = on a GPU, replay the prefill from captured graphs (in
-    bucket-sized pieces, qwen_lab.graph.PrefillGraphs) and each decode step from a captured step (DecodeGraph).
+    each new token as it is produced. cuda_graph: None = on a GPU, replay each decode step from a captured step
+    (DecodeGraph).
     """
     check_sampling_args(max_new_tokens, temperature, top_k, top_p)
     ids = model.check_ids(input_ids)
@@ -78,15 +78,14 @@ def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.
     sample = model.ops["sample"]
     cache = model.new_cache(capacity)
     runner = None
-    if use_graph:  # captured before the prefill: their warm-ups write the cache, reset once afterwards
-        from .graph import DecodeGraph, PrefillGraphs
+    if use_graph:  # captured before the prefill: its warm-up writes the cache, which it then resets
+        from .graph import DecodeGraph
 
-        prefill = PrefillGraphs(model, cache, max_len=T, reset_cache=False)  # only the buckets this prompt uses
-        runner = DecodeGraph(model, cache, temperature, top_k, top_p, uniforms, reset_cache=False)
-        cache.reset()
-        logits = prefill.run(ids)[-1]
-    else:
-        logits = model.step(ids, torch.arange(T, device=device), cache)[-1]
+        runner = DecodeGraph(model, cache, temperature, top_k, top_p, uniforms)
+    # The prefill runs once per call, so it is launched eagerly: capturing it (graph.PrefillGraphs) costs a
+    # warm-up step and a capture per bucket size, more than the launches it would save. The decode step
+    # replays once per token and pays for its capture after a few tokens.
+    logits = model.step(ids, torch.arange(T, device=device), cache)[-1]
     token = sample(logits, temperature, top_k, top_p, uniforms[0]).reshape(1)
     position = torch.tensor([T], device=device)
     if runner is not None:

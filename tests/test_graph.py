@@ -1,4 +1,4 @@
-"""The prefill in bucket-sized pieces (qwen_lab.graph.prefill_pieces, PrefillGraphs) and its use in generate().
+"""The prefill in bucket-sized pieces (qwen_lab.graph.prefill_pieces, PrefillGraphs), and generate() with graphs.
 
 On a CPU (Triton interpreter, tiny model, float32): the greedy split into buckets, and the fact the design rests
 on: `model.step` over the pieces, one after another into one cache, gives the logits and the cache contents
@@ -233,9 +233,9 @@ def test_prefill_graphs_match_the_eager_prefill(big, big_graphs, big_float32, T)
 
 
 def assert_same_greedy_tokens(model, prompt, graph, eager, top: int = 5):
-    """graph == eager, or they part where bf16 rounding of two computation orders (pieces against one prefill) can
-    flip the choice: both tokens are among the `top` most likely of the eager logits over the common prefix. (On
-    random weights the logits are nearly flat, so a flip is common; a wrong kernel would pick an unlikely token.)"""
+    """graph == eager, or they part where bf16 rounding of two computation orders can flip the choice: both tokens
+    are among the `top` most likely of the eager logits over the common prefix. (On random weights the logits are
+    nearly flat, so a flip is common; a wrong kernel would pick an unlikely token.)"""
     if graph == eager:
         return
     n = next(i for i, (a, b) in enumerate(zip(graph, eager)) if a != b)

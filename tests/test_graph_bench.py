@@ -58,8 +58,7 @@ def test_capture_without_a_gpu_is_refused_clearly():
 @pytest.mark.gpu
 def test_graph_replay_generates_what_eager_decoding_does(monkeypatch):
     """After the same prefill, the captured decode step (sampling inside the graph) picks exactly the tokens that
-    eager decode steps pick from the same uniform numbers: same kernels, same plans, fixed-order split-K.
-    (generate() with graphs also prefills in bucket pieces, which rounds differently: tests/test_graph.py.)"""
+    eager decode steps pick from the same uniform numbers: same kernels, same plans, fixed-order split-K."""
     from qwen_lab.graph import DecodeGraph
 
     monkeypatch.setenv("QWEN_LAB_DETERMINISTIC", "1")  # atomics could flip a near-tie between the two runs
@@ -90,7 +89,8 @@ def test_graph_replay_generates_what_eager_decoding_does(monkeypatch):
                         position += 1
                     tokens.append(int(token))
             runs.append(tokens)
-        assert runs[1] == runs[0], f"temperature {temperature}, top_k {top_k}, top_p {top_p}: graph {runs[1]}, eager {runs[0]}"
+        assert runs[1] == runs[0], (f"temperature {temperature}, top_k {top_k}, top_p {top_p}: "
+                                    f"graph {runs[1]}, eager {runs[0]}")
 
 
 @pytest.mark.gpu
