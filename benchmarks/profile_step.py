@@ -21,21 +21,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import qwen_lab  # noqa: E402
 from qwen_lab.graph import capture  # noqa: E402
+from qwen_lab.kernels import replay_us  # noqa: E402
 
 
 def profile_replays(graph, reps: int) -> tuple[dict, float]:
     """Kernel name -> [launches, total us] over `reps` replays, and the wall time per replay in us."""
     from torch.profiler import ProfilerActivity, profile
 
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    wall_us = start.elapsed_time(end) * 1e3 / reps
+    wall_us = replay_us(graph, reps)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             graph.replay()

@@ -187,7 +187,8 @@ class DecodeGraph:
     """One decode step of `model` over `cache`, sampling included, captured once and replayed per token.
 
     The graph must be built before the prefill: warm-up runs the step for real, which writes the cache, so
-    the cache is reset afterwards (`reset_cache=False` leaves that to the caller, who captures more graphs). Then `prime(token, position)` after the prefill and `replay()` per token.
+    the cache is reset afterwards (`reset_cache=False` leaves that to a caller who captures more graphs). Then
+    `prime(token, position)` after the prefill and `replay()` per token.
     """
 
     def __init__(self, model, cache, temperature: float, top_k: int, top_p: float, uniforms: torch.Tensor, *,

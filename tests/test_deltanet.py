@@ -438,7 +438,9 @@ def _two_reference_calls(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, sta
 
 def _tickets_are_zero(device):
     """The kernel's counters are back at zero after every launch (the next launch counts from there)."""
-    counters = deltanet._TICKETS.get(deltanet._device_key(device))
+    from qwen_lab.kernels import device_key
+
+    counters = deltanet._TICKETS.get(device_key(device))
     assert counters is not None and int(counters.abs().sum()) == 0, f"ticket counters left at {counters}"
 
 

@@ -107,8 +107,10 @@ def _memory_calls(node):
     import ast
 
     for sub in ast.walk(node):
-        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and isinstance(sub.func.value, ast.Name) \
-                and sub.func.value.id == "tl" and (sub.func.attr in ("load", "store") or sub.func.attr.startswith("atomic")):
+        if not (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
+                and isinstance(sub.func.value, ast.Name) and sub.func.value.id == "tl"):
+            continue
+        if sub.func.attr in ("load", "store") or sub.func.attr.startswith("atomic"):
             yield sub
 
 

@@ -91,6 +91,20 @@ def count_launches():
         del stack[next(i for i, c in enumerate(stack) if c is counter)]
 
 
+def device_key(device):
+    """`device` as a torch.device with its index filled in: "cuda" and "cuda:0" are one GPU, and whatever a
+    launcher keeps per device (workspaces, counters, tuned plans) must be found under either name. A CUDA
+    tensor's own device always carries its index, so launchers pay for the lookup only when given a name."""
+    import torch
+
+    if isinstance(device, torch.device) and (device.index is not None or device.type != "cuda"):
+        return device
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 @functools.lru_cache(maxsize=None)
 def _capability(index: int) -> tuple:
     import torch
@@ -117,3 +131,40 @@ def pdl_options(device) -> dict:
     """Keyword arguments for a kernel launch: `USE_PDL` for the kernel (a constexpr that turns its
     `gdc_wait()` on) and Triton's `launch_pdl` option; empty when PDL is off."""
     return {"USE_PDL": True, "launch_pdl": True} if pdl_enabled(device) else {}
+
+
+def replay_us(graph, replays: int = 5) -> float:
+    """Microseconds per replay of a captured CUDA Graph (after one untimed replay), timed with CUDA events."""
+    import torch
+
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / replays
+
+
+def graph_time_us(calls, warmup: bool = False, replays: int = 5) -> float:
+    """Microseconds per call of `calls` (callables), captured back to back in one CUDA Graph and replayed: what the
+    GPU spends on them with no launch overhead from Python, as in the model's own replay. With `warmup`, each call
+    first runs once on a side stream (compiling, tuning and allocating outside the capture)."""
+    import torch
+
+    if warmup:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for call in calls:
+                call()
+        torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    us = replay_us(graph, replays) / len(calls)
+    del graph
+    return us

@@ -68,7 +68,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import runtime
 from ..errors import KernelError
-from . import pdl_options
+from . import device_key, pdl_options
 
 EPS = 1e-6  # l2norm epsilon of q and k inside the delta rule (as in the reference and transformers)
 INTERPRET = runtime.interpreter_active()  # fixed at import: the kernels below are defined for one mode
@@ -653,14 +653,6 @@ def deltanet_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: t
 _TICKETS: dict = {}  # device -> int32 counters of conv_decode_step_kernel, zero between launches
 
 
-def _device_key(device) -> torch.device:
-    """`device` with its index filled in ("cuda" and "cuda:0" are one device, and must share one set of counters)."""
-    key = torch.device(device)
-    if key.type == "cuda" and key.index is None:
-        key = torch.device("cuda", torch.cuda.current_device())
-    return key
-
-
 def _tickets(device, n: int) -> torch.Tensor:
     """At least n zeroed int32 counters on `device`, allocated once (each launch leaves them at zero again).
 
@@ -668,7 +660,7 @@ def _tickets(device, n: int) -> torch.Tensor:
     belong to the graph's pool (graph.capture warms every kernel up outside the capture first). The counters are
     shared by every launch on the device, so two fused decode steps must not run concurrently on two streams.
     """
-    key = _device_key(device)
+    key = device_key(device)
     buf = _TICKETS.get(key)
     if buf is None or buf.numel() < n:
         if key.type == "cuda" and torch.cuda.is_current_stream_capturing():

@@ -54,7 +54,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..errors import KernelError
-from . import pdl_enabled, uncounted
+from . import device_key, graph_time_us, pdl_enabled, uncounted
 from ..runtime import interpreter_active
 
 # M at or below this is served by the GEMV / split-K path (decode and very short prompts).
@@ -529,14 +529,11 @@ last_plan = None
 def tuning_enabled() -> bool:
     """On a GPU the first call of each GEMV shape times its candidate plans (block shapes, and SPLIT_K for the
     narrow shapes) and keeps the fastest; QWEN_LAB_TUNE=0 turns that off (the first fitting plan is used)."""
-    return os.environ.get("QWEN_LAB_TUNE", os.environ.get("QWEN_LAB_TUNE_SPLIT", "1")).strip().lower() in _TRUE
+    return os.environ.get("QWEN_LAB_TUNE", "1").strip().lower() in _TRUE
 
 
 def _plan_key(prologue, M, N, K, deterministic, dtype, device, split_k, pdl):
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return (prologue, triton.next_power_of_2(M), N, K, bool(deterministic), dtype, str(device), split_k, pdl)
+    return (prologue, triton.next_power_of_2(M), N, K, bool(deterministic), dtype, device_key(device), split_k, pdl)
 
 
 def gemv_plan(M: int, N: int, K: int, prologue: int = PRO_NONE, deterministic: bool | None = None,
@@ -552,23 +549,6 @@ def chosen_split_k(M: int, N: int, K: int, prologue: int = PRO_NONE, determinist
     was one (see `_tune_plan`), else `choose_split_k`'s."""
     plan = gemv_plan(M, N, K, prologue, deterministic, dtype, device)
     return plan[0] if plan else choose_split_k(M, N, K, sm_count(device))
-
-
-def _graph_time_us(calls, reps: int = 5) -> float:
-    """Microseconds per call of `calls`, captured back to back in one CUDA Graph and replayed: no launch
-    overhead from Python in the measurement, as in the model's own replay."""
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (reps * len(calls))
 
 
 def _tune_plan(plans, launch, weight) -> tuple:
@@ -589,8 +569,8 @@ def _tune_plan(plans, launch, weight) -> tuple:
     torch.cuda.synchronize()
     for plan in plans:
         try:
-            times[plan] = _graph_time_us([lambda w=weights[i % copies]: launch(plan, w)
-                                          for i in range(calls_per_graph)])
+            times[plan] = graph_time_us([lambda w=weights[i % copies]: launch(plan, w)
+                                         for i in range(calls_per_graph)])
         except triton.runtime.errors.OutOfResources:
             continue
     del weights

@@ -186,6 +186,14 @@ def _check_like(fn: str, name: str, t, x: torch.Tensor, dtype: torch.dtype | Non
         raise KernelError(f"{fn}: {name} must be {dtype}, got {t.dtype}")
 
 
+def _out_like(fn: str, name: str, out, x: torch.Tensor) -> torch.Tensor:
+    """An output buffer like x: a new one when `out` is None, else `out` checked (x's shape, dtype and device)."""
+    if out is None:
+        return torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    _check_like(fn, name, out, x, x.dtype)
+    return out
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """Zero-centred RMSNorm over the last dim: x * rsqrt(mean(x^2) + eps) * (1 + weight).
 
@@ -198,17 +206,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
     _check_float(fn, "x", x)
     n0, n1, sx0, sx1 = _rows3(fn, "x", x)
     _check_weight(fn, weight, x)
-    if out is None:
-        out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    else:
-        _check_like(fn, "out", out, x, x.dtype)
+    out = _out_like(fn, "out", out, x)
     _, _, so0, so1 = _rows3(fn, "out", out)
     R, D = n0 * n1, x.shape[-1]
     if R == 0 or D == 0:
         return out
     block_r, block_d, warps = _config(R, D)
     rms_norm_kernel[(triton.cdiv(R, block_r),)](x, weight, out, R, n1, D, sx0, sx1, so0, so1, float(eps),
-                                                BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, **pdl_options(x.device))
+                                                BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps,
+                                                **pdl_options(x.device))
     return out
 
 
@@ -227,14 +233,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
         raise KernelError(f"{fn}: x must be [T, H], got shape {tuple(x.shape)}")
     _check_like(fn, "residual", residual, x)
     _check_weight(fn, weight, x)
-    if out is None:
-        out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    else:
-        _check_like(fn, "out", out, x, x.dtype)
-    if residual_out is None:
-        residual_out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    else:
-        _check_like(fn, "residual_out", residual_out, x, x.dtype)
+    out = _out_like(fn, "out", out, x)
+    residual_out = _out_like(fn, "residual_out", residual_out, x)
     for name, t in (("x", x), ("residual", residual), ("out", out), ("residual_out", residual_out)):
         _rows3(fn, name, t)                      # last dim contiguous
     R, D = x.shape
@@ -262,10 +262,7 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
     _check_like(fn, "z", z, x)
     _, _, sz0, sz1 = _rows3(fn, "z", z)
     _check_weight(fn, weight, x)
-    if out is None:
-        out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    else:
-        _check_like(fn, "out", out, x, x.dtype)
+    out = _out_like(fn, "out", out, x)
     _, _, so0, so1 = _rows3(fn, "out", out)
     R, D = n0 * n1, x.shape[-1]
     if R == 0 or D == 0:
