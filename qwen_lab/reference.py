@@ -74,6 +74,17 @@ def swiglu_down(gate_up: torch.Tensor, down_weight: torch.Tensor) -> torch.Tenso
     return linear(silu_mul(gate_up), down_weight)
 
 
+def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The MLP's first half: silu_mul(linear(x, weight)). x [M, K], weight [2I, K] = [W_gate; W_up] -> [M, I].
+
+    At prefill the GPU computes SwiGLU in the epilogue of the gate/up GEMM: each program holds the gate and
+    the up tile of the same columns, so the [M, 2I] projection never goes to memory. (Here the projection is
+    rounded to x's dtype before the activation, as two separate kernels would; the fused kernel skips that
+    rounding, a difference within the dtype's tolerance.)
+    """
+    return silu_mul(linear(x, weight))
+
+
 def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                         weight: torch.Tensor):
     """Residual add + RMSNorm + projection: (h, s) = add_rms_norm(x, residual, norm_weight, eps); returns
@@ -135,6 +146,19 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     q = rope(rms_norm(q, q_weight, eps), positions, rotary_dim, theta)
     k = rope(rms_norm(k, k_weight, eps), positions, rotary_dim, theta)
     return q, k
+
+
+def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                       k_weight: torch.Tensor, eps: float, positions: torch.Tensor, rotary_dim: int, theta: float,
+                       k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    """qk_norm_rope, then kv_cache_write of the prepared k and of v, in one kernel on the GPU.
+
+    q [T, Hq, D], k, v [T, Hkv, D], caches [L, Hkv, D] (updated in place at `positions`) -> the prepared q.
+    The attention that follows reads k and v from the cache, so only q comes back.
+    """
+    q, k = qk_norm_rope(q, k, q_weight, k_weight, eps, positions, rotary_dim, theta)
+    kv_cache_write(k_cache, v_cache, k, v, positions)
+    return q
 
 
 # ---------------------------------------------------------------- gated attention
