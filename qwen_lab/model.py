@@ -197,8 +197,10 @@ class Qwen35Model:
         state = cache.recurrent_state[i]                               # [Hv, Dk, Dv] fp32, updated in place
         if T == 1 and self._fused("causal_conv1d", "deltanet_decode_step"):
             # decode with the library's own conv and decode step: conv, gates and recurrence in one launch
+            # state_settled: the in-projection just launched comes between two steps of this layer, so the
+            # kernel may read the states before it waits for the in-projection's output
             o = ops["deltanet_conv_decode_step"](qkv, layer.conv, cache.conv_state[i], a, b, layer.A_log,
-                                                 layer.dt_bias, state, Hk, Dk, Hv, Dv)
+                                                 layer.dt_bias, state, Hk, Dk, Hv, Dv, state_settled=True)
             # The conv output never leaves the kernel, so there is no "conv1d" tensor to trace here; what can
             # be seen of the conv is its updated state (this token's input in the last column).
             self._t(i, "conv_state", cache.conv_state[i])

@@ -790,6 +790,71 @@ def _gpu_judge_step(where, o, ref, conv_state, ref_conv_state, state, ref_state)
     checks.compare(f"{where}: state", state, ref_state, atol=2e-3, rtol=1e-2)
 
 
+def _settled_steps(Hk, Hv, Dk, Dv, W, steps, rt, gen, graph: bool = False):
+    """The model's decode order for one DeltaNet layer, `steps` tokens: the in-projection GEMV, then the conv decode
+    step with state_settled=True (it reads both states before its PDL wait), against the reference chain fed the
+    same projections. graph=True: the two launches captured once and replayed per token."""
+    from qwen_lab.kernels import gemm
+
+    H = 64
+    C = 2 * Hk * Dk + Hv * Dv
+    d = _conv_decode_inputs(1, Hk, Hv, Dk, Dv, W, gen, rt.dtype, rt.device)
+    w_in = checks.randn(C + 2 * Hv, H, g=gen, dtype=rt.dtype, device=rt.device, scale=H ** -0.5)
+    xs = checks.randn(steps, H, g=gen, dtype=rt.dtype, device=rt.device)
+    x = xs[:1].clone()
+    proj = torch.empty(1, C + 2 * Hv, dtype=rt.dtype, device=rt.device)
+    out = torch.empty(1, Hv, Dv, dtype=rt.dtype, device=rt.device)
+    conv_state, state = d["conv_state"].clone(), d["state"].clone()
+    ref_conv_state, ref_state = d["conv_state"].clone(), d["state"].clone()
+
+    def layer():
+        gemm.linear(x, w_in, out=proj)
+        deltanet_conv_decode_step(proj[:, :C], d["conv_weight"], conv_state, proj[:, C + Hv:], proj[:, C:C + Hv],
+                                  d["A_log"], d["dt_bias"], state, Hk, Dk, Hv, Dv, out=out, state_settled=True)
+
+    if graph:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # compile, tune and allocate outside the capture
+                layer()
+        torch.cuda.current_stream().wait_stream(stream)
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):
+            layer()
+        conv_state.copy_(d["conv_state"])
+        state.copy_(d["state"])
+    for s in range(steps):
+        x.copy_(xs[s:s + 1])
+        captured.replay() if graph else layer()
+        p = proj.clone()
+        ref = _two_reference_calls(p[:, :C], d["conv_weight"], ref_conv_state, p[:, C + Hv:], p[:, C:C + Hv],
+                                   d["A_log"], d["dt_bias"], ref_state, Hk, Dk, Hv, Dv)
+        if rt.dtype == torch.float32:
+            checks.compare(f"step {s}: o", out, ref)
+            checks.compare(f"step {s}: state", state, ref_state)
+            assert torch.equal(conv_state, ref_conv_state), f"step {s}: conv_state"
+        else:
+            _gpu_judge_step(f"{'replay' if graph else 'step'} {s}", out, ref, conv_state, ref_conv_state, state,
+                            ref_state)
+    _tickets_are_zero(rt.device)
+
+
+def test_conv_decode_step_with_settled_states_after_the_projection(rt, gen):
+    """state_settled=True (the model's setting): in the model's order, the same results as the reference chain."""
+    _settled_steps(2, 4, 16, 16, 4, 3, rt, gen)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_gpu_conv_decode_step_settled_states_forty_steps(graph, rt, gen):
+    """Under PDL with state_settled=True each step reads the states before it waits for the in-projection; a
+    step that started before the previous step of the layer had written them would read stale states."""
+    cfg = QWEN35_0_8B
+    _settled_steps(cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                   cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim, 40, rt, gen, graph=graph)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("Hv", [16, 32, 48])
 def test_gpu_conv_decode_step_eight_steps(Hv, rt, gen):

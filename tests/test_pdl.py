@@ -124,13 +124,28 @@ def test_every_pdl_kernel_waits_before_it_reads_what_the_previous_kernel_wrote()
     kernels = _pdl_kernels()
     assert {name for _, name, _ in kernels} >= {"gemv_splitk_kernel", "conv_decode_step_kernel", "embedding_kernel",
                                                 "qk_norm_rope_kernel", "flash_decode_split_kernel"}
+    weights = ("tl.load(w_rows", "tl.load(conv_w_ptr", "tl.load(A_log_ptr", "tl.load(dt_bias_ptr")
+    # with STATE_SETTLED the caller promises the previous writer of these has finished (see deltanet.py)
+    settled_states = ("tl.load(s_ptrs", "tl.load(conv_state_ptr")
+    checked_settled = False
     for mod_name, name, fn in kernels:
         body = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0].body
-        waits = [i for i, st in enumerate(body) if isinstance(st, ast.If) and "USE_PDL" in ast.unparse(st.test)
-                 and "gdc_wait" in ast.unparse(st)]
+        waits = [(i, ast.unparse(st.test)) for i, st in enumerate(body) if isinstance(st, ast.If)
+                 and "USE_PDL" in ast.unparse(st.test) and "gdc_wait" in ast.unparse(st)]
         assert waits, f"{mod_name}.{name} takes USE_PDL but has no top-level `if USE_PDL: gdc_wait()`"
-        for st in body[:waits[0]]:
-            for call in _memory_calls(st):
-                text = ast.unparse(call)
-                assert call.func.attr == "load" and text.startswith("tl.load(w_rows"), (
-                    f"{mod_name}.{name}: `{text}` runs before the PDL wait; only weight loads may")
+        # one wait per mode: the plain `USE_PDL` one, or a pair split on STATE_SETTLED
+        modes = {"": waits[0][0]} if len(waits) == 1 else {
+            "not STATE_SETTLED": next(i for i, t in waits if "not STATE_SETTLED" in t),
+            "STATE_SETTLED": next(i for i, t in waits if "STATE_SETTLED" in t and "not STATE_SETTLED" not in t)}
+        for mode, wait in modes.items():
+            allowed = weights + (settled_states if mode == "STATE_SETTLED" else ())
+            checked_settled |= mode == "STATE_SETTLED"
+            for st in body[:wait]:
+                if isinstance(st, ast.If) and "gdc_wait" in ast.unparse(st):
+                    continue  # the other mode's wait
+                for call in _memory_calls(st):
+                    text = ast.unparse(call)
+                    assert call.func.attr == "load" and text.startswith(allowed), (
+                        f"{mod_name}.{name}{' with ' + mode if mode else ''}: `{text}` runs before the PDL wait; "
+                        f"only {', '.join(a.removeprefix('tl.load(') for a in allowed)} may be read there")
+    assert checked_settled, "conv_decode_step_kernel's STATE_SETTLED wait was not found"

@@ -255,6 +255,12 @@ def delta_rule_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr,
 #   launch. The counters live in a small int32 buffer kept per device (`_tickets`), zero between launches.
 #   The alternative, one program per key head doing all its value heads and columns, needs no atomics but
 #   runs Hk programs (16 on Qwen3.5-0.8B) on a GPU of 132 SMs.
+#
+# Under programmatic dependent launch (PDL) the kernel starts while the previous one (the in-projection) is
+# still running, and only the weights may be read before its wait. A decode step of the model always has the
+# in-projection between two steps of one layer, and that GEMV lets its dependents start only after its own wait,
+# so the previous step's writes to the states are complete when this one starts: `state_settled=True` says so,
+# and the two states (the step's largest loads) are then read before the wait, in the GEMV's shadow.
 
 
 @_tuned(_RECURRENT_CONFIGS, key=["Dk", "Dv", "Hv", "W"], restore=("state_ptr", "conv_state_ptr"), prune=_prune_bv)
@@ -263,24 +269,13 @@ def conv_decode_step_kernel(qkv_ptr, conv_w_ptr, conv_state_ptr, a_ptr, b_ptr, A
                             out_ptr, ticket_ptr, Hv, Dk, Dv, REP, KEY_DIM, scale, eps,
                             stride_cw, stride_cs, stride_sh, stride_sk, stride_oh,
                             W: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                            USE_PDL: tl.constexpr = False):
+                            USE_PDL: tl.constexpr = False, STATE_SETTLED: tl.constexpr = False):
     h = tl.program_id(0)
     hk = h // REP
     offs_k = tl.arange(0, BK)
     offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
     mask_k = offs_k < Dk
     mask_v = offs_v < Dv
-    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
-        gdc_wait()
-        gdc_launch_dependents()
-    # the recurrent state first: the largest load, in flight while the conv and the ticket are worked out
-    s_ptrs = state_ptr + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
-    s_mask = mask_k[:, None] & mask_v[None, :]
-    S = tl.load(s_ptrs, mask=s_mask, other=0.0)
-
-    # ---- conv + SiLU of this program's channels: q and k of key head hk, its BV columns of v
-    # conv_state column j holds the input W-1-j steps back (oldest first) and meets weight column j; weight
-    # column W-1 meets this step's input. The shifted state: column j <- column j + 1, the last <- the input.
     offs_w = tl.arange(0, BW)
     mask_w = offs_w < W - 1
     shift_w = offs_w + 1 < W - 1                 # columns whose new value is an old column (not the input)
@@ -289,7 +284,28 @@ def conv_decode_step_kernel(qkv_ptr, conv_w_ptr, conv_state_ptr, a_ptr, b_ptr, A
     ch_v = 2 * KEY_DIM + h * Dv + offs_v
     m_qk = mask_k[:, None] & mask_w[None, :]
     m_v = mask_v[:, None] & mask_w[None, :]
-    # each channel's old state row [BW], and the same row read one column on (the shifted state's first W-2)
+    # the weights first: no kernel writes them, so under PDL they load while the previous kernel finishes
+    w_q = tl.load(conv_w_ptr + ch_q[:, None] * stride_cw + offs_w[None, :], mask=m_qk, other=0.0).to(tl.float32)
+    w_k = tl.load(conv_w_ptr + ch_k[:, None] * stride_cw + offs_w[None, :], mask=m_qk, other=0.0).to(tl.float32)
+    w_v = tl.load(conv_w_ptr + ch_v[:, None] * stride_cw + offs_w[None, :], mask=m_v, other=0.0).to(tl.float32)
+    wl_q = tl.load(conv_w_ptr + ch_q * stride_cw + (W - 1), mask=mask_k, other=0.0).to(tl.float32)
+    wl_k = tl.load(conv_w_ptr + ch_k * stride_cw + (W - 1), mask=mask_k, other=0.0).to(tl.float32)
+    wl_v = tl.load(conv_w_ptr + ch_v * stride_cw + (W - 1), mask=mask_v, other=0.0).to(tl.float32)
+    A_log = tl.load(A_log_ptr + h).to(tl.float32)
+    dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
+    if USE_PDL and not STATE_SETTLED:  # launched early (PDL): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
+    # The recurrent state and the conv state: the largest loads, in flight while the rest is worked out. With
+    # STATE_SETTLED the caller promises that the kernel launched just before this one neither writes them nor
+    # lets this one start before its own wait (in the model: the layer's in-projection GEMV). The step that last
+    # wrote them has then finished, and they are read before the wait, in the shadow of the in-projection.
+    s_ptrs = state_ptr + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
+    s_mask = mask_k[:, None] & mask_v[None, :]
+    S = tl.load(s_ptrs, mask=s_mask, other=0.0)
+    # conv_state column j holds the input W-1-j steps back (oldest first) and meets weight column j; weight
+    # column W-1 meets this step's input. The shifted state: column j <- column j + 1, the last <- the input.
+    # Each channel's old state row [BW], and the same row read one column on (the shifted state's first W-2):
     old_q = tl.load(conv_state_ptr + ch_q[:, None] * stride_cs + offs_w[None, :], mask=m_qk, other=0.0)
     old_k = tl.load(conv_state_ptr + ch_k[:, None] * stride_cs + offs_w[None, :], mask=m_qk, other=0.0)
     old_v = tl.load(conv_state_ptr + ch_v[:, None] * stride_cs + offs_w[None, :], mask=m_v, other=0.0)
@@ -299,9 +315,14 @@ def conv_decode_step_kernel(qkv_ptr, conv_w_ptr, conv_state_ptr, a_ptr, b_ptr, A
                     mask=mask_k[:, None] & shift_w[None, :], other=0.0)
     nxt_v = tl.load(conv_state_ptr + ch_v[:, None] * stride_cs + 1 + offs_w[None, :],
                     mask=mask_v[:, None] & shift_w[None, :], other=0.0)
+    if USE_PDL and STATE_SETTLED:  # this step's input comes from the in-projection: wait for it here
+        gdc_wait()
+        gdc_launch_dependents()
     x_q = tl.load(qkv_ptr + ch_q, mask=mask_k, other=0.0)
     x_k = tl.load(qkv_ptr + ch_k, mask=mask_k, other=0.0)
     x_v = tl.load(qkv_ptr + ch_v, mask=mask_v, other=0.0)
+    a = tl.load(a_ptr + h).to(tl.float32)
+    b = tl.load(b_ptr + h).to(tl.float32)
     # every thread's loads of the old conv state are done past this barrier: the writes below cannot overtake
     # them, and the ticket is drawn only once this whole program has read what it needs
     tl.debug_barrier()
@@ -313,12 +334,6 @@ def conv_decode_step_kernel(qkv_ptr, conv_w_ptr, conv_state_ptr, a_ptr, b_ptr, A
     last = ticket == REP * tl.num_programs(1) - 1
 
     # fp32 math; the conv output is rounded to the input dtype, as causal_conv1d returns it
-    w_q = tl.load(conv_w_ptr + ch_q[:, None] * stride_cw + offs_w[None, :], mask=m_qk, other=0.0).to(tl.float32)
-    w_k = tl.load(conv_w_ptr + ch_k[:, None] * stride_cw + offs_w[None, :], mask=m_qk, other=0.0).to(tl.float32)
-    w_v = tl.load(conv_w_ptr + ch_v[:, None] * stride_cw + offs_w[None, :], mask=m_v, other=0.0).to(tl.float32)
-    wl_q = tl.load(conv_w_ptr + ch_q * stride_cw + (W - 1), mask=mask_k, other=0.0).to(tl.float32)
-    wl_k = tl.load(conv_w_ptr + ch_k * stride_cw + (W - 1), mask=mask_k, other=0.0).to(tl.float32)
-    wl_v = tl.load(conv_w_ptr + ch_v * stride_cw + (W - 1), mask=mask_v, other=0.0).to(tl.float32)
     q = tl.sum(w_q * old_q.to(tl.float32), 1) + wl_q * x_q.to(tl.float32)
     k = tl.sum(w_k * old_k.to(tl.float32), 1) + wl_k * x_k.to(tl.float32)
     v = tl.sum(w_v * old_v.to(tl.float32), 1) + wl_v * x_v.to(tl.float32)
@@ -330,9 +345,7 @@ def conv_decode_step_kernel(qkv_ptr, conv_w_ptr, conv_state_ptr, a_ptr, b_ptr, A
     # ---- gates, l2norm and one step of the delta rule (as in delta_rule_recurrent_kernel)
     q = q * (tl.rsqrt(tl.sum(q * q, 0) + eps) * scale)
     k = k * tl.rsqrt(tl.sum(k * k, 0) + eps)
-    a = tl.load(a_ptr + h).to(tl.float32)
-    b = tl.load(b_ptr + h).to(tl.float32)
-    g = -tl.exp(tl.load(A_log_ptr + h).to(tl.float32)) * _softplus(a + tl.load(dt_bias_ptr + h).to(tl.float32))
+    g = -tl.exp(A_log) * _softplus(a + dt_bias)
     beta = tl.sigmoid(b)
     S = S * tl.exp(g)                                 # forget
     predicted = tl.sum(S * k[:, None], 0)             # S^T k
@@ -674,12 +687,17 @@ def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv
                               a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                               state: torch.Tensor, num_k_heads: int, head_k_dim: int, num_v_heads: int,
                               head_v_dim: int, scale: float | None = None,
-                              out: torch.Tensor | None = None) -> torch.Tensor:
+                              out: torch.Tensor | None = None, state_settled: bool = False) -> torch.Tensor:
     """causal_conv1d and deltanet_decode_step of one decode token in one launch; = reference.deltanet_conv_decode_step.
 
     qkv [1, C] with C = 2 Hk Dk + Hv Dv (q | k | v channels before the conv; a strided slice allowed), conv_weight
     [C, W], conv_state [C, W-1] (updated in place), a, b [1, Hv], A_log, dt_bias [Hv], state [Hv, Dk, Dv] fp32
     (updated in place). -> o [1, Hv, Dv] in qkv's dtype.
+
+    state_settled=True: the caller promises that the kernel launched just before this one writes neither state and
+    is one of the library's kernels (which let the next kernel start only after their own PDL wait), so the
+    states may be read before this kernel's wait. True in the model's decode step (the in-projection comes
+    between two steps of a layer); two steps launched back to back must leave it False.
     """
     Hk, Dk, Hv, Dv = num_k_heads, head_k_dim, num_v_heads, head_v_dim
     for name, n in (("num_k_heads", Hk), ("head_k_dim", Dk), ("num_v_heads", Hv), ("head_v_dim", Dv)):
@@ -722,7 +740,8 @@ def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv
         qkv, conv_weight, conv_state, a, b, A_log, dt_bias, state, out, tickets,
         Hv, Dk, Dv, Hv // Hk, Hk * Dk, scale, EPS,
         conv_weight.stride(0), conv_state.stride(0), state.stride(0), state.stride(1), out.stride(1)),
-        dict(W=W, BW=triton.next_power_of_2(max(W - 1, 1)), BK=triton.next_power_of_2(Dk), **pdl_options(dev)),
+        dict(W=W, BW=triton.next_power_of_2(max(W - 1, 1)), BK=triton.next_power_of_2(Dk),
+             STATE_SETTLED=bool(state_settled), **pdl_options(dev)),
         dict(BV=min(32, triton.next_power_of_2(Dv)), num_warps=4))
     return out
 
