@@ -4,8 +4,9 @@
 
 Captures `model.step` for a prompt of --prefill-len tokens and for one decode token in CUDA Graphs (as the
 benchmark does), replays each under torch.profiler and prints, per kernel name: launches per step, GPU time
-per step, mean time per launch, and how much of the step no kernel was on the GPU at all (launch gaps). Writes
-profile.json under --out.
+per step (the kernels' spans, and their exclusive time, which adds up to the step under programmatic dependent
+launch), and how much of the step no kernel was on the GPU at all (launch gaps); then the decode step's first
+kernels in order. Writes profile.json under --out.
 """
 
 import argparse
@@ -24,8 +25,13 @@ from qwen_lab.graph import capture  # noqa: E402
 from qwen_lab.kernels import replay_us  # noqa: E402
 
 
-def profile_replays(graph, reps: int) -> tuple[dict, float]:
-    """Kernel name -> [launches, total us] over `reps` replays, and the wall time per replay in us."""
+def profile_replays(graph, reps: int) -> tuple[dict, float, float, list]:
+    """Kernel name -> [launches, span us, exclusive us] per replay, the wall time per replay in us, the time some
+    kernel was on the GPU per replay, and the first replay's kernels in order as (name, span us, exclusive us).
+
+    A kernel's exclusive time is how far it moves the step's end: from the later of its start and the end of the
+    kernel before it, to its own end. Kernels of one stream end in order, so these add up to the busy time even
+    when programmatic dependent launch overlaps their spans."""
     from torch.profiler import ProfilerActivity, profile
 
     wall_us = replay_us(graph, reps)
@@ -33,15 +39,24 @@ def profile_replays(graph, reps: int) -> tuple[dict, float]:
         for _ in range(reps):
             graph.replay()
         torch.cuda.synchronize()
-    kernels: dict = defaultdict(lambda: [0, 0.0])
-    spans = []
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
-            k = kernels[ev.name]
-            k[0] += 1
-            k[1] += ev.device_time_total
-            spans.append((ev.time_range.start, ev.time_range.end))
-    return {name: [n / reps, us / reps] for name, (n, us) in kernels.items()}, wall_us, covered(spans) / reps
+    events = sorted(((ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
+                     if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0))
+    kernels: dict = defaultdict(lambda: [0, 0.0, 0.0])
+    order, prev_end = [], None
+    per_replay = len(events) // max(reps, 1)
+    for i, (start, end, name) in enumerate(events):
+        excl = end - max(start, prev_end) if prev_end is not None and prev_end > start else end - start
+        excl = max(excl, 0.0)
+        prev_end = end if prev_end is None else max(prev_end, end)
+        k = kernels[name]
+        k[0] += 1
+        k[1] += end - start
+        k[2] += excl
+        if i < per_replay:
+            order.append((name, end - start, excl))
+    spans = [(start, end) for start, end, _ in events]
+    return ({name: [n / reps, us / reps, ex / reps] for name, (n, us, ex) in kernels.items()}, wall_us,
+            covered(spans) / reps, order)
 
 
 def covered(spans) -> float:
@@ -59,15 +74,24 @@ def covered(spans) -> float:
 
 
 def table(title: str, kernels: dict, wall_us: float, busy_us: float) -> list[str]:
-    launches = sum(n for n, _ in kernels.values())
-    summed = sum(us for _, us in kernels.values())
+    launches = sum(n for n, _, _ in kernels.values())
+    summed = sum(us for _, us, _ in kernels.values())
     lines = [f"{title}: {wall_us:.1f} us per step; some kernel on the GPU {busy_us:.1f} us, none "
              f"{max(wall_us - busy_us, 0.0):.1f} us; {launches:.0f} launches whose own spans add up to {summed:.1f} us "
              f"(more than the step when kernels overlap under programmatic dependent launch: a kernel's span then "
-             f"includes its wait for the one before)",
-             f"{'kernel':60s} {'per step':>8s} {'us/step':>9s} {'us each':>8s} {'share':>6s}"]
-    for name, (n, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1]):
-        lines.append(f"{name[:60]:60s} {n:8.1f} {us:9.1f} {us / max(n, 1e-9):8.2f} {us / wall_us:6.1%}")
+             f"includes its wait for the one before). 'excl': from the later of the kernel's start and the end of "
+             f"the kernel before it, to its end (these add up to the busy time); 'share' is of the exclusive time.",
+             f"{'kernel':52s} {'per step':>8s} {'span us':>9s} {'excl us':>9s} {'excl each':>9s} {'share':>6s}"]
+    for name, (n, us, ex) in sorted(kernels.items(), key=lambda kv: -kv[1][2]):
+        lines.append(f"{name[:52]:52s} {n:8.1f} {us:9.1f} {ex:9.1f} {ex / max(n, 1e-9):9.2f} {ex / wall_us:6.1%}")
+    return lines
+
+
+def sequence(order: list, first: int) -> list[str]:
+    """The step's first kernels in launch order, with their spans and exclusive times."""
+    lines = [f"the first {min(first, len(order))} kernels of one replay, in order: span us / exclusive us"]
+    for i, (name, span, excl) in enumerate(order[:first]):
+        lines.append(f"  {i:3d} {name[:52]:52s} {span:8.2f} {excl:8.2f}")
     return lines
 
 
@@ -95,10 +119,12 @@ def main() -> int:
         g_prefill, _ = capture(lambda: model.step(ids, positions, cache), warmup=2)
         g_decode, _ = capture(lambda: model.step(token, pos, cache), warmup=2)
         for name, graph in (("prefill", g_prefill), ("decode", g_decode)):
-            kernels, wall, busy = profile_replays(graph, args.reps)
-            result[name] = {"wall_us": wall, "busy_us": busy, "kernels": kernels}
+            kernels, wall, busy, order = profile_replays(graph, args.reps)
+            result[name] = {"wall_us": wall, "busy_us": busy, "kernels": kernels, "order": order}
             lines += table(f"{name} ({T} tokens)" if name == "prefill" else "decode (1 token)", kernels, wall,
                            busy) + [""]
+            if name == "decode":  # layers 0-3: three DeltaNet layers and the first attention layer
+                lines += sequence(order, 30) + [""]
     print("\n".join(lines))
     print(f"{time.time() - t0:.0f} s")
     if args.out:
