@@ -53,17 +53,79 @@ def test_prefill_attention_matches_reference(rt, gen, T, Hq, Hkv, D, L, offset):
     checks.compare("flash attention", out, reference.attention(q, k, v, pos))
 
 
+DECODE_LAUNCHES = {True: {"flash_decode_kernel": 1},
+                   False: {"flash_decode_split_kernel": 1, "flash_decode_combine_kernel": 1}}
+
+
+@pytest.fixture(params=[True, False], ids=["one_launch", "split_combine"])
+def one_launch(request, monkeypatch):
+    """Both decode paths: the one-launch kernel (the default) and split + combine (notebook 07's)."""
+    monkeypatch.setattr(A, "DECODE_ONE_LAUNCH", request.param)
+    return request.param
+
+
+def test_decode_one_launch_is_the_default():
+    assert A.DECODE_ONE_LAUNCH is True
+
+
 @pytest.mark.parametrize("Hq,Hkv,D,L,pos", DECODE)
-def test_decode_attention_matches_reference(rt, gen, Hq, Hkv, D, L, pos):
+def test_decode_attention_matches_reference(rt, gen, one_launch, Hq, Hkv, D, L, pos):
     q, _, k, v, positions = _problem(gen, rt, 1, Hq, Hkv, D, L, pos)
     with count_launches() as launches:
         out = A.attention(q, k, v, positions)
-    assert launches["flash_decode_split_kernel"] == 1 and launches["flash_decode_combine_kernel"] == 1
+    assert dict(launches) == DECODE_LAUNCHES[one_launch]
     checks.compare("flash decoding", out, reference.attention(q, k, v, positions))
 
 
+# (Hq, Hkv, D, cache capacity L, [positions]): ragged lengths (not multiples of the key block or of the chunk),
+# one key, a length short of a chunk boundary, the full cache; splits that see no key at short lengths
+RAGGED = [
+    (8, 2, 32, 100, [0, 1, 17, 50, 99]),
+    (6, 2, 24, 70, [2, 33, 69]),
+]
+
+
+@pytest.mark.parametrize("Hq,Hkv,D,L,lengths", RAGGED)
+@pytest.mark.parametrize("splits", [2, 5, 7])
+def test_decode_one_launch_on_ragged_lengths_back_to_back(rt, gen, one_launch, Hq, Hkv, D, L, lengths, splits):
+    """The decode path at several split counts over ragged cache lengths, run twice back to back on the same
+    buffers at each length (as one layer's attention repeated, or a graph replayed): the second call must find
+    the tickets at zero again and give the same output; launch count per call checked."""
+    fused = _randn(gen, rt, 1, Hq, 2 * D)
+    q, gate = fused[:, :, :D], fused[:, :, D:]
+    k, v = _randn(gen, rt, L, Hkv, D), _randn(gen, rt, L, Hkv, D)
+    pos = torch.zeros(1, dtype=torch.long, device=rt.device)
+    out = checks.poison_(torch.empty_like(q))
+    ws = checks.poison_(A.decode_workspace(q, k, num_splits=splits))
+    for p in lengths:
+        pos.fill_(p)
+        ref = reference.attention(q, k, v, pos, gate=gate)
+        for call in range(2):
+            out.fill_(float("nan"))
+            with count_launches() as launches:
+                A.attention(q, k, v, pos, out=out, gate=gate, num_splits=splits, workspace=ws)
+            assert dict(launches) == DECODE_LAUNCHES[one_launch]
+            checks.compare(f"decode over {p + 1} keys, {splits} splits, call {call + 1}", out, ref)
+        if one_launch:
+            assert not A._tickets(rt.device, Hkv).any(), "the last split of each KV head resets its ticket"
+
+
+def test_decode_one_launch_allocates_its_scratch_once(rt, gen):
+    """Without a workspace, the decode path takes the same scratch and counters on every call (a captured graph
+    may not allocate), and two calls in a row over the same cache agree."""
+    q, gate, k, v, positions = _problem(gen, rt, 1, 4, 2, 32, 60, 41)
+    first = A.attention(q, k, v, positions, gate=gate)
+    tickets = A._tickets(rt.device, 2)
+    ws = A._shared_workspace(rt.device, A.decode_splits(60), 4, 32)
+    second = A.attention(q, k, v, positions, gate=gate)
+    assert A._tickets(rt.device, 2).data_ptr() == tickets.data_ptr()
+    assert A._shared_workspace(rt.device, A.decode_splits(60), 4, 32).data_ptr() == ws.data_ptr()
+    assert torch.equal(first, second)
+    checks.compare("decode + gate", second, reference.attention(q, k, v, positions, gate=gate))
+
+
 @pytest.mark.parametrize("splits", [1, 3, 16])
-def test_decode_any_split_count_gives_the_same_result(rt, gen, splits):
+def test_decode_any_split_count_gives_the_same_result(rt, gen, one_launch, splits):
     q, _, k, v, positions = _problem(gen, rt, 1, 4, 2, 32, 90, 70)
     ws = checks.poison_(A.decode_workspace(q, k, num_splits=splits))
     out = checks.poison_(torch.empty_like(q))
@@ -95,7 +157,7 @@ def test_decode_after_prefill_through_the_cache(rt, gen):
 
 
 @pytest.mark.parametrize("T", [1, 7])
-def test_attention_with_fused_gate(rt, gen, T):
+def test_attention_with_fused_gate(rt, gen, one_launch, T):
     q, gate, k, v, pos = _problem(gen, rt, T, 8, 2, 32, 40, 30)
     out = A.attention(q, k, v, pos, gate=gate)
     checks.compare("attention + gate", out, reference.sigmoid_gate(reference.attention(q, k, v, pos), gate))
@@ -134,7 +196,7 @@ def test_fully_masked_row_gives_zeros_not_nan(rt, gen, form):
     checks.compare("the other rows", out[keep], reference.attention(q[keep], k, v, pos[keep]))
 
 
-def test_decode_with_no_visible_key_gives_zeros(rt, gen):
+def test_decode_with_no_visible_key_gives_zeros(rt, gen, one_launch):
     q, _, k, v, _ = _problem(gen, rt, 1, 4, 2, 32, 32, 0)
     out = A.attention(q, k, v, torch.tensor([-1], device=rt.device))
     assert torch.equal(out, torch.zeros_like(out))

@@ -36,11 +36,11 @@ from . import pdl_options
 
 
 @triton.jit
-def _norm_rope_tile(x_ptr, out_ptr, w_ptr, inv_freq_ptr, t, pos, h0, H,
-                    stride_xt, stride_xh, stride_ot, stride_oh, eps,
+def _norm_rope_rows(x_ptr, w_ptr, inv_freq_ptr, t, pos, h0, H, stride_xt, stride_xh, eps,
                     D: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    """RoPE (after the zero-centred RMSNorm when HAS_NORM) on heads h0 .. h0 + BLOCK_H - 1 of token t."""
+    """RoPE (after the zero-centred RMSNorm when HAS_NORM) of heads h0 .. h0 + BLOCK_H - 1 of token t, in fp32
+    (the norm's output rounded to x's dtype first); -> (y [BLOCK_H, BLOCK_D], head offsets, dim offsets, mask)."""
     offs_h = h0 + tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     ROT: tl.constexpr = 2 * HALF
@@ -69,9 +69,20 @@ def _norm_rope_tile(x_ptr, out_ptr, w_ptr, inv_freq_ptr, t, pos, h0, H,
         w = tl.load(w_ptr + offs_d, mask=offs_d < D, other=0.0).to(tl.float32)
         wp = tl.load(w_ptr + partner, mask=is_rot, other=0.0).to(tl.float32)
         # round to the storage dtype between the two steps, exactly as rms_norm then rope would
-        x = (x * rstd[:, None] * (1.0 + w[None, :])).to(out_ptr.dtype.element_ty).to(tl.float32)
-        xp = (xp * rstd[:, None] * (1.0 + wp[None, :])).to(out_ptr.dtype.element_ty).to(tl.float32)
+        x = (x * rstd[:, None] * (1.0 + w[None, :])).to(x_ptr.dtype.element_ty).to(tl.float32)
+        xp = (xp * rstd[:, None] * (1.0 + wp[None, :])).to(x_ptr.dtype.element_ty).to(tl.float32)
     y = x * cos[None, :] + xp * sin[None, :]
+    return y, offs_h, offs_d, mask
+
+
+@triton.jit
+def _norm_rope_tile(x_ptr, out_ptr, w_ptr, inv_freq_ptr, t, pos, h0, H,
+                    stride_xt, stride_xh, stride_ot, stride_oh, eps,
+                    D: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr,
+                    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """_norm_rope_rows of token t, stored to row t of out (out has x's dtype)."""
+    y, offs_h, offs_d, mask = _norm_rope_rows(x_ptr, w_ptr, inv_freq_ptr, t, pos, h0, H, stride_xt, stride_xh, eps,
+                                              D, HALF, HAS_NORM, BLOCK_H, BLOCK_D)
     out_rows = out_ptr + t * stride_ot + offs_h[:, None] * stride_oh
     tl.store(out_rows + offs_d[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -111,6 +122,41 @@ def qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, q_out_ptr, k_out_ptr, pos_
         _norm_rope_tile(k_ptr, k_out_ptr, kw_ptr, inv_freq_ptr, t, pos, (j - n_q_blocks) * BLOCK_H, Hk,
                         stride_kt, stride_kh, stride_kot, stride_koh, eps,
                         D, HALF, True, BLOCK_H, BLOCK_D)
+
+
+@triton.jit
+def qk_norm_rope_cache_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, pos_ptr,
+                              inv_freq_ptr, Hq, Hk, L, eps,
+                              stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                              stride_qot, stride_qoh, stride_kct, stride_kch, stride_vct, stride_vch,
+                              D: tl.constexpr, HALF: tl.constexpr,
+                              BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
+    # grid (T, blocks of q heads + blocks of k heads), as qk_norm_rope_kernel; a k program stores its prepared
+    # k rows and the v rows of the same heads straight into the caches at row positions[t] (read on the device),
+    # so the prepared k never goes through memory and the separate cache-write launch disappears
+    t = tl.program_id(0)
+    j = tl.program_id(1)
+    n_q_blocks = tl.cdiv(Hq, BLOCK_H)
+    pos = tl.load(pos_ptr + t)
+    if j < n_q_blocks:
+        _norm_rope_tile(q_ptr, q_out_ptr, qw_ptr, inv_freq_ptr, t, pos, j * BLOCK_H, Hq,
+                        stride_qt, stride_qh, stride_qot, stride_qoh, eps,
+                        D, HALF, True, BLOCK_H, BLOCK_D)
+    else:
+        h0 = (j - n_q_blocks) * BLOCK_H
+        y, offs_h, offs_d, mask = _norm_rope_rows(k_ptr, kw_ptr, inv_freq_ptr, t, pos, h0, Hk, stride_kt,
+                                                  stride_kh, eps, D, HALF, True, BLOCK_H, BLOCK_D)
+        # a position outside the cache writes nothing rather than corrupting memory (as kv_cache_write)
+        mask = mask & (pos >= 0) & (pos < L)
+        # k rounded to its own dtype first, as qk_norm_rope returns it, then to the cache's
+        k_new = y.to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
+        tl.store(k_cache_ptr + pos * stride_kct + offs_h[:, None] * stride_kch + offs_d[None, :], k_new, mask=mask)
+        v = tl.load(v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
+        tl.store(v_cache_ptr + pos * stride_vct + offs_h[:, None] * stride_vch + offs_d[None, :],
+                 v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 # ---------------------------------------------------------------- launchers
@@ -248,4 +294,57 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     return q_out, k_out
 
 
-__all__ = ["inv_freq_table", "qk_norm_rope", "rope"]
+def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                       k_weight: torch.Tensor, eps: float, positions: torch.Tensor, rotary_dim: int, theta: float,
+                       k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """qk_norm_rope, then the cache write of the prepared k and of v, in one launch; = reference.qk_norm_rope_cache.
+
+    q [T, Hq, D], k, v [T, Hk, D] (strided views of one fused projection allowed), weights [D], positions [T],
+    k_cache, v_cache [L, Hk, D] (updated in place at rows `positions`; a position outside [0, L) writes nothing)
+    -> the prepared q [T, Hq, D] (in `out` when given).
+    """
+    _check_rows("q", q)
+    T, Hq, D = q.shape
+    _check_rows("k", k, T=T, D=D)
+    Hk = k.shape[1]
+    if k.dtype != q.dtype or k.device != q.device:
+        raise KernelError(f"k: expected {q.dtype} on {q.device} like q, got {k.dtype} on {k.device}")
+    _check_rows("v", v, T=T, D=D)
+    if v.shape[1] != Hk or v.device != q.device:
+        raise KernelError(f"v: expected [{T}, {Hk}, {D}] on {q.device} like k, got {tuple(v.shape)} on {v.device}")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if not isinstance(w, torch.Tensor) or tuple(w.shape) != (D,) or w.device != q.device:
+            raise KernelError(f"{name}: expected a tensor [{D}] on {q.device}, got "
+                              f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}")
+        if D > 1 and w.stride(0) != 1:
+            raise KernelError(f"{name}: must be contiguous")
+    _check_rows("k_cache", k_cache, D=D)
+    L = k_cache.shape[0]
+    if k_cache.shape[1] != Hk or k_cache.device != q.device:
+        raise KernelError(f"k_cache: expected [L, {Hk}, {D}] on {q.device}, got {tuple(k_cache.shape)} on "
+                          f"{k_cache.device}")
+    _check_rows("v_cache", v_cache)
+    if tuple(v_cache.shape) != tuple(k_cache.shape) or v_cache.device != q.device:
+        raise KernelError(f"v_cache: expected {tuple(k_cache.shape)} on {q.device} like k_cache, got "
+                          f"{tuple(v_cache.shape)} on {v_cache.device}")
+    _check_positions(positions, T, q.device)
+    _check_rotary(rotary_dim, D)
+    _check_out("out", out, q.shape, q.dtype, q.device)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if T == 0:
+        return out
+    inv_freq = inv_freq_table(rotary_dim, theta, q.device)
+    BLOCK_H, BLOCK_D = _blocks(max(Hq, Hk), D)
+    grid = (T, triton.cdiv(Hq, BLOCK_H) + triton.cdiv(Hk, BLOCK_H))
+    qk_norm_rope_cache_kernel[grid](q, k, v, q_weight, k_weight, out, k_cache, v_cache, positions, inv_freq,
+                                    Hq, Hk, L, float(eps),
+                                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                                    out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
+                                    v_cache.stride(0), v_cache.stride(1),
+                                    D=D, HALF=rotary_dim // 2,
+                                    BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, num_warps=4, **pdl_options(q.device))
+    return out
+
+
+__all__ = ["inv_freq_table", "qk_norm_rope", "qk_norm_rope_cache", "rope"]
