@@ -11,6 +11,12 @@ Two regimes need two kernels:
   BLOCK_M x BLOCK_N blocks; each program walks K in BLOCK_K steps and feeds `tl.dot` (the tensor
   cores). Programs are visited in groups of GROUP_M block-rows so that neighbours in time share
   x rows and W columns in L2. Autotuned on the GPU over a few Hopper tile shapes.
+  With SWIGLU=True the same kernel computes the MLP's gate/up projection and its activation at once:
+  W = [W_gate; W_up] [2I, K], and the program of output columns [n0, n0 + BLOCK_N) of [0, I) keeps
+  two accumulators, one for the gate rows n0.. and one for the up rows I + n0.., fed by the same x
+  tile; its epilogue stores silu(g) u (fp32, rounded once) into y [M, I]. The [M, 2I] projection
+  never goes to memory and the separate activation kernel disappears. Two accumulators need twice
+  the registers and a W tile twice as wide in shared memory, so SWIGLU has its own tile shapes.
 - Decode (M = 1, a handful at most): bandwidth-bound. Each weight element is used once, so the whole
   cost is reading W: 2 N K bytes. `gemv_splitk_kernel` gives each program BLOCK_N contiguous rows of
   W and a slice of K; a wide matrix (N large) already yields enough programs, a narrow one (N = 1024
@@ -79,37 +85,72 @@ def _tune_bench(kernel_call, quantiles):
 # ------------------------------------------------------------------------------------------------
 
 
-def _matmul_configs():
+def _matmul_configs(swiglu: bool = False):
+    """The tiled GEMM's candidate configurations on this machine: the plain GEMM's, or (swiglu) those whose two
+    accumulators and doubled W tiles fit a Hopper SM; under the interpreter one small one for both."""
     if interpreter_active():
         # The interpreter runs each program in NumPy: one small tile keeps the tiny shapes quick.
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}, num_warps=4, num_stages=1)]
-    shapes = [  # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps): Hopper-sized tiles, then smaller ones for
-        (128, 256, 64, 3, 8),  # short prompts, where big tiles would leave SMs idle
-        (128, 128, 64, 4, 8),
-        (128, 128, 64, 3, 4),
-        (256, 128, 64, 3, 8),
-        (64, 256, 64, 4, 4),
-        (128, 64, 64, 4, 4),
-        (64, 128, 64, 4, 4),
-        (64, 64, 64, 4, 4),
-        # deeper K steps: the narrow projections (N = 1024) give only 64-256 tiles, so each program's K loop
-        # is long and fewer, larger steps keep the tensor cores fed
-        (128, 128, 128, 3, 8),
-        (64, 128, 128, 3, 4),
-        (128, 64, 128, 3, 4),
-    ]
+    if swiglu:
+        # Each program multiplies an effective BLOCK_M x 2 BLOCK_N tile (gate and up), so BLOCK_N is halved
+        # against the plain shapes: the accumulators stay at 2 BLOCK_M BLOCK_N / (32 warps) <= 128 fp32
+        # registers a thread, and a stage (BLOCK_M + 2 BLOCK_N) BLOCK_K bf16 values times the stages stays
+        # well under the 227 KB of shared memory (tests/sm90_compile.py checks both shapes of each).
+        shapes = [(128, 128, 64, 3, 8), (128, 128, 64, 4, 8), (256, 64, 64, 3, 8), (128, 64, 64, 4, 4),
+                  (64, 128, 64, 4, 4), (64, 64, 64, 4, 4), (128, 64, 128, 3, 4), (128, 128, 128, 2, 8)]
+    else:
+        shapes = [  # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps): Hopper-sized tiles, then smaller ones for
+            (128, 256, 64, 3, 8),  # short prompts, where big tiles would leave SMs idle
+            (128, 128, 64, 4, 8),
+            (128, 128, 64, 3, 4),
+            (256, 128, 64, 3, 8),
+            (64, 256, 64, 4, 4),
+            (128, 64, 64, 4, 4),
+            (64, 128, 64, 4, 4),
+            (64, 64, 64, 4, 4),
+            # deeper K steps: the narrow projections (N = 1024) give only 64-256 tiles, so each program's K loop
+            # is long and fewer, larger steps keep the tensor cores fed
+            (128, 128, 128, 3, 8),
+            (64, 128, 128, 3, 4),
+            (128, 64, 128, 3, 4),
+        ]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=s, num_warps=w)
             for bm, bn, bk, s, w in shapes]
 
 
-@triton.autotune(configs=_matmul_configs(), key=["M_BUCKET", "N", "K"], do_bench=_tune_bench)
+def _config_id(c: triton.Config) -> tuple:
+    return tuple(sorted(c.kwargs.items())), c.num_warps, c.num_stages
+
+
+def _matmul_all_configs() -> list:
+    """Every configuration of either mode, once each: the autotuner's list, pruned per call below."""
+    seen, configs = set(), []
+    for c in _matmul_configs(False) + _matmul_configs(True):
+        if _config_id(c) not in seen:
+            seen.add(_config_id(c))
+            configs.append(c)
+    return configs
+
+
+_MATMUL_MODE_IDS = {swiglu: {_config_id(c) for c in _matmul_configs(swiglu)} for swiglu in (False, True)}
+
+
+def _prune_matmul_configs(configs, named_args, **kwargs):
+    """Keep the configurations of the call's mode (SWIGLU or not): the autotuner times only those."""
+    ids = _MATMUL_MODE_IDS[bool(kwargs.get("SWIGLU", False))]
+    return [c for c in configs if _config_id(c) in ids]
+
+
+@triton.autotune(configs=_matmul_all_configs(), key=["M_BUCKET", "N", "K", "SWIGLU"], do_bench=_tune_bench,
+                 prune_configs_by={"early_config_prune": _prune_matmul_configs})
 @triton.jit
 def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
                   stride_xm, stride_wn, stride_om,
                   DOT_PRECISION: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                  SWIGLU: tl.constexpr = False):
     # M_BUCKET (M rounded to a power of two) is only an autotuning key: one tuning per prompt-length
-    # bucket, not per prompt length.
+    # bucket, not per prompt length. With SWIGLU, N is I (the output's width) and W has 2N rows.
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -129,6 +170,10 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
     offs_k = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xm + offs_k[None, :]   # [BLOCK_M, BLOCK_K]
     w_ptrs = w_ptr + cols[None, :].to(tl.int64) * stride_wn + offs_k[:, None]   # [BLOCK_K, BLOCK_N] = W^T tile
+    if SWIGLU:
+        # the up rows of the same output columns sit N rows further down: W = [W_gate; W_up]
+        u_ptrs = w_ptr + (cols + N)[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -136,8 +181,17 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
         a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
         b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)  # bf16 x bf16 -> fp32 on the tensor cores
+        if SWIGLU:
+            # the same x tile feeds both products: x is read once for gate and up
+            bu = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            acc_u = tl.dot(a, bu, acc_u, input_precision=DOT_PRECISION)
+            u_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+
+    if SWIGLU:
+        # silu(g) * u on the fp32 sums, rounded once below (the unfused path rounds g and u first)
+        acc = acc * tl.sigmoid(acc) * acc_u
 
     out_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     out_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -421,8 +475,25 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     return _matmul("matmul", x, weight, out)
 
 
-def _matmul(name, x, weight, out):
-    M, N, K = _check_operands(name, x, weight, out)
+def _check_swiglu_operands(name: str, x, weight, out):
+    """Validate x [M, K], weight [2I, K] = [W_gate; W_up] and out [M, I]; return M, I, K."""
+    _check_matrix(name, "x", x)
+    _check_matrix(name, "weight", weight)
+    if weight.shape[0] % 2:
+        _fail(name, "weight", f"has {weight.shape[0]} rows; expected an even number 2I ([W_gate; W_up] stacked)")
+    M = x.shape[0]
+    _check_weight_out(name, x, weight, None, M, x.shape[1])  # K, dtype and device against the whole weight
+    I, K = _check_weight_out(name, x, weight[: weight.shape[0] // 2], out, M, x.shape[1])  # out [M, I]
+    return M, I, K
+
+
+def _matmul(name, x, weight, out, swiglu=False):
+    """The tiled GEMM, one launch: y = x weight^T [M, N], or with swiglu silu(x W_gate^T) * (x W_up^T) [M, I]
+    for weight = [W_gate; W_up] [2I, K]."""
+    if swiglu:
+        M, N, K = _check_swiglu_operands(name, x, weight, out)
+    else:
+        M, N, K = _check_operands(name, x, weight, out)
     if out is None:
         out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
@@ -432,7 +503,8 @@ def _matmul(name, x, weight, out):
         return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
 
     matmul_kernel[grid](x, weight, out, M, N, K, triton.next_power_of_2(min(M, 4096)),
-                        x.stride(0), weight.stride(0), out.stride(0), DOT_PRECISION=_dot_precision(x.dtype))
+                        x.stride(0), weight.stride(0), out.stride(0), DOT_PRECISION=_dot_precision(x.dtype),
+                        SWIGLU=bool(swiglu))
     return out
 
 
