@@ -55,7 +55,7 @@ def cases():
     """(label, thunk) for every case: the library's GPU configurations at Qwen3.5-0.8B's sizes, and the
     notebook exercise whose launcher sets its own pipeline depth."""
     from qwen_lab.config import QWEN35_0_8B as C
-    from qwen_lab.kernels import attention, conv1d, deltanet, gemm
+    from qwen_lab.kernels import attention, conv1d, deltanet, gemm, rope
 
     out = []
     for swiglu in (False, True):  # SWIGLU: two accumulators and two W tiles per step, its own tile shapes
@@ -89,6 +89,18 @@ def cases():
                     NUM_SPLITS=8, DOT_PREC="ieee", USE_PDL=True)
         out.append((f"flash_decode_split {c}", lambda meta=meta, c=c: compile_case(
             attention.flash_decode_split_kernel, meta, dict(attn_types, ws_ptr="*fp32"), c.num_warps, c.num_stages)))
+    for c in attention._DECODE_CONFIGS:
+        for splits in (1, 64):  # the first token of a short cache, and MAX_SPLITS
+            meta = dict(c.kwargs, G=G, ROWS=max(16, triton.next_power_of_2(G)), D=D,
+                        BLOCK_D=triton.next_power_of_2(D), NUM_SPLITS=splits, SPLITS_P=splits, HAS_GATE=True,
+                        DOT_PREC="ieee", BLOCK_DC=64, USE_PDL=True)
+            out.append((f"flash_decode_one_launch splits={splits} {c}", lambda meta=meta, c=c: compile_case(
+                attention.flash_decode_kernel, meta, dict(attn_types, ws_ptr="*fp32", ticket_ptr="*i32"),
+                c.num_warps, c.num_stages)))
+    rope_meta = dict(D=D, HALF=C.rotary_dim // 2, BLOCK_H=triton.next_power_of_2(C.num_attention_heads),
+                     BLOCK_D=triton.next_power_of_2(D), USE_PDL=True)
+    out.append(("qk_norm_rope_cache", lambda: compile_case(
+        rope.qk_norm_rope_cache_kernel, rope_meta, {"pos_ptr": "*i64", "inv_freq_ptr": "*fp32", "eps": "fp32"})))
     Dk, Dv = C.linear_key_head_dim, C.linear_value_head_dim
     prep_types = {"g_ptr": "*fp32", "beta_ptr": "*fp32", "gcum_ptr": "*fp32", "scale": "fp32", "eps": "fp32"}
     for c in deltanet.autotune_configs("chunk_prep_kernel"):

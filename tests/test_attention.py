@@ -294,7 +294,7 @@ def test_gpu_prefill_after_a_cached_prefix():
 @pytest.mark.gpu
 @pytest.mark.parametrize("cached", [1, 2048, 8192])
 @pytest.mark.parametrize("capacity", [8192, 32768])
-def test_gpu_decode_real_shapes(cached, capacity):
+def test_gpu_decode_real_shapes(one_launch, cached, capacity):
     q, gate, k, v, pos = _real(1, capacity, cached - 1, cached + capacity)
     ref = reference.attention(q, k, v, pos)
     checks.compare(f"decode bf16 over {cached} keys", A.attention(q, k, v, pos), ref)
@@ -318,6 +318,73 @@ def test_gpu_decode_replays_in_a_cuda_graph():
         graph.replay()
         ref = reference.sigmoid_gate(reference.attention(q, k, v, pos), gate)
         checks.compare(f"graph replay at position {p}", out, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cached", [1, 2048, 8192])
+def test_gpu_decode_one_launch_twice_back_to_back(cached):
+    """The one-launch decode, twice in a row on the same buffers (one layer's attention repeated): the tickets are
+    back at zero after each launch and both calls equal the reference and the split + combine path."""
+    q, gate, k, v, pos = _real(1, 8192, cached - 1, 3 * cached)
+    ref = reference.attention(q, k, v, pos, gate=gate)
+    first = A.attention(q, k, v, pos, gate=gate)
+    second = A.attention(q, k, v, pos, gate=gate)
+    checks.compare(f"one-launch decode over {cached} keys", first, ref)
+    checks.compare(f"one-launch decode over {cached} keys, again", second, ref)
+    assert not A._tickets(q.device, C.num_key_value_heads).any()
+    A.DECODE_ONE_LAUNCH = False
+    try:
+        two = A.attention(q, k, v, pos, gate=gate)
+    finally:
+        A.DECODE_ONE_LAUNCH = True
+    checks.compare("one launch against split + combine", first, two, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_layer_in_a_cuda_graph_equals_eager():
+    """The attention layer's decode sequence as the model will run it, qk_norm_rope_cache (the cache write fused)
+    then the one-launch attention, captured once in a CUDA Graph and replayed at 3 increasing positions: the
+    output and both caches equal the same sequence run eagerly on copies of the caches. The first call before the
+    capture compiles, autotunes and allocates the scratch and the counters; the capture allocates nothing."""
+    from qwen_lab.kernels import rope as R
+
+    g = torch.Generator().manual_seed(21)
+    Hq, Hkv, D, L = C.num_attention_heads, C.num_key_value_heads, C.head_dim, 8192
+    proj = checks.randn(1, 2 * Hq * D + 2 * Hkv * D, g=g, dtype=torch.bfloat16, device="cuda", scale=2.0)
+    qg = proj[:, :2 * Hq * D].view(1, Hq, 2 * D)
+    q, gate = qg[..., :D], qg[..., D:]
+    k = proj[:, 2 * Hq * D:2 * Hq * D + Hkv * D].view(1, Hkv, D)
+    v = proj[:, 2 * Hq * D + Hkv * D:].view(1, Hkv, D)
+    wq = checks.randn(D, g=g, dtype=torch.bfloat16, device="cuda", scale=0.2)
+    wk = checks.randn(D, g=g, dtype=torch.bfloat16, device="cuda", scale=0.2)
+    k_cache = checks.randn(L, Hkv, D, g=g, dtype=torch.bfloat16, device="cuda")
+    v_cache = checks.randn(L, Hkv, D, g=g, dtype=torch.bfloat16, device="cuda")
+    eager_k, eager_v = k_cache.clone(), v_cache.clone()
+    pos = torch.zeros(1, dtype=torch.long, device="cuda")
+    q_buf = torch.empty(1, Hq, D, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(1, Hq, D, dtype=torch.bfloat16, device="cuda")
+
+    def layer(kc, vc, q_out, o):
+        R.qk_norm_rope_cache(q, k, v, wq, wk, C.rms_norm_eps, pos, C.rotary_dim, C.rope_theta, kc, vc, out=q_out)
+        return A.attention(q_out, kc, vc, pos, gate=gate, out=o)
+
+    pos.fill_(L - 1)
+    layer(k_cache.clone(), v_cache.clone(), q_buf, out)  # warm-up outside the capture, on throwaway caches
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layer(k_cache, v_cache, q_buf, out)
+    for p in (100, 2047, 8191):
+        pos.fill_(p)
+        graph.replay()
+        eager = layer(eager_k, eager_v, torch.empty_like(q_buf), torch.empty_like(out))
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), f"graph replay at position {p} differs from eager"
+        assert torch.equal(k_cache, eager_k) and torch.equal(v_cache, eager_v), f"caches differ at position {p}"
+        ref_q = reference.qk_norm_rope_cache(q, k, v, wq, wk, C.rms_norm_eps, pos, C.rotary_dim, C.rope_theta,
+                                             eager_k.clone(), eager_v.clone())
+        checks.compare(f"layer at {p} against the reference", out,
+                       reference.attention(ref_q, eager_k, eager_v, pos, gate=gate))
 
 
 @pytest.mark.gpu

@@ -114,6 +114,93 @@ def test_qk_norm_rope_out_buffers(rt, gen):
     checks.compare("k_out", k_out, reference.rope(reference.rms_norm(k, wk, 1e-6), pos, rot, 1e7))
 
 
+def _fused_qkv(gen, rt, T, Hq, Hk, D, scale=1.0):
+    """q, gate, k, v as strided views of one fused projection [T, 2 Hq D + 2 Hk D], as the model's attention gets
+    them (q and its gate interleaved per head, then k, then v)."""
+    proj = _randn(gen, rt, T, 2 * Hq * D + 2 * Hk * D, scale=scale)
+    qg = proj[:, :2 * Hq * D].view(T, Hq, 2 * D)
+    q, gate = qg[..., :D], qg[..., D:]
+    k = proj[:, 2 * Hq * D:2 * Hq * D + Hk * D].view(T, Hk, D)
+    v = proj[:, 2 * Hq * D + Hk * D:].view(T, Hk, D)
+    return q, gate, k, v
+
+
+@pytest.mark.parametrize("T,Hq,Hk,D,rot,L,positions", [
+    (1, 4, 2, 32, 8, 24, [0]),              # the first decode token
+    (1, 4, 2, 32, 8, 24, [23]),             # the last row of the cache
+    (1, 8, 2, 48, 16, 40, [17]),            # Qwen3.5's GQA ratio, head_dim not a power of two
+    (5, 4, 2, 32, 8, 24, [3, 4, 5, 6, 7]),  # a short prefill after a cached prefix
+    (5, 6, 1, 32, 32, 30, [0, 1, 2, 3, 4]),  # a full rotation, one KV head
+])
+def test_qk_norm_rope_cache_matches_reference(rt, gen, T, Hq, Hk, D, rot, L, positions):
+    q, _, k, v = _fused_qkv(gen, rt, T, Hq, Hk, D, scale=2.0)
+    assert q.stride(1) == 2 * D  # q interleaved with its gate per head, like the model's
+    if T > 1:
+        assert not k.is_contiguous() and not v.is_contiguous()
+    wq, wk = _randn(gen, rt, D, scale=0.1), _randn(gen, rt, D, scale=0.1)
+    pos = torch.tensor(positions, device=rt.device)
+    k_cache, v_cache = _randn(gen, rt, L, Hk, D), _randn(gen, rt, L, Hk, D)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    eps = 1e-6
+    with count_launches() as launches:
+        qo = K.qk_norm_rope_cache(q, k, v, wq, wk, eps, pos, rot, 1e7, k_cache, v_cache)
+    assert dict(launches) == {"qk_norm_rope_cache_kernel": 1}, "norm, RoPE and the cache write in one launch"
+    ref_q = reference.qk_norm_rope_cache(q, k, v, wq, wk, eps, pos, rot, 1e7, ref_k, ref_v)
+    checks.compare("q", qo, ref_q)
+    # the written rows against the reference, every other row untouched (bit for bit)
+    written = torch.zeros(L, dtype=torch.bool, device=rt.device)
+    written[pos] = True
+    checks.compare("k_cache rows at positions", k_cache[written], ref_k[written])
+    checks.compare("v_cache rows at positions", v_cache[written], ref_v[written], atol=0, rtol=0)
+    assert torch.equal(k_cache[~written], ref_k[~written]), "k_cache rows away from positions changed"
+    assert torch.equal(v_cache[~written], ref_v[~written]), "v_cache rows away from positions changed"
+
+
+def test_qk_norm_rope_cache_reads_positions_from_device_memory(rt, gen):
+    """One decode token, the same tensors every step with `positions` rewritten in place (a graph replay), into an
+    out buffer: q and the cache rows follow the position; a position outside the cache writes no row."""
+    Hq, Hk, D, rot, L = 4, 2, 32, 8, 16
+    q, _, k, v = _fused_qkv(gen, rt, 1, Hq, Hk, D)
+    wq, wk = _randn(gen, rt, D, scale=0.1), _randn(gen, rt, D, scale=0.1)
+    k_cache = torch.zeros(L, Hk, D, dtype=rt.dtype, device=rt.device)
+    v_cache = torch.zeros_like(k_cache)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    pos = torch.zeros(1, dtype=torch.long, device=rt.device)
+    out = checks.poison_(torch.empty(1, Hq, D, dtype=rt.dtype, device=rt.device))
+    for p in (0, 9, 15):
+        pos.fill_(p)
+        result = K.qk_norm_rope_cache(q, k, v, wq, wk, 1e-6, pos, rot, 1e7, k_cache, v_cache, out=out)
+        assert result.data_ptr() == out.data_ptr()
+        ref_q = reference.qk_norm_rope_cache(q, k, v, wq, wk, 1e-6, pos, rot, 1e7, ref_k, ref_v)
+        checks.compare(f"q at {p}", out, ref_q)
+        checks.compare(f"k_cache after {p}", k_cache, ref_k)
+        assert torch.equal(v_cache, ref_v)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    pos.fill_(L)  # past the cache: skipped on the device (no host check could see it without a sync)
+    K.qk_norm_rope_cache(q, k, v, wq, wk, 1e-6, pos, rot, 1e7, k_cache, v_cache, out=out)
+    assert torch.equal(k_cache, before_k) and torch.equal(v_cache, before_v)
+
+
+def test_qk_norm_rope_cache_rejects_bad_arguments(rt, gen):
+    q, _, k, v = _fused_qkv(gen, rt, 3, 4, 2, 32)
+    w = _randn(gen, rt, 32)
+    pos = _positions(rt, 3, 0)
+    kc = torch.zeros(8, 2, 32, dtype=rt.dtype, device=rt.device)
+    with pytest.raises(KernelError, match="v: expected"):
+        K.qk_norm_rope_cache(q, k, v[:, :1], w, w, 1e-6, pos, 8, 1e7, kc, kc.clone())
+    with pytest.raises(KernelError, match="k_cache"):
+        K.qk_norm_rope_cache(q, k, v, w, w, 1e-6, pos, 8, 1e7, kc[:, :1], kc.clone())
+    with pytest.raises(KernelError, match="v_cache"):
+        K.qk_norm_rope_cache(q, k, v, w, w, 1e-6, pos, 8, 1e7, kc, kc[:4].clone())
+    with pytest.raises(KernelError, match="k_cache: the last dim"):
+        K.qk_norm_rope_cache(q, k, v, w, w, 1e-6, pos, 8, 1e7, kc.transpose(1, 2).contiguous().transpose(1, 2),
+                             kc.clone())
+    with pytest.raises(KernelError, match="positions"):
+        K.qk_norm_rope_cache(q, k, v, w, w, 1e-6, pos[:1], 8, 1e7, kc, kc.clone())
+    with pytest.raises(KernelError, match="out"):
+        K.qk_norm_rope_cache(q, k, v, w, w, 1e-6, pos, 8, 1e7, kc, kc.clone(), out=torch.empty_like(k))
+
+
 def test_rope_rejects_bad_arguments(rt, gen):
     x = _randn(gen, rt, 3, 2, 32)
     pos = _positions(rt, 3, 0)
@@ -178,3 +265,27 @@ def test_gpu_rope_long_context_angles():
     out = K.rope(x, pos, C.rotary_dim, C.rope_theta)
     checks.compare("rope fp32 at long positions", out, reference.rope(x, pos, C.rotary_dim, C.rope_theta),
                    atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,offset,L", [(1, 0, 8192), (1, 2047, 8192), (1, 8191, 8192), (2048, 0, 8192),
+                                        (100, 6000, 8192)])
+def test_gpu_qk_norm_rope_cache_real_shapes(T, offset, L):
+    g = torch.Generator().manual_seed(11 * T + offset)
+    Hq, Hk, D = C.num_attention_heads, C.num_key_value_heads, C.head_dim
+    proj = checks.randn(T, 2 * Hq * D + 2 * Hk * D, g=g, dtype=torch.bfloat16, device="cuda", scale=3.0)
+    q = proj[:, :2 * Hq * D].view(T, Hq, 2 * D)[..., :D]
+    k = proj[:, 2 * Hq * D:2 * Hq * D + Hk * D].view(T, Hk, D)
+    v = proj[:, 2 * Hq * D + Hk * D:].view(T, Hk, D)
+    wq = checks.randn(D, g=g, dtype=torch.bfloat16, device="cuda", scale=0.2)
+    wk = checks.randn(D, g=g, dtype=torch.bfloat16, device="cuda", scale=0.2)
+    k_cache = checks.randn(L, Hk, D, g=g, dtype=torch.bfloat16, device="cuda")
+    v_cache = checks.randn(L, Hk, D, g=g, dtype=torch.bfloat16, device="cuda")
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    pos = torch.arange(offset, offset + T, device="cuda")
+    qo = K.qk_norm_rope_cache(q, k, v, wq, wk, C.rms_norm_eps, pos, C.rotary_dim, C.rope_theta, k_cache, v_cache)
+    ref_q = reference.qk_norm_rope_cache(q, k, v, wq, wk, C.rms_norm_eps, pos, C.rotary_dim, C.rope_theta,
+                                         ref_k, ref_v)
+    checks.compare("q bf16", qo, ref_q)
+    checks.compare("k_cache bf16", k_cache, ref_k)
+    assert torch.equal(v_cache, ref_v)
