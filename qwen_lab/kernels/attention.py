@@ -27,6 +27,11 @@ Three forms:
   NUM_SPLITS is fixed by the cache capacity L (a graph replays it), the chunk length is computed in the
   kernel from the current length; splits that start past the length write a neutral partial (m = -inf,
   l = 0, acc = 0) and exit.
+  By default (`DECODE_ONE_LAUNCH = True`) split and combine are one launch, `flash_decode_kernel`: the split
+  programs of a KV head count themselves with an atomic ticket and the last one merges the partials of all
+  (the memory-ordering argument is in the comment above that kernel). The workspace and the counters are
+  kept per device and shape, so a decode call allocates nothing after its first one (CUDA Graph capture).
+  `DECODE_ONE_LAUNCH = False` keeps the two launches, split then combine, that notebook 07 teaches.
 
 The output gate of Qwen3.5 (o * sigmoid(gate), gate a strided view of the fused q projection) is its own
 kernel `sigmoid_gate`, and is also fused into the epilogue of `attention(..., gate=...)`: the attention
@@ -681,8 +686,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
 
     q [T, Hq, D]; k, v [L, Hkv, D]; positions [T] int on the device (query t sees keys 0 .. positions[t]).
     T > 1: the fused flash-attention kernel. T == 1: flash-decoding over `num_splits` chunks (default
-    `decode_splits(L)`) with an fp32 `workspace` [num_splits, Hq, D + 2] (allocated when None), then the
-    combine kernel. gate: optional [T, Hq, D] (a strided view is fine): returns o * sigmoid(gate).
+    `decode_splits(L)`) with an fp32 `workspace` [num_splits, Hq, D + 2] (when None, one kept per device and
+    shape, allocated on the first call): one launch whose last split per KV head merges (DECODE_ONE_LAUNCH),
+    or the split kernel then the combine kernel. gate: optional [T, Hq, D] (a strided view is fine): returns
+    o * sigmoid(gate).
     -> out [T, Hq, D] in q's dtype.
     """
     T, Hq, D, L, Hkv = _check_qkv(q, k, v, positions)

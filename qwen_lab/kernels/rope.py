@@ -19,6 +19,11 @@ from device memory, so a captured CUDA Graph replays at any position without re-
 weight [D]) with RoPE, for q and k in one launch: the reference composition
 rope(rms_norm(q, w_q)), rope(rms_norm(k, w_k)) in one read and one write of each row.
 
+`qk_norm_rope_cache` adds the attention layer's KV-cache write to that kernel: the programs of the k heads
+store the prepared k and the v rows of their heads straight into k_cache, v_cache [L, Hk, D] at row
+positions[t] (read on the device; a position outside [0, L) writes nothing), and only q comes back. At decode
+this saves a launch and a round trip of k per attention layer.
+
 Kernel layout: one program per (token, block of heads); a head row [D] is one tile. Each element also
 loads its rotation partner (i + half for the first half, i - half for the second), so no shuffles are
 needed; the pass-through dims use cos = 1, sin = 0.
