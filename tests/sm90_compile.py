@@ -115,9 +115,10 @@ def cases():
     conv_types = {"state_ptr": "*fp32", "A_log_ptr": "*fp32", "dt_bias_ptr": "*bf16", "ticket_ptr": "*i32",
                   "scale": "fp32", "eps": "fp32"}
     for c in deltanet.autotune_configs("conv_decode_step_kernel", Dv=Dv):
-        meta = dict(c.kwargs, W=C.linear_conv_kernel_dim, BW=4, BK=Dk, USE_PDL=True)
-        out.append((f"conv_decode_step {c}", lambda meta=meta, c=c: compile_case(
-            deltanet.conv_decode_step_kernel, meta, conv_types, c.num_warps, c.num_stages)))
+        for settled in (False, True):
+            meta = dict(c.kwargs, W=C.linear_conv_kernel_dim, BW=4, BK=Dk, USE_PDL=True, STATE_SETTLED=settled)
+            out.append((f"conv_decode_step settled={settled} {c}", lambda meta=meta, c=c: compile_case(
+                deltanet.conv_decode_step_kernel, meta, conv_types, c.num_warps, c.num_stages)))
     for c in conv1d.PREFILL_CONFIGS:
         meta = dict(c.kwargs, W=C.linear_conv_kernel_dim)
         out.append((f"conv1d_prefill {c}", lambda meta=meta, c=c: compile_case(
