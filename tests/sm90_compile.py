@@ -59,10 +59,11 @@ def cases():
 
     out = []
     for swiglu in (False, True):  # SWIGLU: two accumulators and two W tiles per step, its own tile shapes
-        for c in gemm._matmul_configs(swiglu):
-            out.append((f"matmul SWIGLU={swiglu} {c}", lambda c=c, swiglu=swiglu: compile_case(
-                gemm.matmul_kernel, dict(c.kwargs, DOT_PRECISION="ieee", SWIGLU=swiglu), warps=c.num_warps,
-                stages=c.num_stages)))
+        for c in gemm._matmul_configs(swiglu):  # TMA=True: the tensor-descriptor candidates (sm_90+ only)
+            tma = c.kwargs.get("TMA", False)
+            meta = dict(c.kwargs, DOT_PRECISION="ieee", SWIGLU=swiglu, TMA=tma, TMA_OK=tma)
+            out.append((f"matmul SWIGLU={swiglu} {c}", lambda meta=meta, c=c: compile_case(
+                gemm.matmul_kernel, meta, warps=c.num_warps, stages=c.num_stages)))
     gemv_types = {"ws_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
     for c in gemm._gemv_configs(gpu=True):
         for prologue, dv in ((gemm.PRO_NONE, 1), (gemm.PRO_ADD_RMS, 1), (gemm.PRO_GATED, C.linear_value_head_dim)):

@@ -245,12 +245,15 @@ def test_gpu_linear_silu_mul_real_shape(rt, gen, M):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [17, 2048])
 def test_gpu_every_swiglu_config_computes_the_same(rt, gen, M):
-    """Each SWIGLU configuration the autotuner may pick, launched directly with its meta-parameters."""
+    """Each SWIGLU configuration the autotuner may pick (the TMA ones on sm_90+), launched directly with its
+    meta-parameters."""
     x, w = _gpu_gate_up_case(M, gen, rt)
     I, K = w.shape[0] // 2, w.shape[1]
     ref = reference.linear_silu_mul(x, w)
     configs = gemm._matmul_configs(True)
     assert len(configs) > 1
+    if not gemm._tma_ok(x, w):  # also gives Triton the allocator that the TMA candidates' descriptors need
+        configs = [c for c in configs if not c.kwargs.get("TMA")]
     for c in configs:
         out = checks.poison_(torch.empty(M, I, dtype=rt.dtype, device=rt.device))
         grid = (triton.cdiv(M, c.kwargs["BLOCK_M"]) * triton.cdiv(I, c.kwargs["BLOCK_N"]),)

@@ -3,6 +3,7 @@ reduction modes, the dispatching `linear`, the SPLIT_K heuristic, and the errors
 
 import pytest
 import torch
+import triton
 
 from qwen_lab import checks, reference
 from qwen_lab.config import QWEN35_0_8B as C
@@ -617,3 +618,86 @@ def test_every_gpu_gemv_config_computes_the_same(index, monkeypatch, rt, gen):
     checks.compare(f"add_rms_norm_linear {config}", y, y_ref)
     checks.compare(f"residual {config}", s, s_ref)
     assert gemm.last_plan[1] is config
+
+
+# ---------------------------------------------------------------- the TMA (tensor-descriptor) candidates
+
+
+def _launch_matmul_config(x, w, out, config, swiglu=False):
+    """matmul_kernel with one configuration's meta-parameters, past the autotuner."""
+    M, K = x.shape
+    N = out.shape[1]
+    grid = (triton.cdiv(M, config.kwargs["BLOCK_M"]) * triton.cdiv(N, config.kwargs["BLOCK_N"]),)
+    gemm.matmul_kernel.fn[grid](x, w, out, M, N, K, triton.next_power_of_2(M), x.stride(0), w.stride(0),
+                                out.stride(0), DOT_PRECISION=gemm._dot_precision(x.dtype), SWIGLU=swiglu,
+                                num_warps=config.num_warps, num_stages=config.num_stages, **config.kwargs)
+    return out
+
+
+def test_tma_candidates_only_where_the_call_allows_them(monkeypatch):
+    """The autotuner's list holds both modes and the TMA candidates; each call times only its mode's, and the TMA
+    ones only with TMA_OK (sm_90+, aligned 16-bit operands). The interpreter has none."""
+    assert not any(c.kwargs.get("TMA") for c in gemm._matmul_all_configs() if gemm.interpreter_active())
+    monkeypatch.setattr(gemm, "interpreter_active", lambda: False)  # the GPU's lists
+    every = gemm._matmul_all_configs()
+    for swiglu in (False, True):
+        mode = {gemm._config_id(c) for c in gemm._matmul_configs(swiglu)}
+        with_tma = gemm._prune_matmul_configs(every, {}, SWIGLU=swiglu, TMA_OK=True)
+        without = gemm._prune_matmul_configs(every, {}, SWIGLU=swiglu, TMA_OK=False)
+        assert {gemm._config_id(c) for c in with_tma} == mode
+        assert any(c.kwargs.get("TMA") for c in with_tma)
+        assert without and not any(c.kwargs.get("TMA") for c in without)
+        assert {gemm._config_id(c) for c in without} == {i for i in mode if ("TMA", True) not in i[0]}
+
+
+def test_tma_not_used_off_hopper(rt, gen):
+    x, w = _x(32, 64, gen, rt), _w(48, 64, gen, rt)
+    if rt.device.type != "cuda" or gemm.interpreter_active():
+        assert not gemm._tma_ok(x, w)
+    else:  # rows whose byte stride is not a multiple of 16 cannot be described to the TMA unit
+        x_odd = _x(32, 71, gen, rt)[:, :64]
+        assert not gemm._tma_ok(x_odd, w)
+        checks.compare("linear, unaligned rows", gemm.linear(x_odd, w), reference.linear(x_odd, w))
+
+
+def test_tma_path_of_the_kernel_on_ragged_shapes(rt, gen):
+    """The kernel's TMA branch on ragged shapes (zero fill past M, N, K instead of masks), plain and SWIGLU, run
+    directly: on the CPU with a small tile (the interpreter emulates the tensor descriptors), on a GPU with every
+    TMA candidate."""
+    M, K, N = 40, 72, 45  # K: 2 full steps and a partial one (BLOCK_K 32); rows of 144 (bf16) / 288 (fp32) bytes
+    x, w = _x(M, K, gen, rt), _w(2 * N, K, gen, rt)
+    if gemm.interpreter_active():
+        plain = swiglu = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "TMA": True},
+                                        num_warps=4, num_stages=1)]
+    elif gemm._tma_ok(x, w):
+        plain, swiglu = ([c for c in gemm._matmul_configs(s) if c.kwargs.get("TMA")] for s in (False, True))
+    else:
+        pytest.skip("this GPU has no TMA unit (sm_90+)")
+    for c in plain:
+        out = checks.poison_(torch.empty(M, 2 * N, dtype=rt.dtype, device=rt.device))
+        checks.compare(f"TMA matmul {c}", _launch_matmul_config(x, w, out, c), reference.linear(x, w))
+    for c in swiglu:
+        out = checks.poison_(torch.empty(M, N, dtype=rt.dtype, device=rt.device))
+        checks.compare(f"TMA matmul SWIGLU {c}", _launch_matmul_config(x, w, out, c, swiglu=True),
+                       reference.linear_silu_mul(x, w))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["mlp_gate_up", "mlp_down", "deltanet_in_proj"])
+def test_gpu_every_tma_config_matches_torch(rt, gen, name):
+    """Each TMA candidate (plain and SWIGLU), launched past the autotuner, against torch on a 2048-token prefill."""
+    K, N = REAL[name]
+    M = 2048
+    x, w = _x(M, K, gen, rt), _w(N, K, gen, rt)
+    assert gemm._tma_ok(x, w), "the H200 should take the TMA candidates"
+    ref = reference.linear(x, w)
+    tma = [c for c in gemm._matmul_configs(False) if c.kwargs.get("TMA")]
+    assert tma
+    for c in tma:
+        out = checks.poison_(torch.empty(M, N, dtype=rt.dtype, device=rt.device))
+        checks.compare(f"TMA matmul {name} {c}", _launch_matmul_config(x, w, out, c), ref)
+    if name == "mlp_gate_up":
+        ref = reference.linear_silu_mul(x, w)
+        for c in (c for c in gemm._matmul_configs(True) if c.kwargs.get("TMA")):
+            out = checks.poison_(torch.empty(M, N // 2, dtype=rt.dtype, device=rt.device))
+            checks.compare(f"TMA matmul SWIGLU {c}", _launch_matmul_config(x, w, out, c, swiglu=True), ref)

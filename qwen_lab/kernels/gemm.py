@@ -17,6 +17,12 @@ Two regimes need two kernels:
   tile; its epilogue stores silu(g) u (fp32, rounded once) into y [M, I]. The [M, 2I] projection
   never goes to memory and the separate activation kernel disappears. Two accumulators need twice
   the registers and a W tile twice as wide in shared memory, so SWIGLU has its own tile shapes.
+  On Hopper (sm_90) and newer a few extra candidates (TMA=True) load their x and W tiles through
+  tensor descriptors made on the device: the Tensor Memory Accelerator copies a whole tile into
+  shared memory from one instruction, with no address arithmetic in the threads and zeros past the
+  matrix's edges (no masks). The autotuner times them with the others and keeps the fastest. They
+  need 16-byte-aligned rows (bf16/fp16, row strides a multiple of 8 elements), which the launcher
+  checks (`_tma_ok`, part of the autotuning key); never under the interpreter.
 - Decode (M = 1, a handful at most): bandwidth-bound. Each weight element is used once, so the whole
   cost is reading W: 2 N K bytes. `gemv_splitk_kernel` gives each program BLOCK_N contiguous rows of
   W and a slice of K; a wide matrix (N large) already yields enough programs, a narrow one (N = 1024
@@ -114,8 +120,15 @@ def _matmul_configs(swiglu: bool = False):
             (64, 128, 128, 3, 4),
             (128, 64, 128, 3, 4),
         ]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=s, num_warps=w)
-            for bm, bn, bk, s, w in shapes]
+    configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=s, num_warps=w)
+               for bm, bn, bk, s, w in shapes]
+    # The TMA candidates: the large Hopper tiles again, their loads through tensor descriptors. Used only where
+    # the call allows them (_prune_matmul_configs): sm_90+, aligned 16-bit operands.
+    tma = [(128, 128, 64, 3, 8), (128, 128, 64, 4, 8), (256, 64, 64, 3, 8)] if swiglu else \
+        [(128, 256, 64, 3, 8), (128, 128, 64, 4, 8), (256, 128, 64, 3, 8), (128, 128, 128, 3, 8)]
+    configs += [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "TMA": True},
+                              num_stages=s, num_warps=w) for bm, bn, bk, s, w in tma]
+    return configs
 
 
 def _config_id(c: triton.Config) -> tuple:
@@ -132,25 +145,52 @@ def _matmul_all_configs() -> list:
     return configs
 
 
-_MATMUL_MODE_IDS = {swiglu: {_config_id(c) for c in _matmul_configs(swiglu)} for swiglu in (False, True)}
-
-
 def _prune_matmul_configs(configs, named_args, **kwargs):
-    """Keep the configurations of the call's mode (SWIGLU or not): the autotuner times only those."""
-    ids = _MATMUL_MODE_IDS[bool(kwargs.get("SWIGLU", False))]
-    return [c for c in configs if _config_id(c) in ids]
+    """Keep the configurations of the call's mode (SWIGLU or not), and the TMA ones only where the call allows
+    them (TMA_OK): the autotuner times only those."""
+    ids = {_config_id(c) for c in _matmul_configs(bool(kwargs.get("SWIGLU", False)))}
+    tma_ok = bool(kwargs.get("TMA_OK", False))
+    return [c for c in configs if _config_id(c) in ids and (tma_ok or not c.kwargs.get("TMA", False))]
 
 
-@triton.autotune(configs=_matmul_all_configs(), key=["M_BUCKET", "N", "K", "SWIGLU"], do_bench=_tune_bench,
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple:
+    return torch.cuda.get_device_capability(index)
+
+
+def _tma_scratch(size: int, alignment: int, stream):
+    # Device-made tensor descriptors live in global memory: Triton asks for the space at every launch.
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _tma_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the TMA candidates may serve this call: a Hopper-or-newer GPU (not the interpreter), 16-bit
+    operands with 16-byte-aligned starts and row strides. Also makes sure Triton has an allocator for the
+    descriptors (a user's own allocator is kept)."""
+    if x.device.type != "cuda" or interpreter_active() or x.element_size() != 2:
+        return False
+    if _capability(x.device.index if x.device.index is not None else torch.cuda.current_device())[0] < 9:
+        return False
+    for t in (x, weight):
+        if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+            return False
+    from triton.runtime import _allocation
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_tma_scratch)
+    return True
+
+
+@triton.autotune(configs=_matmul_all_configs(), key=["M_BUCKET", "N", "K", "SWIGLU", "TMA_OK"], do_bench=_tune_bench,
                  prune_configs_by={"early_config_prune": _prune_matmul_configs})
 @triton.jit
 def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
                   stride_xm, stride_wn, stride_om,
                   DOT_PRECISION: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                  SWIGLU: tl.constexpr = False):
+                  SWIGLU: tl.constexpr = False, TMA_OK: tl.constexpr = False, TMA: tl.constexpr = False):
     # M_BUCKET (M rounded to a power of two) is only an autotuning key: one tuning per prompt-length
-    # bucket, not per prompt length. With SWIGLU, N is I (the output's width) and W has 2N rows.
+    # bucket, not per prompt length; so is TMA_OK (whether the TMA configurations may be timed for this
+    # call). With SWIGLU, N is I (the output's width) and W has 2N rows.
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -163,31 +203,49 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
     pid_m = first_m + (pid % per_group) % group_m
     pid_n = (pid % per_group) // group_m
 
-    # Rows past M (columns past N) wrap onto valid ones: the loads need no mask along M and N (so they
-    # stay wide), and the store below drops those rows.
-    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-    cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-    offs_k = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xm + offs_k[None, :]   # [BLOCK_M, BLOCK_K]
-    w_ptrs = w_ptr + cols[None, :].to(tl.int64) * stride_wn + offs_k[:, None]   # [BLOCK_K, BLOCK_N] = W^T tile
-    if SWIGLU:
-        # the up rows of the same output columns sit N rows further down: W = [W_gate; W_up]
-        u_ptrs = w_ptr + (cols + N)[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
-        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_left = K - k0  # only the last step is ragged: mask columns k >= K to zero in both operands
-        a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-        b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)  # bf16 x bf16 -> fp32 on the tensor cores
+    if SWIGLU:
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if TMA:
+        # Tensor descriptors: the TMA unit fetches whole tiles and fills what lies past the matrix with
+        # zeros (rows past M or 2N, columns past K), so no masks. With SWIGLU a gate tile that runs past
+        # row N reads up rows instead: only output columns >= N use them, and the store drops those.
+        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1],
+                                           block_shape=[BLOCK_M, BLOCK_K])
+        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[2 * N if SWIGLU else N, K], strides=[stride_wn, 1],
+                                           block_shape=[BLOCK_N, BLOCK_K])
+        m0 = pid_m * BLOCK_M
+        n0 = pid_n * BLOCK_N
+        for k0 in range(0, K, BLOCK_K):
+            a = x_desc.load([m0, k0])                                   # [BLOCK_M, BLOCK_K]
+            b = w_desc.load([n0, k0])                                   # [BLOCK_N, BLOCK_K], rows of W
+            acc = tl.dot(a, b.T, acc, input_precision=DOT_PRECISION)
+            if SWIGLU:
+                bu = w_desc.load([N + n0, k0])
+                acc_u = tl.dot(a, bu.T, acc_u, input_precision=DOT_PRECISION)
+    else:
+        # Rows past M (columns past N) wrap onto valid ones: the loads need no mask along M and N (so they
+        # stay wide), and the store below drops those rows.
+        rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+        cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+        offs_k = tl.arange(0, BLOCK_K)
+        x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xm + offs_k[None, :]   # [BLOCK_M, BLOCK_K]
+        w_ptrs = w_ptr + cols[None, :].to(tl.int64) * stride_wn + offs_k[:, None]   # [BLOCK_K, BLOCK_N] = W^T tile
         if SWIGLU:
-            # the same x tile feeds both products: x is read once for gate and up
-            bu = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-            acc_u = tl.dot(a, bu, acc_u, input_precision=DOT_PRECISION)
-            u_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+            # the up rows of the same output columns sit N rows further down: W = [W_gate; W_up]
+            u_ptrs = w_ptr + (cols + N)[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+        for k0 in range(0, K, BLOCK_K):
+            k_left = K - k0  # only the last step is ragged: mask columns k >= K to zero in both operands
+            a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)  # bf16 x bf16 -> fp32 on the tensor cores
+            if SWIGLU:
+                # the same x tile feeds both products: x is read once for gate and up
+                bu = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+                acc_u = tl.dot(a, bu, acc_u, input_precision=DOT_PRECISION)
+                u_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
 
     if SWIGLU:
         # silu(g) * u on the fp32 sums, rounded once below (the unfused path rounds g and u first)
@@ -504,7 +562,7 @@ def _matmul(name, x, weight, out, swiglu=False):
 
     matmul_kernel[grid](x, weight, out, M, N, K, triton.next_power_of_2(min(M, 4096)),
                         x.stride(0), weight.stride(0), out.stride(0), DOT_PRECISION=_dot_precision(x.dtype),
-                        SWIGLU=bool(swiglu))
+                        SWIGLU=bool(swiglu), TMA_OK=_tma_ok(x, weight))
     return out
 
 
