@@ -36,8 +36,10 @@ KERNEL_MODULES = {
     "gated_rms_norm_linear": "gemm",
     "silu_mul": "activations",
     "swiglu_down": "activations",
+    "linear_silu_mul": "activations",
     "rope": "rope",
     "qk_norm_rope": "rope",
+    "qk_norm_rope_cache": "rope",
     "kv_cache_write": "attention",
     "attention": "attention",
     "sigmoid_gate": "attention",
@@ -151,8 +153,7 @@ class Qwen35Model:
                 y = self.gated_deltanet(i, layer, proj, cache)
             else:
                 y = self.gated_attention(i, layer, proj, positions, cache)
-            gate_up, x = self.norm_linear(i, "post_attention_norm", y, x, layer.post_norm, layer.gate_up)
-            y = self.mlp(i, layer, gate_up)
+            y, x = self.mlp(i, layer, y, x)                            # x += y; norm; SwiGLU MLP
         self.layer_index = len(W.layers)
         if not all_logits:
             y, x = y[-1:], x[-1:]
@@ -237,24 +238,41 @@ class Qwen35Model:
         q, gate = q_and_gate[..., :D], q_and_gate[..., D:]
         k = proj[:, qd:qd + kvd].unflatten(1, (Hkv, D))
         v = proj[:, qd + kvd:].unflatten(1, (Hkv, D))
-        # per-head RMSNorm (1 + w) of q and k, then RoPE on their first rotary_dim dims
-        q, k = ops["qk_norm_rope"](q, k, layer.q_norm, layer.k_norm, cfg.rms_norm_eps, positions,
-                                   cfg.rotary_dim, cfg.rope_theta)
-        self._t(i, "qk_norm_rope", q)
+        # per-head RMSNorm (1 + w) of q and k, then RoPE on their first rotary_dim dims; k and v into the cache
         k_cache, v_cache = cache.key[i], cache.value[i]
-        ops["kv_cache_write"](k_cache, v_cache, k, v, positions)
+        if self._fused("qk_norm_rope", "kv_cache_write"):  # the library's kernels: all of it in one launch
+            q = ops["qk_norm_rope_cache"](q, k, v, layer.q_norm, layer.k_norm, cfg.rms_norm_eps, positions,
+                                          cfg.rotary_dim, cfg.rope_theta, k_cache, v_cache)
+        else:
+            q, k = ops["qk_norm_rope"](q, k, layer.q_norm, layer.k_norm, cfg.rms_norm_eps, positions,
+                                       cfg.rotary_dim, cfg.rope_theta)
+            ops["kv_cache_write"](k_cache, v_cache, k, v, positions)
+        self._t(i, "qk_norm_rope", q)
         o = ops["attention"](q, k_cache, v_cache, positions, gate=gate)  # softmax(q k^T / sqrt(D)) v * sigmoid(gate)
         self._t(i, "gated_attention", o)
         y = ops["linear"](o.reshape(T, Hq * D), layer.o_proj)
         self._t(i, "o_proj", y)
         return y
 
-    def mlp(self, i: int, layer, gate_up: torch.Tensor) -> torch.Tensor:
-        """SwiGLU, from the fused gate/up projection (the input read once): down(silu(gate) * up)."""
-        self._t(i, "gate_up", gate_up)
-        y = self.ops["swiglu_down"](gate_up, layer.down)
+    def mlp(self, i: int, layer, y: torch.Tensor, x: torch.Tensor):
+        """x = x + y, RMSNorm, then SwiGLU from the fused gate/up projection (the input read once):
+        down(silu(gate) * up). -> (the MLP's output, the new residual x)."""
+        from .kernels.gemm import GEMV_MAX_M
+
+        ops = self.ops
+        if x.shape[0] > GEMV_MAX_M and self._fused("add_rms_norm", "linear", "swiglu_down", "linear_silu_mul"):
+            # a prompt: the projections are tiled GEMMs, and SwiGLU runs in the gate/up GEMM's epilogue, so the
+            # [T, 2I] projection never goes to memory. (A few rows take the GEMV path below, whose prologues
+            # already fuse the norm and SwiGLU.)
+            h, x = ops["add_rms_norm"](y, x, layer.post_norm, self.config.rms_norm_eps)
+            self._t(i, "post_attention_norm", h)
+            y = ops["linear"](ops["linear_silu_mul"](h, layer.gate_up), layer.down)
+        else:
+            gate_up, x = self.norm_linear(i, "post_attention_norm", y, x, layer.post_norm, layer.gate_up)
+            self._t(i, "gate_up", gate_up)
+            y = ops["swiglu_down"](gate_up, layer.down)
         self._t(i, "mlp", y)
-        return y
+        return y, x
 
     def _t(self, layer: int, name: str, t: torch.Tensor) -> None:
         if self.trace is not None:

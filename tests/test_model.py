@@ -118,3 +118,29 @@ def test_divergence_report_names_the_broken_operator():
     report = divergence_report(bad, good, [5, 6, 7, 8])
     assert "layer 0" in report and "input_norm" in report
     assert divergence_report(good, good, [5, 6, 7, 8]).startswith("no divergence")
+
+
+def test_fused_paths_launch_what_they_should(gen):
+    """With the library's kernels, a prompt runs SwiGLU in the gate/up GEMM's epilogue (no silu_mul kernel), each
+    attention layer prepares q/k and fills the cache in one kernel, and decode attention is one launch."""
+    from qwen_lab.kernels import count_launches
+
+    model = load_model("tiny", backend="triton")
+    cfg = model.config
+    T = 20                                             # past the GEMV rows: the tiled GEMM path
+    ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen).to(model.device)
+    cache = model.new_cache(T + 1)
+    with count_launches() as prefill:
+        model.step(ids, torch.arange(T, device=model.device), cache)
+    with count_launches() as decode:
+        model.step(ids[:1], torch.tensor([T], device=model.device), cache)
+    L, A = cfg.num_hidden_layers, cfg.num_full_layers
+    assert prefill["silu_mul_kernel"] == 0 and prefill["kv_cache_write_kernel"] == 0, dict(prefill)
+    assert prefill["qk_norm_rope_cache_kernel"] == A and decode["qk_norm_rope_cache_kernel"] == A, (prefill, decode)
+    # per layer: the in-projection, the gate/up GEMM with SwiGLU and the down GEMM; per DeltaNet layer the
+    # out-projection (its gated norm is a kernel apart at prefill); per attention layer the o-projection
+    assert prefill["matmul_kernel"] == 3 * L + L, dict(prefill)
+    assert decode["flash_decode_combine_kernel"] == 0 and decode["flash_decode_kernel"] == A, dict(decode)
+    # and the fused prompt path still equals the PyTorch operators
+    oracle = Qwen35Model(cfg, model.weights, dtype=torch.float32, backend="torch")
+    assert checks.relative_error(model.forward(ids), oracle.forward(ids)) <= 1e-4

@@ -166,8 +166,10 @@ def _tma_scratch(size: int, alignment: int, stream):
 def _tma_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the TMA candidates may serve this call: a Hopper-or-newer GPU (not the interpreter), 16-bit
     operands with 16-byte-aligned starts and row strides. Also makes sure Triton has an allocator for the
-    descriptors (a user's own allocator is kept)."""
+    descriptors (a user's own allocator is kept). QWEN_LAB_TMA=0 leaves them out."""
     if x.device.type != "cuda" or interpreter_active() or x.element_size() != 2:
+        return False
+    if os.environ.get("QWEN_LAB_TMA", "1").strip().lower() not in _TRUE:
         return False
     if _capability(x.device.index if x.device.index is not None else torch.cuda.current_device())[0] < 9:
         return False
