@@ -70,7 +70,8 @@ def cases():
             if c.kwargs["BLOCK_K"] < dv:
                 continue
             meta = dict(c.kwargs, BLOCK_M=1, REDUCE=gemm.REDUCE_ATOMIC, PROLOGUE=prologue, DV=dv,
-                        DOT_PRECISION="ieee", USE_PDL=True)
+                        DOT_PRECISION="ieee", USE_PDL=True,
+                        K_POW2=triton.next_power_of_2(C.hidden_size) if prologue == gemm.PRO_ADD_RMS else 0)
             out.append((f"gemv M=1 prologue {prologue} {c}", lambda meta=meta, c=c: compile_case(
                 gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages)))
         if c.kwargs["BLOCK_N"] >= 16:  # a few prompt rows: the tl.dot path

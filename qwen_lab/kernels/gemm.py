@@ -268,6 +268,9 @@ REDUCE_NONE, REDUCE_ATOMIC, REDUCE_DETERMINISTIC = 0, 1, 2
 # What the GEMV computes from its input before the product (the kernel's PROLOGUE): x as is; SwiGLU of
 # gate_up; RMSNorm of x; residual add + RMSNorm; the DeltaNet's per-head gated RMSNorm of o with gate z.
 PRO_NONE, PRO_SWIGLU, PRO_RMS, PRO_ADD_RMS, PRO_GATED = 0, 1, 2, 3, 4
+# The norm prologue loads a decode row whole for its statistics up to this many values (8192 fp32 over a
+# program's 128-256 threads: 32-64 registers each); longer rows are summed slice by slice.
+WHOLE_ROW_MAX = 8192
 
 
 def _gemv_configs(gpu: bool | None = None):
@@ -358,7 +361,7 @@ def gemv_splitk_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, count_ptr,
                        stride_rm, stride_sm, stride_xh, stride_zm, stride_zh, eps,
                        BLOCK_M: tl.constexpr, REDUCE: tl.constexpr, PROLOGUE: tl.constexpr, DV: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       PREFETCH: tl.constexpr, USE_PDL: tl.constexpr):
+                       PREFETCH: tl.constexpr, USE_PDL: tl.constexpr, K_POW2: tl.constexpr = 0):
     # Grid: (row blocks of W, K splits, row blocks of x). Program (n, s, m) computes the partial
     # y[m block, n block] over columns [s * K_PER_SPLIT, (s + 1) * K_PER_SPLIT) of K.
     pid_n = tl.program_id(0)
@@ -401,16 +404,29 @@ def gemv_splitk_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, count_ptr,
         # store s = x + residual (residual_out): exactly one writer per row; no program reads what another
         # writes (the launcher refuses residual_out overlapping x or residual).
         writer = (pid_n == 0) & (pid_k == 0)
-        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for h0 in range(0, K, BLOCK_K):
-            offs_h = h0 + tl.arange(0, BLOCK_K)
+        if K_POW2 > 0:
+            # One row (decode): loaded whole, in one trip to L2. A loop over BLOCK_K slices makes one trip per
+            # slice, each issued after the last returned: about 0.15 us each, 8 of them at K = 1024, between
+            # the PDL wait and the first multiply.
+            offs_h = tl.arange(0, K_POW2)
             hmask = offs_h[None, :] < K
             s = _residual_sum(x_rows, r_rows, offs_h, hmask, PROLOGUE == 3)
             if PROLOGUE == 3:
                 tl.store(s_ptr + rows_m * stride_sm + offs_h[None, :], s,
                          mask=hmask & (offs_m[:, None] < M) & writer)
             sf = s.to(tl.float32)
-            ss += tl.sum(sf * sf, axis=1)
+            ss = tl.sum(sf * sf, axis=1)
+        else:
+            ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for h0 in range(0, K, BLOCK_K):
+                offs_h = h0 + tl.arange(0, BLOCK_K)
+                hmask = offs_h[None, :] < K
+                s = _residual_sum(x_rows, r_rows, offs_h, hmask, PROLOGUE == 3)
+                if PROLOGUE == 3:
+                    tl.store(s_ptr + rows_m * stride_sm + offs_h[None, :], s,
+                             mask=hmask & (offs_m[:, None] < M) & writer)
+                sf = s.to(tl.float32)
+                ss += tl.sum(sf * sf, axis=1)
         rstd = tl.math.rsqrt(ss / K + eps)
 
     if BLOCK_M == 1:
@@ -733,6 +749,9 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
         return out
     block_m = 1 if M == 1 else 16
     m_blocks = triton.cdiv(M, block_m)
+    # the norm prologue's statistics from one load of the whole row (one row, up to WHOLE_ROW_MAX values)
+    k_pow2 = triton.next_power_of_2(K) if block_m == 1 and prologue in (PRO_RMS, PRO_ADD_RMS) \
+        and K <= WHOLE_ROW_MAX else 0
     dot_precision = _dot_precision(x.dtype)
     pdl = pdl_enabled(x.device)
 
@@ -767,7 +786,8 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
             args.get("stride_rm", 0), args.get("stride_sm", 0), args.get("stride_xh", 0),
             args.get("stride_zm", 0), args.get("stride_zh", 0), float(args.get("eps", 0.0)),
             BLOCK_M=block_m, REDUCE=reduce, PROLOGUE=prologue, DV=dv, DOT_PRECISION=dot_precision,
-            USE_PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages, **extra, **config.kwargs)
+            USE_PDL=pdl, K_POW2=k_pow2, num_warps=config.num_warps, num_stages=config.num_stages, **extra,
+            **config.kwargs)
 
     def candidates(splits):
         return [(s, c) for s in splits for c in _fitting_configs(block_m, N, per_split(s)[0], dv)]
