@@ -27,11 +27,12 @@ Three forms:
   NUM_SPLITS is fixed by the cache capacity L (a graph replays it), the chunk length is computed in the
   kernel from the current length; splits that start past the length write a neutral partial (m = -inf,
   l = 0, acc = 0) and exit.
-  By default (`DECODE_ONE_LAUNCH = True`) split and combine are one launch, `flash_decode_kernel`: the split
-  programs of a KV head count themselves with an atomic ticket and the last one merges the partials of all
-  (the memory-ordering argument is in the comment above that kernel). The workspace and the counters are
-  kept per device and shape, so a decode call allocates nothing after its first one (CUDA Graph capture).
-  `DECODE_ONE_LAUNCH = False` keeps the two launches, split then combine, that notebook 07 teaches.
+  `DECODE_ONE_LAUNCH = True` makes split and combine one launch, `flash_decode_kernel`: the split programs
+  of a KV head count themselves with an atomic ticket and the last one merges the partials of all (the
+  memory-ordering argument is in the comment above that kernel). The workspace and the counters are kept per
+  device and shape, so a decode call allocates nothing after its first one (CUDA Graph capture). It is off by
+  default: on the H200 the lone merging program took 18 us per layer at 2048 cached tokens, where the two
+  launches take 5 (docs/perf-log.md); the many programs of the combine kernel merge faster than one saves.
 
 The output gate of Qwen3.5 (o * sigmoid(gate), gate a strided view of the fused q projection) is its own
 kernel `sigmoid_gate`, and is also fused into the epilogue of `attention(..., gate=...)`: the attention
@@ -505,10 +506,10 @@ _INTERP_PREFILL = dict(BLOCK_M=32, BLOCK_N=32)
 _INTERP_DECODE_BLOCK_N = 16
 _DECODE_BLOCK_N = 64  # the chunk granularity used to choose NUM_SPLITS on the GPU
 MAX_SPLITS = 64
-# decode (T == 1) in one launch (flash_decode_kernel: the last split of each KV head merges) when True; False keeps
-# the two launches of flash-decoding (flash_decode_split_kernel, then flash_decode_combine_kernel) that notebook 07
-# teaches. Read at every call, so a test or a notebook may flip it.
-DECODE_ONE_LAUNCH = True
+# decode (T == 1) in one launch (flash_decode_kernel: the last split of each KV head merges) when True; False, the
+# default (faster on the H200: see the module docstring), keeps the two launches of flash-decoding
+# (flash_decode_split_kernel, then flash_decode_combine_kernel). Read at every call, so a test may flip it.
+DECODE_ONE_LAUNCH = False
 
 
 def decode_splits(cache_len: int) -> int:
