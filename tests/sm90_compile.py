@@ -66,6 +66,13 @@ def cases():
                 gemm.matmul_kernel, meta, warps=c.num_warps, stages=c.num_stages)))
     gemv_types = {"ws_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
     for c in gemm._gemv_configs(gpu=True):
+        if c.kwargs.get("PERSIST"):  # the persistent form: one row, one split, its own kernel
+            for prologue, dv in ((gemm.PRO_NONE, 1), (gemm.PRO_SWIGLU, 1), (gemm.PRO_ADD_RMS, 1),
+                                 (gemm.PRO_GATED, C.linear_value_head_dim)):
+                meta = dict(c.kwargs, PROLOGUE=prologue, DV=dv, USE_PDL=True)
+                out.append((f"gemv_rows prologue {prologue} {c}", lambda meta=meta, c=c: compile_case(
+                    gemm.gemv_rows_kernel, meta, {"eps": "fp32"}, c.num_warps, c.num_stages)))
+            continue
         for prologue, dv in ((gemm.PRO_NONE, 1), (gemm.PRO_ADD_RMS, 1), (gemm.PRO_GATED, C.linear_value_head_dim)):
             if c.kwargs["BLOCK_K"] < dv:
                 continue
@@ -76,7 +83,7 @@ def cases():
                 gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages)))
         if c.kwargs["BLOCK_N"] >= 16:  # a few prompt rows: the tl.dot path
             meta = dict(c.kwargs, BLOCK_M=16, REDUCE=gemm.REDUCE_NONE, PROLOGUE=gemm.PRO_ADD_RMS, DV=1,
-                        DOT_PRECISION="ieee", USE_PDL=False)
+                        DOT_PRECISION="ieee", USE_PDL=False, K_POW2=0)
             out.append((f"gemv M=16 {c}", lambda meta=meta, c=c: compile_case(
                 gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages)))
     D, G = C.head_dim, C.num_attention_heads // C.num_key_value_heads

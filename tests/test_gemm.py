@@ -701,3 +701,51 @@ def test_gpu_every_tma_config_matches_torch(rt, gen, name):
         for c in (c for c in gemm._matmul_configs(True) if c.kwargs.get("TMA")):
             out = checks.poison_(torch.empty(M, N // 2, dtype=rt.dtype, device=rt.device))
             checks.compare(f"TMA matmul SWIGLU {c}", _launch_matmul_config(x, w, out, c, swiglu=True), ref)
+
+
+@pytest.mark.parametrize("index", [i for i, c in enumerate(gemm._gemv_configs(gpu=True)) if c.kwargs.get("PERSIST")])
+def test_persistent_gemv_config_with_every_prologue(index, monkeypatch, rt, gen):
+    """The persistent GEMV (gemv_rows_kernel: a few programs per SM walking the row blocks of W, the activation row
+    computed once per program) forced with each of its configurations, one split, every prologue, on ragged
+    shapes; through the interpreter on a CPU (4 nominal SMs: each program walks several blocks)."""
+    from qwen_lab.kernels import activations, count_launches
+
+    config = gemm._gemv_configs(gpu=True)[index]
+    monkeypatch.setattr(gemm, "GEMV_FORCE", config)
+    monkeypatch.setattr(gemm, "_plans", {})
+    monkeypatch.setattr(gemm, "choose_split_k", lambda *a: 1)   # the persistent form serves one split
+    f = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(rt.device, rt.dtype)  # noqa: E731
+    N = 8 * config.kwargs["BLOCK_N"] * 4 + 3                    # blocks for several rounds of 4 * PERSIST programs
+    x, res, w = f(1, 300), f(1, 300), f(N, 300, scale=0.1)
+    nw = (torch.randn(300, generator=gen) * 0.1).to(rt.device)
+    with count_launches() as launches:
+        checks.compare(f"linear {config}", gemm.linear(x, w), reference.linear(x, w))
+    assert dict(launches) == {"gemv_rows_kernel": 1}, dict(launches)
+    gu, down = f(1, 2 * 150), f(N, 150, scale=0.1)
+    checks.compare(f"swiglu_down {config}", activations.swiglu_down(gu, down), reference.swiglu_down(gu, down))
+    checks.compare(f"rms_norm_linear {config}", gemm.rms_norm_linear(x, nw, 1e-6, w),
+                   reference.rms_norm_linear(x, nw, 1e-6, w))
+    y, s = gemm.add_rms_norm_linear(x, res, nw, 1e-6, w)
+    y_ref, s_ref = reference.add_rms_norm_linear(x, res, nw, 1e-6, w)
+    checks.compare(f"add_rms_norm_linear {config}", y, y_ref)
+    checks.compare(f"residual {config}", s, s_ref)
+    o, z = f(1, 4, 32), f(1, 4, 32)
+    w_out, gw = f(N, 128, scale=0.1), (1 + torch.randn(32, generator=gen) * 0.1).to(rt.device)
+    checks.compare(f"gated_rms_norm_linear {config}", gemm.gated_rms_norm_linear(o, z, gw, 1e-6, w_out),
+                   reference.gated_rms_norm_linear(o, z, gw, 1e-6, w_out))
+    assert gemm.last_plan[1] is config
+
+
+def test_persistent_gemv_is_timed_only_where_it_fits(monkeypatch):
+    """Its candidates join the first-call timing for one row, one split and K within the tile; never otherwise,
+    nor with QWEN_LAB_GEMV_PERSIST=0."""
+    persistent = lambda cs: [c for c in cs if c.kwargs.get("PERSIST")]  # noqa: E731
+    gpu_configs = gemm._gemv_configs(gpu=True)
+    monkeypatch.setattr(gemm, "_gemv_configs", lambda gpu=None: gpu_configs)   # the GPU's list, here too
+    fits = gemm._fitting_configs(1, 8224, 1024, 1, K=1024)
+    assert persistent(fits) and all(c.kwargs["BLOCK_K"] == 1024 for c in persistent(fits))
+    assert not persistent(gemm._fitting_configs(1, 1024, 512, 1, K=1024))   # split in two
+    assert not persistent(gemm._fitting_configs(16, 8224, 1024, 1, K=1024))  # a few rows: tl.dot
+    monkeypatch.setenv("QWEN_LAB_GEMV_PERSIST", "0")
+    assert not persistent(gemm._fitting_configs(1, 8224, 1024, 1, K=1024))
+

@@ -293,13 +293,28 @@ def _gemv_configs(gpu: bool | None = None):
     # plain loads left to the compiler's pipelining (the first version's body). On the H200 the version with the
     # prefetch ran the narrow projections faster and the wide ones slower than the first version did
     # (docs/perf-log.md); which of its changes slowed the wide ones is not yet known, so the autotuner decides.
-    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": p}, num_warps=w, num_stages=s)
-            for bn, bk, w, s in shapes for p in (1, 0)]
+    configs = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": p}, num_warps=w, num_stages=s)
+               for bn, bk, w, s in shapes for p in (1, 0)]
+    # The persistent form (gemv_rows_kernel): PERSIST programs per SM walk the row blocks of W, for one row whose
+    # K fits one tile and no split. (BLOCK_N, BLOCK_K, warps, programs per SM): 8-32 KB tiles, one or two in
+    # flight per program beside the current one.
+    persistent = [(4, 1024, 4, 2), (4, 1024, 4, 4), (8, 1024, 4, 2), (8, 1024, 4, 4), (8, 1024, 8, 2),
+                  (16, 1024, 8, 1), (16, 1024, 8, 2), (2, 2048, 4, 2), (4, 2048, 4, 2), (4, 2048, 8, 1),
+                  (8, 2048, 8, 2), (2, 4096, 4, 2), (4, 4096, 8, 1), (4, 4096, 8, 2)]
+    return configs + [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PERSIST": p}, num_warps=w, num_stages=1)
+                      for bn, bk, w, p in persistent]
 
 
-def _fitting_configs(block_m: int, N: int, k_per_split: int, dv: int) -> list:
-    """The configurations of `_gemv_configs` that suit one launch shape."""
-    configs = _gemv_configs()
+def _persistent(config) -> bool:
+    return bool(config.kwargs.get("PERSIST", 0))
+
+
+def _fitting_configs(block_m: int, N: int, k_per_split: int, dv: int, K: int | None = None) -> list:
+    """The configurations of `_gemv_configs` that suit one launch shape (K: the whole row's length, when the
+    launch has one split; the persistent configurations need that and one row)."""
+    configs = [c for c in _gemv_configs()
+               if not _persistent(c) or (block_m == 1 and K is not None and k_per_split >= K
+                                         and c.kwargs["BLOCK_K"] >= K and _persistent_enabled())]
     fits = [c for c in configs if block_m == 1 or c.kwargs["BLOCK_N"] >= 16]  # tl.dot needs 16 rows of W
     # 1- and 2-row blocks only where the rows of W are few (a wide N already gives enough programs).
     fits = [c for c in fits if c.kwargs["BLOCK_N"] >= 4 or N <= 4096] or fits
@@ -491,6 +506,51 @@ def gemv_splitk_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, count_ptr,
             tl.store(count_ptr + block, 0)  # ready for the next call (kernel boundaries order it)
 
 
+@triton.jit
+def gemv_rows_kernel(x_ptr, w_ptr, out_ptr, r_ptr, z_ptr, nw_ptr, s_ptr,
+                     N, K, stride_wn, up_offset, stride_xh, stride_zh, eps,
+                     PROLOGUE: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     PERSIST: tl.constexpr, USE_PDL: tl.constexpr):
+    # The persistent form of the decode GEMV, for one row of x whose K values fit one tile (K <= BLOCK_K) and no
+    # split: G = PERSIST programs per SM (fewer when W has fewer row blocks), program p owning the row blocks
+    # p, p + G, p + 2G, ... of W. Against one program per row block it launches a few hundred programs instead
+    # of thousands, computes the activation row (and a norm prologue's statistics) once per program instead of
+    # once per row block, and streams its blocks with the next one's weight tile always in flight.
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    n_blocks = tl.cdiv(N, BLOCK_N)
+    offs_b = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    kmask = offs_k[None, :] < K
+    # W is never written: its first tile is requested before the PDL wait (see gemv_splitk_kernel)
+    rows = pid * BLOCK_N + offs_b
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
+    w_next = tl.load(w_rows + offs_k[None, :], mask=(rows < N)[:, None] & kmask, other=0.0,
+                     eviction_policy="evict_first")
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    zero = tl.zeros([1, 1], dtype=tl.int64)   # the one row of x, r, z as [1, 1] pointers (BLOCK_M = 1)
+    x_rows, r_rows, z_rows = x_ptr + zero, r_ptr + zero, z_ptr + zero
+    rstd = tl.zeros([1], dtype=tl.float32)
+    if PROLOGUE == 2 or PROLOGUE == 3:
+        s = _residual_sum(x_rows, r_rows, offs_k, kmask, PROLOGUE == 3)
+        if PROLOGUE == 3:  # the new residual stream: one writer
+            tl.store(s_ptr + zero + offs_k[None, :], s, mask=kmask & (pid == 0))
+        sf = s.to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(sf * sf, axis=1) / K + eps)
+    a = _activation_tile(x_rows, r_rows, z_rows, nw_ptr, rstd, offs_k, kmask, up_offset, stride_xh, stride_zh,
+                         eps, PROLOGUE, DV, 1, BLOCK_K).to(tl.float32)                          # [1, BLOCK_K]
+    for blk in range(pid, n_blocks, G):
+        w = w_next
+        rows_next = (blk + G) * BLOCK_N + offs_b   # past the last block: masked, nothing is read
+        w_next = tl.load(w_ptr + rows_next.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
+                         mask=(rows_next < N)[:, None] & kmask, other=0.0, eviction_policy="evict_first")
+        y = tl.sum(w.to(tl.float32) * a, axis=1)                                               # [BLOCK_N]
+        rows = blk * BLOCK_N + offs_b
+        tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=rows < N)
+
+
 # ------------------------------------------------------------------------------------------------
 # Launchers
 # ------------------------------------------------------------------------------------------------
@@ -674,6 +734,11 @@ GEMV_FORCE = None
 last_plan = None
 
 
+def _persistent_enabled() -> bool:
+    """Whether the first-call timing may pick the persistent GEMV (QWEN_LAB_GEMV_PERSIST=0 leaves it out)."""
+    return os.environ.get("QWEN_LAB_GEMV_PERSIST", "1").strip().lower() in _TRUE
+
+
 def tuning_enabled() -> bool:
     """On a GPU the first call of each GEMV shape times its candidate plans (block shapes, and SPLIT_K for the
     narrow shapes) and keeps the fastest; QWEN_LAB_TUNE=0 turns that off (the first fitting plan is used)."""
@@ -763,6 +828,20 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
     def launch(plan, w):
         split, config = plan
         k_per_split, splits = per_split(split)
+        extra = {"launch_pdl": True} if pdl else {}
+        if _persistent(config):
+            if block_m == 1 and splits == 1 and config.kwargs["BLOCK_K"] >= K:
+                blocks = triton.cdiv(N, config.kwargs["BLOCK_N"])
+                grid = (min(blocks, sm_count(x.device) * config.kwargs["PERSIST"]),)
+                gemv_rows_kernel[grid](
+                    x, w, out, args.get("r", x), args.get("z", x), args.get("nw", x), args.get("s", x),
+                    N, K, w.stride(0), args.get("up_offset", 0), args.get("stride_xh", 0), args.get("stride_zh", 0),
+                    float(args.get("eps", 0.0)), PROLOGUE=prologue, DV=dv, USE_PDL=pdl,
+                    num_warps=config.num_warps, num_stages=config.num_stages, **extra, **config.kwargs)
+                return
+            # a forced persistent config on a shape it cannot serve: its tile in the one-program-per-block kernel
+            config = triton.Config({"BLOCK_N": config.kwargs["BLOCK_N"], "BLOCK_K": config.kwargs["BLOCK_K"],
+                                    "PREFETCH": 1}, num_warps=config.num_warps, num_stages=config.num_stages)
         reduce = REDUCE_NONE if splits == 1 else (REDUCE_DETERMINISTIC if deterministic else REDUCE_ATOMIC)
         ws_numel = splits * M * N if reduce == REDUCE_DETERMINISTIC else M * N
         if reduce != REDUCE_NONE and ws_numel >= 2**31:
@@ -777,7 +856,6 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
             else:
                 ws = _workspace("partials", ws_numel, torch.float32, x.device)
         grid = (triton.cdiv(N, config.kwargs["BLOCK_N"]), splits, m_blocks)
-        extra = {"launch_pdl": True} if pdl else {}
         gemv_splitk_kernel[grid](
             x, w, out, ws, counts,
             args.get("r", x), args.get("z", x), args.get("nw", x), args.get("s", x),
@@ -790,7 +868,7 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
             **config.kwargs)
 
     def candidates(splits):
-        return [(s, c) for s in splits for c in _fitting_configs(block_m, N, per_split(s)[0], dv)]
+        return [(s, c) for s in splits for c in _fitting_configs(block_m, N, per_split(s)[0], dv, K)]
 
     key = _plan_key(prologue, M, N, K, deterministic, x.dtype, x.device, asked, pdl)
     plan = _plans.get(key)
@@ -980,4 +1058,4 @@ def _gated_linear(o, z, norm_weight, eps, weight, out, split_k=None, determinist
 
 
 __all__ = ["GEMV_MAX_M", "add_rms_norm_linear", "choose_split_k", "chosen_split_k", "deterministic_mode", "gated_rms_norm_linear",
-           "gemv_splitk_kernel", "linear", "linear_splitk", "matmul", "matmul_kernel", "rms_norm_linear", "sm_count"]
+           "gemv_rows_kernel", "gemv_splitk_kernel", "linear", "linear_splitk", "matmul", "matmul_kernel", "rms_norm_linear", "sm_count"]
