@@ -30,7 +30,7 @@ if want tests; then
   # every test file in one pytest run spread test by test over worker processes (a worker that faults is replaced,
   # so a bad kernel cannot take the other tests down with it); the slowest file no longer bounds the wall time
   timeout ${TEST_TIMEOUT:-480} python3 -m pytest tests -q -p no:cacheprovider -n ${TEST_JOBS:-12} --dist load \
-      --timeout 300 --tb=short -rfE -k "${TEST_FILTER:-}" > "$OUT/tests.txt" 2>&1
+      --timeout 300 --tb=short -rfE --durations=15 -k "${TEST_FILTER:-}" > "$OUT/tests.txt" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | tail -n 40
 fi
 if want profile; then
