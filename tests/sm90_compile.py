@@ -81,6 +81,10 @@ def cases():
                         K_POW2=triton.next_power_of_2(C.hidden_size) if prologue == gemm.PRO_ADD_RMS else 0)
             out.append((f"gemv M=1 prologue {prologue} {c}", lambda meta=meta, c=c: compile_case(
                 gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages)))
+            if prologue == gemm.PRO_ADD_RMS:  # the deterministic reduction as well (its loop has names too)
+                meta = dict(meta, REDUCE=gemm.REDUCE_DETERMINISTIC)
+                out.append((f"gemv M=1 deterministic prologue {prologue} {c}", lambda meta=meta, c=c: compile_case(
+                    gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages)))
         if c.kwargs["BLOCK_N"] >= 16:  # a few prompt rows: the tl.dot path
             meta = dict(c.kwargs, BLOCK_M=16, REDUCE=gemm.REDUCE_NONE, PROLOGUE=gemm.PRO_ADD_RMS, DV=1,
                         DOT_PRECISION="ieee", USE_PDL=False, K_POW2=0)

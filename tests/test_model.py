@@ -143,4 +143,5 @@ def test_fused_paths_launch_what_they_should(gen):
     assert decode["flash_decode_split_kernel"] == A and decode["kv_cache_write_kernel"] == 0, dict(decode)
     # and the fused prompt path still equals the PyTorch operators
     oracle = Qwen35Model(cfg, model.weights, dtype=torch.float32, backend="torch")
-    assert checks.relative_error(model.forward(ids), oracle.forward(ids)) <= 1e-4
+    bound = 1e-4 if model.dtype == torch.float32 else 3e-2   # bf16 on a GPU: two orders of rounding
+    assert checks.relative_error(model.forward(ids), oracle.forward(ids)) <= bound

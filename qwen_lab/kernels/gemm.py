@@ -423,14 +423,16 @@ def gemv_splitk_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, count_ptr,
             # One row (decode): loaded whole, in one trip to L2. A loop over BLOCK_K slices makes one trip per
             # slice, each issued after the last returned: about 0.15 us each, 8 of them at K = 1024, between
             # the PDL wait and the first multiply.
-            offs_h = tl.arange(0, K_POW2)
-            hmask = offs_h[None, :] < K
-            s = _residual_sum(x_rows, r_rows, offs_h, hmask, PROLOGUE == 3)
+            # (names apart from the loop's `s`: Triton types a name once per scope, and the deterministic
+            # reduction below counts splits in `s`)
+            offs_row = tl.arange(0, K_POW2)
+            row_mask = offs_row[None, :] < K
+            row = _residual_sum(x_rows, r_rows, offs_row, row_mask, PROLOGUE == 3)
             if PROLOGUE == 3:
-                tl.store(s_ptr + rows_m * stride_sm + offs_h[None, :], s,
-                         mask=hmask & (offs_m[:, None] < M) & writer)
-            sf = s.to(tl.float32)
-            ss = tl.sum(sf * sf, axis=1)
+                tl.store(s_ptr + rows_m * stride_sm + offs_row[None, :], row,
+                         mask=row_mask & (offs_m[:, None] < M) & writer)
+            row_f = row.to(tl.float32)
+            ss = tl.sum(row_f * row_f, axis=1)
         else:
             ss = tl.zeros([BLOCK_M], dtype=tl.float32)
             for h0 in range(0, K, BLOCK_K):
