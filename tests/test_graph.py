@@ -237,21 +237,26 @@ def test_prefill_graphs_match_the_eager_prefill(big, big_graphs, big_float32, T)
 def test_prefill_graphs_with_the_default_atomic_split_k(big, big_float32, T, monkeypatch):
     """The same comparison with the default reduction of the split-K GEMVs (atomic adds), which the pieces of 4 and
     16 tokens use: notebook 12 measured logits 1.1 (T = 77) and 1.4 (T = 300) apart from the eager prefill this
-    way, where the deterministic runs above agree. The three comparisons say which side is off: the graphs
-    against the eager pieces, the eager pieces against one eager prefill, and that prefill against float32."""
+    way (after timing ten runs of each), where the deterministic runs above agree. The comparisons say which side
+    is off: the first graph run against the eager pieces, the twelfth run against the first (whether repeats
+    drift), the eager pieces against one eager prefill, and the graphs against float32."""
     monkeypatch.setenv("QWEN_LAB_DETERMINISTIC", "0")
     dev = big.device
     cache = big.new_cache(2048)
     graphs = PrefillGraphs(big, cache)
     ids = torch.randint(0, big.config.vocab_size, (T,), generator=torch.Generator().manual_seed(T)).to(dev)
-    cache.reset()
     with torch.inference_mode():
-        got = graphs.run(ids).clone().float()
+        runs = []
+        for _ in range(12):   # the notebook timed 10 runs of each before comparing: does a repeat drift?
+            cache.reset()
+            runs.append(graphs.run(ids).clone().float())
+        got = runs[-1]
         pieces = step_in_pieces(big, ids, big.new_cache(2048), graphs.buckets).float()
         whole = big.step(ids, torch.arange(T, device=dev), big.new_cache(2048)).float()
         exact = big_float32(input_ids=ids[None], logits_to_keep=1).logits[0, -1:].float()
     noise = checks.relative_error(whole, exact)
-    errors = {"graphs vs eager pieces": checks.relative_error(got, pieces),
+    errors = {"first graph run vs eager pieces": checks.relative_error(runs[0], pieces),
+              "twelfth graph run vs the first": checks.relative_error(got, runs[0]),
               "eager pieces vs one eager prefill": checks.relative_error(pieces, whole),
               "graphs vs float32": checks.relative_error(got, exact)}
     bad = {k: f"{v:.3g}" for k, v in errors.items() if not v < max(2e-2, 1.5 * noise + 1e-2)}
