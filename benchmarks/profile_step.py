@@ -39,24 +39,31 @@ def profile_replays(graph, reps: int) -> tuple[dict, float, float, list]:
         for _ in range(reps):
             graph.replay()
         torch.cuda.synchronize()
-    events = sorted(((ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
-                     if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0))
+    events = [(ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
+              if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0]
+    timed = exclusive(events)
     kernels: dict = defaultdict(lambda: [0, 0.0, 0.0])
-    order, prev_end = [], None
-    per_replay = len(events) // max(reps, 1)
-    for i, (start, end, name) in enumerate(events):
-        excl = end - max(start, prev_end) if prev_end is not None and prev_end > start else end - start
-        excl = max(excl, 0.0)
-        prev_end = end if prev_end is None else max(prev_end, end)
+    for name, span, excl in timed:
         k = kernels[name]
         k[0] += 1
-        k[1] += end - start
+        k[1] += span
         k[2] += excl
-        if i < per_replay:
-            order.append((name, end - start, excl))
+    order = timed[:len(timed) // max(reps, 1)]
     spans = [(start, end) for start, end, _ in events]
     return ({name: [n / reps, us / reps, ex / reps] for name, (n, us, ex) in kernels.items()}, wall_us,
             covered(spans) / reps, order)
+
+
+def exclusive(events) -> list[tuple[str, float, float]]:
+    """(name, span, exclusive time) of each kernel event (start, end, name), in start order. The exclusive time
+    runs from the later of the kernel's start and the latest end before it, to its own end (0 if it ends
+    earlier): how far the kernel moves the stream's end. Summed, they give the time some kernel was running."""
+    out, prev_end = [], None
+    for start, end, name in sorted(events):
+        excl = end - start if prev_end is None else end - max(start, prev_end)
+        out.append((name, end - start, max(excl, 0.0)))
+        prev_end = end if prev_end is None else max(prev_end, end)
+    return out
 
 
 def covered(spans) -> float:

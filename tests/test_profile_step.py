@@ -1,0 +1,32 @@
+"""benchmarks/profile_step.py's accounting of kernel times, on made-up profiler events (no GPU needed)."""
+
+import importlib.util
+import os
+
+import pytest
+
+_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "profile_step.py")
+
+
+@pytest.fixture(scope="module")
+def profile_step():
+    spec = importlib.util.spec_from_file_location("profile_step", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_exclusive_times_add_up_to_the_busy_time_when_kernels_overlap(profile_step):
+    # b starts under PDL while a is finishing; c follows a gap; d lies wholly inside c's span
+    events = [(10.0, 20.0, "a"), (15.0, 24.0, "b"), (30.0, 41.0, "c"), (32.0, 35.0, "d")]
+    timed = profile_step.exclusive(events)
+    assert [name for name, _, _ in timed] == ["a", "b", "c", "d"]
+    assert [span for _, span, _ in timed] == [10.0, 9.0, 11.0, 3.0]
+    assert [excl for _, _, excl in timed] == [10.0, 4.0, 11.0, 0.0]
+    busy = profile_step.covered([(s, e) for s, e, _ in events])
+    assert busy == 25.0 and sum(excl for _, _, excl in timed) == busy
+
+
+def test_exclusive_times_sort_the_events_by_start(profile_step):
+    timed = profile_step.exclusive([(5.0, 9.0, "second"), (0.0, 6.0, "first")])
+    assert timed == [("first", 6.0, 6.0), ("second", 4.0, 3.0)]
