@@ -91,6 +91,8 @@ class Qwen35Model:
         else:
             self.ops, self.fallbacks = triton_ops()
         self._stock = dict(self.ops) if backend == "triton" else {}
+        # prompts longer than this run their projections as tiled GEMMs (the kernels' GEMV path serves up to it)
+        self._gemv_rows = importlib.import_module("qwen_lab.kernels.gemm").GEMV_MAX_M if backend == "triton" else 0
         self.trace: Callable | None = None  # trace(layer, op_name, tensor): see divergence_report
         self.layer_index = -1                # the layer being computed (-1: embedding; num_layers: the head)
 
@@ -257,10 +259,8 @@ class Qwen35Model:
     def mlp(self, i: int, layer, y: torch.Tensor, x: torch.Tensor):
         """x = x + y, RMSNorm, then SwiGLU from the fused gate/up projection (the input read once):
         down(silu(gate) * up). -> (the MLP's output, the new residual x)."""
-        from .kernels.gemm import GEMV_MAX_M
-
         ops = self.ops
-        if x.shape[0] > GEMV_MAX_M and self._fused("add_rms_norm", "linear", "swiglu_down", "linear_silu_mul"):
+        if x.shape[0] > self._gemv_rows and self._fused("add_rms_norm", "linear", "swiglu_down", "linear_silu_mul"):
             # a prompt: the projections are tiled GEMMs, and SwiGLU runs in the gate/up GEMM's epilogue, so the
             # [T, 2I] projection never goes to memory. (A few rows take the GEMV path below, whose prologues
             # already fuse the norm and SwiGLU.)

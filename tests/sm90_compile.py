@@ -102,14 +102,6 @@ def cases():
                     NUM_SPLITS=8, DOT_PREC="ieee", USE_PDL=True)
         out.append((f"flash_decode_split {c}", lambda meta=meta, c=c: compile_case(
             attention.flash_decode_split_kernel, meta, dict(attn_types, ws_ptr="*fp32"), c.num_warps, c.num_stages)))
-    for c in attention._DECODE_CONFIGS:
-        for splits in (1, 64):  # the first token of a short cache, and MAX_SPLITS
-            meta = dict(c.kwargs, G=G, ROWS=max(16, triton.next_power_of_2(G)), D=D,
-                        BLOCK_D=triton.next_power_of_2(D), NUM_SPLITS=splits, SPLITS_P=splits, HAS_GATE=True,
-                        DOT_PREC="ieee", BLOCK_DC=64, USE_PDL=True)
-            out.append((f"flash_decode_one_launch splits={splits} {c}", lambda meta=meta, c=c: compile_case(
-                attention.flash_decode_kernel, meta, dict(attn_types, ws_ptr="*fp32", ticket_ptr="*i32"),
-                c.num_warps, c.num_stages)))
     rope_meta = dict(D=D, HALF=C.rotary_dim // 2, BLOCK_H=triton.next_power_of_2(C.num_attention_heads),
                      BLOCK_D=triton.next_power_of_2(D), USE_PDL=True)
     out.append(("qk_norm_rope_cache", lambda: compile_case(

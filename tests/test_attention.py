@@ -53,28 +53,15 @@ def test_prefill_attention_matches_reference(rt, gen, T, Hq, Hkv, D, L, offset):
     checks.compare("flash attention", out, reference.attention(q, k, v, pos))
 
 
-DECODE_LAUNCHES = {True: {"flash_decode_kernel": 1},
-                   False: {"flash_decode_split_kernel": 1, "flash_decode_combine_kernel": 1}}
-
-
-@pytest.fixture(params=[True, False], ids=["one_launch", "split_combine"])
-def one_launch(request, monkeypatch):
-    """Both decode paths: the one-launch kernel and split + combine (the default, notebook 07's)."""
-    monkeypatch.setattr(A, "DECODE_ONE_LAUNCH", request.param)
-    return request.param
-
-
-def test_decode_split_combine_is_the_default():
-    """The two-launch decode is the default: it measured faster on the H200 (docs/perf-log.md)."""
-    assert A.DECODE_ONE_LAUNCH is False
+DECODE_LAUNCHES = {"flash_decode_split_kernel": 1, "flash_decode_combine_kernel": 1}
 
 
 @pytest.mark.parametrize("Hq,Hkv,D,L,pos", DECODE)
-def test_decode_attention_matches_reference(rt, gen, one_launch, Hq, Hkv, D, L, pos):
+def test_decode_attention_matches_reference(rt, gen, Hq, Hkv, D, L, pos):
     q, _, k, v, positions = _problem(gen, rt, 1, Hq, Hkv, D, L, pos)
     with count_launches() as launches:
         out = A.attention(q, k, v, positions)
-    assert dict(launches) == DECODE_LAUNCHES[one_launch]
+    assert dict(launches) == DECODE_LAUNCHES
     checks.compare("flash decoding", out, reference.attention(q, k, v, positions))
 
 
@@ -88,10 +75,10 @@ RAGGED = [
 
 @pytest.mark.parametrize("Hq,Hkv,D,L,lengths", RAGGED)
 @pytest.mark.parametrize("splits", [2, 5, 7])
-def test_decode_one_launch_on_ragged_lengths_back_to_back(rt, gen, one_launch, Hq, Hkv, D, L, lengths, splits):
+def test_decode_on_ragged_lengths_back_to_back(rt, gen, Hq, Hkv, D, L, lengths, splits):
     """The decode path at several split counts over ragged cache lengths, run twice back to back on the same
-    buffers at each length (as one layer's attention repeated, or a graph replayed): the second call must find
-    the tickets at zero again and give the same output; launch count per call checked."""
+    buffers at each length (as one layer's attention repeated, or a graph replayed): the second call must give
+    the same output; launch count per call checked."""
     fused = _randn(gen, rt, 1, Hq, 2 * D)
     q, gate = fused[:, :, :D], fused[:, :, D:]
     k, v = _randn(gen, rt, L, Hkv, D), _randn(gen, rt, L, Hkv, D)
@@ -105,29 +92,12 @@ def test_decode_one_launch_on_ragged_lengths_back_to_back(rt, gen, one_launch, H
             out.fill_(float("nan"))
             with count_launches() as launches:
                 A.attention(q, k, v, pos, out=out, gate=gate, num_splits=splits, workspace=ws)
-            assert dict(launches) == DECODE_LAUNCHES[one_launch]
+            assert dict(launches) == DECODE_LAUNCHES
             checks.compare(f"decode over {p + 1} keys, {splits} splits, call {call + 1}", out, ref)
-        if one_launch:
-            assert not A._tickets(rt.device, Hkv).any(), "the last split of each KV head resets its ticket"
-
-
-def test_decode_one_launch_allocates_its_scratch_once(rt, gen, monkeypatch):
-    """Without a workspace, the decode path takes the same scratch and counters on every call (a captured graph
-    may not allocate), and two calls in a row over the same cache agree."""
-    monkeypatch.setattr(A, "DECODE_ONE_LAUNCH", True)
-    q, gate, k, v, positions = _problem(gen, rt, 1, 4, 2, 32, 60, 41)
-    first = A.attention(q, k, v, positions, gate=gate)
-    tickets = A._tickets(rt.device, 2)
-    ws = A._shared_workspace(rt.device, A.decode_splits(60), 4, 32)
-    second = A.attention(q, k, v, positions, gate=gate)
-    assert A._tickets(rt.device, 2).data_ptr() == tickets.data_ptr()
-    assert A._shared_workspace(rt.device, A.decode_splits(60), 4, 32).data_ptr() == ws.data_ptr()
-    assert torch.equal(first, second)
-    checks.compare("decode + gate", second, reference.attention(q, k, v, positions, gate=gate))
 
 
 @pytest.mark.parametrize("splits", [1, 3, 16])
-def test_decode_any_split_count_gives_the_same_result(rt, gen, one_launch, splits):
+def test_decode_any_split_count_gives_the_same_result(rt, gen, splits):
     q, _, k, v, positions = _problem(gen, rt, 1, 4, 2, 32, 90, 70)
     ws = checks.poison_(A.decode_workspace(q, k, num_splits=splits))
     out = checks.poison_(torch.empty_like(q))
@@ -159,7 +129,7 @@ def test_decode_after_prefill_through_the_cache(rt, gen):
 
 
 @pytest.mark.parametrize("T", [1, 7])
-def test_attention_with_fused_gate(rt, gen, one_launch, T):
+def test_attention_with_fused_gate(rt, gen, T):
     q, gate, k, v, pos = _problem(gen, rt, T, 8, 2, 32, 40, 30)
     out = A.attention(q, k, v, pos, gate=gate)
     checks.compare("attention + gate", out, reference.sigmoid_gate(reference.attention(q, k, v, pos), gate))
@@ -198,7 +168,7 @@ def test_fully_masked_row_gives_zeros_not_nan(rt, gen, form):
     checks.compare("the other rows", out[keep], reference.attention(q[keep], k, v, pos[keep]))
 
 
-def test_decode_with_no_visible_key_gives_zeros(rt, gen, one_launch):
+def test_decode_with_no_visible_key_gives_zeros(rt, gen):
     q, _, k, v, _ = _problem(gen, rt, 1, 4, 2, 32, 32, 0)
     out = A.attention(q, k, v, torch.tensor([-1], device=rt.device))
     assert torch.equal(out, torch.zeros_like(out))
@@ -296,7 +266,7 @@ def test_gpu_prefill_after_a_cached_prefix():
 @pytest.mark.gpu
 @pytest.mark.parametrize("cached", [1, 2048, 8192])
 @pytest.mark.parametrize("capacity", [8192, 32768])
-def test_gpu_decode_real_shapes(one_launch, cached, capacity):
+def test_gpu_decode_real_shapes(cached, capacity):
     q, gate, k, v, pos = _real(1, capacity, cached - 1, cached + capacity)
     ref = reference.attention(q, k, v, pos)
     checks.compare(f"decode bf16 over {cached} keys", A.attention(q, k, v, pos), ref)
@@ -323,32 +293,11 @@ def test_gpu_decode_replays_in_a_cuda_graph():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cached", [1, 2048, 8192])
-def test_gpu_decode_one_launch_twice_back_to_back(cached, monkeypatch):
-    """The one-launch decode, twice in a row on the same buffers (one layer's attention repeated): the tickets are
-    back at zero after each launch and both calls equal the reference and the split + combine path."""
-    monkeypatch.setattr(A, "DECODE_ONE_LAUNCH", True)
-    q, gate, k, v, pos = _real(1, 8192, cached - 1, 3 * cached)
-    ref = reference.attention(q, k, v, pos, gate=gate)
-    first = A.attention(q, k, v, pos, gate=gate)
-    second = A.attention(q, k, v, pos, gate=gate)
-    checks.compare(f"one-launch decode over {cached} keys", first, ref)
-    checks.compare(f"one-launch decode over {cached} keys, again", second, ref)
-    assert not A._tickets(q.device, C.num_key_value_heads).any()
-    A.DECODE_ONE_LAUNCH = False
-    try:
-        two = A.attention(q, k, v, pos, gate=gate)
-    finally:
-        A.DECODE_ONE_LAUNCH = True
-    checks.compare("one launch against split + combine", first, two, atol=1e-2, rtol=1e-2)
-
-
-@pytest.mark.gpu
-def test_gpu_decode_layer_in_a_cuda_graph_equals_eager(one_launch):
+def test_gpu_decode_layer_in_a_cuda_graph_equals_eager():
     """The attention layer's decode sequence as the model will run it, qk_norm_rope_cache (the cache write fused)
-    then the decode attention (each path), captured once in a CUDA Graph and replayed at 3 increasing positions: the
+    then the decode attention (split + combine), captured once in a CUDA Graph and replayed at 3 increasing positions: the
     output and both caches equal the same sequence run eagerly on copies of the caches. The first call before the
-    capture compiles, autotunes and allocates the scratch and the counters; the capture allocates nothing."""
+    capture compiles and autotunes."""
     from qwen_lab.kernels import rope as R
 
     g = torch.Generator().manual_seed(21)

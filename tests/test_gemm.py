@@ -602,10 +602,11 @@ def test_gemv_with_and_without_the_hand_written_prefetch(prefetch, monkeypatch, 
                    reference.gated_rms_norm_linear(o, z, gw, 1e-6, w_out))
 
 
-@pytest.mark.parametrize("index", range(len(gemm._gemv_configs(gpu=True))))
+@pytest.mark.parametrize("index", [i for i, c in enumerate(gemm._gemv_configs(gpu=True)) if not c.kwargs.get("PERSIST")])
 def test_every_gpu_gemv_config_computes_the_same(index, monkeypatch, rt, gen):
-    """Each block shape the GPU's first-call timing may pick, forced here (through the interpreter on a CPU): plain,
-    split in two, and with the residual-add + norm prologue, on ragged shapes."""
+    """Each block shape of the one-program-per-block GEMV the GPU's first-call timing may pick, forced here (through
+    the interpreter on a CPU): plain, split in two, and with the residual-add + norm prologue, on ragged shapes.
+    (The persistent form has its own test below.)"""
     config = gemm._gemv_configs(gpu=True)[index]
     monkeypatch.setattr(gemm, "GEMV_FORCE", config)
     f = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(rt.device, rt.dtype)  # noqa: E731
@@ -734,6 +735,16 @@ def test_persistent_gemv_config_with_every_prologue(index, monkeypatch, rt, gen)
     checks.compare(f"gated_rms_norm_linear {config}", gemm.gated_rms_norm_linear(o, z, gw, 1e-6, w_out),
                    reference.gated_rms_norm_linear(o, z, gw, 1e-6, w_out))
     assert gemm.last_plan[1] is config
+
+
+def test_forced_persistent_gemv_refuses_a_split(monkeypatch, rt, gen):
+    """GEMV_FORCE with the persistent form on a call it cannot serve (two splits) says so, naming the call."""
+    config = next(c for c in gemm._gemv_configs(gpu=True) if c.kwargs.get("PERSIST"))
+    monkeypatch.setattr(gemm, "GEMV_FORCE", config)
+    monkeypatch.setattr(gemm, "_plans", {})
+    x, w = _x(1, 300, gen, rt), _w(37, 300, gen, rt)
+    with pytest.raises(KernelError, match="linear_splitk: GEMV_FORCE .* persistent form"):
+        gemm.linear_splitk(x, w, split_k=2)
 
 
 def test_persistent_gemv_is_timed_only_where_it_fits(monkeypatch):

@@ -27,12 +27,6 @@ Three forms:
   NUM_SPLITS is fixed by the cache capacity L (a graph replays it), the chunk length is computed in the
   kernel from the current length; splits that start past the length write a neutral partial (m = -inf,
   l = 0, acc = 0) and exit.
-  `DECODE_ONE_LAUNCH = True` makes split and combine one launch, `flash_decode_kernel`: the split programs
-  of a KV head count themselves with an atomic ticket and the last one merges the partials of all (the
-  memory-ordering argument is in the comment above that kernel). The workspace and the counters are kept per
-  device and shape, so a decode call allocates nothing after its first one (CUDA Graph capture). It is off by
-  default: on the H200 the lone merging program took 18 us per layer at 2048 cached tokens, where the two
-  launches take 5 (docs/perf-log.md); the many programs of the combine kernel merge faster than one saves.
 
 The output gate of Qwen3.5 (o * sigmoid(gate), gate a strided view of the fused q projection) is its own
 kernel `sigmoid_gate`, and is also fused into the epilogue of `attention(..., gate=...)`: the attention
@@ -55,7 +49,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import runtime
 from ..errors import KernelError
-from . import device_key, pdl_options
+from . import pdl_options
 
 LOG2E = 1.4426950408889634
 
@@ -276,18 +270,27 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, gate_ptr, T, L
 
 
 @triton.jit
-def _decode_partial(q_ptr, k_ptr, v_ptr, n, kvh, split, L, qk_scale,
-                    stride_qh, stride_kl, stride_kh, stride_vl, stride_vh,
-                    G: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                    NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The partial (acc [ROWS, BLOCK_D], m [ROWS], l [ROWS]) of the G query heads of KV head kvh over chunk
-    `split` of the n visible keys (padded to ROWS >= 16 rows for tl.dot)."""
+def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
+                              stride_qh, stride_kl, stride_kh, stride_vl, stride_vh, stride_ws, stride_wh,
+                              G: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                              NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr,
+                              BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
+    # program (KV head, split): the G query heads of this KV head (padded to ROWS >= 16 for tl.dot)
+    # against one chunk of the keys; writes the partial (acc, m, l) to the workspace
+    kvh = tl.program_id(0)
+    split = tl.program_id(1)
     rows = tl.arange(0, ROWS)
     row_ok = rows < G
     offs_h = kvh * G + rows
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     offs_n = tl.arange(0, BLOCK_N)
+
+    pos = tl.load(pos_ptr)
+    n = tl.maximum(tl.minimum(pos + 1, L), 0).to(tl.int32)  # keys 0 .. n - 1, from device memory
     # chunk length from the current length: all splits share the work at any length
     chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * chunk
@@ -301,44 +304,14 @@ def _decode_partial(q_ptr, k_ptr, v_ptr, n, kvh, split, L, qk_scale,
     acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
     k_rows = k_ptr + kvh * stride_kh + offs_d[None, :]
     v_rows = v_ptr + kvh * stride_vh + offs_d[None, :]
-    # a split that starts past the length runs no iteration and keeps the neutral partial (-inf, 0, 0)
+    # a split that starts past the length runs no iteration and stores the neutral partial below
     for s in range(start, end, BLOCK_N):
         acc, m_i, l_i = _flash_step(acc, m_i, l_i, q, k_rows, v_rows, s, pos_rows, L, qk_scale, offs_n,
                                     d_ok, stride_kl, stride_vl, True, DOT_PREC)
-    return acc, m_i, l_i
-
-
-@triton.jit
-def _store_partial(ws_ptr, kvh, split, acc, m_i, l_i, stride_ws, stride_wh,
-                   G: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    rows = tl.arange(0, ROWS)
-    row_ok = rows < G
-    offs_d = tl.arange(0, BLOCK_D)
-    base = ws_ptr + split * stride_ws + (kvh * G + rows) * stride_wh
-    tl.store(base[:, None] + offs_d[None, :], acc, mask=row_ok[:, None] & (offs_d < D)[None, :])
+    base = ws_ptr + split * stride_ws + offs_h * stride_wh
+    tl.store(base[:, None] + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
     tl.store(base + D, m_i, mask=row_ok)
     tl.store(base + D + 1, l_i, mask=row_ok)
-
-
-@triton.jit
-def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
-                              stride_qh, stride_kl, stride_kh, stride_vl, stride_vh, stride_ws, stride_wh,
-                              G: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                              NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr,
-                              BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False):
-    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
-        gdc_wait()
-        gdc_launch_dependents()
-    # program (KV head, split): the G query heads of this KV head against one chunk of the keys; writes the
-    # partial (acc, m, l) to the workspace, for flash_decode_combine_kernel
-    kvh = tl.program_id(0)
-    split = tl.program_id(1)
-    pos = tl.load(pos_ptr)
-    n = tl.maximum(tl.minimum(pos + 1, L), 0).to(tl.int32)  # keys 0 .. n - 1, from device memory
-    acc, m_i, l_i = _decode_partial(q_ptr, k_ptr, v_ptr, n, kvh, split, L, qk_scale,
-                                    stride_qh, stride_kl, stride_kh, stride_vl, stride_vh,
-                                    G, ROWS, D, BLOCK_D, NUM_SPLITS, DOT_PREC, BLOCK_N)
-    _store_partial(ws_ptr, kvh, split, acc, m_i, l_i, stride_ws, stride_wh, G, ROWS, D, BLOCK_D)
 
 
 @triton.jit
@@ -367,76 +340,6 @@ def flash_decode_combine_kernel(ws_ptr, out_ptr, gate_ptr, stride_ws, stride_wh,
         g = tl.load(gate_ptr + h * stride_gh + offs_d, mask=d_ok, other=0.0).to(tl.float32)
         o = o.to(out_ptr.dtype.element_ty).to(tl.float32) * tl.sigmoid(g)
     tl.store(out_ptr + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty), mask=d_ok)
-
-
-# One launch: the split programs of KV head kvh count themselves with an atomic ticket, and the program that draws
-# the last one merges. Why this is safe:
-# - CUDA does not order the programs of a grid, so no fixed program can merge: it could run before the others
-#   have written their partials. The last to arrive knows that every other split of its KV head has finished.
-# - Each program stores its partial, then (after a barrier, so the stores of all its threads are issued) takes a
-#   ticket with an atomic increment of tickets[kvh] of acquire-release semantics at GPU scope: the release makes
-#   its partial visible to whoever acquires the counter later; the acquire of the last program makes every
-#   earlier partial visible to it. Its loads of the partials come after the ticket (the branch depends on it)
-#   and bypass L1 (".cg"), which is not coherent across SMs.
-# - The last program resets tickets[kvh] to 0, so the next launch (the next layer, the same layer again, every
-#   CUDA Graph replay) starts from zero; no other program of this launch touches that counter afterwards.
-# - Splits that start past the current length hold the neutral partial; the merge reads only the
-#   ceil(n / chunk) splits that saw keys (all of them at long lengths, one at the first token).
-# The counters live in a small int32 buffer kept per device (`_tickets`), zero between launches.
-
-
-@triton.jit
-def flash_decode_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, ticket_ptr, out_ptr, gate_ptr, L, qk_scale,
-                        stride_qh, stride_kl, stride_kh, stride_vl, stride_vh, stride_ws, stride_wh,
-                        stride_oh, stride_gh,
-                        G: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                        NUM_SPLITS: tl.constexpr, SPLITS_P: tl.constexpr, HAS_GATE: tl.constexpr,
-                        DOT_PREC: tl.constexpr, BLOCK_DC: tl.constexpr,
-                        BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False):
-    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
-        gdc_wait()
-        gdc_launch_dependents()
-    # program (KV head, split), as flash_decode_split_kernel; then the last split of the KV head combines
-    kvh = tl.program_id(0)
-    split = tl.program_id(1)
-    pos = tl.load(pos_ptr)
-    n = tl.maximum(tl.minimum(pos + 1, L), 0).to(tl.int32)  # keys 0 .. n - 1, from device memory
-    acc, m_i, l_i = _decode_partial(q_ptr, k_ptr, v_ptr, n, kvh, split, L, qk_scale,
-                                    stride_qh, stride_kl, stride_kh, stride_vl, stride_vh,
-                                    G, ROWS, D, BLOCK_D, NUM_SPLITS, DOT_PREC, BLOCK_N)
-    _store_partial(ws_ptr, kvh, split, acc, m_i, l_i, stride_ws, stride_wh, G, ROWS, D, BLOCK_D)
-    # every thread's partial stores are issued past this barrier; the ticket's release publishes them (see above)
-    tl.debug_barrier()
-    ticket = tl.atomic_add(ticket_ptr + kvh, 1, sem="acq_rel", scope="gpu")
-    if ticket == NUM_SPLITS - 1:
-        # the last split of KV head kvh: merge the partials of the splits that saw keys,
-        # o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s with M = max_s m_s, per query head
-        chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        used = tl.minimum(tl.cdiv(n, tl.maximum(chunk, 1)), NUM_SPLITS)
-        offs_s = tl.arange(0, SPLITS_P)
-        s_ok = offs_s < used
-        offs_dc = tl.arange(0, BLOCK_DC)
-        for r in range(G):
-            h = kvh * G + r
-            base = ws_ptr + offs_s * stride_ws + h * stride_wh
-            m = tl.load(base + D, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
-            l = tl.load(base + D + 1, mask=s_ok, other=0.0, cache_modifier=".cg")
-            m_max = tl.max(m, 0)
-            m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # no key at all: every weight is 0
-            w = tl.exp2(m - m_max)
-            total = tl.sum(w * l, 0)
-            inv = 1.0 / tl.where(total > 0, total, 1.0)
-            for d0 in tl.static_range(0, BLOCK_D, BLOCK_DC):
-                offs_d = d0 + offs_dc
-                d_ok = offs_d < D
-                part = tl.load(base[:, None] + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0,
-                               cache_modifier=".cg")
-                o = tl.sum(part * w[:, None], 0) * inv  # (inv: one division per head, not per element)
-                if HAS_GATE:
-                    g = tl.load(gate_ptr + h * stride_gh + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-                    o = o.to(out_ptr.dtype.element_ty).to(tl.float32) * tl.sigmoid(g)
-                tl.store(out_ptr + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty), mask=d_ok)
-        tl.store(ticket_ptr + kvh, 0)  # zero for the next launch
 
 
 # ---------------------------------------------------------------- the output gate
@@ -494,22 +397,11 @@ def _decode_kernel():
     return _tuned["decode"]
 
 
-def _decode_one_launch_kernel():
-    if "decode_one" not in _tuned:
-        _tuned["decode_one"] = triton.autotune(_DECODE_CONFIGS, key=["G", "D", "NUM_SPLITS", "DOT_PREC", "HAS_GATE"])(
-            flash_decode_kernel)
-    return _tuned["decode_one"]
-
-
 # the interpreter runs each program in NumPy: one small fixed config
 _INTERP_PREFILL = dict(BLOCK_M=32, BLOCK_N=32)
 _INTERP_DECODE_BLOCK_N = 16
 _DECODE_BLOCK_N = 64  # the chunk granularity used to choose NUM_SPLITS on the GPU
 MAX_SPLITS = 64
-# decode (T == 1) in one launch (flash_decode_kernel: the last split of each KV head merges) when True; False, the
-# default (faster on the H200: see the module docstring), keeps the two launches of flash-decoding
-# (flash_decode_split_kernel, then flash_decode_combine_kernel). Read at every call, so a test may flip it.
-DECODE_ONE_LAUNCH = False
 
 
 def decode_splits(cache_len: int) -> int:
@@ -529,39 +421,6 @@ def decode_workspace(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = 
     """
     splits = decode_splits(k.shape[0]) if num_splits is None else num_splits
     return torch.empty(splits, q.shape[1], q.shape[2] + 2, dtype=torch.float32, device=q.device)
-
-
-_TICKETS: dict = {}     # device -> int32 counters of flash_decode_kernel, zero between launches
-_WORKSPACES: dict = {}  # (device, splits, Hq, D) -> the fp32 decode workspace used when the caller passes none
-
-
-def _tickets(device, n: int) -> torch.Tensor:
-    """At least n zeroed int32 counters on `device`, allocated once (each launch leaves them at zero again).
-
-    Allocated on the first call, which must not be inside a CUDA Graph capture: a zero-fill captured there would
-    only run at replay. The counters are shared by every decode attention on the device (one launch at a time on
-    one stream, as the model runs its layers); two must not run concurrently on two streams.
-    """
-    key = device_key(device)
-    buf = _TICKETS.get(key)
-    if buf is None or buf.numel() < n:
-        if key.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise KernelError("attention (decode): its ticket counters are allocated on the first call, which must "
-                              "come before CUDA Graph capture (run the decode step once to warm it up)")
-        buf = _TICKETS[key] = torch.zeros(max(n, 64), dtype=torch.int32, device=key)
-    return buf
-
-
-def _shared_workspace(device, splits: int, Hq: int, D: int) -> torch.Tensor:
-    """The decode workspace [splits, Hq, D + 2] fp32 of this shape on `device`, allocated on its first call only.
-
-    One per shape is enough: a decode attention reads its partials back within its own launch (or, on the
-    two-launch path, in the combine kernel right after it), before the next one on the stream overwrites them."""
-    key = (device_key(device), int(splits), int(Hq), int(D))
-    ws = _WORKSPACES.get(key)
-    if ws is None:
-        ws = _WORKSPACES[key] = torch.empty(splits, Hq, D + 2, dtype=torch.float32, device=key[0])
-    return ws
 
 
 # ---------------------------------------------------------------- launchers
@@ -687,10 +546,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
 
     q [T, Hq, D]; k, v [L, Hkv, D]; positions [T] int on the device (query t sees keys 0 .. positions[t]).
     T > 1: the fused flash-attention kernel. T == 1: flash-decoding over `num_splits` chunks (default
-    `decode_splits(L)`) with an fp32 `workspace` [num_splits, Hq, D + 2] (when None, one kept per device and
-    shape, allocated on the first call): one launch whose last split per KV head merges (DECODE_ONE_LAUNCH),
-    or the split kernel then the combine kernel. gate: optional [T, Hq, D] (a strided view is fine): returns
-    o * sigmoid(gate).
+    `decode_splits(L)`) with an fp32 `workspace` [num_splits, Hq, D + 2] (allocated when None), then the
+    combine kernel. gate: optional [T, Hq, D] (a strided view is fine): returns o * sigmoid(gate).
     -> out [T, Hq, D] in q's dtype.
     """
     T, Hq, D, L, Hkv = _check_qkv(q, k, v, positions)
@@ -734,25 +591,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
     if splits < 1:
         raise KernelError(f"num_splits: expected a positive int, got {num_splits!r}")
     if workspace is None:
-        workspace = _shared_workspace(q.device, splits, Hq, D)
+        workspace = torch.empty(splits, Hq, D + 2, dtype=torch.float32, device=q.device)
     else:
         _check_like("workspace", workspace, (splits, Hq, D + 2), torch.float32, q.device)
     rows = max(16, GP)
-    common = (q, k, v, positions, workspace)
-    strides = (L, qk_scale, q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-               workspace.stride(0), workspace.stride(1))
-    meta = dict(G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=splits, DOT_PREC=prec)
+    common = (q, k, v, positions, workspace, L, qk_scale, q.stride(1), k.stride(0), k.stride(1),
+              v.stride(0), v.stride(1), workspace.stride(0), workspace.stride(1))
     if interp:
-        meta["BLOCK_N"] = _INTERP_DECODE_BLOCK_N
-    if DECODE_ONE_LAUNCH:
-        tickets = _tickets(q.device, Hkv)
-        kernel = flash_decode_kernel if interp else _decode_one_launch_kernel()
-        kernel[(Hkv, splits)](*common, tickets, out, g, *strides, out.stride(1), g.stride(1), **meta,
-                              SPLITS_P=triton.next_power_of_2(splits), HAS_GATE=has_gate, BLOCK_DC=min(BLOCK_D, 64),
-                              **pdl_options(q.device))
-        return out
-    kernel = flash_decode_split_kernel if interp else _decode_kernel()
-    kernel[(Hkv, splits)](*common, *strides, **meta, **pdl_options(q.device))
+        flash_decode_split_kernel[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=splits,
+                                                 DOT_PREC=prec, BLOCK_N=_INTERP_DECODE_BLOCK_N)
+    else:
+        _decode_kernel()[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=splits,
+                                        DOT_PREC=prec, **pdl_options(q.device))
     block_dc = min(BLOCK_D, 64)
     flash_decode_combine_kernel[(Hq, triton.cdiv(D, block_dc))](
         workspace, out, g, workspace.stride(0), workspace.stride(1), out.stride(1), g.stride(1),

@@ -832,18 +832,17 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
         k_per_split, splits = per_split(split)
         extra = {"launch_pdl": True} if pdl else {}
         if _persistent(config):
-            if block_m == 1 and splits == 1 and config.kwargs["BLOCK_K"] >= K:
-                blocks = triton.cdiv(N, config.kwargs["BLOCK_N"])
-                grid = (min(blocks, sm_count(x.device) * config.kwargs["PERSIST"]),)
-                gemv_rows_kernel[grid](
-                    x, w, out, args.get("r", x), args.get("z", x), args.get("nw", x), args.get("s", x),
-                    N, K, w.stride(0), args.get("up_offset", 0), args.get("stride_xh", 0), args.get("stride_zh", 0),
-                    float(args.get("eps", 0.0)), PROLOGUE=prologue, DV=dv, USE_PDL=pdl,
-                    num_warps=config.num_warps, num_stages=config.num_stages, **extra, **config.kwargs)
-                return
-            # a forced persistent config on a shape it cannot serve: its tile in the one-program-per-block kernel
-            config = triton.Config({"BLOCK_N": config.kwargs["BLOCK_N"], "BLOCK_K": config.kwargs["BLOCK_K"],
-                                    "PREFETCH": 1}, num_warps=config.num_warps, num_stages=config.num_stages)
+            if block_m != 1 or splits != 1 or config.kwargs["BLOCK_K"] < K:
+                _fail(name, "GEMV_FORCE", f"{config} is the persistent form, which serves one row, one split and "
+                      f"K <= BLOCK_K; this call has {M} rows, {splits} splits and K={K}")
+            blocks = triton.cdiv(N, config.kwargs["BLOCK_N"])
+            grid = (min(blocks, sm_count(x.device) * config.kwargs["PERSIST"]),)
+            gemv_rows_kernel[grid](
+                x, w, out, args.get("r", x), args.get("z", x), args.get("nw", x), args.get("s", x),
+                N, K, w.stride(0), args.get("up_offset", 0), args.get("stride_xh", 0), args.get("stride_zh", 0),
+                float(args.get("eps", 0.0)), PROLOGUE=prologue, DV=dv, USE_PDL=pdl,
+                num_warps=config.num_warps, num_stages=config.num_stages, **extra, **config.kwargs)
+            return
         reduce = REDUCE_NONE if splits == 1 else (REDUCE_DETERMINISTIC if deterministic else REDUCE_ATOMIC)
         ws_numel = splits * M * N if reduce == REDUCE_DETERMINISTIC else M * N
         if reduce != REDUCE_NONE and ws_numel >= 2**31:

@@ -227,6 +227,23 @@ def _check_rotary(rotary_dim, D):
         raise KernelError(f"rotary_dim: expected an even int in (0, head_dim={D}], got {rotary_dim!r}")
 
 
+def _check_qk(q, k, q_weight, k_weight):
+    """The checks qk_norm_rope and qk_norm_rope_cache share: q [T, Hq, D], k [T, Hk, D] of q's dtype and device,
+    contiguous weights [D] on that device. -> (T, Hq, Hk, D)."""
+    _check_rows("q", q)
+    T, Hq, D = q.shape
+    _check_rows("k", k, T=T, D=D)
+    if k.dtype != q.dtype or k.device != q.device:
+        raise KernelError(f"k: expected {q.dtype} on {q.device} like q, got {k.dtype} on {k.device}")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if not isinstance(w, torch.Tensor) or tuple(w.shape) != (D,) or w.device != q.device:
+            raise KernelError(f"{name}: expected a tensor [{D}] on {q.device}, got "
+                              f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}")
+        if D > 1 and w.stride(0) != 1:
+            raise KernelError(f"{name}: must be contiguous")
+    return T, Hq, k.shape[1], D
+
+
 def _blocks(H: int, D: int):
     BLOCK_D = max(16, triton.next_power_of_2(D))
     BLOCK_H = min(triton.next_power_of_2(H), max(1, 4096 // BLOCK_D))
@@ -266,18 +283,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     q [T, Hq, D], k [T, Hk, D] (strided views allowed), weights [D], positions [T]
     -> (q_out [T, Hq, D], k_out [T, Hk, D]) in the dtypes of q and k.
     """
-    _check_rows("q", q)
-    T, Hq, D = q.shape
-    _check_rows("k", k, T=T, D=D)
-    Hk = k.shape[1]
-    if k.dtype != q.dtype or k.device != q.device:
-        raise KernelError(f"k: expected {q.dtype} on {q.device} like q, got {k.dtype} on {k.device}")
-    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
-        if not isinstance(w, torch.Tensor) or tuple(w.shape) != (D,) or w.device != q.device:
-            raise KernelError(f"{name}: expected a tensor [{D}] on {q.device}, got "
-                              f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}")
-        if D > 1 and w.stride(0) != 1:
-            raise KernelError(f"{name}: must be contiguous")
+    T, Hq, Hk, D = _check_qk(q, k, q_weight, k_weight)
     _check_positions(positions, T, q.device)
     _check_rotary(rotary_dim, D)
     _check_out("q_out", q_out, q.shape, q.dtype, q.device)
@@ -308,21 +314,10 @@ def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
     k_cache, v_cache [L, Hk, D] (updated in place at rows `positions`; a position outside [0, L) writes nothing)
     -> the prepared q [T, Hq, D] (in `out` when given).
     """
-    _check_rows("q", q)
-    T, Hq, D = q.shape
-    _check_rows("k", k, T=T, D=D)
-    Hk = k.shape[1]
-    if k.dtype != q.dtype or k.device != q.device:
-        raise KernelError(f"k: expected {q.dtype} on {q.device} like q, got {k.dtype} on {k.device}")
+    T, Hq, Hk, D = _check_qk(q, k, q_weight, k_weight)
     _check_rows("v", v, T=T, D=D)
     if v.shape[1] != Hk or v.device != q.device:
         raise KernelError(f"v: expected [{T}, {Hk}, {D}] on {q.device} like k, got {tuple(v.shape)} on {v.device}")
-    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
-        if not isinstance(w, torch.Tensor) or tuple(w.shape) != (D,) or w.device != q.device:
-            raise KernelError(f"{name}: expected a tensor [{D}] on {q.device}, got "
-                              f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}")
-        if D > 1 and w.stride(0) != 1:
-            raise KernelError(f"{name}: must be contiguous")
     _check_rows("k_cache", k_cache, D=D)
     L = k_cache.shape[0]
     if k_cache.shape[1] != Hk or k_cache.device != q.device:
