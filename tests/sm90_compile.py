@@ -32,10 +32,11 @@ def _jit(fn):
     return fn
 
 
-def compile_case(fn, constexprs: dict, types: dict | None = None, warps: int = 4, stages: int = 1) -> dict:
+def compile_case(fn, constexprs: dict, types: dict | None = None, warps: int = 4, stages: int = 1,
+                 ptx_check=None) -> dict:
     """Compile `fn` for sm_90: arguments ending in _ptr are bf16 pointers and the others int32 unless `types` says
     otherwise; pointers and integer sizes/strides are taken as multiples of 16 (as Triton specialises them for
-    the model's shapes)."""
+    the model's shapes). ptx_check(ptx) -> dict adds what it finds in the generated PTX to the result."""
     fn = _jit(fn)
     types = types or {}
     sig, attrs = {}, {}
@@ -48,7 +49,17 @@ def compile_case(fn, constexprs: dict, types: dict | None = None, warps: int = 4
             attrs[(i,)] = [["tt.divisibility", 16]]
     kernel = triton.compile(ASTSource(fn, sig, constexprs=constexprs, attrs=attrs), target=TARGET,
                             options={"num_warps": warps, "num_stages": stages})
-    return {"shared": kernel.metadata.shared}
+    return {"shared": kernel.metadata.shared, **(ptx_check(kernel.asm["ptx"]) if ptx_check else {})}
+
+
+def clears_after_reading(ptx: str) -> dict:
+    """The atomic split-K reduction's last program reads the sums (ld.global.cg) and then clears them (st.global):
+    whether a barrier (bar.sync) separates the two. Without one, a thread may clear an element that another thread,
+    to which the compiler gave it in the load's layout, has not read yet."""
+    lines = ptx.splitlines()
+    read = max(i for i, line in enumerate(lines) if "ld.global.cg" in line)
+    clear = next(i for i in range(read, len(lines)) if "st.global" in lines[i])
+    return {"barrier_before_clear": any("bar.sync" in line for line in lines[read:clear])}
 
 
 def cases():
@@ -80,16 +91,19 @@ def cases():
                         DOT_PRECISION="ieee", USE_PDL=True,
                         K_POW2=triton.next_power_of_2(C.hidden_size) if prologue == gemm.PRO_ADD_RMS else 0)
             out.append((f"gemv M=1 prologue {prologue} {c}", lambda meta=meta, c=c: compile_case(
-                gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages)))
+                gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages, clears_after_reading)))
             if prologue == gemm.PRO_ADD_RMS:  # the deterministic reduction as well (its loop has names too)
                 meta = dict(meta, REDUCE=gemm.REDUCE_DETERMINISTIC)
                 out.append((f"gemv M=1 deterministic prologue {prologue} {c}", lambda meta=meta, c=c: compile_case(
                     gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages)))
-        if c.kwargs["BLOCK_N"] >= 16:  # a few prompt rows: the tl.dot path
+        if c.kwargs["BLOCK_N"] >= 16:  # a few prompt rows: the tl.dot path, whole and split (atomic)
             meta = dict(c.kwargs, BLOCK_M=16, REDUCE=gemm.REDUCE_NONE, PROLOGUE=gemm.PRO_ADD_RMS, DV=1,
                         DOT_PRECISION="ieee", USE_PDL=False, K_POW2=0)
             out.append((f"gemv M=16 {c}", lambda meta=meta, c=c: compile_case(
                 gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages)))
+            meta = dict(meta, REDUCE=gemm.REDUCE_ATOMIC, PROLOGUE=gemm.PRO_NONE, USE_PDL=True)
+            out.append((f"gemv M=16 atomic {c}", lambda meta=meta, c=c: compile_case(
+                gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages, clears_after_reading)))
     D, G = C.head_dim, C.num_attention_heads // C.num_key_value_heads
     attn_types = {"pos_ptr": "*i64", "qk_scale": "fp32"}
     for c in attention._PREFILL_CONFIGS:

@@ -39,6 +39,17 @@ def test_every_gpu_config_fits_the_shared_memory_of_sm90(results):
     assert not over, "over the 227 KB an sm_90 program may use:\n" + "\n".join(over)
 
 
+def test_the_atomic_split_k_clears_its_sums_only_after_every_thread_read_them(results):
+    """The last program of a split-K block reads the fp32 sums and clears them for the next call. With several rows
+    (the tl.dot path) the compiler lays the load and the clearing store out differently over the threads, so a
+    barrier must separate them: without it, a prompt of 4 tokens prefilled through the split-K GEMVs came out
+    with logits 1.1 (relative) away from the right ones on the H200."""
+    checked = [r for r in results if r["ok"] and "barrier_before_clear" in r]
+    assert any(r["label"].startswith("gemv M=16 atomic") for r in checked), "no M=16 atomic case was compiled"
+    racy = [r["label"] for r in checked if not r["barrier_before_clear"]]
+    assert not racy, "sums cleared with no barrier after they are read:\n" + "\n".join(racy)
+
+
 def test_the_check_sees_a_pipeline_too_deep_for_the_sm():
     """The exercise 09.2 scan with three pipeline stages (the default) needs more shared memory than an SM has: on
     the H200 it failed with "out of resource: shared memory"; its launcher asks for one stage."""

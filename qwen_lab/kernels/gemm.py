@@ -498,7 +498,11 @@ def gemv_splitk_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, count_ptr,
             if REDUCE == 1:
                 ws_ptrs = ws_ptr + ws_offs
                 total = tl.load(ws_ptrs, mask=out_mask, other=0.0, cache_modifier=".cg")
-                tl.store(ws_ptrs, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), mask=out_mask)  # for the next call
+                # Every thread has its sums before any thread clears them for the next call: the compiler may
+                # spread the load and the clearing store over the threads differently (with several rows it
+                # does), and a thread clearing an element another has yet to read would lose that element.
+                tl.debug_barrier()
+                tl.store(ws_ptrs, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), mask=out_mask)
             else:
                 # Fixed order s = 0, 1, ...: the same bits every run, whoever arrived last.
                 total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
