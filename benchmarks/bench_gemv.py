@@ -264,7 +264,7 @@ def print_prefill(rows):
     print(f"{'shape':18s} {'K->N':>13s} {'ms':>8s} {'TFLOP/s':>8s} {'torch ms':>9s} {'TFLOP/s':>8s}")
     for r in rows:
         print(f"{r['name']:18s} {r['K']:>5d}->{r['N']:<7d} {r['ms']:8.3f} {r['tflops']:8.1f} {r['torch_ms']:9.3f} "
-              f"{r['torch_tflops']:8.1f}")
+              f"{r['torch_tflops']:8.1f}  {r['config']}")
 
 
 def print_sweep(sweeps):
@@ -280,7 +280,10 @@ def print_sweep(sweeps):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=".", help="directory for bench_gemv.json (default: here)")
+    parser.add_argument("--sections", default="decode,swiglu,norms,prefill,sweep",
+                        help="which tables to measure, comma-separated (default: all of them)")
     args = parser.parse_args(argv)
+    sections = set(args.sections.split(","))
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "bench_gemv.json")
 
@@ -308,21 +311,26 @@ def main(argv=None):
     # Each section prints and saves as soon as it is done, most important first: a run cut short by a
     # timeout still leaves the decode table.
     result["copy_bandwidth_GBps"] = copy_bandwidth() / 1e9
-    result["decode"] = decode_rows(gen, l2_bytes, result["copy_bandwidth_GBps"] * 1e9)
-    save()
-    print_decode(result)
-    result["swiglu_down"] = swiglu_row(gen, l2_bytes)
-    save()
-    print_swiglu(result["swiglu_down"])
-    result["fused_norms"] = fused_norm_rows(gen, l2_bytes)
-    save()
-    print_fused_norms(result["fused_norms"])
-    result["prefill"] = prefill_rows(gen)
-    save()
-    print_prefill(result["prefill"])
-    result["split_sweep"] = sweep_rows(gen, l2_bytes, started + SOFT_LIMIT_S)
-    save()
-    print_sweep(result["split_sweep"])
+    if "decode" in sections:
+        result["decode"] = decode_rows(gen, l2_bytes, result["copy_bandwidth_GBps"] * 1e9)
+        save()
+        print_decode(result)
+    if "swiglu" in sections:
+        result["swiglu_down"] = swiglu_row(gen, l2_bytes)
+        save()
+        print_swiglu(result["swiglu_down"])
+    if "norms" in sections:
+        result["fused_norms"] = fused_norm_rows(gen, l2_bytes)
+        save()
+        print_fused_norms(result["fused_norms"])
+    if "prefill" in sections:
+        result["prefill"] = prefill_rows(gen)
+        save()
+        print_prefill(result["prefill"])
+    if "sweep" in sections:
+        result["split_sweep"] = sweep_rows(gen, l2_bytes, started + SOFT_LIMIT_S)
+        save()
+        print_sweep(result["split_sweep"])
     print(f"\n{result['elapsed_s']:.0f} s; wrote {path}")
     return 0
 
