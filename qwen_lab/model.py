@@ -201,11 +201,9 @@ class Qwen35Model:
         if T == 1 and self._fused("causal_conv1d", "deltanet_decode_step"):
             # decode with the library's own conv and decode step: conv, gates and recurrence in one launch
             # state_settled: the in-projection just launched comes between two steps of this layer, so the
-            # kernel may read the states before it waits for the in-projection's output; while it runs (bound by
-            # latency, not bandwidth) its spare programs warm L2 with the two projections that come next
+            # kernel may read the states before it waits for the in-projection's output
             o = ops["deltanet_conv_decode_step"](qkv, layer.conv, cache.conv_state[i], a, b, layer.A_log,
-                                                 layer.dt_bias, state, Hk, Dk, Hv, Dv, state_settled=True,
-                                                 prefetch=(layer.out_proj, layer.gate_up))
+                                                 layer.dt_bias, state, Hk, Dk, Hv, Dv, state_settled=True)
             # The conv output never leaves the kernel, so there is no "conv1d" tensor to trace here; what can
             # be seen of the conv is its updated state (this token's input in the last column).
             self._t(i, "conv_state", cache.conv_state[i])
@@ -252,10 +250,7 @@ class Qwen35Model:
                                        cfg.rotary_dim, cfg.rope_theta)
             ops["kv_cache_write"](k_cache, v_cache, k, v, positions)
         self._t(i, "qk_norm_rope", q)
-        # softmax(q k^T / sqrt(D)) v * sigmoid(gate); at decode the library's kernel also warms L2 with the two
-        # projections that come next, as the DeltaNet step does
-        kw = {"prefetch": (layer.o_proj, layer.gate_up)} if T == 1 and self._fused("attention") else {}
-        o = ops["attention"](q, k_cache, v_cache, positions, gate=gate, **kw)
+        o = ops["attention"](q, k_cache, v_cache, positions, gate=gate)  # softmax(q k^T / sqrt(D)) v * sigmoid(gate)
         self._t(i, "gated_attention", o)
         y = ops["linear"](o.reshape(T, Hq * D), layer.o_proj)
         self._t(i, "o_proj", y)

@@ -52,11 +52,6 @@ def compile_case(fn, constexprs: dict, types: dict | None = None, warps: int = 4
     return {"shared": kernel.metadata.shared, **(ptx_check(kernel.asm["ptx"]) if ptx_check else {})}
 
 
-def prefetches(ptx: str) -> dict:
-    """How many L2 prefetch instructions the kernel holds (prefetch.py's requests survive compilation)."""
-    return {"l2_prefetches": sum("prefetch.global.L2" in line for line in ptx.splitlines())}
-
-
 def clears_after_reading(ptx: str) -> dict:
     """The atomic split-K reduction's last program reads the sums (ld.global.cg) and then clears them (st.global):
     whether a barrier (bar.sync) separates the two. Without one, a thread may clear an element that another thread,
@@ -117,13 +112,10 @@ def cases():
         out.append((f"flash_attention {c}", lambda meta=meta, c=c: compile_case(
             attention.flash_attention_kernel, meta, attn_types, c.num_warps, c.num_stages)))
     for c in attention._DECODE_CONFIGS:
-        for prefetch in (False, True):
-            meta = dict(c.kwargs, G=G, ROWS=max(16, triton.next_power_of_2(G)), D=D,
-                        BLOCK_D=triton.next_power_of_2(D), NUM_SPLITS=8, DOT_PREC="ieee", USE_PDL=True,
-                        PREFETCH=prefetch)
-            out.append((f"flash_decode_split prefetch={prefetch} {c}", lambda meta=meta, c=c: compile_case(
-                attention.flash_decode_split_kernel, meta, dict(attn_types, ws_ptr="*fp32"), c.num_warps,
-                c.num_stages, prefetches)))
+        meta = dict(c.kwargs, G=G, ROWS=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
+                    NUM_SPLITS=8, DOT_PREC="ieee", USE_PDL=True)
+        out.append((f"flash_decode_split {c}", lambda meta=meta, c=c: compile_case(
+            attention.flash_decode_split_kernel, meta, dict(attn_types, ws_ptr="*fp32"), c.num_warps, c.num_stages)))
     rope_meta = dict(D=D, HALF=C.rotary_dim // 2, BLOCK_H=triton.next_power_of_2(C.num_attention_heads),
                      BLOCK_D=triton.next_power_of_2(D), USE_PDL=True)
     out.append(("qk_norm_rope_cache", lambda: compile_case(
@@ -142,12 +134,10 @@ def cases():
     conv_types = {"state_ptr": "*fp32", "A_log_ptr": "*fp32", "dt_bias_ptr": "*bf16", "ticket_ptr": "*i32",
                   "scale": "fp32", "eps": "fp32"}
     for c in deltanet.autotune_configs("conv_decode_step_kernel", Dv=Dv):
-        for settled, prefetch in ((False, False), (True, False), (True, True)):
-            meta = dict(c.kwargs, W=C.linear_conv_kernel_dim, BW=4, BK=Dk, USE_PDL=True, STATE_SETTLED=settled,
-                        PREFETCH=prefetch)
-            out.append((f"conv_decode_step settled={settled} prefetch={prefetch} {c}", lambda meta=meta, c=c:
-                        compile_case(deltanet.conv_decode_step_kernel, meta, conv_types, c.num_warps, c.num_stages,
-                                     prefetches)))
+        for settled in (False, True):
+            meta = dict(c.kwargs, W=C.linear_conv_kernel_dim, BW=4, BK=Dk, USE_PDL=True, STATE_SETTLED=settled)
+            out.append((f"conv_decode_step settled={settled} {c}", lambda meta=meta, c=c: compile_case(
+                deltanet.conv_decode_step_kernel, meta, conv_types, c.num_warps, c.num_stages)))
     for c in conv1d.PREFILL_CONFIGS:
         meta = dict(c.kwargs, W=C.linear_conv_kernel_dim)
         out.append((f"conv1d_prefill {c}", lambda meta=meta, c=c: compile_case(

@@ -50,7 +50,6 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from .. import runtime
 from ..errors import KernelError
 from . import pdl_options
-from .prefetch import l2_prefetch, prefetch_regions
 
 LOG2E = 1.4426950408889634
 
@@ -275,9 +274,7 @@ def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
                               stride_qh, stride_kl, stride_kh, stride_vl, stride_vh, stride_ws, stride_wh,
                               G: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                               NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr,
-                              BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False,
-                              pf_a_ptr=None, pf_a_bytes=0, pf_b_ptr=None, pf_b_bytes=0, HKV=1,
-                              PREFETCH: tl.constexpr = False):
+                              BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False):
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
         gdc_wait()
         gdc_launch_dependents()
@@ -285,14 +282,6 @@ def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
     # against one chunk of the keys; writes the partial (acc, m, l) to the workspace
     kvh = tl.program_id(0)
     split = tl.program_id(1)
-    if PREFETCH:
-        if kvh >= HKV:
-            # the rows of the grid past the HKV heads only warm L2 with the next projections' weights (prefetch.py)
-            part = (kvh - HKV) * tl.num_programs(1) + split
-            parts = (tl.num_programs(0) - HKV) * tl.num_programs(1)
-            l2_prefetch(pf_a_ptr, pf_a_bytes, part, parts, 128)
-            l2_prefetch(pf_b_ptr, pf_b_bytes, part, parts, 128)
-            return
     rows = tl.arange(0, ROWS)
     row_ok = rows < G
     offs_h = kvh * G + rows
@@ -412,8 +401,6 @@ def _decode_kernel():
 _INTERP_PREFILL = dict(BLOCK_M=32, BLOCK_N=32)
 _INTERP_DECODE_BLOCK_N = 16
 _DECODE_BLOCK_N = 64  # the chunk granularity used to choose NUM_SPLITS on the GPU
-# Rows of the decode split kernel's grid (each NUM_SPLITS programs) that warm L2 when it is given weights to prefetch.
-PREFETCH_ROWS = 2
 MAX_SPLITS = 64
 
 
@@ -554,15 +541,13 @@ def attention_three_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
               scale: float | None = None, out: torch.Tensor | None = None, gate: torch.Tensor | None = None,
-              num_splits: int | None = None, workspace: torch.Tensor | None = None, prefetch=()) -> torch.Tensor:
+              num_splits: int | None = None, workspace: torch.Tensor | None = None) -> torch.Tensor:
     """Causal grouped-query attention over a KV cache; = reference.attention (with `gate`: then sigmoid_gate).
 
     q [T, Hq, D]; k, v [L, Hkv, D]; positions [T] int on the device (query t sees keys 0 .. positions[t]).
     T > 1: the fused flash-attention kernel. T == 1: flash-decoding over `num_splits` chunks (default
     `decode_splits(L)`) with an fp32 `workspace` [num_splits, Hq, D + 2] (allocated when None), then the
     combine kernel. gate: optional [T, Hq, D] (a strided view is fine): returns o * sigmoid(gate).
-    prefetch (decode only): up to two contiguous tensors, the weights of the projections that follow, which extra
-    programs of the split kernel ask L2 to fetch (see prefetch.py); a hint that changes no result.
     -> out [T, Hq, D] in q's dtype.
     """
     T, Hq, D, L, Hkv = _check_qkv(q, k, v, positions)
@@ -616,13 +601,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
         flash_decode_split_kernel[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=splits,
                                                  DOT_PREC=prec, BLOCK_N=_INTERP_DECODE_BLOCK_N)
     else:
-        (pf_a, a_bytes), (pf_b, b_bytes) = prefetch_regions("attention", prefetch, q.device, 2)
-        pf_rows = PREFETCH_ROWS if a_bytes + b_bytes else 0
-        extra = {} if not pf_rows else dict(pf_a_ptr=q if pf_a is None else pf_a, pf_a_bytes=a_bytes,
-                                            pf_b_ptr=q if pf_b is None else pf_b, pf_b_bytes=b_bytes, HKV=Hkv,
-                                            PREFETCH=True)
-        _decode_kernel()[(Hkv + pf_rows, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=splits,
-                                                  DOT_PREC=prec, **extra, **pdl_options(q.device))
+        _decode_kernel()[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=splits,
+                                        DOT_PREC=prec, **pdl_options(q.device))
     block_dc = min(BLOCK_D, 64)
     flash_decode_combine_kernel[(Hq, triton.cdiv(D, block_dc))](
         workspace, out, g, workspace.stride(0), workspace.stride(1), out.stride(1), g.stride(1),

@@ -69,7 +69,6 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from .. import runtime
 from ..errors import KernelError
 from . import device_key, pdl_options
-from .prefetch import l2_prefetch, prefetch_regions
 
 EPS = 1e-6  # l2norm epsilon of q and k inside the delta rule (as in the reference and transformers)
 INTERPRET = runtime.interpreter_active()  # fixed at import: the kernels below are defined for one mode
@@ -269,22 +268,9 @@ def delta_rule_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr,
 def conv_decode_step_kernel(qkv_ptr, conv_w_ptr, conv_state_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr,
                             out_ptr, ticket_ptr, Hv, Dk, Dv, REP, KEY_DIM, scale, eps,
                             stride_cw, stride_cs, stride_sh, stride_sk, stride_oh,
-                            pf_a_ptr, pf_a_bytes, pf_b_ptr, pf_b_bytes,
                             W: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                            USE_PDL: tl.constexpr = False, STATE_SETTLED: tl.constexpr = False,
-                            PREFETCH: tl.constexpr = False):
+                            USE_PDL: tl.constexpr = False, STATE_SETTLED: tl.constexpr = False):
     h = tl.program_id(0)
-    if PREFETCH:
-        if h >= Hv:
-            # The rows of the grid past the Hv heads only warm L2 with the next projections' weights (see
-            # prefetch.py), once the in-projection, which streams its own weights, is done.
-            if USE_PDL:
-                gdc_wait()
-            part = (h - Hv) * tl.num_programs(1) + tl.program_id(1)
-            parts = (tl.num_programs(0) - Hv) * tl.num_programs(1)
-            l2_prefetch(pf_a_ptr, pf_a_bytes, part, parts, 128)
-            l2_prefetch(pf_b_ptr, pf_b_bytes, part, parts, 128)
-            return
     hk = h // REP
     offs_k = tl.arange(0, BK)
     offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
@@ -678,8 +664,6 @@ def deltanet_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: t
 
 
 _TICKETS: dict = {}  # device -> int32 counters of conv_decode_step_kernel, zero between launches
-# Rows of conv_decode_step_kernel's grid (each Dv / BV programs) that warm L2 when it is given weights to prefetch.
-PREFETCH_ROWS = 16
 
 
 def _tickets(device, n: int) -> torch.Tensor:
@@ -703,8 +687,7 @@ def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv
                               a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                               state: torch.Tensor, num_k_heads: int, head_k_dim: int, num_v_heads: int,
                               head_v_dim: int, scale: float | None = None,
-                              out: torch.Tensor | None = None, state_settled: bool = False,
-                              prefetch=()) -> torch.Tensor:
+                              out: torch.Tensor | None = None, state_settled: bool = False) -> torch.Tensor:
     """causal_conv1d and deltanet_decode_step of one decode token in one launch; = reference.deltanet_conv_decode_step.
 
     qkv [1, C] with C = 2 Hk Dk + Hv Dv (q | k | v channels before the conv; a strided slice allowed), conv_weight
@@ -715,10 +698,6 @@ def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv
     is one of the library's kernels (which let the next kernel start only after their own PDL wait), so the
     states may be read before this kernel's wait. True in the model's decode step (the in-projection comes
     between two steps of a layer); two steps launched back to back must leave it False.
-
-    prefetch: up to two contiguous tensors (the weights of the projections that follow, in the model the
-    out-projection and the MLP's gate/up) that extra programs ask L2 to fetch while the step runs (see
-    prefetch.py); a hint that changes no result, off under the interpreter and with QWEN_LAB_L2_PREFETCH=0.
     """
     Hk, Dk, Hv, Dv = num_k_heads, head_k_dim, num_v_heads, head_v_dim
     for name, n in (("num_k_heads", Hk), ("head_k_dim", Dk), ("num_v_heads", Hv), ("head_v_dim", Dv)):
@@ -755,18 +734,14 @@ def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv
         raise KernelError(f"state: shape {tuple(state.shape)}, expected {(Hv, Dk, Dv)} = [Hv, Dk, Dv]")
     out = _check_out("out", out, (1, Hv, Dv), qkv.dtype, dev)
     scale = Dk ** -0.5 if scale is None else float(scale)
-    (pf_a, a_bytes), (pf_b, b_bytes) = prefetch_regions("deltanet_conv_decode_step", prefetch, dev, 2)
-    # the prefetching rows of the grid: enough programs to spread the requests over many SMs' load units
-    pf_rows = PREFETCH_ROWS if a_bytes + b_bytes else 0
     tickets = _tickets(dev, Hk)
-    grid = lambda META: (Hv + pf_rows, triton.cdiv(Dv, META["BV"]))  # noqa: E731
+    grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
     _launch(conv_decode_step_kernel, grid, (
         qkv, conv_weight, conv_state, a, b, A_log, dt_bias, state, out, tickets,
         Hv, Dk, Dv, Hv // Hk, Hk * Dk, scale, EPS,
-        conv_weight.stride(0), conv_state.stride(0), state.stride(0), state.stride(1), out.stride(1),
-        qkv if pf_a is None else pf_a, a_bytes, qkv if pf_b is None else pf_b, b_bytes),
+        conv_weight.stride(0), conv_state.stride(0), state.stride(0), state.stride(1), out.stride(1)),
         dict(W=W, BW=triton.next_power_of_2(max(W - 1, 1)), BK=triton.next_power_of_2(Dk),
-             STATE_SETTLED=bool(state_settled), PREFETCH=pf_rows > 0, **pdl_options(dev)),
+             STATE_SETTLED=bool(state_settled), **pdl_options(dev)),
         dict(BV=min(32, triton.next_power_of_2(Dv)), num_warps=4))
     return out
 
