@@ -236,10 +236,11 @@ def test_prefill_graphs_match_the_eager_prefill(big, big_graphs, big_float32, T)
 @pytest.mark.parametrize("T", [77, 300])
 def test_prefill_graphs_with_the_default_atomic_split_k(big, big_float32, T, monkeypatch):
     """The same comparison with the default reduction of the split-K GEMVs (atomic adds), which the pieces of 4 and
-    16 tokens use: notebook 12 measured logits 1.1 (T = 77) and 1.4 (T = 300) apart from the eager prefill this
-    way (after timing ten runs of each), where the deterministic runs above agree. The comparisons say which side
-    is off: the first graph run against the eager pieces, the twelfth run against the first (whether repeats
-    drift), the eager pieces against one eager prefill, and the graphs against float32."""
+    16 tokens use. A race in that reduction (the sums cleared before every thread had read them) once put these
+    logits 1.1 (T = 77) and 1.4 (T = 300) away from one eager prefill, eager pieces and graphs alike, while the
+    deterministic runs above agreed. The comparisons say which side is off: the first graph run against the eager
+    pieces, the twelfth run against the first (whether repeats drift), the eager pieces against one eager
+    prefill, and the graphs against float32."""
     monkeypatch.setenv("QWEN_LAB_DETERMINISTIC", "0")
     dev = big.device
     cache = big.new_cache(2048)
