@@ -45,8 +45,11 @@ def main(T: int, source: str):
             os.environ.update(env)
             errs = [checks.relative_error(in_pieces(model, ids), whole) for _ in range(3)]
             print(f"  {name:16s} pieces vs whole: {' '.join(f'{e:.3g}' for e in errs)}", flush=True)
-            for k, v in saved.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+            for k, v in saved.items():  # back to the setting before this one
+                if v is None:
+                    os.environ.pop(k)
+                else:
+                    os.environ[k] = v
 
         launch = gemm._launch_gemv
         found = []
