@@ -242,8 +242,9 @@ def print_decode(result):
     for r in result["decode"]:
         print(f"{r['name']:18s} {r['K']:>5d}->{r['N']:<7d} {r['MB']:6.1f} {r['us']:7.2f} {r['GBps']:6.0f} "
               f"{100 * r['pct_of_copy']:5.0f}% {100 * r['target']:5.0f}% {'pass' if r['passed'] else 'FAIL':4s} "
-              f"{r['split_k']:5d} {r['torch_linear_us']:8.2f} {r['torch_mv_us']:7.2f}")
-    print(f"{sum(r['passed'] for r in result['decode'])} of {len(result['decode'])} decode shapes meet their bar")
+              f"{r['split_k']:5d} {r['torch_linear_us']:8.2f} {r['torch_mv_us']:7.2f}  {r['config']}")
+    print(f"{sum(r['passed'] for r in result['decode'])} of {len(result['decode'])} decode shapes meet their bar "
+          f"(the last column: the plan the first-call timing kept; PERSIST marks the persistent form)")
 
 
 def print_swiglu(f):
