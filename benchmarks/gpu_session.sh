@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a GPU session checks, in one command on the device machine (the lease is short: one call).
-#   bash benchmarks/gpu_session.sh [all] [tests] [bench] [kernels] [profile] [notebooks]    results under $OUT (or ./gpu_out)
+#   bash benchmarks/gpu_session.sh [all] [tests] [bench] [kernels] [profile] [probes] [notebooks]    results under $OUT (or ./gpu_out)
 # On a machine with two GPUs, run the timing targets on one and the tests and notebooks on the other:
 #   CUDA_VISIBLE_DEVICES=1 bash benchmarks/gpu_session.sh tests notebooks & CUDA_VISIBLE_DEVICES=0 bash benchmarks/gpu_session.sh bench profile
 set -u
@@ -35,6 +35,10 @@ if want tests; then
 fi
 if want profile; then
   timeout 120 python3 benchmarks/profile_step.py 2>&1 | tee "$OUT/profile.txt" | head -n 60
+fi
+if want probes; then
+  # a prompt prefilled in bucket pieces against one prefill, and every few-row split-K GEMV checked where it runs
+  timeout 150 python3 benchmarks/probe_prefill_graphs.py 77 2>&1 | tee "$OUT/probe_prefill.txt"
 fi
 if want notebooks; then
   timeout ${NB_TIMEOUT:-500} python3 benchmarks/run_notebooks.py solutions/*.ipynb 2>&1 | tee "$OUT/notebooks.txt"
