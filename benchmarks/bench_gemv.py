@@ -103,6 +103,9 @@ def decode_rows(gen, l2_bytes, bw_measured):
         err = (gemm.linear(rot.xs[0], rot.weights[0]).float() - ref.float()).abs().max().item()
         us = time_graph(rot.calls(lambda x, w, o: gemm.linear(x, w, out=o)))
         config = str(gemm.last_plan[1]) if gemm.last_plan else "-"
+        # the first-call timing's measurements of this shape, fastest first: how close the runners-up came
+        timed = sorted(gemm.gemv_plan_times(1, N, K, device=DEVICE).items(), key=lambda kv: kv[1])
+        runners = [dict(us=t, split=p[0], config=str(p[1])) for p, t in timed[:4]]
         # the SPLIT_K `linear` used: timed per narrow shape on the first call, else the heuristic's
         split = gemm.chosen_split_k(1, N, K, dtype=torch.bfloat16, device=DEVICE)
         us_torch = time_graph(rot.calls(lambda x, w, o: F.linear(x, w)))  # F.linear has no out=
@@ -110,7 +113,7 @@ def decode_rows(gen, l2_bytes, bw_measured):
         pct = nbytes / (us * 1e-6) / COPY_BANDWIDTH
         rows.append(dict(name=name, K=K, N=N, MB=nbytes / 1e6, us=us, GBps=nbytes / (us * 1e-6) / 1e9,
                          pct_of_copy=pct, pct_of_measured_copy=nbytes / (us * 1e-6) / bw_measured, target=target,
-                         passed=pct >= target, split_k=split, config=config, max_abs_err=err,
+                         passed=pct >= target, split_k=split, config=config, timed_plans=runners, max_abs_err=err,
                          torch_linear_us=us_torch, torch_mv_us=us_mv, weight_copies=rot.copies))
         del rot
         torch.cuda.empty_cache()
@@ -245,6 +248,10 @@ def print_decode(result):
               f"{r['split_k']:5d} {r['torch_linear_us']:8.2f} {r['torch_mv_us']:7.2f}  {r['config']}")
     print(f"{sum(r['passed'] for r in result['decode'])} of {len(result['decode'])} decode shapes meet their bar "
           f"(the last column: the plan the first-call timing kept; PERSIST marks the persistent form)")
+    print("\nThe first-call timing's four fastest plans per shape (us per call, SPLIT_K, config):")
+    for r in result["decode"]:
+        for p in r["timed_plans"]:
+            print(f"  {r['name']:18s} {p['us']:7.2f} {p['split']:3d}  {p['config']}")
 
 
 def print_swiglu(f):

@@ -115,6 +115,18 @@ def test_strided_input_rows_and_out_buffer(rt, gen):
         assert torch.isnan(out_big[:, :3]).all() and torch.isnan(out_big[:, 3 + N:]).all(), "wrote outside out"
 
 
+def test_plan_times_are_empty_without_the_first_call_timing(rt, gen, monkeypatch):
+    """The interpreter (and a GPU with QWEN_LAB_TUNE=0) takes the first fitting plan untimed: nothing is recorded."""
+    monkeypatch.setattr(gemm, "_plans", {})
+    monkeypatch.setattr(gemm, "plan_times", {})
+    monkeypatch.setenv("QWEN_LAB_TUNE", "0")
+    x, w = _x(1, 100, gen, rt), _w(50, 100, gen, rt)
+    checks.compare("untimed plan", gemm.linear(x, w), reference.linear(x, w))
+    assert gemm.last_plan is not None
+    assert gemm.gemv_plan(1, 50, 100, dtype=rt.dtype, device=rt.device) is None  # an untimed plan is not kept
+    assert gemm.gemv_plan_times(1, 50, 100, dtype=rt.dtype, device=rt.device) == {}
+
+
 def test_linear_dispatches_on_m(rt, gen):
     w = _w(40, 64, gen, rt)
     with count_launches() as small:
@@ -311,11 +323,16 @@ def test_gpu_first_call_times_and_keeps_a_plan(rt, gen, monkeypatch):
     """The first call of a shape times its candidate plans inside a CUDA Graph and keeps the fastest; a later call
     reuses it. A narrow shape (N = 1024) also times SPLIT_K values."""
     monkeypatch.setattr(gemm, "_plans", {})
+    monkeypatch.setattr(gemm, "plan_times", {})
     K, N = REAL["mlp_down"]
     w, x = _w(N, K, gen, rt), _x(1, K, gen, rt)
     assert gemm.gemv_plan(1, N, K, dtype=rt.dtype, device=rt.device) is None
+    assert gemm.gemv_plan_times(1, N, K, dtype=rt.dtype, device=rt.device) == {}
     checks.compare("first call", gemm.linear(x, w), reference.linear(x, w))
     plan = gemm.gemv_plan(1, N, K, dtype=rt.dtype, device=rt.device)
+    times = gemm.gemv_plan_times(1, N, K, dtype=rt.dtype, device=rt.device)
+    assert len(times) > 1 and min(times, key=times.get) == plan, "the kept plan is the fastest one timed"
+    assert all(t > 0 for t in times.values())
     heuristic = gemm.choose_split_k(1, N, K, gemm.sm_count(rt.device))
     assert plan is not None and plan[0] in (*gemm.SPLIT_CANDIDATES, heuristic)
     assert plan[1] in gemm._gemv_configs()

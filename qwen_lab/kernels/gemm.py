@@ -738,6 +738,8 @@ SPLIT_CANDIDATES = (1, 2, 4, 8)
 GEMV_FORCE = None
 # The (SPLIT_K, config) of the last GEMV launched: what a benchmark reports.
 last_plan = None
+# What the first-call timing measured, per plan key (as in _plans): {(SPLIT_K, config): microseconds per call}.
+plan_times: dict = {}
 
 
 def _persistent_enabled() -> bool:
@@ -762,6 +764,14 @@ def gemv_plan(M: int, N: int, K: int, prologue: int = PRO_NONE, deterministic: b
     return _plans.get(_plan_key(prologue, M, N, K, det, dtype, device, split_k, pdl_enabled(device)))
 
 
+def gemv_plan_times(M: int, N: int, K: int, prologue: int = PRO_NONE, deterministic: bool | None = None,
+                    dtype=torch.bfloat16, device="cuda", split_k: int | None = None) -> dict:
+    """What the first-call timing measured for this call shape, {(SPLIT_K, triton.Config): microseconds per call};
+    empty when it did not time it (not yet called, the interpreter, QWEN_LAB_TUNE=0)."""
+    det = deterministic_mode() if deterministic is None else deterministic
+    return dict(plan_times.get(_plan_key(prologue, M, N, K, det, dtype, device, split_k, pdl_enabled(device)), {}))
+
+
 def chosen_split_k(M: int, N: int, K: int, prologue: int = PRO_NONE, deterministic: bool | None = None,
                    dtype=torch.bfloat16, device="cuda") -> int:
     """The SPLIT_K the GEMV launchers use for this call shape: the one measured fastest on its first call when there
@@ -772,7 +782,8 @@ def chosen_split_k(M: int, N: int, K: int, prologue: int = PRO_NONE, determinist
 
 def _tune_plan(plans, launch, weight) -> tuple:
     """The fastest of `plans` [(split, config)], each timed inside a CUDA Graph over copies of `weight` that
-    together exceed the L2 cache, so every call reads its weights from HBM as the model's layers do."""
+    together exceed the L2 cache, so every call reads its weights from HBM as the model's layers do.
+    -> (the fastest plan, {plan: microseconds per call})."""
     dev = weight.device
     l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20) or (64 << 20)
     nbytes = weight.numel() * weight.element_size()
@@ -793,7 +804,7 @@ def _tune_plan(plans, launch, weight) -> tuple:
         except triton.runtime.errors.OutOfResources:
             continue
     del weights
-    return min(times, key=times.get)
+    return min(times, key=times.get), times
 
 
 def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue, args, dv=1):
@@ -891,7 +902,7 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
             splits = [split_k] if asked is not None or heuristic == 1 else sorted(
                 {s for s in (*SPLIT_CANDIDATES, heuristic) if s <= most and (s == 1 or K // s >= 128)})
             with uncounted():  # the timing runs are not this call's launches
-                plan = _tune_plan(candidates(splits), launch, weight)
+                plan, plan_times[key] = _tune_plan(candidates(splits), launch, weight)
             _plans[key] = plan
     last_plan = plan
     launch(plan, weight)
@@ -1062,5 +1073,5 @@ def _gated_linear(o, z, norm_weight, eps, weight, out, split_k=None, determinist
     return _launch_gemv(name, o, weight, out, M, N, K, split_k, deterministic, PRO_GATED, args, dv=Dv)
 
 
-__all__ = ["GEMV_MAX_M", "add_rms_norm_linear", "choose_split_k", "chosen_split_k", "deterministic_mode", "gated_rms_norm_linear",
+__all__ = ["GEMV_MAX_M", "add_rms_norm_linear", "choose_split_k", "chosen_split_k", "deterministic_mode", "gated_rms_norm_linear", "gemv_plan_times",
            "gemv_rows_kernel", "gemv_splitk_kernel", "linear", "linear_splitk", "matmul", "matmul_kernel", "rms_norm_linear", "sm_count"]
