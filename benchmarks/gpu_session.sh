@@ -29,7 +29,9 @@ fi
 if want tests; then
   # every test file in one pytest run spread test by test over worker processes (a worker that faults is replaced,
   # so a bad kernel cannot take the other tests down with it); the slowest file no longer bounds the wall time
-  timeout ${TEST_TIMEOUT:-480} python3 -m pytest tests -q -p no:cacheprovider -n ${TEST_JOBS:-12} --dist load \
+  # TRITON_CACHE_AUTOTUNING: the workers share Triton's autotuning results through its disk cache instead of each
+  # tuning the same shapes again (only the tests: the benchmarks tune for themselves, on a quiet GPU)
+  TRITON_CACHE_AUTOTUNING=1 timeout ${TEST_TIMEOUT:-480} python3 -m pytest tests -q -p no:cacheprovider -n ${TEST_JOBS:-12} --dist load \
       --timeout 300 --tb=short -rfE --durations=15 -k "${TEST_FILTER:-}" > "$OUT/tests.txt" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | tail -n 40
 fi
