@@ -106,9 +106,9 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | N
     otherwise `linear` (the GEMV) then silu_mul, two launches.
     """
     name = "linear_silu_mul"
+    if isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[0] > gemm.GEMV_MAX_M:
+        return gemm._matmul(name, x, weight, out, swiglu=True)  # which checks the operands itself
     M, I, _ = gemm._check_swiglu_operands(name, x, weight, out)
-    if M > gemm.GEMV_MAX_M:
-        return gemm._matmul(name, x, weight, out, swiglu=True)
     if out is None:
         out = torch.empty((M, I), dtype=x.dtype, device=x.device)
     if M == 0 or I == 0:

@@ -757,19 +757,23 @@ def _plan_key(prologue, M, N, K, deterministic, dtype, device, split_k, pdl):
     return (prologue, triton.next_power_of_2(M), N, K, bool(deterministic), dtype, device_key(device), split_k, pdl)
 
 
+def _call_key(M, N, K, prologue, deterministic, dtype, device, split_k):
+    """The plan key of a call shape as the launcher forms it (deterministic None: the environment's mode)."""
+    det = deterministic_mode() if deterministic is None else deterministic
+    return _plan_key(prologue, M, N, K, det, dtype, device, split_k, pdl_enabled(device))
+
+
 def gemv_plan(M: int, N: int, K: int, prologue: int = PRO_NONE, deterministic: bool | None = None,
               dtype=torch.bfloat16, device="cuda", split_k: int | None = None):
     """The (SPLIT_K, triton.Config) chosen for this call shape on its first call, or None if none was chosen yet."""
-    det = deterministic_mode() if deterministic is None else deterministic
-    return _plans.get(_plan_key(prologue, M, N, K, det, dtype, device, split_k, pdl_enabled(device)))
+    return _plans.get(_call_key(M, N, K, prologue, deterministic, dtype, device, split_k))
 
 
 def gemv_plan_times(M: int, N: int, K: int, prologue: int = PRO_NONE, deterministic: bool | None = None,
                     dtype=torch.bfloat16, device="cuda", split_k: int | None = None) -> dict:
     """What the first-call timing measured for this call shape, {(SPLIT_K, triton.Config): microseconds per call};
     empty when it did not time it (not yet called, the interpreter, QWEN_LAB_TUNE=0)."""
-    det = deterministic_mode() if deterministic is None else deterministic
-    return dict(plan_times.get(_plan_key(prologue, M, N, K, det, dtype, device, split_k, pdl_enabled(device)), {}))
+    return dict(plan_times.get(_call_key(M, N, K, prologue, deterministic, dtype, device, split_k), {}))
 
 
 def chosen_split_k(M: int, N: int, K: int, prologue: int = PRO_NONE, deterministic: bool | None = None,
