@@ -12,7 +12,7 @@ then the SPLIT_K sweep (1, 2, 4, 8, 16; atomic, and deterministic for the narrow
 down projection fused with SwiGLU against silu_mul + linear, and the norms fused into the GEMV's
 prologue (add_rms_norm_linear on the three in-projections and the LM head against add_rms_norm + linear;
 gated_rms_norm_linear on the DeltaNet out-projection against gated_rms_norm + linear).
-Prefill (M = 2048): `linear` (the tiled GEMM) against F.linear in TFLOP/s.
+Prefill (M = 2048): `linear` (the tiled GEMM) against F.linear in TFLOP/s, timed inside a CUDA Graph as well.
 
 Writes DIR/bench_gemv.json. Needs a CUDA GPU; prints what it skipped otherwise. Finishes in about a
 minute on an H200 (compiling and autotuning included). Sections print and save as they finish, the
@@ -214,8 +214,6 @@ def sweep_rows(gen, l2_bytes, deadline):
 
 
 def prefill_rows(gen):
-    import triton.testing
-
     from qwen_lab.kernels import gemm
 
     rows = []
@@ -225,8 +223,11 @@ def prefill_rows(gen):
         out = torch.empty(PREFILL_M, N, dtype=torch.bfloat16, device=DEVICE)
         gemm.linear(x, w, out=out)  # compile + autotune
         err = (out.float() - (x.float() @ w.float().t())).abs().max().item() if N <= 16384 else None
-        ms = triton.testing.do_bench(lambda: gemm.linear(x, w, out=out), warmup=10, rep=60, return_mode="median")
-        ms_torch = triton.testing.do_bench(lambda: F.linear(x, w), warmup=10, rep=60, return_mode="median")
+        # 10 calls to a CUDA Graph, as the model's prefill replays them: timed from Python one call at a time, the
+        # launch overhead of the smaller GEMMs (13-60 us of GPU time) would be part of the number
+        calls = 2 if N > 16384 else 10
+        ms = time_graph([lambda: gemm.linear(x, w, out=out)] * calls) / 1e3
+        ms_torch = time_graph([lambda: F.linear(x, w)] * calls) / 1e3
         flops = 2 * PREFILL_M * N * K
         rows.append(dict(name=name, M=PREFILL_M, K=K, N=N, ms=ms, tflops=flops / (ms * 1e-3) / 1e12,
                          torch_ms=ms_torch, torch_tflops=flops / (ms_torch * 1e-3) / 1e12,
@@ -234,6 +235,56 @@ def prefill_rows(gen):
         del x, w, out
         torch.cuda.empty_cache()
     return rows
+
+
+def prefill_config_rows(gen):
+    """Every tiled-GEMM candidate the autotuner may pick for each prefill shape (and the gate/up projection with the
+    SwiGLU epilogue), launched past the autotuner and timed 10 calls to a CUDA Graph: the kernel's own time, with
+    no launch overhead. -> per shape, [(config, us)] fastest first, and F.linear's us."""
+    import triton
+
+    from qwen_lab.kernels import gemm
+
+    rows = []
+    cases = [(name, K, N, False) for name, K, N, _ in SHAPES if N <= 16384]
+    cases.append(("mlp_gate_up+silu", C.hidden_size, 2 * C.intermediate_size, True))
+    for name, K, N, swiglu in cases:
+        x = torch.randn(PREFILL_M, K, generator=gen, device=DEVICE).to(torch.bfloat16)
+        w = (torch.randn(N, K, generator=gen, device=DEVICE) * K ** -0.5).to(torch.bfloat16)
+        n_out = N // 2 if swiglu else N
+        out = torch.empty(PREFILL_M, n_out, dtype=torch.bfloat16, device=DEVICE)
+        configs = gemm._prune_matmul_configs(gemm._matmul_all_configs(), {}, SWIGLU=swiglu,
+                                             TMA_OK=gemm._tma_ok(x, w))
+
+        def launch(c):
+            grid = gemm.matmul_grid(PREFILL_M, n_out, c.kwargs, x.device)
+            gemm.matmul_kernel.fn[grid](x, w, out, PREFILL_M, n_out, K, triton.next_power_of_2(PREFILL_M),
+                                        x.stride(0), w.stride(0), out.stride(0), DOT_PRECISION="tf32",
+                                        SWIGLU=swiglu, num_warps=c.num_warps, num_stages=c.num_stages, **c.kwargs)
+
+        timed = []
+        for c in configs:
+            try:
+                timed.append((str(c), time_graph([lambda c=c: launch(c)] * 10)))
+            except Exception as e:  # a configuration that does not fit this GPU: reported, not fatal
+                timed.append((f"{c} ({type(e).__name__})", float("inf")))
+        timed.sort(key=lambda t: t[1])
+        torch_us = time_graph([lambda: F.linear(x, w)] * 10)
+        rows.append(dict(name=name, K=K, N=N, swiglu=swiglu, torch_us=torch_us,
+                         configs=[dict(config=c, us=us, tflops=2 * PREFILL_M * N * K / (us * 1e-6) / 1e12)
+                                  for c, us in timed]))
+        del x, w, out
+        torch.cuda.empty_cache()
+    return rows
+
+
+def print_prefill_configs(rows):
+    print("\nPrefill GEMM candidates, M = 2048, each timed 10 calls to a CUDA Graph (us per call, TFLOP/s)")
+    for r in rows:
+        print(f"{r['name']} {r['K']}->{r['N']}: F.linear {r['torch_us']:.1f} us "
+              f"({2 * PREFILL_M * r['N'] * r['K'] / (r['torch_us'] * 1e-6) / 1e12:.0f} TFLOP/s)")
+        for c in r["configs"][:6]:
+            print(f"    {c['us']:7.1f} us {c['tflops']:5.0f}  {c['config']}")
 
 
 def print_decode(result):
@@ -289,7 +340,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=".", help="directory for bench_gemv.json (default: here)")
     parser.add_argument("--sections", default="decode,swiglu,norms,prefill,sweep",
-                        help="which tables to measure, comma-separated (default: all of them)")
+                        help="which tables to measure, comma-separated (default: all of them but prefill_configs, "
+                        "which times every tiled-GEMM candidate of each prefill shape)")
     args = parser.parse_args(argv)
     sections = set(args.sections.split(","))
     os.makedirs(args.out, exist_ok=True)
@@ -335,6 +387,10 @@ def main(argv=None):
         result["prefill"] = prefill_rows(gen)
         save()
         print_prefill(result["prefill"])
+    if "prefill_configs" in sections:
+        result["prefill_configs"] = prefill_config_rows(gen)
+        save()
+        print_prefill_configs(result["prefill_configs"])
     if "sweep" in sections:
         result["split_sweep"] = sweep_rows(gen, l2_bytes, started + SOFT_LIMIT_S)
         save()

@@ -102,6 +102,24 @@ def sequence(order: list, first: int) -> list[str]:
     return lines
 
 
+def decode_plans(runners: int = 3) -> list[str]:
+    """The plan the first-call timing gave each one-row GEMV shape of the model (its prologue, N, K), with the
+    runners-up it timed: which tile shapes the decode step actually runs, and how close the others came."""
+    from qwen_lab.kernels import gemm
+
+    names = {gemm.PRO_NONE: "plain", gemm.PRO_SWIGLU: "swiglu", gemm.PRO_RMS: "rms", gemm.PRO_ADD_RMS: "add_rms",
+             gemm.PRO_GATED: "gated"}
+    lines = ["decode GEMV plans (prologue, N, K): us per call of the fastest timed plans"]
+    for key, plan in sorted(gemm._plans.items(), key=lambda kv: (kv[0][2], kv[0][3], kv[0][0])):
+        prologue, m_bucket, N, K = key[:4]
+        if m_bucket != 1:
+            continue
+        timed = sorted(gemm.plan_times.get(key, {}).items(), key=lambda kv: kv[1])[:runners]
+        lines.append(f"  {names.get(prologue, prologue):8s} N={N:<6d} K={K:<5d} -> split {plan[0]} {plan[1]}")
+        lines += [f"      {us:6.2f} us  split {split} {config}" for (split, config), us in timed]
+    return lines + [""]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="qwen3.5-0.8b")
@@ -132,6 +150,7 @@ def main() -> int:
                            busy) + [""]
             if name == "decode":  # layers 0-3: three DeltaNet layers and the first attention layer
                 lines += sequence(order, 30) + [""]
+    lines += decode_plans()
     print("\n".join(lines))
     print(f"{time.time() - t0:.0f} s")
     if args.out:

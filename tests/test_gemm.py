@@ -666,7 +666,7 @@ def _launch_matmul_config(x, w, out, config, swiglu=False):
     """matmul_kernel with one configuration's meta-parameters, past the autotuner."""
     M, K = x.shape
     N = out.shape[1]
-    grid = (triton.cdiv(M, config.kwargs["BLOCK_M"]) * triton.cdiv(N, config.kwargs["BLOCK_N"]),)
+    grid = gemm.matmul_grid(M, N, config.kwargs, x.device)
     gemm.matmul_kernel.fn[grid](x, w, out, M, N, K, triton.next_power_of_2(M), x.stride(0), w.stride(0),
                                 out.stride(0), DOT_PRECISION=gemm._dot_precision(x.dtype), SWIGLU=swiglu,
                                 num_warps=config.num_warps, num_stages=config.num_stages, **config.kwargs)
@@ -706,8 +706,9 @@ def test_tma_path_of_the_kernel_on_ragged_shapes(rt, gen):
     M, K, N = 40, 72, 45  # K: 2 full steps and a partial one (BLOCK_K 32); rows of 144 (bf16) / 288 (fp32) bytes
     x, w = _x(M, K, gen, rt), _w(2 * N, K, gen, rt)
     if gemm.interpreter_active():
-        plain = swiglu = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "TMA": True},
-                                        num_warps=4, num_stages=1)]
+        # the one-tile-per-program form and the persistent one (4 nominal SMs: each program walks several tiles)
+        plain = swiglu = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "TMA": True,
+                                         "PERSIST": persist}, num_warps=4, num_stages=1) for persist in (False, True)]
     elif gemm._tma_ok(x, w):
         plain, swiglu = ([c for c in gemm._matmul_configs(s) if c.kwargs.get("TMA")] for s in (False, True))
     else:

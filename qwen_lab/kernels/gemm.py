@@ -128,6 +128,16 @@ def _matmul_configs(swiglu: bool = False):
         [(128, 256, 64, 3, 8), (128, 128, 64, 4, 8), (256, 128, 64, 3, 8), (128, 128, 128, 3, 8)]
     configs += [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "TMA": True},
                               num_stages=s, num_warps=w) for bm, bn, bk, s, w in tma]
+    # The persistent TMA candidates (plain GEMM only): one program per SM walks the tiles (PERSIST in the kernel),
+    # so the loads of a program's next tile are issued while it still multiplies and stores the current one, and no
+    # SM waits for a new program between tiles. On the H200 they are the fastest candidates of the wide prefill
+    # projections, level with cuBLAS (docs/perf-log.md); with SWIGLU's two accumulators they measured slower than
+    # the one-tile-per-program form, so that mode has none.
+    if not swiglu:
+        configs += [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "TMA": True,
+                                   "PERSIST": True}, num_stages=s, num_warps=w)
+                    for bm, bn, bk, s, w in [(128, 256, 64, 3, 8), (128, 128, 64, 4, 8), (128, 128, 128, 3, 8),
+                                             (128, 128, 64, 4, 4)]]
     return configs
 
 
@@ -189,21 +199,39 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
                   stride_xm, stride_wn, stride_om,
                   DOT_PRECISION: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                  SWIGLU: tl.constexpr = False, TMA_OK: tl.constexpr = False, TMA: tl.constexpr = False):
+                  SWIGLU: tl.constexpr = False, TMA_OK: tl.constexpr = False, TMA: tl.constexpr = False,
+                  PERSIST: tl.constexpr = False):
     # M_BUCKET (M rounded to a power of two) is only an autotuning key: one tuning per prompt-length
     # bucket, not per prompt length; so is TMA_OK (whether the TMA configurations may be timed for this
     # call). With SWIGLU, N is I (the output's width) and W has 2N rows.
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    # Grouped order: walk GROUP_M block-rows down one block-column before moving right, so the
-    # programs running at the same time read few distinct x rows and W rows, which then stay in L2.
-    per_group = GROUP_M * num_pid_n
-    group = pid // per_group
-    first_m = group * GROUP_M
-    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_m
-    pid_n = (pid % per_group) // group_m
+    if PERSIST:
+        # One program per SM (the launcher's grid), program p computing tiles p, p + P, p + 2P, ... Flattening
+        # the two loops into one lets the compiler's pipeline run straight across tile boundaries: the first
+        # K steps of the next tile are loading while this one's epilogue runs.
+        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1],
+                                           block_shape=[BLOCK_M, BLOCK_K])
+        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[2 * N if SWIGLU else N, K], strides=[stride_wn, 1],
+                                           block_shape=[BLOCK_N, BLOCK_K])
+        for tile in tl.range(pid, num_pid_m * num_pid_n, tl.num_programs(0), flatten=True):
+            pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+            m0 = pid_m * BLOCK_M
+            n0 = pid_n * BLOCK_N
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            if SWIGLU:
+                acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                a = x_desc.load([m0, k0])
+                acc = tl.dot(a, w_desc.load([n0, k0]).T, acc, input_precision=DOT_PRECISION)
+                if SWIGLU:
+                    acc_u = tl.dot(a, w_desc.load([N + n0, k0]).T, acc_u, input_precision=DOT_PRECISION)
+            if SWIGLU:
+                acc = acc * tl.sigmoid(acc) * acc_u
+            _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
+        return
+    pid_m, pid_n = _grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M)
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if SWIGLU:
@@ -252,11 +280,32 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
     if SWIGLU:
         # silu(g) * u on the fp32 sums, rounded once below (the unfused path rounds g and u first)
         acc = acc * tl.sigmoid(acc) * acc_u
+    _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
 
+
+@triton.jit
+def _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Tile number -> (pid_m, pid_n) in the grouped order: GROUP_M block-rows down one block-column before moving
+    right, so the programs running at the same time read few distinct x rows and W rows, which then stay in L2."""
+    per_group = GROUP_M * num_pid_n
+    first_m = (tile // per_group) * GROUP_M
+    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    return first_m + (tile % per_group) % group_m, (tile % per_group) // group_m
+
+
+@triton.jit
+def _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The fp32 tile rounded to out's dtype and stored, rows past M and columns past N dropped."""
     out_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     out_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     o_ptrs = out_ptr + out_m[:, None].to(tl.int64) * stride_om + out_n[None, :]
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(out_m[:, None] < M) & (out_n[None, :] < N))
+
+
+def matmul_grid(M: int, N: int, meta: dict, device) -> tuple:
+    """matmul_kernel's grid for one configuration: a program per tile, or (PERSIST) one per SM, at most a tile each."""
+    tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
+    return (min(tiles, sm_count(device)) if meta.get("PERSIST") else tiles,)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -296,13 +345,17 @@ def _gemv_configs(gpu: bool | None = None):
     configs = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": p}, num_warps=w, num_stages=s)
                for bn, bk, w, s in shapes for p in (1, 0)]
     # The persistent form (gemv_rows_kernel): PERSIST programs per SM walk the row blocks of W, for one row whose
-    # K fits one tile and no split. (BLOCK_N, BLOCK_K, warps, programs per SM): 8-32 KB tiles, one or two in
-    # flight per program beside the current one.
-    persistent = [(4, 1024, 4, 2), (4, 1024, 4, 4), (8, 1024, 4, 2), (8, 1024, 4, 4), (8, 1024, 8, 2),
-                  (16, 1024, 8, 1), (16, 1024, 8, 2), (2, 2048, 4, 2), (4, 2048, 4, 2), (4, 2048, 8, 1),
-                  (8, 2048, 8, 2), (2, 4096, 4, 2), (4, 4096, 8, 1), (4, 4096, 8, 2)]
-    return configs + [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PERSIST": p}, num_warps=w, num_stages=1)
-                      for bn, bk, w, p in persistent]
+    # K fits one tile and no split. (BLOCK_N, BLOCK_K, warps, programs per SM, tiles in flight): 8-32 KB tiles.
+    # DEPTH = 2 keeps two tiles in flight beside the current one, both requested before the PDL wait: on the H200
+    # it is the fastest form of the long rows (the MLP's down projection, K = 3584, with SwiGLU in its prologue:
+    # 3.42 us against 3.82), while the K = 1024 projections keep one tile in flight and more programs per SM.
+    persistent = [(4, 1024, 4, 2, 1), (4, 1024, 4, 4, 1), (8, 1024, 4, 2, 1), (8, 1024, 4, 4, 1),
+                  (8, 1024, 8, 2, 1), (16, 1024, 8, 1, 1), (16, 1024, 8, 2, 1), (2, 2048, 4, 2, 1),
+                  (4, 2048, 4, 2, 1), (4, 2048, 8, 1, 1), (8, 2048, 8, 2, 1), (2, 4096, 4, 2, 1),
+                  (4, 4096, 8, 1, 1), (4, 4096, 8, 2, 1),
+                  (2, 2048, 4, 2, 2), (4, 2048, 8, 1, 2), (2, 4096, 4, 2, 2), (4, 4096, 8, 1, 2)]
+    return configs + [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PERSIST": p, "DEPTH": d}, num_warps=w,
+                                    num_stages=1) for bn, bk, w, p, d in persistent]
 
 
 def _persistent(config) -> bool:
@@ -516,12 +569,15 @@ def gemv_splitk_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, count_ptr,
 def gemv_rows_kernel(x_ptr, w_ptr, out_ptr, r_ptr, z_ptr, nw_ptr, s_ptr,
                      N, K, stride_wn, up_offset, stride_xh, stride_zh, eps,
                      PROLOGUE: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     PERSIST: tl.constexpr, USE_PDL: tl.constexpr):
+                     PERSIST: tl.constexpr, USE_PDL: tl.constexpr, DEPTH: tl.constexpr = 1):
     # The persistent form of the decode GEMV, for one row of x whose K values fit one tile (K <= BLOCK_K) and no
     # split: G = PERSIST programs per SM (fewer when W has fewer row blocks), program p owning the row blocks
     # p, p + G, p + 2G, ... of W. Against one program per row block it launches a few hundred programs instead
     # of thousands, computes the activation row (and a norm prologue's statistics) once per program instead of
-    # once per row block, and streams its blocks with the next one's weight tile always in flight.
+    # once per row block, and streams its blocks with the next DEPTH weight tiles always in flight (1 or 2).
+    # DEPTH = 2 issues a program's first two tiles before the PDL wait and the prologue: a program that owns
+    # two or three blocks then has its whole share of W requested before it can do anything else, and the
+    # wait for the previous kernel and the activation's trip to L2 no longer hold up the second request.
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     n_blocks = tl.cdiv(N, BLOCK_N)
@@ -533,6 +589,11 @@ def gemv_rows_kernel(x_ptr, w_ptr, out_ptr, r_ptr, z_ptr, nw_ptr, s_ptr,
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
     w_next = tl.load(w_rows + offs_k[None, :], mask=(rows < N)[:, None] & kmask, other=0.0,
                      eviction_policy="evict_first")
+    if DEPTH == 2:
+        rows2 = (pid + G) * BLOCK_N + offs_b   # this program's second block, if it has one (else masked)
+        w_rows2 = w_ptr + rows2.to(tl.int64)[:, None] * stride_wn
+        w_next2 = tl.load(w_rows2 + offs_k[None, :], mask=(rows2 < N)[:, None] & kmask, other=0.0,
+                          eviction_policy="evict_first")
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -549,9 +610,17 @@ def gemv_rows_kernel(x_ptr, w_ptr, out_ptr, r_ptr, z_ptr, nw_ptr, s_ptr,
                          eps, PROLOGUE, DV, 1, BLOCK_K).to(tl.float32)                          # [1, BLOCK_K]
     for blk in range(pid, n_blocks, G):
         w = w_next
-        rows_next = (blk + G) * BLOCK_N + offs_b   # past the last block: masked, nothing is read
-        w_next = tl.load(w_ptr + rows_next.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
+        if DEPTH == 2:
+            w_next = w_next2
+            rows_next = (blk + 2 * G) * BLOCK_N + offs_b
+        else:
+            rows_next = (blk + G) * BLOCK_N + offs_b   # past the last block: masked, nothing is read
+        w_load = tl.load(w_ptr + rows_next.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
                          mask=(rows_next < N)[:, None] & kmask, other=0.0, eviction_policy="evict_first")
+        if DEPTH == 2:
+            w_next2 = w_load
+        else:
+            w_next = w_load
         y = tl.sum(w.to(tl.float32) * a, axis=1)                                               # [BLOCK_N]
         rows = blk * BLOCK_N + offs_b
         tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=rows < N)
@@ -641,10 +710,7 @@ def _matmul(name, x, weight, out, swiglu=False):
     if M == 0 or N == 0:
         return out
 
-    def grid(meta):
-        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
-
-    matmul_kernel[grid](x, weight, out, M, N, K, triton.next_power_of_2(min(M, 4096)),
+    matmul_kernel[lambda meta: matmul_grid(M, N, meta, x.device)](x, weight, out, M, N, K, triton.next_power_of_2(min(M, 4096)),
                         x.stride(0), weight.stride(0), out.stride(0), DOT_PRECISION=_dot_precision(x.dtype),
                         SWIGLU=bool(swiglu), TMA_OK=_tma_ok(x, weight))
     return out
