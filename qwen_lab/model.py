@@ -49,7 +49,6 @@ KERNEL_MODULES = {
     "deltanet_decode_step": "deltanet",
     "deltanet_conv_decode_step": "deltanet",
     "delta_rule_chunked": "deltanet",
-    "deltanet_conv_chunked": "deltanet",
     "sample": "sampling",
 }
 OPERATORS = tuple(KERNEL_MODULES)
@@ -207,12 +206,6 @@ class Qwen35Model:
                                                  layer.dt_bias, state, Hk, Dk, Hv, Dv, state_settled=True)
             # The conv output never leaves the kernel, so there is no "conv1d" tensor to trace here; what can
             # be seen of the conv is its updated state (this token's input in the last column).
-            self._t(i, "conv_state", cache.conv_state[i])
-        elif T > 1 and self._fused("causal_conv1d", "deltanet_gates", "delta_rule_chunked"):
-            # a prompt with the library's own conv, gates and chunked rule: the conv and the gates run inside the
-            # chunk prep (deltanet_conv_chunked), so the conv's [T, C] output and g, beta never go to memory
-            o = ops["deltanet_conv_chunked"](qkv, layer.conv, cache.conv_state[i], a, b, layer.A_log, layer.dt_bias,
-                                             state, Hk, Dk, Hv, Dv)
             self._t(i, "conv_state", cache.conv_state[i])
         else:
             qkv = ops["causal_conv1d"](qkv, layer.conv, cache.conv_state[i])  # SiLU inside

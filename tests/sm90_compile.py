@@ -121,16 +121,11 @@ def cases():
     out.append(("qk_norm_rope_cache", lambda: compile_case(
         rope.qk_norm_rope_cache_kernel, rope_meta, {"pos_ptr": "*i64", "inv_freq_ptr": "*fp32", "eps": "fp32"})))
     Dk, Dv = C.linear_key_head_dim, C.linear_value_head_dim
-    prep_types = {"g_ptr": "*fp32", "beta_ptr": "*fp32", "gcum_ptr": "*fp32", "scale": "fp32", "eps": "fp32",
-                  "A_log_ptr": "*fp32"}
-    # the prep as delta_rule_chunked runs it, and with the conv and the gates inside (deltanet_conv_chunked: a and
-    # b are then bf16 slices of the in-projection)
-    fused_types = dict(prep_types, g_ptr="*bf16", beta_ptr="*bf16")
+    prep_types = {"g_ptr": "*fp32", "beta_ptr": "*fp32", "gcum_ptr": "*fp32", "scale": "fp32", "eps": "fp32"}
     for c in deltanet.autotune_configs("chunk_prep_kernel"):
-        for conv_w, types in ((0, prep_types), (C.linear_conv_kernel_dim, fused_types)):
-            meta = dict(c.kwargs, BT=64, BK=Dk, BDV=Dv, MERGES=2, PREC="ieee", INV_PREC="ieee", CONV_W=conv_w)
-            out.append((f"chunk_prep CONV_W={conv_w} {c}", lambda meta=meta, c=c, types=types: compile_case(
-                deltanet.chunk_prep_kernel, meta, types, c.num_warps, c.num_stages)))
+        meta = dict(c.kwargs, BT=64, BK=Dk, BDV=Dv, MERGES=2, PREC="ieee", INV_PREC="ieee")
+        out.append((f"chunk_prep {c}", lambda meta=meta, c=c: compile_case(
+            deltanet.chunk_prep_kernel, meta, prep_types, c.num_warps, c.num_stages)))
     scan_types = {"gcum_ptr": "*fp32", "state_ptr": "*fp32"}
     for c in deltanet.autotune_configs("chunk_scan_kernel", Dv=Dv):
         meta = dict(c.kwargs, BT=64, BK=Dk, PREC="ieee")

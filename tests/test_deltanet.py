@@ -20,8 +20,8 @@ from qwen_lab.config import QWEN35_0_8B
 from qwen_lab.errors import KernelError
 from qwen_lab.kernels import count_launches, deltanet
 from qwen_lab.kernels.deltanet import (ChunkWorkspace, autotune_configs, chunk_workspace, delta_rule_chunked,
-                                       delta_rule_recurrent, deltanet_conv_chunked, deltanet_conv_decode_step,
-                                       deltanet_decode_step, deltanet_gates, force_config, l2norm)
+                                       delta_rule_recurrent, deltanet_conv_decode_step, deltanet_decode_step,
+                                       deltanet_gates, force_config, l2norm)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository (for child processes)
 
@@ -611,97 +611,6 @@ def test_model_decode_runs_the_fused_conv_and_equals_the_unfused_route(rt):
         assert sum(unfused.values()) - sum(fused.values()) == n_linear, (dict(fused), dict(unfused))
     assert not any(name == "conv1d" for _, name in fused_traced)
     assert sum(name == "conv_state" for _, name in fused_traced) == 2 * n_linear
-
-
-# ---------------------------------------------------------------- a prompt with the conv and the gates fused in
-#
-# deltanet_conv_chunked = reference causal_conv1d (its state shifted in place), the split into q, k, v,
-# deltanet_gates, then delta_rule_chunked: the chunk prep computes the conv + SiLU of the rows it reads (reaching
-# into the carried conv state in the first chunk) and the gates of its chunk. A prompt fed in two pieces must give
-# what one call gives: the second piece starts from the conv state and the state the first left behind.
-
-def _triton_unfused(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, state, Hk, Dk, Hv, Dv):
-    """The model's unfused prompt route through the library's own kernels."""
-    from qwen_lab.kernels.conv1d import causal_conv1d
-
-    y = causal_conv1d(qkv, conv_weight, conv_state)
-    kd = Hk * Dk
-    g, beta = deltanet_gates(a, b, A_log, dt_bias)
-    return delta_rule_chunked(y[:, :kd].unflatten(1, (Hk, Dk)), y[:, kd:2 * kd].unflatten(1, (Hk, Dk)),
-                              y[:, 2 * kd:].unflatten(1, (Hv, Dv)), g, beta, state)
-
-
-# (T, Hk, Hv, Dk, Dv, W): a few tokens (all in the carried state's reach), one chunk and a ragged second, Hv = 3 Hk
-# with ragged head dims over three chunks, exactly one chunk with a width-2 filter, a width-3 filter
-_CONV_CHUNKED_SHAPES = [(3, 2, 2, 16, 32, 4), (77, 2, 4, 16, 16, 4), (130, 1, 3, 24, 40, 4), (64, 2, 2, 16, 16, 2),
-                        (20, 2, 6, 12, 20, 3)]
-
-
-@pytest.mark.parametrize("shape", _CONV_CHUNKED_SHAPES, ids=lambda s: "T{}-Hk{}-Hv{}-Dk{}-Dv{}-W{}".format(*s))
-def test_conv_chunked_equals_conv_gates_then_chunked(shape, rt, gen):
-    """One prompt, then a second piece carrying both states, against the reference composition and the library's
-    own unfused route; three launches where the chunked kernels serve the heads."""
-    T, Hk, Hv, Dk, Dv, W = shape
-    heads = (Hk, Dk, Hv, Dv)
-    d = _conv_decode_inputs(T + 5, Hk, Hv, Dk, Dv, W, gen, rt.dtype, rt.device)
-    params = dict(conv_weight=d["conv_weight"], A_log=d["A_log"], dt_bias=d["dt_bias"])
-    states = {route: (d["conv_state"].clone(), d["state"].clone()) for route in ("fused", "reference", "unfused")}
-    for lo, hi in ((0, T), (T, T + 5)):
-        rows = {n: d[n][lo:hi] for n in ("qkv", "a", "b")}
-        with count_launches() as launches:
-            o = deltanet_conv_chunked(**rows, **params, conv_state=states["fused"][0], state=states["fused"][1],
-                                      num_k_heads=Hk, head_k_dim=Dk, num_v_heads=Hv, head_v_dim=Dv)
-        ref = reference.deltanet_conv_chunked(**rows, **params, conv_state=states["reference"][0],
-                                              state=states["reference"][1], num_k_heads=Hk, head_k_dim=Dk,
-                                              num_v_heads=Hv, head_v_dim=Dv)
-        unfused = _triton_unfused(rows["qkv"], d["conv_weight"], *states["unfused"][:1], rows["a"], rows["b"],
-                                  d["A_log"], d["dt_bias"], states["unfused"][1], *heads)
-        where = f"T={hi - lo} (rows {lo}-{hi}) Hk={Hk} Hv={Hv} Dk={Dk} Dv={Dv} W={W}"
-        bound = 1e-4 if rt.dtype == torch.float32 else 2e-2   # float32 in the interpreter: the same arithmetic
-        _close(f"o against the reference, {where}", o, ref, bound)
-        _close(f"o against the unfused kernels, {where}", o, unfused, bound)
-        checks.compare(f"conv_state, {where}", states["fused"][0], states["reference"][0])
-        _close(f"state, {where}", states["fused"][1], states["reference"][1], bound)
-        if runtime.interpreter_active() or min(Dk, Dv) >= deltanet.CHUNKED_MIN_HEAD_DIM:
-            assert dict(launches) == {"chunk_prep_kernel": 1, "conv1d_step_kernel": 1, "chunk_scan_kernel": 1}, \
-                dict(launches)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("T", [300, 2048])
-def test_gpu_conv_chunked_real_shapes(T, rt, gen):
-    """Qwen3.5-0.8B's DeltaNet (16 heads of 128, a width-4 filter), bf16, from non-zero states: the fused prompt
-    route against the library's unfused kernels and against the float32 reference."""
-    c = QWEN35_0_8B
-    Hk, Hv, Dk, Dv, W = (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
-                         c.linear_value_head_dim, c.linear_conv_kernel_dim)
-    d = _conv_decode_inputs(T, Hk, Hv, Dk, Dv, W, gen, rt.dtype, rt.device)
-    args = [d[n] for n in ("qkv", "conv_weight")]
-    gates = [d[n] for n in ("a", "b", "A_log", "dt_bias")]
-    cs_f, s_f, cs_u, s_u = d["conv_state"].clone(), d["state"].clone(), d["conv_state"].clone(), d["state"].clone()
-    o = deltanet_conv_chunked(*args, cs_f, *gates, s_f, Hk, Dk, Hv, Dv)
-    unfused = _triton_unfused(*args, cs_u, *gates, s_u, Hk, Dk, Hv, Dv)
-    _close(f"o (T={T}) against the unfused kernels", o, unfused)
-    checks.compare(f"conv_state (T={T})", cs_f, cs_u)
-    _close(f"state (T={T}) against the unfused kernels", s_f, s_u)
-    f32 = {n: (t.float() if t.is_floating_point() else t) for n, t in d.items()}
-    cs_r, s_r = f32["conv_state"].clone(), f32["state"].clone()
-    ref = reference.deltanet_conv_chunked(f32["qkv"], f32["conv_weight"], cs_r, f32["a"], f32["b"], f32["A_log"],
-                                          f32["dt_bias"], s_r, Hk, Dk, Hv, Dv)
-    _close(f"o (T={T}) against the float32 reference", o.float(), ref)
-
-
-def test_conv_chunked_names_what_is_wrong(rt, gen):
-    """Shapes that do not fit say which argument is off and what was expected."""
-    Hk, Hv, Dk, Dv, W = 2, 2, 16, 16, 4
-    d = _conv_decode_inputs(5, Hk, Hv, Dk, Dv, W, gen, rt.dtype, rt.device)
-    good = dict(d, num_k_heads=Hk, head_k_dim=Dk, num_v_heads=Hv, head_v_dim=Dv)
-    with pytest.raises(KernelError, match=r"qkv: shape \(5, \d+\), expected \(T, 96\)"):
-        deltanet_conv_chunked(**{**good, "qkv": d["qkv"][:, :-1]})
-    with pytest.raises(KernelError, match=r"a: shape \(4, 2\), expected \(5, 2\)"):
-        deltanet_conv_chunked(**{**good, "a": d["a"][:4]})
-    with pytest.raises(KernelError, match="chunk_size=32"):
-        deltanet_conv_chunked(**good, chunk_size=32)
 
 
 # ---------------------------------------------------------------- GPU: every autotuning config, faults isolated

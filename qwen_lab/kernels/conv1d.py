@@ -194,21 +194,9 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
     else:
         grid = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(C, meta["BLOCK_C"]))  # noqa: E731
         _tuned_prefill()[grid](*args, t_bucket, W=W)
-    shift_state(x, weight, state)
+    conv1d_step_kernel[step_grid](*args, W=W, BLOCK_S=BLOCK_S, BLOCK_C=step_block, WRITE_OUT=False,
+                                  num_warps=2)
     return out
 
 
-def shift_state(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor) -> None:
-    """state [C, W-1] <- the last W-1 rows of [state^T ; x] (x [T, C]), transposed: the carried inputs after a
-    prompt whose outputs were computed elsewhere (the tiled prefill kernel, or the DeltaNet's chunk prep, which
-    reads the old state and so must run first). One launch of `conv1d_step_kernel` with no outputs; the
-    arguments are those of `causal_conv1d`, already checked by its caller."""
-    T, C = x.shape
-    W = weight.shape[1]
-    step_block = block_sizes(C, runtime.interpreter_active())[0]
-    conv1d_step_kernel[(triton.cdiv(C, step_block),)](
-        x, weight, state, x, T, C, x.stride(0), weight.stride(0), state.stride(0), x.stride(0),
-        W=W, BLOCK_S=triton.next_power_of_2(max(W - 1, 1)), BLOCK_C=step_block, WRITE_OUT=False, num_warps=2)
-
-
-__all__ = ["PREFILL_CONFIGS", "STEP_MAX_TOKENS", "block_sizes", "causal_conv1d", "shift_state"]
+__all__ = ["PREFILL_CONFIGS", "STEP_MAX_TOKENS", "block_sizes", "causal_conv1d"]

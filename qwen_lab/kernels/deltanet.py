@@ -388,41 +388,15 @@ _PREP_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]
 
 
 # T is not specialised (see chunk_scan_kernel)
-@triton.jit
-def _conv_rows(x_ptr, stride_t, cw_ptr, stride_cw, cs_ptr, stride_cs, rows, chan, mask_d, T, row0,
-               R: tl.constexpr, D: tl.constexpr, W: tl.constexpr):
-    """silu(causal conv of width W) of channels `chan` [D] at token rows `rows` [R] (the first is row0), from the
-    conv's input x [T, C] and its carried state [C, W-1] (kernels/conv1d.py): fp32, rounded to x's dtype first as
-    causal_conv1d returns it, zero past T."""
-    live = (rows < T)[:, None] & mask_d[None, :]
-    acc = tl.zeros([R, D], dtype=tl.float32)
-    for j in tl.static_range(W):
-        src = rows + j - (W - 1)            # the input row this tap reads; below 0: one of the carried inputs
-        xv = tl.load(x_ptr + src.to(tl.int64)[:, None] * stride_t + chan[None, :], mask=live & (src >= 0)[:, None],
-                     other=0.0).to(tl.float32)
-        if row0 < W - 1:                    # only the first chunk reaches back into the state
-            xv += tl.load(cs_ptr + chan[None, :] * stride_cs + (src + W - 1)[:, None],
-                          mask=live & (src < 0)[:, None], other=0.0).to(tl.float32)
-        wj = tl.load(cw_ptr + chan * stride_cw + j, mask=mask_d, other=0.0).to(tl.float32)
-        acc += wj[None, :] * xv
-    y = acc * tl.sigmoid(acc)
-    return y.to(x_ptr.dtype.element_ty).to(tl.float32)
-
-
-@_tuned(_PREP_CONFIGS, key=["Dk", "Dv", "BT", "BK", "BDV", "CONV_W"])
+@_tuned(_PREP_CONFIGS, key=["Dk", "Dv", "BT", "BK", "BDV"])
 @triton.jit(do_not_specialize=["T"])
 def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
                       qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr,
                       T, Tp, Dk, Dv, REP, scale, eps,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                       stride_gt, stride_gh, stride_bt, stride_bh,
-                      cw_ptr, cs_ptr, A_log_ptr, dt_bias_ptr, stride_cw, stride_cs, KEY_DIM,
                       BT: tl.constexpr, BK: tl.constexpr, BDV: tl.constexpr, MERGES: tl.constexpr,
-                      PREC: tl.constexpr, INV_PREC: tl.constexpr, CONV_W: tl.constexpr = 0):
-    # CONV_W > 0: the conv and the gates run here too (deltanet_conv_chunked). q_ptr is then the conv's input
-    # [T, 2 Hk Dk + Hv Dv] (row stride stride_qt), read at channels hk Dk (q), KEY_DIM + hk Dk (k) and
-    # 2 KEY_DIM + h Dv (v) through the conv weight cw [C, CONV_W] and the carried state cs [C, CONV_W - 1];
-    # g_ptr and beta_ptr hold a and b, the gates' inputs, turned into g and beta with A_log and dt_bias.
+                      PREC: tl.constexpr, INV_PREC: tl.constexpr):
     c = tl.program_id(0)
     h = tl.program_id(1)
     hk = h // REP
@@ -436,15 +410,8 @@ def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
     mask_v = offs_v < Dv
 
     # ---- decays: G_i = g_1 + ... + g_i inside the chunk (g = 0 in the padded tail: the decay stops at T-1)
-    if CONV_W > 0:  # the gates (deltanet_gates_kernel's arithmetic), zero past T as the loads below are
-        a = _vec(g_ptr, rows, stride_gt, h * stride_gh, T)
-        neg_A = -tl.exp(tl.load(A_log_ptr + h).to(tl.float32))
-        dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
-        g = tl.where(rows < T, neg_A * _softplus(a + dt_bias), 0.0)
-        beta = tl.where(rows < T, tl.sigmoid(_vec(beta_ptr, rows, stride_bt, h * stride_bh, T)), 0.0)
-    else:
-        g = _vec(g_ptr, rows, stride_gt, h * stride_gh, T)
-        beta = _vec(beta_ptr, rows, stride_bt, h * stride_bh, T)
+    g = _vec(g_ptr, rows, stride_gt, h * stride_gh, T)
+    beta = _vec(beta_ptr, rows, stride_bt, h * stride_bh, T)
     G = tl.cumsum(g, 0)
     G_last = tl.sum(tl.where(i == BT - 1, G, 0.0), 0)
     tl.store(gcum_ptr + rows_ws, G)
@@ -453,20 +420,10 @@ def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
 
     # ---- what the scan reads: q exp(G), k exp(G_C - G), and the intra-chunk attention
     k_tile = rows_ws[:, None] * Dk + offs_k[None, :]
-    if CONV_W > 0:
-        k = _conv_rows(q_ptr, stride_qt, cw_ptr, stride_cw, cs_ptr, stride_cs, rows, KEY_DIM + hk * Dk + offs_k,
-                       mask_k, T, c * BT, BT, BK, CONV_W)
-        k = k * tl.rsqrt(tl.sum(k * k, 1) + eps)[:, None]
-    else:
-        k = _l2_rows(k_ptr, rows, stride_kt, hk * stride_kh, offs_k, mask_k, T, eps)
+    k = _l2_rows(k_ptr, rows, stride_kt, hk * stride_kh, offs_k, mask_k, T, eps)
     tl.store(kd_ptr + k_tile, (k * tl.exp(G_last - G)[:, None]).to(DT), mask=mask_k[None, :])
     k = k.to(DT)  # from here on only a matmul operand: hold it in the narrow dtype
-    if CONV_W > 0:
-        q = _conv_rows(q_ptr, stride_qt, cw_ptr, stride_cw, cs_ptr, stride_cs, rows, hk * Dk + offs_k, mask_k, T,
-                       c * BT, BT, BK, CONV_W)
-        q = q * tl.rsqrt(tl.sum(q * q, 1) + eps)[:, None] * scale
-    else:
-        q = _l2_rows(q_ptr, rows, stride_qt, hk * stride_qh, offs_k, mask_k, T, eps) * scale
+    q = _l2_rows(q_ptr, rows, stride_qt, hk * stride_qh, offs_k, mask_k, T, eps) * scale
     tl.store(qg_ptr + k_tile, (q * tl.exp(G)[:, None]).to(DT), mask=mask_k[None, :])
     qk = tl.dot(q.to(DT), tl.trans(k), input_precision=PREC)
     tl.store(aqk_ptr + rows_ws[:, None] * BT + i[None, :], tl.where(causal, qk * decay, 0.0).to(DT))
@@ -499,11 +456,7 @@ def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
         X = X - tl.dot(X, tl.dot(M, X, input_precision=INV_PREC), input_precision=INV_PREC)
 
     # ---- the UT transform: U = X (beta v), W = X (beta k exp(G))
-    if CONV_W > 0:
-        v = _conv_rows(q_ptr, stride_qt, cw_ptr, stride_cw, cs_ptr, stride_cs, rows, 2 * KEY_DIM + h * Dv + offs_v,
-                       mask_v, T, c * BT, BT, BDV, CONV_W)
-    else:
-        v = _rows(v_ptr, rows, stride_vt, h * stride_vh, offs_v, mask_v, T)
+    v = _rows(v_ptr, rows, stride_vt, h * stride_vh, offs_v, mask_v, T)
     X_op = X.to(DT)
     u = tl.dot(X_op, (v * beta[:, None]).to(DT), input_precision=PREC)
     tl.store(u_ptr + rows_ws[:, None] * Dv + offs_v[None, :], u.to(DT), mask=mask_v[None, :])
@@ -747,9 +700,38 @@ def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv
     between two steps of a layer); two steps launched back to back must leave it False.
     """
     Hk, Dk, Hv, Dv = num_k_heads, head_k_dim, num_v_heads, head_v_dim
-    C, W = _check_conv_inputs("deltanet_conv_decode_step", qkv, conv_weight, conv_state, a, b, A_log, dt_bias,
-                              state, Hk, Dk, Hv, Dv, decode=True)
+    for name, n in (("num_k_heads", Hk), ("head_k_dim", Dk), ("num_v_heads", Hv), ("head_v_dim", Dv)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise KernelError(f"{name}={n!r}: expected a positive int")
+    if Hv % Hk:
+        raise KernelError(f"num_v_heads={Hv}: expected a multiple of num_k_heads={Hk}")
+    if Dk > 256 or Dv > 256:
+        raise KernelError(f"head dims Dk={Dk}, Dv={Dv}: the kernel holds a whole head row, up to 256")
+    C = 2 * Hk * Dk + Hv * Dv
+    _check("qkv", qkv, 2, f"[1, C={C}] (2 Hk Dk + Hv Dv channels)")
+    if tuple(qkv.shape) != (1, C):
+        raise KernelError(f"qkv: shape {tuple(qkv.shape)}, expected (1, {C}): one token of 2*{Hk}*{Dk} + {Hv}*{Dv} "
+                          f"channels (a decode step)")
     dev = qkv.device
+    _check("conv_weight", conv_weight, 2, f"[C={C}, W]", device=dev)
+    W = conv_weight.shape[1]
+    if conv_weight.shape[0] != C or W < 1:
+        raise KernelError(f"conv_weight: shape {tuple(conv_weight.shape)}, expected ({C}, W) with W >= 1")
+    _check("conv_state", conv_state, 2, f"[C={C}, W-1={W - 1}]", device=dev)
+    if tuple(conv_state.shape) != (C, W - 1):
+        raise KernelError(f"conv_state: shape {tuple(conv_state.shape)}, expected ({C}, {W - 1}) = [C, W-1] "
+                          f"(the last W-1 inputs of every channel)")
+    for name, t in (("a", a), ("b", b)):
+        _check(name, t, 2, f"[1, Hv={Hv}]", device=dev)
+        if tuple(t.shape) != (1, Hv):
+            raise KernelError(f"{name}: shape {tuple(t.shape)}, expected (1, {Hv})")
+    for name, p in (("A_log", A_log), ("dt_bias", dt_bias)):
+        _check(name, p, 1, f"[Hv={Hv}]", device=dev)
+        if p.shape[0] != Hv:
+            raise KernelError(f"{name}: shape {tuple(p.shape)}, expected ({Hv},) (one per value head)")
+    _check("state", state, 3, f"[Hv={Hv}, Dk={Dk}, Dv={Dv}] float32", device=dev, dtype=torch.float32)
+    if tuple(state.shape) != (Hv, Dk, Dv):
+        raise KernelError(f"state: shape {tuple(state.shape)}, expected {(Hv, Dk, Dv)} = [Hv, Dk, Dv]")
     out = _check_out("out", out, (1, Hv, Dv), qkv.dtype, dev)
     scale = Dk ** -0.5 if scale is None else float(scale)
     tickets = _tickets(dev, Hk)
@@ -762,49 +744,6 @@ def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv
              STATE_SETTLED=bool(state_settled), **pdl_options(dev)),
         dict(BV=min(32, triton.next_power_of_2(Dv)), num_warps=4))
     return out
-
-
-def _check_conv_inputs(fn, qkv, conv_weight, conv_state, a, b, A_log, dt_bias, state, Hk, Dk, Hv, Dv,
-                       decode: bool) -> tuple[int, int]:
-    """The checks of the conv-fused DeltaNet launchers (one token for decode, any T otherwise) -> (C, W)."""
-    for name, n in (("num_k_heads", Hk), ("head_k_dim", Dk), ("num_v_heads", Hv), ("head_v_dim", Dv)):
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise KernelError(f"{name}={n!r}: expected a positive int")
-    if Hv % Hk:
-        raise KernelError(f"num_v_heads={Hv}: expected a multiple of num_k_heads={Hk}")
-    if Dk > 256 or Dv > 256:
-        raise KernelError(f"head dims Dk={Dk}, Dv={Dv}: the kernel holds a whole head row, up to 256")
-    C = 2 * Hk * Dk + Hv * Dv
-    rows = "1" if decode else "T"
-    _check("qkv", qkv, 2, f"[{rows}, C={C}] (2 Hk Dk + Hv Dv channels)")
-    if decode and tuple(qkv.shape) != (1, C):
-        raise KernelError(f"qkv: shape {tuple(qkv.shape)}, expected (1, {C}): one token of 2*{Hk}*{Dk} + {Hv}*{Dv} "
-                          f"channels (a decode step)")
-    if not decode and qkv.shape[1] != C:
-        raise KernelError(f"qkv: shape {tuple(qkv.shape)}, expected (T, {C}): 2*{Hk}*{Dk} + {Hv}*{Dv} channels "
-                          f"per token ({fn})")
-    T = qkv.shape[0]
-    dev = qkv.device
-    _check("conv_weight", conv_weight, 2, f"[C={C}, W]", device=dev)
-    W = conv_weight.shape[1]
-    if conv_weight.shape[0] != C or W < 1:
-        raise KernelError(f"conv_weight: shape {tuple(conv_weight.shape)}, expected ({C}, W) with W >= 1")
-    _check("conv_state", conv_state, 2, f"[C={C}, W-1={W - 1}]", device=dev)
-    if tuple(conv_state.shape) != (C, W - 1):
-        raise KernelError(f"conv_state: shape {tuple(conv_state.shape)}, expected ({C}, {W - 1}) = [C, W-1] "
-                          f"(the last W-1 inputs of every channel)")
-    for name, t in (("a", a), ("b", b)):
-        _check(name, t, 2, f"[{rows}, Hv={Hv}]", device=dev)
-        if tuple(t.shape) != (T, Hv):
-            raise KernelError(f"{name}: shape {tuple(t.shape)}, expected ({T}, {Hv})")
-    for name, p in (("A_log", A_log), ("dt_bias", dt_bias)):
-        _check(name, p, 1, f"[Hv={Hv}]", device=dev)
-        if p.shape[0] != Hv:
-            raise KernelError(f"{name}: shape {tuple(p.shape)}, expected ({Hv},) (one per value head)")
-    _check("state", state, 3, f"[Hv={Hv}, Dk={Dk}, Dv={Dv}] float32", device=dev, dtype=torch.float32)
-    if tuple(state.shape) != (Hv, Dk, Dv):
-        raise KernelError(f"state: shape {tuple(state.shape)}, expected {(Hv, Dk, Dv)} = [Hv, Dk, Dv]")
-    return C, W
 
 
 ChunkWorkspace = namedtuple("ChunkWorkspace", "qg kd w u aqk gcum")
@@ -862,19 +801,8 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
         return delta_rule_recurrent(q, k, v, g, beta, state, scale=scale, out=out)
     if workspace is None:
         workspace = chunk_workspace(T, Hv, Dk, Dv, q.dtype, q.device, chunk_size)
-    prep_args = (q, k, v, g, beta)
-    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-               g.stride(0), g.stride(1), beta.stride(0), beta.stride(1))
-    no_conv = (q, q, g, g, 0, 0, 0)  # the conv's pointers and sizes, not read without CONV_W
-    return _chunked_launch(prep_args, strides, no_conv, 0, T, Hk, Dk, Hv, Dv, state, scale, chunk_size, out,
-                           workspace)
-
-
-def _chunked_launch(prep_args, strides, conv, conv_w, T, Hk, Dk, Hv, Dv, state, scale, chunk_size, out, ws):
-    """The two launches of the chunked form: chunk_prep_kernel (with the conv and the gates when conv_w > 0), then
-    chunk_scan_kernel; with the conv, the conv state is shifted between the two (the prep reads the old one)."""
-    n_chunks = triton.cdiv(T, chunk_size)
-    Tw = ws.qg.shape[1]  # the workspace row pitch (>= the padded length)
+    ws = workspace
+    Tw = ws.qg.shape[1]  # the workspace row pitch (>= Tp)
     scale = Dk ** -0.5 if scale is None else float(scale)
     BK = max(16, triton.next_power_of_2(Dk))
     BDV = max(16, triton.next_power_of_2(Dv))
@@ -882,15 +810,11 @@ def _chunked_launch(prep_args, strides, conv, conv_w, T, Hk, Dk, Hv, Dv, state, 
     # merges, whose fp32 tiles then use tf32 (10-bit mantissa; the result is rounded to bf16 right after).
     prec = "ieee" if ws.qg.dtype == torch.float32 else "tf32"
     _launch(chunk_prep_kernel, (n_chunks, Hv), (
-        *prep_args, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, T, Tw, Dk, Dv, Hv // Hk, scale, EPS, *strides, *conv),
-        dict(BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 16).bit_length() - 1, PREC=prec, INV_PREC=prec,
-             CONV_W=conv_w),
+        q, k, v, g, beta, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, T, Tw, Dk, Dv, Hv // Hk, scale, EPS,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1)),
+        dict(BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 16).bit_length() - 1, PREC=prec, INV_PREC=prec),
         dict(num_warps=4))
-    if conv_w:
-        from .conv1d import shift_state
-
-        x, conv_weight, conv_state = prep_args[0], conv[0], conv[1]
-        shift_state(x, conv_weight, conv_state)
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
     _launch(chunk_scan_kernel, grid, (
         ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, state, out, T, Tw, n_chunks, Hv, Dk, Dv,
@@ -899,48 +823,5 @@ def _chunked_launch(prep_args, strides, conv, conv_w, T, Hk, Dk, Hv, Dv, state, 
     return out
 
 
-def deltanet_conv_chunked(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor,
-                          a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-                          state: torch.Tensor, num_k_heads: int, head_k_dim: int, num_v_heads: int,
-                          head_v_dim: int, scale: float | None = None, chunk_size: int = 64,
-                          out: torch.Tensor | None = None) -> torch.Tensor:
-    """causal_conv1d, deltanet_gates and delta_rule_chunked of a prompt in three launches instead of five (prefill);
-    = reference.deltanet_conv_chunked.
-
-    qkv [T, C] with C = 2 Hk Dk + Hv Dv (the q | k | v channels before the conv; a column slice of the
-    in-projection output), conv_weight [C, W], conv_state [C, W-1] (updated in place), a, b [T, Hv], A_log, dt_bias
-    [Hv], state [Hv, Dk, Dv] fp32 (updated in place). -> o [T, Hv, Dv] in qkv's dtype.
-
-    The chunk prep computes the conv + SiLU of the q, k, v rows it reads and the gates of its chunk, so neither
-    the conv's output [T, C] nor g and beta go to memory; a tiny launch then shifts the conv state, and the scan
-    runs as in delta_rule_chunked.
-    """
-    Hk, Dk, Hv, Dv = num_k_heads, head_k_dim, num_v_heads, head_v_dim
-    C, W = _check_conv_inputs("deltanet_conv_chunked", qkv, conv_weight, conv_state, a, b, A_log, dt_bias, state,
-                              Hk, Dk, Hv, Dv, decode=False)
-    if chunk_size not in (64, 128):
-        raise KernelError(f"chunk_size={chunk_size!r}: expected 64 or 128 (four sub-blocks of at least 16 rows, "
-                          f"the smallest tl.dot)")
-    T = qkv.shape[0]
-    out = _check_out("out", out, (T, Hv, Dv), qkv.dtype, qkv.device)
-    if T == 0:
-        return out
-    if min(Dk, Dv) < CHUNKED_MIN_HEAD_DIM and not INTERPRET:
-        # the small test heads take the recurrent kernel (see delta_rule_chunked), through the unfused route
-        from .conv1d import causal_conv1d
-
-        y = causal_conv1d(qkv, conv_weight, conv_state)
-        kd = Hk * Dk
-        g, beta = deltanet_gates(a, b, A_log, dt_bias)
-        return delta_rule_chunked(y[:, :kd].unflatten(1, (Hk, Dk)), y[:, kd:2 * kd].unflatten(1, (Hk, Dk)),
-                                  y[:, 2 * kd:].unflatten(1, (Hv, Dv)), g, beta, state, scale, chunk_size, out)
-    ws = chunk_workspace(T, Hv, Dk, Dv, qkv.dtype, qkv.device, chunk_size)
-    strides = (qkv.stride(0), 0, 0, 0, 0, 0, a.stride(0), a.stride(1), b.stride(0), b.stride(1))
-    conv = (conv_weight, conv_state, A_log, dt_bias, conv_weight.stride(0), conv_state.stride(0), Hk * Dk)
-    return _chunked_launch((qkv, qkv, qkv, a, b), strides, conv, W, T, Hk, Dk, Hv, Dv, state, scale, chunk_size,
-                           out, ws)
-
-
 __all__ = ["ChunkWorkspace", "autotune_configs", "chunk_workspace", "delta_rule_chunked", "delta_rule_recurrent",
-           "deltanet_conv_chunked", "deltanet_conv_decode_step", "deltanet_decode_step", "deltanet_gates",
-           "force_config", "l2norm"]
+           "deltanet_conv_decode_step", "deltanet_decode_step", "deltanet_gates", "force_config", "l2norm"]
