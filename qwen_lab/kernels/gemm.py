@@ -614,7 +614,8 @@ def gemv_rows_kernel(x_ptr, w_ptr, out_ptr, r_ptr, z_ptr, nw_ptr, s_ptr,
             w_next = w_next2
             rows_next = (blk + 2 * G) * BLOCK_N + offs_b
         else:
-            rows_next = (blk + G) * BLOCK_N + offs_b   # past the last block: masked, nothing is read
+            rows_next = (blk + G) * BLOCK_N + offs_b
+        # the tile DEPTH blocks ahead (past the last block: masked, nothing is read)
         w_load = tl.load(w_ptr + rows_next.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
                          mask=(rows_next < N)[:, None] & kmask, other=0.0, eviction_policy="evict_first")
         if DEPTH == 2:
@@ -710,7 +711,10 @@ def _matmul(name, x, weight, out, swiglu=False):
     if M == 0 or N == 0:
         return out
 
-    matmul_kernel[lambda meta: matmul_grid(M, N, meta, x.device)](x, weight, out, M, N, K, triton.next_power_of_2(min(M, 4096)),
+    def grid(meta):
+        return matmul_grid(M, N, meta, x.device)
+
+    matmul_kernel[grid](x, weight, out, M, N, K, triton.next_power_of_2(min(M, 4096)),
                         x.stride(0), weight.stride(0), out.stride(0), DOT_PRECISION=_dot_precision(x.dtype),
                         SWIGLU=bool(swiglu), TMA_OK=_tma_ok(x, weight))
     return out
