@@ -263,8 +263,6 @@ def prefill_config_rows(gen):
     """Every tiled-GEMM candidate the autotuner may pick for each prefill shape (and the gate/up projection with the
     SwiGLU epilogue), launched past the autotuner and timed 10 calls to a CUDA Graph: the kernel's own time, with
     no launch overhead. -> per shape, [(config, us)] fastest first, and F.linear's us."""
-    import triton
-
     from qwen_lab.kernels import gemm
 
     rows = []
@@ -278,16 +276,10 @@ def prefill_config_rows(gen):
         configs = gemm._prune_matmul_configs(gemm._matmul_all_configs(), {}, SWIGLU=swiglu,
                                              TMA_OK=gemm._tma_ok(x, w))
 
-        def launch(c):
-            grid = gemm.matmul_grid(PREFILL_M, n_out, c.kwargs, x.device)
-            gemm.matmul_kernel.fn[grid](x, w, out, PREFILL_M, n_out, K, triton.next_power_of_2(PREFILL_M),
-                                        x.stride(0), w.stride(0), out.stride(0), DOT_PRECISION="tf32",
-                                        SWIGLU=swiglu, num_warps=c.num_warps, num_stages=c.num_stages, **c.kwargs)
-
         timed = []
         for c in configs:
             try:
-                timed.append((str(c), time_graph([lambda c=c: launch(c)] * 10)))
+                timed.append((str(c), time_graph([lambda c=c: gemm.matmul_with_config(x, w, out, c, swiglu)] * 10)))
             except Exception as e:  # a configuration that does not fit this GPU: reported, not fatal
                 timed.append((f"{c} ({type(e).__name__})", float("inf")))
         timed.sort(key=lambda t: t[1])
@@ -382,7 +374,6 @@ def main(argv=None):
     props = torch.cuda.get_device_properties(0)
     l2_bytes = getattr(props, "L2_cache_size", 50 * 2**20)
     gen = torch.Generator(device=DEVICE).manual_seed(0)
-    import triton
     result = dict(gpu=props.name, sm_count=props.multi_processor_count, l2_bytes=l2_bytes,
                   reference_bandwidth_GBps=COPY_BANDWIDTH / 1e9, torch=torch.__version__, triton=triton.__version__,
                   deterministic_env=os.environ.get("QWEN_LAB_DETERMINISTIC", ""))

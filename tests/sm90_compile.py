@@ -8,6 +8,7 @@ off) it prints one JSON line per case; tests/test_sm90_compile.py runs it and ch
     TRITON_INTERPRET=0 python tests/sm90_compile.py [--notebook-09-stages N]
 """
 
+import inspect
 import json
 import os
 import sys
@@ -39,6 +40,16 @@ def compile_case(fn, constexprs: dict, types: dict | None = None, warps: int = 4
     the model's shapes). ptx_check(ptx) -> dict adds what it finds in the generated PTX to the result."""
     fn = _jit(fn)
     types = types or {}
+    # A constexpr the case leaves out takes its default, as a launch does; one left out and not marked constexpr
+    # in `sig` would be compiled as a runtime argument, both sides of its branches kept: not the GPU's kernel.
+    params = inspect.signature(fn.fn).parameters
+    constexprs = dict(constexprs)
+    for i in fn.constexprs:
+        name = fn.arg_names[i]
+        if name not in constexprs:
+            if params[name].default is inspect.Parameter.empty:
+                raise ValueError(f"{fn.__name__}: constexpr {name} has no default and the case does not set it")
+            constexprs[name] = params[name].default
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:

@@ -662,15 +662,6 @@ def test_every_gpu_gemv_config_computes_the_same(index, monkeypatch, rt, gen):
 # ---------------------------------------------------------------- the TMA (tensor-descriptor) candidates
 
 
-def _launch_matmul_config(x, w, out, config, swiglu=False):
-    """matmul_kernel with one configuration's meta-parameters, past the autotuner."""
-    M, K = x.shape
-    N = out.shape[1]
-    grid = gemm.matmul_grid(M, N, config.kwargs, x.device)
-    gemm.matmul_kernel.fn[grid](x, w, out, M, N, K, triton.next_power_of_2(M), x.stride(0), w.stride(0),
-                                out.stride(0), DOT_PRECISION=gemm._dot_precision(x.dtype), SWIGLU=swiglu,
-                                num_warps=config.num_warps, num_stages=config.num_stages, **config.kwargs)
-    return out
 
 
 def test_tma_candidates_only_where_the_call_allows_them(monkeypatch):
@@ -715,10 +706,10 @@ def test_tma_path_of_the_kernel_on_ragged_shapes(rt, gen):
         pytest.skip("this GPU has no TMA unit (sm_90+)")
     for c in plain:
         out = checks.poison_(torch.empty(M, 2 * N, dtype=rt.dtype, device=rt.device))
-        checks.compare(f"TMA matmul {c}", _launch_matmul_config(x, w, out, c), reference.linear(x, w))
+        checks.compare(f"TMA matmul {c}", gemm.matmul_with_config(x, w, out, c), reference.linear(x, w))
     for c in swiglu:
         out = checks.poison_(torch.empty(M, N, dtype=rt.dtype, device=rt.device))
-        checks.compare(f"TMA matmul SWIGLU {c}", _launch_matmul_config(x, w, out, c, swiglu=True),
+        checks.compare(f"TMA matmul SWIGLU {c}", gemm.matmul_with_config(x, w, out, c, swiglu=True),
                        reference.linear_silu_mul(x, w))
 
 
@@ -735,12 +726,12 @@ def test_gpu_every_tma_config_matches_torch(rt, gen, name):
     assert tma
     for c in tma:
         out = checks.poison_(torch.empty(M, N, dtype=rt.dtype, device=rt.device))
-        checks.compare(f"TMA matmul {name} {c}", _launch_matmul_config(x, w, out, c), ref)
+        checks.compare(f"TMA matmul {name} {c}", gemm.matmul_with_config(x, w, out, c), ref)
     if name == "mlp_gate_up":
         ref = reference.linear_silu_mul(x, w)
         for c in (c for c in gemm._matmul_configs(True) if c.kwargs.get("TMA")):
             out = checks.poison_(torch.empty(M, N // 2, dtype=rt.dtype, device=rt.device))
-            checks.compare(f"TMA matmul SWIGLU {c}", _launch_matmul_config(x, w, out, c, swiglu=True), ref)
+            checks.compare(f"TMA matmul SWIGLU {c}", gemm.matmul_with_config(x, w, out, c, swiglu=True), ref)
 
 
 @pytest.mark.parametrize("index", [i for i, c in enumerate(gemm._gemv_configs(gpu=True)) if c.kwargs.get("PERSIST")])

@@ -208,52 +208,25 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     if PERSIST:
-        # One program per SM (the launcher's grid), program p computing tiles p, p + P, p + 2P, ... Flattening
-        # the two loops into one lets the compiler's pipeline run straight across tile boundaries: the first
-        # K steps of the next tile are loading while this one's epilogue runs.
-        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1],
-                                           block_shape=[BLOCK_M, BLOCK_K])
-        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[2 * N if SWIGLU else N, K], strides=[stride_wn, 1],
-                                           block_shape=[BLOCK_N, BLOCK_K])
+        # One program per SM (the launcher's grid), program p computing tiles p, p + P, p + 2P, ... (TMA loads
+        # only). Flattening the two loops into one lets the compiler's pipeline run straight across tile
+        # boundaries: the first K steps of the next tile are loading while this one's epilogue runs.
+        x_desc, w_desc = _descriptors(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU)
         for tile in tl.range(pid, num_pid_m * num_pid_n, tl.num_programs(0), flatten=True):
             pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-            m0 = pid_m * BLOCK_M
-            n0 = pid_n * BLOCK_N
-            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            if SWIGLU:
-                acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                a = x_desc.load([m0, k0])
-                acc = tl.dot(a, w_desc.load([n0, k0]).T, acc, input_precision=DOT_PRECISION)
-                if SWIGLU:
-                    acc_u = tl.dot(a, w_desc.load([N + n0, k0]).T, acc_u, input_precision=DOT_PRECISION)
-            if SWIGLU:
-                acc = acc * tl.sigmoid(acc) * acc_u
+            acc = _tma_tile(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, N, K, DOT_PRECISION,
+                            BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU)
             _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
         return
     pid_m, pid_n = _grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M)
-
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if SWIGLU:
-        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if TMA:
-        # Tensor descriptors: the TMA unit fetches whole tiles and fills what lies past the matrix with
-        # zeros (rows past M or 2N, columns past K), so no masks. With SWIGLU a gate tile that runs past
-        # row N reads up rows instead: only output columns >= N use them, and the store drops those.
-        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1],
-                                           block_shape=[BLOCK_M, BLOCK_K])
-        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[2 * N if SWIGLU else N, K], strides=[stride_wn, 1],
-                                           block_shape=[BLOCK_N, BLOCK_K])
-        m0 = pid_m * BLOCK_M
-        n0 = pid_n * BLOCK_N
-        for k0 in range(0, K, BLOCK_K):
-            a = x_desc.load([m0, k0])                                   # [BLOCK_M, BLOCK_K]
-            b = w_desc.load([n0, k0])                                   # [BLOCK_N, BLOCK_K], rows of W
-            acc = tl.dot(a, b.T, acc, input_precision=DOT_PRECISION)
-            if SWIGLU:
-                bu = w_desc.load([N + n0, k0])
-                acc_u = tl.dot(a, bu.T, acc_u, input_precision=DOT_PRECISION)
+        x_desc, w_desc = _descriptors(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU)
+        acc = _tma_tile(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, N, K, DOT_PRECISION,
+                        BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU)
     else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if SWIGLU:
+            acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         # Rows past M (columns past N) wrap onto valid ones: the loads need no mask along M and N (so they
         # stay wide), and the store below drops those rows.
         rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
@@ -276,11 +249,40 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
                 u_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
-
-    if SWIGLU:
-        # silu(g) * u on the fp32 sums, rounded once below (the unfused path rounds g and u first)
-        acc = acc * tl.sigmoid(acc) * acc_u
+        if SWIGLU:
+            # silu(g) * u on the fp32 sums, rounded once at the store (the unfused path rounds g and u first)
+            acc = acc * tl.sigmoid(acc) * acc_u
     _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _descriptors(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr):
+    """Tensor descriptors of x [M, K] and W ([2N, K] with SWIGLU): the TMA unit fetches whole tiles and fills what
+    lies past the matrix with zeros (rows past M or 2N, columns past K), so no masks. With SWIGLU a gate tile that
+    runs past row N reads up rows instead: only output columns >= N use them, and the store drops those."""
+    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1], block_shape=[BLOCK_M, BLOCK_K])
+    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[2 * N if SWIGLU else N, K], strides=[stride_wn, 1],
+                                       block_shape=[BLOCK_N, BLOCK_K])
+    return x_desc, w_desc
+
+
+@triton.jit
+def _tma_tile(x_desc, w_desc, m0, n0, N, K, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr):
+    """The fp32 tile of x W^T at rows m0.., columns n0.., from the tensor descriptors (with SWIGLU: silu(gate) * up,
+    the up rows N further down W)."""
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SWIGLU:
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = x_desc.load([m0, k0])                                                       # [BLOCK_M, BLOCK_K]
+        acc = tl.dot(a, w_desc.load([n0, k0]).T, acc, input_precision=DOT_PRECISION)   # W rows [BLOCK_N, BLOCK_K]
+        if SWIGLU:
+            acc_u = tl.dot(a, w_desc.load([N + n0, k0]).T, acc_u, input_precision=DOT_PRECISION)
+    if SWIGLU:
+        acc = acc * tl.sigmoid(acc) * acc_u
+    return acc
 
 
 @triton.jit
@@ -306,6 +308,20 @@ def matmul_grid(M: int, N: int, meta: dict, device) -> tuple:
     """matmul_kernel's grid for one configuration: a program per tile, or (PERSIST) one per SM, at most a tile each."""
     tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
     return (min(tiles, sm_count(device)) if meta.get("PERSIST") else tiles,)
+
+
+def matmul_with_config(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, config: "triton.Config",
+                       swiglu: bool = False) -> torch.Tensor:
+    """matmul_kernel with one given configuration, past the autotuner (tests and benchmarks time or check each
+    candidate this way): out [M, N] = x weight^T, or with swiglu silu(x W_gate^T) * (x W_up^T) [M, N] for weight
+    [2N, K]. No checks: the caller passes operands `matmul` would accept. A TMA configuration needs `_tma_ok`."""
+    M, K = x.shape
+    N = out.shape[1]
+    matmul_kernel.fn[matmul_grid(M, N, config.kwargs, x.device)](
+        x, weight, out, M, N, K, triton.next_power_of_2(M), x.stride(0), weight.stride(0), out.stride(0),
+        DOT_PRECISION=_dot_precision(x.dtype), SWIGLU=swiglu, num_warps=config.num_warps,
+        num_stages=config.num_stages, **config.kwargs)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -921,9 +937,6 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
         k_per_split, splits = per_split(split)
         extra = {"launch_pdl": True} if pdl else {}
         if _persistent(config):
-            if block_m != 1 or splits != 1 or config.kwargs["BLOCK_K"] < K:
-                _fail(name, "GEMV_FORCE", f"{config} is the persistent form, which serves one row, one split and "
-                      f"K <= BLOCK_K; this call has {M} rows, {splits} splits and K={K}")
             blocks = triton.cdiv(N, config.kwargs["BLOCK_N"])
             grid = (min(blocks, sm_count(x.device) * config.kwargs["PERSIST"]),)
             gemv_rows_kernel[grid](
@@ -965,6 +978,11 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
     if plan is None:
         if GEMV_FORCE is not None:
             plan = (split_k, GEMV_FORCE)
+            splits = per_split(split_k)[1]
+            if _persistent(GEMV_FORCE) and (block_m != 1 or splits != 1 or GEMV_FORCE.kwargs["BLOCK_K"] < K):
+                # (the timed plans come from _fitting_configs, which offers the persistent form only where it fits)
+                _fail(name, "GEMV_FORCE", f"{GEMV_FORCE} is the persistent form, which serves one row, one split "
+                      f"and K <= BLOCK_K; this call has {M} rows, {splits} splits and K={K}")
         elif x.device.type != "cuda" or interpreter_active():
             plan = candidates([split_k])[0]
         elif not tuning_enabled() or torch.cuda.is_current_stream_capturing():
@@ -1147,5 +1165,7 @@ def _gated_linear(o, z, norm_weight, eps, weight, out, split_k=None, determinist
     return _launch_gemv(name, o, weight, out, M, N, K, split_k, deterministic, PRO_GATED, args, dv=Dv)
 
 
-__all__ = ["GEMV_MAX_M", "add_rms_norm_linear", "choose_split_k", "chosen_split_k", "deterministic_mode", "gated_rms_norm_linear", "gemv_plan_times",
-           "gemv_rows_kernel", "gemv_splitk_kernel", "linear", "linear_splitk", "matmul", "matmul_kernel", "rms_norm_linear", "sm_count"]
+__all__ = ["GEMV_MAX_M", "add_rms_norm_linear", "choose_split_k", "chosen_split_k", "deterministic_mode",
+           "gated_rms_norm_linear", "gemv_plan_times", "gemv_rows_kernel", "gemv_splitk_kernel", "linear",
+           "linear_splitk", "matmul", "matmul_grid", "matmul_kernel", "matmul_with_config", "rms_norm_linear",
+           "sm_count"]
