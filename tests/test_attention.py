@@ -53,6 +53,27 @@ def test_prefill_attention_matches_reference(rt, gen, T, Hq, Hkv, D, L, offset):
     checks.compare("flash attention", out, reference.attention(q, k, v, pos))
 
 
+def _prefill_configs():
+    """The GPU autotuner's prefill configs; under the interpreter (which ignores warps and stages) one per set of
+    block sizes and PAIR."""
+    configs = A._PREFILL_CONFIGS
+    if A.runtime.interpreter_active():
+        configs = list({str(sorted(c.kwargs.items())): c for c in configs}.values())
+    return configs
+
+
+@pytest.mark.parametrize("config", _prefill_configs(), ids=str)
+def test_prefill_every_gpu_config(rt, gen, monkeypatch, config):
+    """Each config forced in turn, with the fused gate: 100 tokens after a cached prefix (7 tiles of 16 tokens: with
+    PAIR the middle tile is its own partner), 64 tokens at GQA ratio 2 (2 tiles of 32: one pair) and a ratio-3
+    layout with head_dim 24 (one tile)."""
+    monkeypatch.setattr(A, "FORCE_PREFILL_CONFIG", config)
+    for shape in (PREFILL[2], PREFILL[1], PREFILL[3]):
+        q, gate, k, v, pos = _problem(gen, rt, *shape)
+        checks.compare(f"flash attention {config} {shape}", A.attention(q, k, v, pos, gate=gate),
+                       reference.sigmoid_gate(reference.attention(q, k, v, pos), gate))
+
+
 DECODE_LAUNCHES = {"flash_decode_split_kernel": 1, "flash_decode_combine_kernel": 1}
 
 
@@ -255,6 +276,17 @@ def test_gpu_prefill_real_shapes(T):
     checks.compare(f"flash attention bf16, T={T}", A.attention(q, k, v, pos), ref)
     checks.compare(f"flash attention + gate bf16, T={T}", A.attention(q, k, v, pos, gate=gate),
                    reference.sigmoid_gate(ref, gate))
+
+
+@pytest.mark.gpu
+def test_gpu_prefill_every_config_real_shapes(monkeypatch):
+    """Every prefill config, forced, on 2048 tokens (128 tiles of 16: PAIR pairs them all) and 300 (19 tiles)."""
+    for T in (2048, 300):
+        q, gate, k, v, pos = _real(T, T, 0, T + 1)
+        ref = reference.sigmoid_gate(reference.attention(q, k, v, pos), gate)
+        for config in A._PREFILL_CONFIGS:
+            monkeypatch.setattr(A, "FORCE_PREFILL_CONFIG", config)
+            checks.compare(f"flash attention bf16 {config}, T={T}", A.attention(q, k, v, pos, gate=gate), ref)
 
 
 @pytest.mark.gpu

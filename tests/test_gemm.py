@@ -698,8 +698,10 @@ def test_tma_path_of_the_kernel_on_ragged_shapes(rt, gen):
     x, w = _x(M, K, gen, rt), _w(2 * N, K, gen, rt)
     if gemm.interpreter_active():
         # the one-tile-per-program form and the persistent one (4 nominal SMs: each program walks several tiles)
-        plain = swiglu = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "TMA": True,
-                                         "PERSIST": persist}, num_warps=4, num_stages=1) for persist in (False, True)]
+        plain = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "TMA": True,
+                                "PERSIST": persist}, num_warps=4, num_stages=1) for persist in (False, True)]
+        # and SWIGLU's gate and up rows in one [2, BLOCK_N, BLOCK_K] tile (JOIN): N = 45 leaves the last tile ragged
+        swiglu = plain + [triton.Config(dict(c.kwargs, JOIN=True), num_warps=4, num_stages=1) for c in plain]
     elif gemm._tma_ok(x, w):
         plain, swiglu = ([c for c in gemm._matmul_configs(s) if c.kwargs.get("TMA")] for s in (False, True))
     else:

@@ -221,13 +221,36 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, gate_ptr, T, L
                            stride_ot, stride_oh, stride_gt, stride_gh,
                            G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                            HAS_GATE: tl.constexpr, DOT_PREC: tl.constexpr, T_BUCKET,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAIR: tl.constexpr = False):
     # T_BUCKET (T rounded up to a power of two) is only an autotuning key
     # rows of a tile are (token, query head of this KV head) pairs: BLOCK_T tokens x GP heads (G used)
     BLOCK_T: tl.constexpr = BLOCK_M // GP
     n_tiles = tl.cdiv(T, BLOCK_T)
     tile = n_tiles - 1 - tl.program_id(0)  # the longest rows (last tokens) start first
     kvh = tl.program_id(1)
+    _flash_tile(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, gate_ptr, tile, kvh, T, L, qk_scale,
+                stride_qt, stride_qh, stride_kl, stride_kh, stride_vl, stride_vh, stride_ot, stride_oh, stride_gt,
+                stride_gh, G, GP, D, BLOCK_D, HAS_GATE, DOT_PREC, BLOCK_M, BLOCK_N)
+    if PAIR:
+        # Causal tiles grow with their position: tile i sees about i + 1 key blocks. With PAIR the grid has
+        # half as many programs, and program i also takes tile i, the short partner of tile n - 1 - i: every
+        # program then walks about n + 1 key blocks, so none is left running alone at the end (and an odd
+        # middle tile is its own partner, done once).
+        partner = tl.program_id(0)
+        if partner < tile:
+            _flash_tile(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, gate_ptr, partner, kvh, T, L, qk_scale,
+                        stride_qt, stride_qh, stride_kl, stride_kh, stride_vl, stride_vh, stride_ot, stride_oh,
+                        stride_gt, stride_gh, G, GP, D, BLOCK_D, HAS_GATE, DOT_PREC, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _flash_tile(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, gate_ptr, tile, kvh, T, L, qk_scale,
+                stride_qt, stride_qh, stride_kl, stride_kh, stride_vl, stride_vh, stride_ot, stride_oh,
+                stride_gt, stride_gh, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                HAS_GATE: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One tile of the prefill: BLOCK_M // GP tokens starting at tile * (BLOCK_M // GP), the GP query heads of
+    KV head kvh each, against all the keys they see."""
+    BLOCK_T: tl.constexpr = BLOCK_M // GP
     rows = tl.arange(0, BLOCK_M)
     offs_t = tile * BLOCK_T + rows // GP
     offs_h = kvh * G + rows % GP
@@ -372,6 +395,9 @@ _PREFILL_CONFIGS = [
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=8, num_stages=2),
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=2),
+] + [  # the paired form (see flash_attention_kernel) of the 64-row tiles: 128 programs for 2048 tokens
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": bn, "PAIR": True}, num_warps=w, num_stages=s)
+    for bn, w, s in ((32, 4, 3), (32, 8, 3), (64, 4, 2), (64, 8, 2))
 ]
 _DECODE_CONFIGS = [
     triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=2),
@@ -399,6 +425,9 @@ def _decode_kernel():
 
 # the interpreter runs each program in NumPy: one small fixed config
 _INTERP_PREFILL = dict(BLOCK_M=32, BLOCK_N=32)
+# Tests set this to a triton.Config to run the prefill kernel with that config instead of the autotuner's pick
+# (on a GPU) or the small fixed one (under the interpreter).
+FORCE_PREFILL_CONFIG = None
 _INTERP_DECODE_BLOCK_N = 16
 _DECODE_BLOCK_N = 64  # the chunk granularity used to choose NUM_SPLITS on the GPU
 MAX_SPLITS = 64
@@ -574,17 +603,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
         common = (q, k, v, positions, out, g, T, L, qk_scale,
                   q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                   out.stride(0), out.stride(1), g.stride(0), g.stride(1))
-        if interp:
-            cfg = dict(_INTERP_PREFILL)
+        def grid(meta):
+            tiles = triton.cdiv(T, meta["BLOCK_M"] // GP)
+            return (triton.cdiv(tiles, 2) if meta.get("PAIR") else tiles, Hkv)
+
+        meta = dict(G=G, GP=GP, D=D, BLOCK_D=BLOCK_D, HAS_GATE=has_gate, DOT_PREC=prec,
+                    T_BUCKET=triton.next_power_of_2(T))
+        forced = FORCE_PREFILL_CONFIG
+        if forced is not None or interp:
+            cfg = dict(forced.kwargs, num_warps=forced.num_warps, num_stages=forced.num_stages) \
+                if forced is not None else dict(_INTERP_PREFILL)
             cfg["BLOCK_M"] = max(cfg["BLOCK_M"], GP)
-            grid = (triton.cdiv(T, cfg["BLOCK_M"] // GP), Hkv)
-            flash_attention_kernel[grid](*common, G=G, GP=GP, D=D, BLOCK_D=BLOCK_D, HAS_GATE=has_gate,
-                                         DOT_PREC=prec, T_BUCKET=triton.next_power_of_2(T), **cfg)
+            flash_attention_kernel[grid(cfg)](*common, **meta, **cfg)
         else:
-            def grid(meta):
-                return (triton.cdiv(T, meta["BLOCK_M"] // GP), Hkv)
-            _prefill_kernel()[grid](*common, G=G, GP=GP, D=D, BLOCK_D=BLOCK_D, HAS_GATE=has_gate,
-                                    DOT_PREC=prec, T_BUCKET=triton.next_power_of_2(T))
+            _prefill_kernel()[grid](*common, **meta)
         return out
     # decode
     splits = decode_splits(L) if num_splits is None else int(num_splits)

@@ -128,16 +128,24 @@ def _matmul_configs(swiglu: bool = False):
         [(128, 256, 64, 3, 8), (128, 128, 64, 4, 8), (256, 128, 64, 3, 8), (128, 128, 128, 3, 8)]
     configs += [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "TMA": True},
                               num_stages=s, num_warps=w) for bm, bn, bk, s, w in tma]
-    # The persistent TMA candidates (plain GEMM only): one program per SM walks the tiles (PERSIST in the kernel),
-    # so the loads of a program's next tile are issued while it still multiplies and stores the current one, and no
-    # SM waits for a new program between tiles. On the H200 they are the fastest candidates of the wide prefill
-    # projections, level with cuBLAS (docs/perf-log.md); with SWIGLU's two accumulators they measured slower than
-    # the one-tile-per-program form, so that mode has none.
+    # The persistent TMA candidates: one program per SM walks the tiles (PERSIST in the kernel), so the loads of a
+    # program's next tile are issued while it still multiplies and stores the current one, and no SM waits for a
+    # new program between tiles. On the H200 they are the fastest candidates of the wide prefill projections, level
+    # with cuBLAS (docs/perf-log.md). With SWIGLU's two products per K step they measured slower than the
+    # one-tile-per-program form; SWIGLU's persistent candidates join the two into one (JOIN).
     if not swiglu:
         configs += [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "TMA": True,
                                    "PERSIST": True}, num_stages=s, num_warps=w)
                     for bm, bn, bk, s, w in [(128, 256, 64, 3, 8), (128, 128, 64, 4, 8), (128, 128, 128, 3, 8),
                                              (128, 128, 64, 4, 4)]]
+    else:
+        # JOIN: the gate and up rows of a tile arrive in one [2, BLOCK_N, BLOCK_K] TMA tile and meet x in one
+        # BLOCK_M x 2 BLOCK_N product (one m64n256 tensor-core instruction instead of two m64n128). Persistent only:
+        # on the H200 the persistent JOIN candidates took the SwiGLU prefill GEMM from 60 to 51 us, the one-tile
+        # JOIN form measured the same as the two-product one (docs/perf-log.md).
+        configs += [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "TMA": True,
+                                   "PERSIST": True, "JOIN": True}, num_stages=s, num_warps=w)
+                    for bm, bn, bk, s, w in [(128, 128, 64, 3, 8), (128, 128, 64, 4, 8)]]
     return configs
 
 
@@ -200,7 +208,7 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
                   DOT_PRECISION: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                   SWIGLU: tl.constexpr = False, TMA_OK: tl.constexpr = False, TMA: tl.constexpr = False,
-                  PERSIST: tl.constexpr = False):
+                  PERSIST: tl.constexpr = False, JOIN: tl.constexpr = False):
     # M_BUCKET (M rounded to a power of two) is only an autotuning key: one tuning per prompt-length
     # bucket, not per prompt length; so is TMA_OK (whether the TMA configurations may be timed for this
     # call). With SWIGLU, N is I (the output's width) and W has 2N rows.
@@ -211,18 +219,20 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
         # One program per SM (the launcher's grid), program p computing tiles p, p + P, p + 2P, ... (TMA loads
         # only). Flattening the two loops into one lets the compiler's pipeline run straight across tile
         # boundaries: the first K steps of the next tile are loading while this one's epilogue runs.
-        x_desc, w_desc = _descriptors(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU)
+        x_desc, w_desc = _descriptors(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU,
+                                      JOIN)
         for tile in tl.range(pid, num_pid_m * num_pid_n, tl.num_programs(0), flatten=True):
             pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
             acc = _tma_tile(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, N, K, DOT_PRECISION,
-                            BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU)
+                            BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU, JOIN)
             _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
         return
     pid_m, pid_n = _grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M)
     if TMA:
-        x_desc, w_desc = _descriptors(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU)
+        x_desc, w_desc = _descriptors(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU,
+                                      JOIN)
         acc = _tma_tile(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, N, K, DOT_PRECISION,
-                        BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU)
+                        BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU, JOIN)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if SWIGLU:
@@ -257,31 +267,46 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
 
 @triton.jit
 def _descriptors(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr):
+                 BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, JOIN: tl.constexpr = False):
     """Tensor descriptors of x [M, K] and W ([2N, K] with SWIGLU): the TMA unit fetches whole tiles and fills what
     lies past the matrix with zeros (rows past M or 2N, columns past K), so no masks. With SWIGLU a gate tile that
-    runs past row N reads up rows instead: only output columns >= N use them, and the store drops those."""
+    runs past row N reads up rows instead: only output columns >= N use them, and the store drops those.
+    JOIN (with SWIGLU): W as [2, N, K], one [2, BLOCK_N, BLOCK_K] tile holding the gate rows and the up rows of the
+    same output columns, fetched by one TMA request."""
     x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1], block_shape=[BLOCK_M, BLOCK_K])
-    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[2 * N if SWIGLU else N, K], strides=[stride_wn, 1],
-                                       block_shape=[BLOCK_N, BLOCK_K])
+    if SWIGLU and JOIN:
+        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[2, N, K], strides=[N * stride_wn, stride_wn, 1],
+                                           block_shape=[2, BLOCK_N, BLOCK_K])
+    else:
+        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[2 * N if SWIGLU else N, K], strides=[stride_wn, 1],
+                                           block_shape=[BLOCK_N, BLOCK_K])
     return x_desc, w_desc
 
 
 @triton.jit
 def _tma_tile(x_desc, w_desc, m0, n0, N, K, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr):
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, JOIN: tl.constexpr = False):
     """The fp32 tile of x W^T at rows m0.., columns n0.., from the tensor descriptors (with SWIGLU: silu(gate) * up,
     the up rows N further down W)."""
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if SWIGLU:
-        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        a = x_desc.load([m0, k0])                                                       # [BLOCK_M, BLOCK_K]
-        acc = tl.dot(a, w_desc.load([n0, k0]).T, acc, input_precision=DOT_PRECISION)   # W rows [BLOCK_N, BLOCK_K]
+    if SWIGLU and JOIN:
+        # one product of a [BLOCK_M, 2 BLOCK_N] tile: the gate columns, then the up columns of the same outputs
+        acc2 = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            b = tl.reshape(w_desc.load([0, n0, k0]), [2 * BLOCK_N, BLOCK_K])
+            acc2 = tl.dot(x_desc.load([m0, k0]), b.T, acc2, input_precision=DOT_PRECISION)
+        gate, up = tl.split(tl.permute(tl.reshape(acc2, [BLOCK_M, 2, BLOCK_N]), [0, 2, 1]))
+        acc = gate * tl.sigmoid(gate) * up
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if SWIGLU:
-            acc_u = tl.dot(a, w_desc.load([N + n0, k0]).T, acc_u, input_precision=DOT_PRECISION)
-    if SWIGLU:
-        acc = acc * tl.sigmoid(acc) * acc_u
+            acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            a = x_desc.load([m0, k0])                                                      # [BLOCK_M, BLOCK_K]
+            acc = tl.dot(a, w_desc.load([n0, k0]).T, acc, input_precision=DOT_PRECISION)  # W rows [BLOCK_N, BLOCK_K]
+            if SWIGLU:
+                acc_u = tl.dot(a, w_desc.load([N + n0, k0]).T, acc_u, input_precision=DOT_PRECISION)
+        if SWIGLU:
+            acc = acc * tl.sigmoid(acc) * acc_u
     return acc
 
 
