@@ -49,6 +49,7 @@ KERNEL_MODULES = {
     "deltanet_decode_step": "deltanet",
     "deltanet_conv_decode_step": "deltanet",
     "delta_rule_chunked": "deltanet",
+    "deltanet_chunked": "deltanet",
     "sample": "sampling",
 }
 OPERATORS = tuple(KERNEL_MODULES)
@@ -215,6 +216,8 @@ class Qwen35Model:
             v = qkv[:, 2 * kd:].unflatten(1, (Hv, Dv))
             if T == 1:  # decode: the recurrent form, its gates computed inside the same kernel
                 o = ops["deltanet_decode_step"](q, k, v, a, b, layer.A_log, layer.dt_bias, state)
+            elif self._fused("deltanet_gates", "delta_rule_chunked"):  # prefill, the gates inside the chunk prep
+                o = ops["deltanet_chunked"](q, k, v, a, b, layer.A_log, layer.dt_bias, state)
             else:       # prefill: beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), then the chunked form
                 g, beta = ops["deltanet_gates"](a, b, layer.A_log, layer.dt_bias)
                 o = ops["delta_rule_chunked"](q, k, v, g, beta, state)  # [T, Hv, Dv]; l2norm of q, k inside

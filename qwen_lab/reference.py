@@ -339,6 +339,18 @@ def delta_rule_chunked(q, k, v, g, beta, state, scale: float | None = None, chun
 # ---------------------------------------------------------------- sampling
 
 
+
+def deltanet_chunked(q, k, v, a, b, A_log, dt_bias, state, scale: float | None = None,
+                     chunk_size: int = 64) -> torch.Tensor:
+    """The prefill form with its gates: deltanet_gates, then delta_rule_chunked (the gates inside the chunk prep
+    on the GPU).
+
+    q, k [T, Hk, Dk]; v [T, Hv, Dv]; a, b [T, Hv]; state [Hv, Dk, Dv] fp32, updated in place. -> o [T, Hv, Dv].
+    """
+    g, beta = deltanet_gates(a, b, A_log, dt_bias)
+    return delta_rule_chunked(q, k, v, g, beta, state, scale, chunk_size)
+
+
 def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, uniform: torch.Tensor) -> torch.Tensor:
     """Draw one token from logits [V] with temperature, top-k and top-p (nucleus) filtering.
 

@@ -20,7 +20,8 @@ from qwen_lab.config import QWEN35_0_8B
 from qwen_lab.errors import KernelError
 from qwen_lab.kernels import count_launches, deltanet
 from qwen_lab.kernels.deltanet import (ChunkWorkspace, autotune_configs, chunk_workspace, delta_rule_chunked,
-                                       delta_rule_recurrent, deltanet_conv_decode_step, deltanet_decode_step,
+                                       delta_rule_recurrent, deltanet_chunked, deltanet_conv_decode_step,
+                                       deltanet_decode_step,
                                        deltanet_gates, force_config, l2norm)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository (for child processes)
@@ -196,6 +197,29 @@ def test_decode_step_fuses_the_gates(rt, gen):
     checks.compare("state", d["state"], ref_state)
 
 
+@pytest.mark.parametrize("T", [1, 63, 64, 70, 130])
+def test_chunked_fuses_the_gates(T, rt, gen):
+    """deltanet_chunked: the gates computed in the chunk prep from the raw a, b (strided views of one projection)
+    equal deltanet_gates then delta_rule_chunked; the padded tail of the last chunk must get g = beta = 0 (the raw
+    a there is 0, whose gate is not)."""
+    Hk, Hv, Dk, Dv = 2, 4, 16, 32
+    d = _delta_inputs(T, Hk, Hv, Dk, Dv, gen, rt.dtype, rt.device)
+    proj = checks.randn(T, 2 * Hv + 1, g=gen, dtype=rt.dtype, device=rt.device, scale=3.0)
+    b, a = proj[:, 1:1 + Hv], proj[:, 1 + Hv:]
+    A_log, dt_bias = _gate_params(Hv, gen, rt.device)
+    ref_state = d["state"].clone()
+    ref = reference.deltanet_chunked(d["q"], d["k"], d["v"], a, b, A_log, dt_bias, ref_state)
+    with count_launches() as launches:
+        o = deltanet_chunked(d["q"], d["k"], d["v"], a, b, A_log, dt_bias, d["state"])
+    # two kernels; on a GPU these 16/32-wide heads run the recurrent kernel instead (see delta_rule_chunked)
+    assert sum(launches.values()) == (2 if deltanet.INTERPRET else 1), dict(launches)
+    assert launches["deltanet_gates_kernel"] == 0, dict(launches)
+    _judge("o", o, ref)
+    _judge("state", d["state"], ref_state)
+    with pytest.raises(KernelError, match="dt_bias"):
+        deltanet_chunked(d["q"], d["k"], d["v"], a, b, A_log, dt_bias[:2], d["state"])
+
+
 def test_padding_never_reaches_the_state(rt, gen):
     """Rows past T (the padded tail of the last chunk) hold NaN in memory; they must not be read."""
     T, Hk, Hv, Dk, Dv = 70, 2, 2, 16, 32
@@ -265,14 +289,14 @@ from qwen_lab.checks import guarded_call as _guarded_call  # noqa: E402
 def _inputs_for(kernel, T, Hk, Hv, Dk, Dv, gen, rt):
     """The keyword arguments of `kernel` (chunked, recurrent or the fused decode step) and its reference."""
     d = _delta_inputs(T, Hk, Hv, Dk, Dv, gen, rt.dtype, rt.device)
-    if kernel is deltanet_decode_step:
+    if kernel in (deltanet_decode_step, deltanet_chunked):
         proj = checks.randn(T, 2 * Hv + 1, g=gen, dtype=rt.dtype, device=rt.device)
         A_log, dt_bias = _gate_params(Hv, gen, rt.device)
         d = dict(q=d["q"], k=d["k"], v=d["v"], a=proj[:, 1 + Hv:], b=proj[:, 1:1 + Hv], A_log=A_log,
                  dt_bias=dt_bias, state=d["state"])
         g, beta = reference.deltanet_gates(d["a"], d["b"], A_log, dt_bias)
         ref_args = dict(q=d["q"], k=d["k"], v=d["v"], g=g, beta=beta)
-        ref_fn = reference.delta_rule_recurrent
+        ref_fn = reference.delta_rule_recurrent if kernel is deltanet_decode_step else reference.delta_rule_chunked
     else:
         ref_args = {n: d[n] for n in ("q", "k", "v", "g", "beta")}
         ref_fn = reference.delta_rule_chunked if kernel is delta_rule_chunked else reference.delta_rule_recurrent
@@ -287,7 +311,7 @@ def _run_guarded(kernel, shape, gen, rt, forced=()):
     of `forced`, and judge its output and final state against the reference."""
     d, ref, ref_state = _inputs_for(kernel, *shape, gen, rt)
     extra, ws = {}, []
-    if kernel is delta_rule_chunked:  # its scratch too: a workspace sized for one chunk too few would show
+    if kernel in (delta_rule_chunked, deltanet_chunked):  # its scratch too: one chunk too few would show
         T, _, Hv, Dk, Dv = shape
         ws = [_Guard(t, NAN, pad=0) for t in chunk_workspace(T, Hv, Dk, Dv, rt.dtype, rt.device)]
         extra["workspace"] = ChunkWorkspace(*(g.view for g in ws))
@@ -315,11 +339,12 @@ _CHUNK_SHAPES += [(65, 1, 2, 16, 128), (64, 2, 2, 128, 32), (1, 1, 2, 32, 16), (
 
 @pytest.mark.parametrize("shape", _CHUNK_SHAPES, ids=lambda s: "T{}-Hk{}-Hv{}-Dk{}-Dv{}".format(*s))
 def test_chunked_stays_inside_its_tensors(shape, rt, gen):
-    """Each shape also runs one of the scan's and one of the prep's GPU configs, in turn across the shapes."""
+    """Each shape also runs one of the scan's and one of the prep's GPU configs, in turn across the shapes, and
+    alternates between the gates given (delta_rule_chunked) and the gates computed in the prep (deltanet_chunked)."""
     i = _CHUNK_SHAPES.index(shape)
     forced = (("chunk_scan_kernel", _pick(autotune_configs("chunk_scan_kernel", Dv=shape[4]), i)),
               ("chunk_prep_kernel", _pick(autotune_configs("chunk_prep_kernel"), i)))
-    _run_guarded(delta_rule_chunked, shape, gen, rt, forced)
+    _run_guarded(deltanet_chunked if i % 2 else delta_rule_chunked, shape, gen, rt, forced)
 
 
 # T = 1 (decode) and a few tokens; the recurrent kernel has no chunks, and 65 steps of 128-wide heads cost the
@@ -631,6 +656,7 @@ def _probe_jobs():
         jobs += [(delta_rule_chunked, shape, (("chunk_scan_kernel", c), ("chunk_prep_kernel", prep[0]))) for c in scan]
         jobs += [(delta_rule_chunked, shape, (("chunk_scan_kernel", scan[0]), ("chunk_prep_kernel", c)))
                  for c in prep[1:]]
+        jobs += [(deltanet_chunked, shape, (("chunk_scan_kernel", scan[0]), ("chunk_prep_kernel", c))) for c in prep]
     for shape in [(1, 2, 2, 16, 32), (1, 16, 16, 128, 128), (6, 2, 4, 16, 32)]:
         for fn in (delta_rule_recurrent, deltanet_decode_step):
             jobs.append((fn, shape, ()))
@@ -727,6 +753,22 @@ def test_gpu_chunked_prefill(T, Hv, rt, gen):
     ref_state = d["state"].clone()
     ref = reference.delta_rule_chunked(**{**d, "state": ref_state})
     o = delta_rule_chunked(**d)
+    _close("o", o, ref)
+    _close("state", d["state"], ref_state)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [2048, 77])
+def test_gpu_chunked_with_fused_gates(T, rt, gen):
+    Hk = Hv = QWEN35_0_8B.linear_num_value_heads
+    Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
+    d = _delta_inputs(T, Hk, Hv, Dk, Dv, gen, rt.dtype, rt.device)
+    proj = checks.randn(T, 2 * Hv + 1, g=gen, dtype=rt.dtype, device=rt.device, scale=3.0)
+    b, a = proj[:, 1:1 + Hv], proj[:, 1 + Hv:]
+    A_log, dt_bias = _gate_params(Hv, gen, rt.device)
+    ref_state = d["state"].clone()
+    ref = reference.deltanet_chunked(d["q"], d["k"], d["v"], a, b, A_log, dt_bias, ref_state)
+    o = deltanet_chunked(d["q"], d["k"], d["v"], a, b, A_log, dt_bias, d["state"])
     _close("o", o, ref)
     _close("state", d["state"], ref_state)
 

@@ -48,6 +48,8 @@ Chunked kernels (two launches):
 - `chunk_scan_kernel`, grid (Hv, Dv / BV): carries its [Dk, BV] slice of S through the chunks in order
   (V', O and S1 above: four matmuls per chunk), writes O, and the final state in place.
 The tail of the last chunk is padded with k = v = 0, beta = 0 and g = 0, so it changes neither O nor S.
+`deltanet_chunked` (the model's prefill) passes the raw projections a, b instead of g, beta: the prep computes the
+gates of its rows itself (FUSED_GATES), and no gates kernel runs before it.
 
 Precision: norms, gates, decays, the triangular solve and the state stay fp32. On the GPU the matmul
 operands are bf16 with fp32 accumulation, as in flash-linear-attention (the inverse's merges use tf32);
@@ -388,15 +390,15 @@ _PREP_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]
 
 
 # T is not specialised (see chunk_scan_kernel)
-@_tuned(_PREP_CONFIGS, key=["Dk", "Dv", "BT", "BK", "BDV"])
+@_tuned(_PREP_CONFIGS, key=["Dk", "Dv", "BT", "BK", "BDV", "FUSED_GATES"])
 @triton.jit(do_not_specialize=["T"])
-def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                       qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr,
                       T, Tp, Dk, Dv, REP, scale, eps,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                       stride_gt, stride_gh, stride_bt, stride_bh,
                       BT: tl.constexpr, BK: tl.constexpr, BDV: tl.constexpr, MERGES: tl.constexpr,
-                      PREC: tl.constexpr, INV_PREC: tl.constexpr):
+                      PREC: tl.constexpr, INV_PREC: tl.constexpr, FUSED_GATES: tl.constexpr = False):
     c = tl.program_id(0)
     h = tl.program_id(1)
     hk = h // REP
@@ -412,6 +414,11 @@ def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
     # ---- decays: G_i = g_1 + ... + g_i inside the chunk (g = 0 in the padded tail: the decay stops at T-1)
     g = _vec(g_ptr, rows, stride_gt, h * stride_gh, T)
     beta = _vec(beta_ptr, rows, stride_bt, h * stride_bh, T)
+    if FUSED_GATES:  # g_ptr and beta_ptr hold the raw projections a and b: the gates of deltanet_gates, here
+        neg_A = -tl.exp(tl.load(A_log_ptr + h).to(tl.float32))
+        dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
+        g = tl.where(rows < T, neg_A * _softplus(g + dt_bias), 0.0)  # the padded tail keeps g = 0, beta = 0
+        beta = tl.where(rows < T, tl.sigmoid(beta), 0.0)
     G = tl.cumsum(g, 0)
     G_last = tl.sum(tl.where(i == BT - 1, G, 0.0), 0)
     tl.store(gcum_ptr + rows_ws, G)
@@ -775,7 +782,29 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     overwritten with the final one); chunk_size 64 or 128. Two launches: the parallel intra-chunk work, then
     the sequential scan over chunks.
     """
-    T, Hk, Dk, Hv, Dv = _check_delta(q, k, v, g, beta, state)
+    return _chunked_launch(q, k, v, g, beta, g, g, state, scale, chunk_size, out, workspace, fused=False)
+
+
+def deltanet_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                     A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, scale: float | None = None,
+                     chunk_size: int = 64, out: torch.Tensor | None = None,
+                     workspace: ChunkWorkspace | None = None) -> torch.Tensor:
+    """deltanet_gates and delta_rule_chunked in two launches instead of three: the chunk prep computes the gates of
+    its rows from the raw projections; = reference.deltanet_chunked.
+
+    a, b [T, Hv] (strided views allowed); A_log, dt_bias [Hv]; the rest as in `delta_rule_chunked`.
+    """
+    Hv = v.shape[1] if isinstance(v, torch.Tensor) and v.dim() == 3 else None
+    for name, p in (("A_log", A_log), ("dt_bias", dt_bias)):
+        _check(name, p, 1, f"[Hv={Hv}]", device=getattr(q, "device", None))
+        if Hv is not None and p.shape[0] != Hv:
+            raise KernelError(f"{name}: shape {tuple(p.shape)}, expected ({Hv},) (one per value head)")
+    return _chunked_launch(q, k, v, a, b, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused=True)
+
+
+def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused):
+    """delta_rule_chunked (fused=False: g, beta are the gates) or deltanet_chunked (fused: g, beta are a and b)."""
+    T, Hk, Dk, Hv, Dv = _check_delta(q, k, v, g, beta, state, ("a", "b") if fused else ("g", "beta"))
     if chunk_size not in (64, 128):
         raise KernelError(f"chunk_size={chunk_size!r}: expected 64 or 128 (four sub-blocks of at least 16 rows, "
                           f"the smallest tl.dot)")
@@ -798,7 +827,7 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
         # Compiled for sm_90 by Triton 3.6, the chunked kernels fault (or return garbage) when a head dim is below
         # 64, while 64 and 128 (every released Qwen3.5) are right: benchmarks/probe_deltanet.py, docs/perf-log.md.
         # Such small heads only occur in test models, where the recurrent kernel computes the same function.
-        return delta_rule_recurrent(q, k, v, g, beta, state, scale=scale, out=out)
+        return _recurrent_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, out, fused)
     if workspace is None:
         workspace = chunk_workspace(T, Hv, Dk, Dv, q.dtype, q.device, chunk_size)
     ws = workspace
@@ -810,10 +839,11 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     # merges, whose fp32 tiles then use tf32 (10-bit mantissa; the result is rounded to bf16 right after).
     prec = "ieee" if ws.qg.dtype == torch.float32 else "tf32"
     _launch(chunk_prep_kernel, (n_chunks, Hv), (
-        q, k, v, g, beta, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, T, Tw, Dk, Dv, Hv // Hk, scale, EPS,
+        q, k, v, g, beta, A_log, dt_bias, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, T, Tw, Dk, Dv, Hv // Hk, scale, EPS,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1)),
-        dict(BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 16).bit_length() - 1, PREC=prec, INV_PREC=prec),
+        dict(BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 16).bit_length() - 1, PREC=prec, INV_PREC=prec,
+             FUSED_GATES=fused),
         dict(num_warps=4))
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
     _launch(chunk_scan_kernel, grid, (
@@ -824,4 +854,5 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
 
 
 __all__ = ["ChunkWorkspace", "autotune_configs", "chunk_workspace", "delta_rule_chunked", "delta_rule_recurrent",
-           "deltanet_conv_decode_step", "deltanet_decode_step", "deltanet_gates", "force_config", "l2norm"]
+           "deltanet_chunked", "deltanet_conv_decode_step", "deltanet_decode_step", "deltanet_gates", "force_config",
+           "l2norm"]
