@@ -135,7 +135,7 @@ def cases():
     prep_types = {"g_ptr": "*fp32", "beta_ptr": "*fp32", "gcum_ptr": "*fp32", "scale": "fp32", "eps": "fp32"}
     for c in deltanet.autotune_configs("chunk_prep_kernel"):
         for fused in (False, True):  # the gates given, or computed from the raw a, b (deltanet_chunked)
-            meta = dict(c.kwargs, BT=64, BK=Dk, BDV=Dv, MERGES=2, PREC="ieee", INV_PREC="ieee", FUSED_GATES=fused)
+            meta = dict(c.kwargs, BT=64, BK=Dk, BDV=Dv, MERGES=5, PREC="ieee", INV_PREC="ieee", FUSED_GATES=fused)
             types = dict(prep_types, g_ptr="*bf16", beta_ptr="*bf16", A_log_ptr="*fp32") if fused else prep_types
             out.append((f"chunk_prep fused_gates={fused} {c}", lambda meta=meta, c=c, types=types: compile_case(
                 deltanet.chunk_prep_kernel, meta, types, c.num_warps, c.num_stages)))

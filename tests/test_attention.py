@@ -55,7 +55,7 @@ def test_prefill_attention_matches_reference(rt, gen, T, Hq, Hkv, D, L, offset):
 
 def _prefill_configs():
     """The GPU autotuner's prefill configs; under the interpreter (which ignores warps and stages) one per set of
-    block sizes and PAIR."""
+    block sizes."""
     configs = A._PREFILL_CONFIGS
     if A.runtime.interpreter_active():
         configs = list({str(sorted(c.kwargs.items())): c for c in configs}.values())
@@ -64,9 +64,8 @@ def _prefill_configs():
 
 @pytest.mark.parametrize("config", _prefill_configs(), ids=str)
 def test_prefill_every_gpu_config(rt, gen, monkeypatch, config):
-    """Each config forced in turn, with the fused gate: 100 tokens after a cached prefix (7 tiles of 16 tokens: with
-    PAIR the middle tile is its own partner), 64 tokens at GQA ratio 2 (2 tiles of 32: one pair) and a ratio-3
-    layout with head_dim 24 (one tile)."""
+    """Each config forced in turn, with the fused gate: 100 tokens after a cached prefix (7 ragged tiles), 64 tokens
+    at GQA ratio 2 and a ratio-3 layout with head_dim 24 (one tile)."""
     monkeypatch.setattr(A, "FORCE_PREFILL_CONFIG", config)
     for shape in (PREFILL[2], PREFILL[1], PREFILL[3]):
         q, gate, k, v, pos = _problem(gen, rt, *shape)
@@ -280,7 +279,7 @@ def test_gpu_prefill_real_shapes(T):
 
 @pytest.mark.gpu
 def test_gpu_prefill_every_config_real_shapes(monkeypatch):
-    """Every prefill config, forced, on 2048 tokens (128 tiles of 16: PAIR pairs them all) and 300 (19 tiles)."""
+    """Every prefill config, forced, on 2048 and 300 tokens (ragged: 19 tiles of 16 tokens)."""
     for T in (2048, 300):
         q, gate, k, v, pos = _real(T, T, 0, T + 1)
         ref = reference.sigmoid_gate(reference.attention(q, k, v, pos), gate)

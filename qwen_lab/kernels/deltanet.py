@@ -41,10 +41,10 @@ the state update is sequential, one matmul-sized step per chunk instead of per t
 
 Chunked kernels (two launches):
 - `chunk_prep_kernel`, grid (chunks, Hv): G, what the scan reads (q exp(G), k exp(G_C - G), the intra-chunk
-  attention tril(q k^T exp(G_i - G_j))), and the UT transform U, W. A^-1 is built in two steps: the 16 x 16
-  diagonal blocks by forward substitution (row n of an inverse from the rows above it), then neighbouring
-  blocks merged while their size doubles (16 -> 32 -> 64): [[P, 0], [M, Q]]^-1 = [[P^-1, 0], [-Q^-1 M P^-1,
-  Q^-1]], two matmuls per merge. Results go to a workspace [Hv, T padded, .].
+  attention tril(q k^T exp(G_i - G_j))), and the UT transform U, W. A^-1 is built by doubling: the 2 x 2
+  diagonal blocks of I + L are inverted exactly (I - L there), then neighbouring blocks are merged while their
+  size doubles (2 -> 4 -> ... -> 64): [[P, 0], [M, Q]]^-1 = [[P^-1, 0], [-Q^-1 M P^-1, Q^-1]], two matmuls per
+  merge. Results go to a workspace [Hv, T padded, .].
 - `chunk_scan_kernel`, grid (Hv, Dv / BV): carries its [Dk, BV] slice of S through the chunks in order
   (V', O and S1 above: four matmuls per chunk), writes O, and the final state in place.
 The tail of the last chunk is padded with k = v = 0, beta = 0 and g = 0, so it changes neither O nor S.
@@ -439,25 +439,16 @@ def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_p
     kk = tl.dot((k.to(tl.float32) * beta[:, None]).to(DT), tl.trans(k), input_precision=PREC)
     L = tl.where(i[:, None] > i[None, :], kk * decay, 0.0)
 
-    # ---- X = A^-1. First the NB diagonal blocks of BS x BS by forward substitution, all at once:
-    #      row n of a block's inverse is e_n - sum_{j<n} L[n, j] X[j, :] (the rows above it are final).
-    BS: tl.constexpr = 16
-    NB: tl.constexpr = BT // BS
-    blk = tl.arange(0, NB)
-    same = (blk[:, None, None, None] == blk[None, None, :, None])    # [NB, 1, NB, 1]: diagonal block pairs
-    Ld = tl.sum(tl.where(same, tl.reshape(L, [NB, BS, NB, BS]), 0.0), 2)  # [NB, BS, BS]
-    r = tl.arange(0, BS)
-    X = tl.broadcast_to((r[:, None] == r[None, :]).to(tl.float32)[None, :, :], [NB, BS, BS])
-    for n in range(1, BS):
-        sel = (r == n)[None, :, None]
-        l_n = tl.sum(tl.where(sel, Ld, 0.0), 1)                        # [NB, BS]: L[n, :] of each block
-        row = (r == n).to(tl.float32)[None, :] - tl.sum(l_n[:, :, None] * X, 1)
-        X = tl.where(sel, row[:, None, :], X)
-    X = tl.reshape(tl.where(same, X[:, :, None, :], 0.0), [BT, BT])   # block-diagonal [BT, BT]
-    # Then merge neighbouring blocks, doubling their size: for [[P, 0], [M, Q]] the inverse is
-    # [[P^-1, 0], [-Q^-1 M P^-1, Q^-1]], i.e. X <- X - X M X with M the link blocks of L.
+    # ---- X = A^-1 by doubling: start from the inverses of the 2 x 2 diagonal blocks of A = I + L (exactly I - L
+    #      there: one entry below the diagonal), then merge neighbouring blocks while their size doubles
+    #      (2 -> 4 -> ... -> BT). For [[P, 0], [M, Q]] the inverse is [[P^-1, 0], [-Q^-1 M P^-1, Q^-1]], i.e.
+    #      X <- X - X M X with M the link blocks of L: two [BT, BT] tensor-core products per level, MERGES levels.
+    #      (Row-by-row forward substitution of 16 x 16 blocks was 15 dependent steps of small reductions, a third
+    #      of this kernel's time; an error analysis of the doubling in tf32 is in docs/perf-log.md.)
+    X = (i[:, None] == i[None, :]).to(tl.float32) - tl.where((i[:, None] == i[None, :] + 1) & (i[:, None] % 2 == 1),
+                                                             L, 0.0)
     for level in tl.static_range(MERGES):
-        s = BS << level
+        s = 2 << level
         link = ((i // s) % 2 == 1)[:, None] & ((i[:, None] // s) == (i[None, :] // s) + 1)
         M = tl.where(link, L, 0.0)
         X = X - tl.dot(X, tl.dot(M, X, input_precision=INV_PREC), input_precision=INV_PREC)
@@ -806,8 +797,8 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
     """delta_rule_chunked (fused=False: g, beta are the gates) or deltanet_chunked (fused: g, beta are a and b)."""
     T, Hk, Dk, Hv, Dv = _check_delta(q, k, v, g, beta, state, ("a", "b") if fused else ("g", "beta"))
     if chunk_size not in (64, 128):
-        raise KernelError(f"chunk_size={chunk_size!r}: expected 64 or 128 (four sub-blocks of at least 16 rows, "
-                          f"the smallest tl.dot)")
+        raise KernelError(f"chunk_size={chunk_size!r}: expected 64 or 128 (a power of two of at least "
+                          f"16 rows, the smallest tl.dot)")
     out = _check_out("out", out, (T, Hv, Dv), v.dtype, v.device)
     if T == 0:
         return out
@@ -842,7 +833,7 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
         q, k, v, g, beta, A_log, dt_bias, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, T, Tw, Dk, Dv, Hv // Hk, scale, EPS,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1)),
-        dict(BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 16).bit_length() - 1, PREC=prec, INV_PREC=prec,
+        dict(BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 2).bit_length() - 1, PREC=prec, INV_PREC=prec,
              FUSED_GATES=fused),
         dict(num_warps=4))
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
