@@ -197,27 +197,34 @@ def test_decode_step_fuses_the_gates(rt, gen):
     checks.compare("state", d["state"], ref_state)
 
 
-@pytest.mark.parametrize("T", [1, 63, 64, 70, 130])
-def test_chunked_fuses_the_gates(T, rt, gen):
-    """deltanet_chunked: the gates computed in the chunk prep from the raw a, b (strided views of one projection)
-    equal deltanet_gates then delta_rule_chunked; the padded tail of the last chunk must get g = beta = 0 (the raw
-    a there is 0, whose gate is not)."""
-    Hk, Hv, Dk, Dv = 2, 4, 16, 32
+def _fused_gates_case(T, Hk, Hv, Dk, Dv, gen, rt):
+    """deltanet_chunked's arguments (a, b strided views of one projection, wide enough that softplus and sigmoid
+    see both signs) and reference.deltanet_chunked's output and final state on copies."""
     d = _delta_inputs(T, Hk, Hv, Dk, Dv, gen, rt.dtype, rt.device)
     proj = checks.randn(T, 2 * Hv + 1, g=gen, dtype=rt.dtype, device=rt.device, scale=3.0)
-    b, a = proj[:, 1:1 + Hv], proj[:, 1 + Hv:]
     A_log, dt_bias = _gate_params(Hv, gen, rt.device)
+    args = dict(q=d["q"], k=d["k"], v=d["v"], a=proj[:, 1 + Hv:], b=proj[:, 1:1 + Hv], A_log=A_log, dt_bias=dt_bias,
+                state=d["state"])
     ref_state = d["state"].clone()
-    ref = reference.deltanet_chunked(d["q"], d["k"], d["v"], a, b, A_log, dt_bias, ref_state)
+    ref = reference.deltanet_chunked(**{**args, "state": ref_state})
+    return args, ref, ref_state
+
+
+@pytest.mark.parametrize("T", [1, 63, 64, 70, 130])
+def test_chunked_fuses_the_gates(T, rt, gen):
+    """deltanet_chunked: the gates computed in the chunk prep from the raw a, b equal deltanet_gates then
+    delta_rule_chunked; the padded tail of the last chunk must get g = beta = 0 (the raw a there is 0, whose gate
+    is not)."""
+    args, ref, ref_state = _fused_gates_case(T, 2, 4, 16, 32, gen, rt)
     with count_launches() as launches:
-        o = deltanet_chunked(d["q"], d["k"], d["v"], a, b, A_log, dt_bias, d["state"])
+        o = deltanet_chunked(**args)
     # two kernels; on a GPU these 16/32-wide heads run the recurrent kernel instead (see delta_rule_chunked)
     assert sum(launches.values()) == (2 if deltanet.INTERPRET else 1), dict(launches)
     assert launches["deltanet_gates_kernel"] == 0, dict(launches)
     _judge("o", o, ref)
-    _judge("state", d["state"], ref_state)
+    _judge("state", args["state"], ref_state)
     with pytest.raises(KernelError, match="dt_bias"):
-        deltanet_chunked(d["q"], d["k"], d["v"], a, b, A_log, dt_bias[:2], d["state"])
+        deltanet_chunked(**{**args, "dt_bias": args["dt_bias"][:2]})
 
 
 def test_padding_never_reaches_the_state(rt, gen):
@@ -762,15 +769,9 @@ def test_gpu_chunked_prefill(T, Hv, rt, gen):
 def test_gpu_chunked_with_fused_gates(T, rt, gen):
     Hk = Hv = QWEN35_0_8B.linear_num_value_heads
     Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
-    d = _delta_inputs(T, Hk, Hv, Dk, Dv, gen, rt.dtype, rt.device)
-    proj = checks.randn(T, 2 * Hv + 1, g=gen, dtype=rt.dtype, device=rt.device, scale=3.0)
-    b, a = proj[:, 1:1 + Hv], proj[:, 1 + Hv:]
-    A_log, dt_bias = _gate_params(Hv, gen, rt.device)
-    ref_state = d["state"].clone()
-    ref = reference.deltanet_chunked(d["q"], d["k"], d["v"], a, b, A_log, dt_bias, ref_state)
-    o = deltanet_chunked(d["q"], d["k"], d["v"], a, b, A_log, dt_bias, d["state"])
-    _close("o", o, ref)
-    _close("state", d["state"], ref_state)
+    args, ref, ref_state = _fused_gates_case(T, Hk, Hv, Dk, Dv, gen, rt)
+    _close("o", deltanet_chunked(**args), ref)
+    _close("state", args["state"], ref_state)
 
 
 @pytest.mark.gpu
