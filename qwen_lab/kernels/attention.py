@@ -590,9 +590,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
         common = (q, k, v, positions, out, g, T, L, qk_scale,
                   q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                   out.stride(0), out.stride(1), g.stride(0), g.stride(1))
-        def grid(meta):
-            tiles = triton.cdiv(T, meta["BLOCK_M"] // GP)
-            return (tiles, Hkv)
+        def grid(meta):  # a tile per BLOCK_M // GP tokens (each with the GP heads of its KV head), per KV head
+            return (triton.cdiv(T, meta["BLOCK_M"] // GP), Hkv)
 
         meta = dict(G=G, GP=GP, D=D, BLOCK_D=BLOCK_D, HAS_GATE=has_gate, DOT_PREC=prec,
                     T_BUCKET=triton.next_power_of_2(T))

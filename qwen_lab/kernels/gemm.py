@@ -22,7 +22,10 @@ Two regimes need two kernels:
   shared memory from one instruction, with no address arithmetic in the threads and zeros past the
   matrix's edges (no masks). The autotuner times them with the others and keeps the fastest. They
   need 16-byte-aligned rows (bf16/fp16, row strides a multiple of 8 elements), which the launcher
-  checks (`_tma_ok`, part of the autotuning key); never under the interpreter.
+  checks (`_tma_ok`, part of the autotuning key); never under the interpreter. Some of them are
+  persistent (PERSIST: one program per SM walks the tiles), and SWIGLU's persistent ones describe W as
+  [2, I, K] (JOIN): one TMA request brings a tile's gate and up rows together and one BLOCK_M x 2 BLOCK_N
+  product replaces the two.
 - Decode (M = 1, a handful at most): bandwidth-bound. Each weight element is used once, so the whole
   cost is reading W: 2 N K bytes. `gemv_splitk_kernel` gives each program BLOCK_N contiguous rows of
   W and a slice of K; a wide matrix (N large) already yields enough programs, a narrow one (N = 1024
