@@ -120,6 +120,24 @@ def decode_plans(runners: int = 3) -> list[str]:
     return lines + [""]
 
 
+def tuned_picks() -> list[str]:
+    """The configuration each autotuned kernel chose, per autotuning key: which tiles the profile above ran (a
+    kernel's time in a profile can differ from the same kernel timed alone, and this says whether its tile did)."""
+    from qwen_lab.kernels import attention, conv1d, deltanet, gemm
+
+    tuners = {"matmul_kernel": gemm.matmul_kernel, "flash_attention_kernel": attention._tuned.get("prefill"),
+              "flash_decode_split_kernel": attention._tuned.get("decode"),
+              "conv1d_prefill_kernel": conv1d._tuned.get("prefill"), "chunk_prep_kernel": deltanet.chunk_prep_kernel,
+              "chunk_scan_kernel": deltanet.chunk_scan_kernel,
+              "conv_decode_step_kernel": deltanet.conv_decode_step_kernel}
+    lines = ["autotuned kernels: the configuration chosen for each key (the key's values in the autotuner's order)"]
+    for name, tuner in tuners.items():
+        for key, config in sorted(getattr(tuner, "cache", {}).items(), key=lambda kv: str(kv[0])):
+            shown = ", ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
+            lines.append(f"  {name} [{shown}]: {config}")
+    return lines + [""]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="qwen3.5-0.8b")
@@ -150,7 +168,7 @@ def main() -> int:
                            busy) + [""]
             if name == "decode":  # layers 0-3: three DeltaNet layers and the first attention layer
                 lines += sequence(order, 30) + [""]
-    lines += decode_plans()
+    lines += decode_plans() + tuned_picks()
     print("\n".join(lines))
     print(f"{time.time() - t0:.0f} s")
     if args.out:

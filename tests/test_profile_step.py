@@ -30,3 +30,17 @@ def test_exclusive_times_add_up_to_the_busy_time_when_kernels_overlap(profile_st
 def test_exclusive_times_sort_the_events_by_start(profile_step):
     timed = profile_step.exclusive([(5.0, 9.0, "second"), (0.0, 6.0, "first")])
     assert timed == [("first", 6.0, 6.0), ("second", 4.0, 3.0)]
+
+
+def test_tuned_picks_lists_each_autotuned_kernels_choice(profile_step, monkeypatch):
+    """On a GPU the autotuners fill `cache` (key -> config); under the interpreter they are never timed, so two made-up
+    choices stand in for them."""
+    from types import SimpleNamespace
+
+    from qwen_lab.kernels import attention, gemm
+
+    monkeypatch.setattr(gemm, "matmul_kernel", SimpleNamespace(cache={(2048, 7168, 1024, True): "BLOCK_M: 128, JOIN"}))
+    monkeypatch.setitem(attention._tuned, "prefill", SimpleNamespace(cache={(4, 256, True): "BLOCK_M: 64"}))
+    lines = profile_step.tuned_picks()
+    assert "  matmul_kernel [2048, 7168, 1024, True]: BLOCK_M: 128, JOIN" in lines
+    assert "  flash_attention_kernel [4, 256, True]: BLOCK_M: 64" in lines
