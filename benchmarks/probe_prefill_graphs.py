@@ -20,7 +20,6 @@ from qwen_lab.kernels import gemm
 
 SETTINGS = [("default", {}), ("PDL=0", {"QWEN_LAB_PDL": "0"}), ("DETERMINISTIC=1", {"QWEN_LAB_DETERMINISTIC": "1"}),
             ("PERSIST=0", {"QWEN_LAB_GEMV_PERSIST": "0"}), ("default again", {})]
-NAMES = {0: "plain", 1: "swiglu", 2: "rms", 3: "add_rms", 4: "gated"}
 
 
 def in_pieces(model, ids):
@@ -64,7 +63,7 @@ def main(T: int, source: str):
                 again = torch.empty_like(out)
                 launch(name, x, weight, again, M, N, K, split_k, deterministic, prologue, dict(args), dv)
                 sync()
-                found.append((model.layer_index, NAMES.get(prologue, prologue), M, N, K, plan[0],
+                found.append((model.layer_index, gemm.PROLOGUE_NAMES.get(prologue, prologue), M, N, K, plan[0],
                               checks.relative_error(out.float(), ref.float()),
                               checks.relative_error(again.float(), ref.float())))
             return out

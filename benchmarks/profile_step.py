@@ -107,15 +107,14 @@ def decode_plans(runners: int = 3) -> list[str]:
     runners-up it timed: which tile shapes the decode step actually runs, and how close the others came."""
     from qwen_lab.kernels import gemm
 
-    names = {gemm.PRO_NONE: "plain", gemm.PRO_SWIGLU: "swiglu", gemm.PRO_RMS: "rms", gemm.PRO_ADD_RMS: "add_rms",
-             gemm.PRO_GATED: "gated"}
     lines = ["decode GEMV plans (prologue, N, K): us per call of the fastest timed plans"]
     for key, plan in sorted(gemm._plans.items(), key=lambda kv: (kv[0][2], kv[0][3], kv[0][0])):
         prologue, m_bucket, N, K = key[:4]
         if m_bucket != 1:
             continue
         timed = sorted(gemm.plan_times.get(key, {}).items(), key=lambda kv: kv[1])[:runners]
-        lines.append(f"  {names.get(prologue, prologue):8s} N={N:<6d} K={K:<5d} -> split {plan[0]} {plan[1]}")
+        name = gemm.PROLOGUE_NAMES.get(prologue, prologue)
+        lines.append(f"  {name:8s} N={N:<6d} K={K:<5d} -> split {plan[0]} {plan[1]}")
         lines += [f"      {us:6.2f} us  split {split} {config}" for (split, config), us in timed]
     return lines + [""]
 

@@ -336,10 +336,6 @@ def delta_rule_chunked(q, k, v, g, beta, state, scale: float | None = None, chun
     return out.to(v.dtype)
 
 
-# ---------------------------------------------------------------- sampling
-
-
-
 def deltanet_chunked(q, k, v, a, b, A_log, dt_bias, state, scale: float | None = None,
                      chunk_size: int = 64) -> torch.Tensor:
     """The prefill form with its gates: deltanet_gates, then delta_rule_chunked (the gates inside the chunk prep
@@ -349,6 +345,9 @@ def deltanet_chunked(q, k, v, a, b, A_log, dt_bias, state, scale: float | None =
     """
     g, beta = deltanet_gates(a, b, A_log, dt_bias)
     return delta_rule_chunked(q, k, v, g, beta, state, scale, chunk_size)
+
+
+# ---------------------------------------------------------------- sampling
 
 
 def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, uniform: torch.Tensor) -> torch.Tensor:

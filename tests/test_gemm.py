@@ -662,8 +662,6 @@ def test_every_gpu_gemv_config_computes_the_same(index, monkeypatch, rt, gen):
 # ---------------------------------------------------------------- the TMA (tensor-descriptor) candidates
 
 
-
-
 def test_tma_candidates_only_where_the_call_allows_them(monkeypatch):
     """The autotuner's list holds both modes and the TMA candidates; each call times only its mode's, and the TMA
     ones only with TMA_OK (sm_90+, aligned 16-bit operands). The interpreter has none."""

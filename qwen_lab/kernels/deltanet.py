@@ -539,6 +539,14 @@ def _check_out(name, out, shape, dtype, device):
     return out
 
 
+def _check_gate_params(A_log, dt_bias, Hv, device):
+    """A_log and dt_bias must be [Hv] on `device` (Hv None: v itself was malformed, and its own check will say so)."""
+    for name, p in (("A_log", A_log), ("dt_bias", dt_bias)):
+        _check(name, p, 1, f"[Hv={Hv}]", device=device)
+        if Hv is not None and p.shape[0] != Hv:
+            raise KernelError(f"{name}: shape {tuple(p.shape)}, expected ({Hv},) (one per value head)")
+
+
 def l2norm(x: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
     """x * rsqrt(sum(x^2) + eps) over the last dim, fp32 math; = reference.l2norm.
 
@@ -573,10 +581,7 @@ def deltanet_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bia
     _check("b", b, 2, f"[T={T}, Hv={H}]", device=a.device)
     if tuple(b.shape) != (T, H):
         raise KernelError(f"b: shape {tuple(b.shape)}, expected {(T, H)} like a")
-    for name, p in (("A_log", A_log), ("dt_bias", dt_bias)):
-        _check(name, p, 1, f"[Hv={H}]", device=a.device)
-        if p.shape[0] != H:
-            raise KernelError(f"{name}: shape {tuple(p.shape)}, expected ({H},) (one per value head)")
+    _check_gate_params(A_log, dt_bias, H, a.device)
     g_out = _check_out("g_out", g_out, (T, H), torch.float32, a.device)
     beta_out = _check_out("beta_out", beta_out, (T, H), torch.float32, a.device)
     if T == 0 or H == 0:
@@ -654,10 +659,7 @@ def deltanet_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: t
     `delta_rule_recurrent(q, k, v, *reference.deltanet_gates(a, b, A_log, dt_bias), state, scale)`.
     """
     Hv = v.shape[1] if isinstance(v, torch.Tensor) and v.dim() == 3 else None
-    for name, p in (("A_log", A_log), ("dt_bias", dt_bias)):
-        _check(name, p, 1, f"[Hv={Hv}]", device=getattr(q, "device", None))
-        if Hv is not None and p.shape[0] != Hv:
-            raise KernelError(f"{name}: shape {tuple(p.shape)}, expected ({Hv},) (one per value head)")
+    _check_gate_params(A_log, dt_bias, Hv, getattr(q, "device", None))
     return _recurrent_launch(q, k, v, a, b, A_log, dt_bias, state, scale, out, fused=True)
 
 
@@ -723,10 +725,7 @@ def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv
         _check(name, t, 2, f"[1, Hv={Hv}]", device=dev)
         if tuple(t.shape) != (1, Hv):
             raise KernelError(f"{name}: shape {tuple(t.shape)}, expected (1, {Hv})")
-    for name, p in (("A_log", A_log), ("dt_bias", dt_bias)):
-        _check(name, p, 1, f"[Hv={Hv}]", device=dev)
-        if p.shape[0] != Hv:
-            raise KernelError(f"{name}: shape {tuple(p.shape)}, expected ({Hv},) (one per value head)")
+    _check_gate_params(A_log, dt_bias, Hv, dev)
     _check("state", state, 3, f"[Hv={Hv}, Dk={Dk}, Dv={Dv}] float32", device=dev, dtype=torch.float32)
     if tuple(state.shape) != (Hv, Dk, Dv):
         raise KernelError(f"state: shape {tuple(state.shape)}, expected {(Hv, Dk, Dv)} = [Hv, Dk, Dv]")
@@ -786,10 +785,7 @@ def deltanet_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch
     a, b [T, Hv] (strided views allowed); A_log, dt_bias [Hv]; the rest as in `delta_rule_chunked`.
     """
     Hv = v.shape[1] if isinstance(v, torch.Tensor) and v.dim() == 3 else None
-    for name, p in (("A_log", A_log), ("dt_bias", dt_bias)):
-        _check(name, p, 1, f"[Hv={Hv}]", device=getattr(q, "device", None))
-        if Hv is not None and p.shape[0] != Hv:
-            raise KernelError(f"{name}: shape {tuple(p.shape)}, expected ({Hv},) (one per value head)")
+    _check_gate_params(A_log, dt_bias, Hv, getattr(q, "device", None))
     return _chunked_launch(q, k, v, a, b, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused=True)
 
 
@@ -830,7 +826,8 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
     # merges, whose fp32 tiles then use tf32 (10-bit mantissa; the result is rounded to bf16 right after).
     prec = "ieee" if ws.qg.dtype == torch.float32 else "tf32"
     _launch(chunk_prep_kernel, (n_chunks, Hv), (
-        q, k, v, g, beta, A_log, dt_bias, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, T, Tw, Dk, Dv, Hv // Hk, scale, EPS,
+        q, k, v, g, beta, A_log, dt_bias, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, T, Tw, Dk, Dv, Hv // Hk, scale,
+        EPS,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1)),
         dict(BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 2).bit_length() - 1, PREC=prec, INV_PREC=prec,

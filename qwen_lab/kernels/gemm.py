@@ -361,6 +361,8 @@ REDUCE_NONE, REDUCE_ATOMIC, REDUCE_DETERMINISTIC = 0, 1, 2
 # What the GEMV computes from its input before the product (the kernel's PROLOGUE): x as is; SwiGLU of
 # gate_up; RMSNorm of x; residual add + RMSNorm; the DeltaNet's per-head gated RMSNorm of o with gate z.
 PRO_NONE, PRO_SWIGLU, PRO_RMS, PRO_ADD_RMS, PRO_GATED = 0, 1, 2, 3, 4
+PROLOGUE_NAMES = {PRO_NONE: "plain", PRO_SWIGLU: "swiglu", PRO_RMS: "rms", PRO_ADD_RMS: "add_rms",
+                  PRO_GATED: "gated"}  # for reports
 # The norm prologue loads a decode row whole for its statistics up to this many values (8192 fp32 over a
 # program's 128-256 threads: 32-64 registers each); longer rows are summed slice by slice.
 WHOLE_ROW_MAX = 8192
