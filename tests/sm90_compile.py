@@ -83,7 +83,7 @@ def cases():
     for swiglu in (False, True):  # SWIGLU: two accumulators and two W tiles per step, its own tile shapes
         for c in gemm._matmul_configs(swiglu):  # TMA=True: the tensor-descriptor candidates (sm_90+ only)
             tma = c.kwargs.get("TMA", False)
-            meta = dict(c.kwargs, DOT_PRECISION="ieee", SWIGLU=swiglu, TMA=tma, TMA_OK=tma)
+            meta = dict(c.kwargs, DOT_PRECISION="ieee", SWIGLU=swiglu, TMA=tma, TMA_OK=tma, USE_PDL=True)
             out.append((f"matmul SWIGLU={swiglu} {c}", lambda meta=meta, c=c: compile_case(
                 gemm.matmul_kernel, meta, warps=c.num_warps, stages=c.num_stages)))
     gemv_types = {"ws_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
@@ -152,7 +152,8 @@ def cases():
             out.append((f"conv_decode_step settled={settled} {c}", lambda meta=meta, c=c: compile_case(
                 deltanet.conv_decode_step_kernel, meta, conv_types, c.num_warps, c.num_stages)))
     for c in conv1d.PREFILL_CONFIGS:
-        meta = dict(c.kwargs, W=C.linear_conv_kernel_dim)
+        W = C.linear_conv_kernel_dim  # the model's form: PDL on, the new state written by the first tile
+        meta = dict(c.kwargs, W=W, BLOCK_S=triton.next_power_of_2(W - 1), WRITE_STATE=True, USE_PDL=True)
         out.append((f"conv1d_prefill {c}", lambda meta=meta, c=c: compile_case(
             conv1d.conv1d_prefill_kernel, meta, warps=c.num_warps, stages=c.num_stages)))
     out.append(("notebook 09 exercise chunk_scan_kernel, as its launcher runs it", _notebook_09_scan))

@@ -28,7 +28,7 @@ def _inputs(T, C, W, g, dtype, device, row_pad=7, state_dtype=None):
     (1, 100, 4),     # decode: one token, the single-step kernel
     (3, 130, 4),     # fewer tokens than the state holds: part of the old state stays in it
     (STEP_MAX_TOKENS, 64, 4),
-    (5, 40, 4),      # the tiled prefill kernel, then the state shift
+    (5, 40, 4),      # the tiled prefill kernel, which also writes the new state
     (63, 72, 4),
     (200, 130, 4),   # several token tiles and a ragged channel tile
     (9, 24, 2),      # other filter widths
@@ -42,7 +42,23 @@ def test_causal_conv1d_matches_reference(T, C, W, rt, gen):
     with count_launches() as launches:
         y = causal_conv1d(x, weight, state, out=out)
     assert y is out
-    assert sum(launches.values()) == (1 if T <= STEP_MAX_TOKENS else 2)
+    assert sum(launches.values()) == 1, f"{dict(launches)}: one launch writes y and the state at every length"
+    checks.compare("y", y, ref)
+    checks.compare("state", state, ref_state)
+
+
+def test_tile_shorter_than_the_state_shifts_it_in_a_second_launch(rt, gen, monkeypatch):
+    """With a first tile of fewer than W-1 tokens a second tile would read the old state too, so the tiled kernel
+    leaves the state alone and the step kernel shifts it afterwards."""
+    import triton
+    monkeypatch.setattr(conv1d, "FORCE_PREFILL_CONFIG", triton.Config({"BLOCK_T": 2, "BLOCK_C": 32}, num_warps=1))
+    T, C, W = 9, 40, 4
+    x, weight, state = _inputs(T, C, W, gen, rt.dtype, rt.device)
+    ref_state = state.clone()
+    ref = reference.causal_conv1d(x, weight, ref_state)
+    with count_launches() as launches:
+        y = causal_conv1d(x, weight, state)
+    assert dict(launches) == {"conv1d_prefill_kernel": 1, "conv1d_step_kernel": 1}, dict(launches)
     checks.compare("y", y, ref)
     checks.compare("state", state, ref_state)
 
@@ -176,6 +192,22 @@ def test_gpu_real_shapes(T, rt, gen):
     ref = reference.causal_conv1d(x, weight, ref_state)
     y = causal_conv1d(x, weight, state)
     checks.compare("y", y, ref)
+    checks.compare("state", state, ref_state)
+
+
+@pytest.mark.gpu
+def test_gpu_autotuning_restores_the_state_between_timed_runs(rt, gen, monkeypatch):
+    """The prefill kernel replaces the state; the autotuner runs it many times on the first call of a shape, so it
+    must put the state back after each timed run (restore_value), or the call's own run reads a replaced one."""
+    monkeypatch.delitem(conv1d._tuned, "prefill", raising=False)   # a fresh autotuner: this call tunes
+    C, W, T = QWEN35_0_8B.linear_conv_dim, QWEN35_0_8B.linear_conv_kernel_dim, 700
+    x = checks.randn(T, C, g=gen, dtype=rt.dtype, device=rt.device)
+    weight = checks.randn(C, W, g=gen, dtype=rt.dtype, device=rt.device, scale=0.5)
+    state = checks.randn(C, W - 1, g=gen, dtype=rt.dtype, device=rt.device)
+    ref_state = state.clone()
+    ref = reference.causal_conv1d(x, weight, ref_state)
+    y = causal_conv1d(x, weight, state)
+    checks.compare("y (first rows read the old state)", y, ref)
     checks.compare("state", state, ref_state)
 
 

@@ -222,7 +222,10 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, gate_ptr, T, L
                            stride_ot, stride_oh, stride_gt, stride_gh,
                            G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                            HAS_GATE: tl.constexpr, DOT_PREC: tl.constexpr, T_BUCKET,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     # T_BUCKET (T rounded up to a power of two) is only an autotuning key
     # rows of a tile are (token, query head of this KV head) pairs: BLOCK_T tokens x GP heads (G used)
     BLOCK_T: tl.constexpr = BLOCK_M // GP
@@ -594,7 +597,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
             return (triton.cdiv(T, meta["BLOCK_M"] // GP), Hkv)
 
         meta = dict(G=G, GP=GP, D=D, BLOCK_D=BLOCK_D, HAS_GATE=has_gate, DOT_PREC=prec,
-                    T_BUCKET=triton.next_power_of_2(T))
+                    T_BUCKET=triton.next_power_of_2(T), **pdl_options(q.device))
         forced = FORCE_PREFILL_CONFIG
         if forced is not None or interp:
             cfg = dict(forced.kwargs, num_warps=forced.num_warps, num_stages=forced.num_stages) \

@@ -18,10 +18,11 @@ Two kernels:
 - `conv1d_step_kernel`: one program per block of channels walks the T tokens in order, then shifts the
   state. One launch serves decode (T = 1), where the grid is only C / BLOCK_C programs and every load is
   a row of contiguous channels.
-- `conv1d_prefill_kernel`: a [BLOCK_T, BLOCK_C] tile per program, every token in parallel; it reads the
-  old state but does not write it. The state is then shifted by `conv1d_step_kernel` with no outputs
-  (a second, tiny launch): a program that rewrote the state while another program of the same grid
-  still had to read it would race.
+- `conv1d_prefill_kernel`: a [BLOCK_T, BLOCK_C] tile per program, every token in parallel. Only the first
+  tile of tokens reads the old state, so its programs also write the new one (the last W-1 inputs), each
+  for its own channels and only after all of its threads have read the old: no other program reads the
+  state, so nothing races and no second launch is needed. (When the first tile could not hold W-1 tokens,
+  `conv1d_step_kernel` shifts the state afterwards, with no outputs.)
 """
 
 from __future__ import annotations
@@ -30,14 +31,21 @@ import torch
 import triton
 import triton.language as tl
 
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
 from .. import runtime
 from ..errors import KernelError
+from . import pdl_options
 
 
 @triton.jit
 def conv1d_step_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
                        stride_xt, stride_wc, stride_sc, stride_ot,
-                       W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, WRITE_OUT: tl.constexpr):
+                       W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, WRITE_OUT: tl.constexpr,
+                       USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
     if WRITE_OUT:
@@ -71,7 +79,11 @@ def conv1d_step_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
 @triton.jit
 def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
                           stride_xt, stride_wc, stride_sc, stride_ot, T_BUCKET,
-                          W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                          W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr = False,
+                          WRITE_STATE: tl.constexpr = False):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     # T_BUCKET (T rounded up to a power of two) is only the GPU autotuner's key: one tuning per length bucket
     t0 = tl.program_id(0) * BLOCK_T
     offs_i = tl.arange(0, BLOCK_T)        # token index inside the tile
@@ -100,6 +112,19 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
     out_tile = out_ptr + t0.to(tl.int64) * stride_ot
     tl.store(out_tile + offs_i[:, None] * stride_ot + offs_c[None, :], y.to(out_ptr.dtype.element_ty),
              mask=mask_t[:, None] & mask_c[None, :])
+    if WRITE_STATE:
+        # The new state is the last W-1 inputs (the launcher asks for this only when T >= W-1). The first tile's
+        # programs are the only readers of the old state (BLOCK_T >= W-1), so they may replace it, once every
+        # thread of the program has read it.
+        tl.static_assert(BLOCK_T >= W - 1, "WRITE_STATE needs the old state read by the first tile alone")
+        if t0 == 0:
+            offs_s = tl.arange(0, BLOCK_S)
+            keep = offs_s < W - 1
+            last = x_ptr + (T - (W - 1) + offs_s).to(tl.int64)[None, :] * stride_xt + offs_c[:, None]
+            new = tl.load(last, mask=mask_c[:, None] & keep[None, :], other=0.0)
+            tl.debug_barrier()
+            tl.store(state_ptr + offs_c[:, None] * stride_sc + offs_s[None, :], new.to(state_ptr.dtype.element_ty),
+                     mask=mask_c[:, None] & keep[None, :])
 
 
 # ---------------------------------------------------------------- launchers
@@ -116,7 +141,9 @@ _tuned: dict = {}
 
 def _tuned_prefill():
     if "prefill" not in _tuned:
-        _tuned["prefill"] = triton.autotune(PREFILL_CONFIGS, key=["C", "T_BUCKET", "W"])(conv1d_prefill_kernel)
+        # restore_value: a timed run may replace the state (WRITE_STATE), and the next must read the same one
+        _tuned["prefill"] = triton.autotune(PREFILL_CONFIGS, key=["C", "T_BUCKET", "W"],
+                                            restore_value=["state_ptr"])(conv1d_prefill_kernel)
     return _tuned["prefill"]
 
 
@@ -179,23 +206,32 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
     args = (x, weight, state, out, T, C, x.stride(0), weight.stride(0), state.stride(0), out.stride(0))
     step_block, BLOCK_T, BLOCK_C = block_sizes(C, runtime.interpreter_active())
     step_grid = (triton.cdiv(C, step_block),)
+    pdl = pdl_options(x.device)
     if T <= STEP_MAX_TOKENS:
         conv1d_step_kernel[step_grid](*args, W=W, BLOCK_S=BLOCK_S, BLOCK_C=step_block, WRITE_OUT=True,
-                                      num_warps=2)
+                                      num_warps=2, **pdl)
         return out
     t_bucket = triton.next_power_of_2(T)
+    # The tiled kernel also writes the new state (the last W-1 inputs, all inside x since T > STEP_MAX_TOKENS)
+    # when its first tile alone reads the old one; otherwise the step kernel shifts the state afterwards.
+    fuse = T >= W - 1 and all(c.kwargs["BLOCK_T"] >= W - 1 for c in PREFILL_CONFIGS)
     if FORCE_PREFILL_CONFIG is not None:
         c = FORCE_PREFILL_CONFIG
+        fuse = fuse and c.kwargs["BLOCK_T"] >= W - 1
         grid = (triton.cdiv(T, c.kwargs["BLOCK_T"]), triton.cdiv(C, c.kwargs["BLOCK_C"]))
-        conv1d_prefill_kernel[grid](*args, t_bucket, W=W, num_warps=c.num_warps, **c.kwargs)
+        conv1d_prefill_kernel[grid](*args, t_bucket, W=W, BLOCK_S=BLOCK_S, WRITE_STATE=fuse, num_warps=c.num_warps,
+                                    **c.kwargs, **pdl)
     elif runtime.interpreter_active():
+        fuse = fuse and BLOCK_T >= W - 1
         grid = (triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))
-        conv1d_prefill_kernel[grid](*args, t_bucket, W=W, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C, num_warps=4)
+        conv1d_prefill_kernel[grid](*args, t_bucket, W=W, BLOCK_S=BLOCK_S, WRITE_STATE=fuse, BLOCK_T=BLOCK_T,
+                                    BLOCK_C=BLOCK_C, num_warps=4)
     else:
         grid = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(C, meta["BLOCK_C"]))  # noqa: E731
-        _tuned_prefill()[grid](*args, t_bucket, W=W)
-    conv1d_step_kernel[step_grid](*args, W=W, BLOCK_S=BLOCK_S, BLOCK_C=step_block, WRITE_OUT=False,
-                                  num_warps=2)
+        _tuned_prefill()[grid](*args, t_bucket, W=W, BLOCK_S=BLOCK_S, WRITE_STATE=fuse, **pdl)
+    if not fuse:
+        conv1d_step_kernel[step_grid](*args, W=W, BLOCK_S=BLOCK_S, BLOCK_C=step_block, WRITE_OUT=False,
+                                      num_warps=2, **pdl)
     return out
 
 

@@ -398,7 +398,11 @@ def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_p
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                       stride_gt, stride_gh, stride_bt, stride_bh,
                       BT: tl.constexpr, BK: tl.constexpr, BDV: tl.constexpr, MERGES: tl.constexpr,
-                      PREC: tl.constexpr, INV_PREC: tl.constexpr, FUSED_GATES: tl.constexpr = False):
+                      PREC: tl.constexpr, INV_PREC: tl.constexpr, FUSED_GATES: tl.constexpr = False,
+                      USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     c = tl.program_id(0)
     h = tl.program_id(1)
     hk = h // REP
@@ -477,7 +481,11 @@ _SCAN_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
 @triton.jit(do_not_specialize=["T", "n_chunks"])
 def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, state_ptr, out_ptr,
                       T, Tp, n_chunks, Hv, Dk, Dv, stride_sh, stride_sk, stride_ot, stride_oh,
-                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                      USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     h = tl.program_id(0)
     offs_k = tl.arange(0, BK)
     offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
@@ -831,13 +839,13 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1)),
         dict(BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 2).bit_length() - 1, PREC=prec, INV_PREC=prec,
-             FUSED_GATES=fused),
+             FUSED_GATES=fused, **pdl_options(q.device)),
         dict(num_warps=4))
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
     _launch(chunk_scan_kernel, grid, (
         ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, state, out, T, Tw, n_chunks, Hv, Dk, Dv,
         state.stride(0), state.stride(1), out.stride(0), out.stride(1)),
-        dict(BT=chunk_size, BK=BK, PREC=prec), dict(BV=min(32, BDV), num_warps=4))
+        dict(BT=chunk_size, BK=BK, PREC=prec, **pdl_options(q.device)), dict(BV=min(32, BDV), num_warps=4))
     return out
 
 

@@ -69,7 +69,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..errors import KernelError
-from . import device_key, graph_time_us, pdl_enabled, uncounted
+from . import device_key, graph_time_us, pdl_enabled, pdl_options, uncounted
 from ..runtime import interpreter_active
 
 # M at or below this is served by the GEMV / split-K path (decode and very short prompts).
@@ -211,10 +211,15 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
                   DOT_PRECISION: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                   SWIGLU: tl.constexpr = False, TMA_OK: tl.constexpr = False, TMA: tl.constexpr = False,
-                  PERSIST: tl.constexpr = False, JOIN: tl.constexpr = False):
+                  PERSIST: tl.constexpr = False, JOIN: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     # M_BUCKET (M rounded to a power of two) is only an autotuning key: one tuning per prompt-length
     # bucket, not per prompt length; so is TMA_OK (whether the TMA configurations may be timed for this
     # call). With SWIGLU, N is I (the output's width) and W has 2N rows.
+    if USE_PDL:
+        # launched early (programmatic dependent launch): wait for the previous kernel's writes before anything,
+        # the tensor descriptors included (Triton's scratch memory for them may be the previous kernel's, reused)
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -348,7 +353,7 @@ def matmul_with_config(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     matmul_kernel.fn[matmul_grid(M, N, config.kwargs, x.device)](
         x, weight, out, M, N, K, triton.next_power_of_2(M), x.stride(0), weight.stride(0), out.stride(0),
         DOT_PRECISION=_dot_precision(x.dtype), SWIGLU=swiglu, num_warps=config.num_warps,
-        num_stages=config.num_stages, **config.kwargs)
+        num_stages=config.num_stages, **config.kwargs, **pdl_options(x.device))
     return out
 
 
@@ -762,7 +767,7 @@ def _matmul(name, x, weight, out, swiglu=False):
 
     matmul_kernel[grid](x, weight, out, M, N, K, triton.next_power_of_2(min(M, 4096)),
                         x.stride(0), weight.stride(0), out.stride(0), DOT_PRECISION=_dot_precision(x.dtype),
-                        SWIGLU=bool(swiglu), TMA_OK=_tma_ok(x, weight))
+                        SWIGLU=bool(swiglu), TMA_OK=_tma_ok(x, weight), **pdl_options(x.device))
     return out
 
 

@@ -83,7 +83,10 @@ def add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr,
                         R, D,
                         sx, sr, so, sro,
                         eps,
-                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < R)[:, None] & (cols < D)[None, :]
@@ -107,7 +110,10 @@ def gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr,
                           R, n1, D,
                           sx0, sx1, sz0, sz1, so0, so1,
                           eps,
-                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < R)[:, None] & (cols < D)[None, :]
@@ -244,7 +250,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     add_rms_norm_kernel[(triton.cdiv(R, block_r),)](
         x, residual, weight, out, residual_out, R, D,
         x.stride(0), residual.stride(0), out.stride(0), residual_out.stride(0), float(eps),
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps)
+        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, **pdl_options(x.device))
     return out, residual_out
 
 
@@ -270,7 +276,7 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
     block_r, block_d, warps = _config(R, D)
     gated_rms_norm_kernel[(triton.cdiv(R, block_r),)](
         x, z, weight, out, R, n1, D, sx0, sx1, sz0, sz1, so0, so1, float(eps),
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps)
+        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, **pdl_options(x.device))
     return out
 
 
