@@ -73,17 +73,22 @@ def test_prefill_every_gpu_config(rt, gen, monkeypatch, config):
                        reference.sigmoid_gate(reference.attention(q, k, v, pos), gate))
 
 
-def test_prefill_autotuner_times_in_a_graph_after_a_synchronisation(monkeypatch):
-    """The prefill autotuner times with do_bench_cudagraph, which runs on a stream of its own: the caller's pending
-    kernels must finish first (on the H200 a T = 8192 test failed without it: the timed calls wrote into memory the
-    caller's kernels were still using). Host logic only: the two calls are recorded, not run."""
+def test_prefill_autotuners_time_in_a_graph_after_a_synchronisation(monkeypatch):
+    """The prefill autotuners (flash attention, the tiled GEMM) time with do_bench_cudagraph, which runs on a stream
+    of its own: the caller's pending kernels must finish first (on the H200 a T = 8192 test failed without it: the
+    timed calls wrote into memory the caller's kernels were still using). Host logic only: the two calls are
+    recorded, not run."""
+    from qwen_lab import kernels
+    from qwen_lab.kernels import gemm
+
     calls = []
     monkeypatch.setattr(A.torch.cuda, "synchronize", lambda *a: calls.append("synchronize"))
     monkeypatch.setattr(A.triton.testing, "do_bench_cudagraph",
                         lambda fn, rep, quantiles: calls.append("do_bench_cudagraph") or 1.0)
-    assert A._graph_bench(lambda: None, None) == 1.0
+    assert kernels.graph_bench(lambda: None, None) == 1.0
     assert calls == ["synchronize", "do_bench_cudagraph"]
-    assert A._prefill_kernel()._do_bench is A._graph_bench
+    assert A._prefill_kernel()._do_bench is kernels.graph_bench
+    assert gemm.matmul_kernel._do_bench is kernels.graph_bench
 
 
 DECODE_LAUNCHES = {"flash_decode_split_kernel": 1, "flash_decode_combine_kernel": 1}

@@ -50,7 +50,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import runtime
 from ..errors import KernelError
-from . import pdl_options
+from . import graph_bench, pdl_options
 
 LOG2E = 1.4426950408889634
 
@@ -385,24 +385,14 @@ _DECODE_CONFIGS = [
 _tuned: dict = {}
 
 
-def _graph_bench(kernel_call, quantiles):
-    """The prefill autotuner's timer: calls captured in a CUDA Graph and replayed, K and V left in L2 between them.
-    In the model a prompt's attention reads the K and V just written, from L2; do_bench's flushed L2 ranked the
-    configurations differently (on the H200 at 2048 tokens it picked one 6% slower in a graph).
-
-    do_bench_cudagraph runs on a stream of its own, unordered with the caller's, so the caller's work is finished
-    first: the output the timed calls write may sit in memory that the caller's pending kernels still use (the
-    caching allocator hands a block freed on the caller's stream straight to the next allocation there)."""
-    torch.cuda.synchronize()
-    return triton.testing.do_bench_cudagraph(kernel_call, rep=20, quantiles=quantiles)
-
-
 def _prefill_kernel():
     if "prefill" not in _tuned:
         # keyed on the head layout and the length rounded to a power of two: a new prompt length
-        # of a similar size reuses the tuning instead of re-running it
+        # of a similar size reuses the tuning instead of re-running it. Timed in a CUDA Graph (graph_bench): in
+        # the model a prompt's attention reads the K and V just written, from L2, and do_bench's flushed L2
+        # ranked the configurations differently (on the H200 at 2048 tokens it picked one 6% slower in a graph).
         _tuned["prefill"] = triton.autotune(_PREFILL_CONFIGS, key=["G", "D", "HAS_GATE", "DOT_PREC", "T_BUCKET"],
-                                            do_bench=_graph_bench)(flash_attention_kernel)
+                                            do_bench=graph_bench)(flash_attention_kernel)
     return _tuned["prefill"]
 
 

@@ -69,7 +69,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..errors import KernelError
-from . import device_key, graph_time_us, pdl_enabled, pdl_options, uncounted
+from . import device_key, graph_bench, graph_time_us, pdl_enabled, pdl_options, uncounted
 from ..runtime import interpreter_active
 
 # M at or below this is served by the GEMV / split-K path (decode and very short prompts).
@@ -82,11 +82,6 @@ MAX_SPLIT_K = 64
 K_GRANULE = 16
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _tune_bench(kernel_call, quantiles):
-    """Autotuning timer: short runs (the kernels take microseconds), L2 flushed between them by do_bench."""
-    return triton.testing.do_bench(kernel_call, warmup=5, rep=25, quantiles=quantiles)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -203,7 +198,7 @@ def _tma_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return True
 
 
-@triton.autotune(configs=_matmul_all_configs(), key=["M_BUCKET", "N", "K", "SWIGLU", "TMA_OK"], do_bench=_tune_bench,
+@triton.autotune(configs=_matmul_all_configs(), key=["M_BUCKET", "N", "K", "SWIGLU", "TMA_OK"], do_bench=graph_bench,
                  prune_configs_by={"early_config_prune": _prune_matmul_configs})
 @triton.jit
 def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,

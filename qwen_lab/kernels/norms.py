@@ -131,13 +131,15 @@ def gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr,
 # ---------------------------------------------------------------- launchers
 
 def _config(R: int, D: int) -> tuple[int, int, int]:
-    """(BLOCK_R, BLOCK_D, num_warps). A whole row per program; on a GPU about 4K elements per program
-    (4 rows of 1024 for the hidden norms, 16 heads of 256 for q/k); one fixed small tile under the
-    interpreter, which pays for every program it runs."""
+    """(BLOCK_R, BLOCK_D, num_warps). A whole row per program; on a GPU about 4K elements per program for
+    long rows (4 rows of 1024 for the hidden norms), 2K for short ones (16 heads of 128 for the gated norm:
+    7.6 us against 8.6 with 32 heads on the H200, 2048 tokens); one fixed small tile under the interpreter,
+    which pays for every program it runs."""
     block_d = triton.next_power_of_2(D)
     if interpreter_active():
         return 16, block_d, 1
-    block_r = max(1, min(64, 4096 // block_d, triton.next_power_of_2(R)))
+    per_program = 2048 if block_d <= 256 else 4096
+    block_r = max(1, min(64, per_program // block_d, triton.next_power_of_2(R)))
     tile = block_r * block_d
     warps = 1 if tile <= 256 else 2 if tile <= 1024 else 4 if tile <= 4096 else 8
     return block_r, block_d, warps
