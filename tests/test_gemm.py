@@ -676,6 +676,14 @@ def test_tma_candidates_only_where_the_call_allows_them(monkeypatch):
         assert any(c.kwargs.get("TMA") for c in with_tma)
         assert without and not any(c.kwargs.get("TMA") for c in without)
         assert {gemm._config_id(c) for c in without} == {i for i in mode if ("TMA", True) not in i[0]}
+        # long prompts that allow TMA time only the TMA candidates; without TMA they keep every plain one
+        long = gemm.TMA_ONLY_FROM_ROWS
+        tma_long = gemm._prune_matmul_configs(every, {"M_BUCKET": long}, SWIGLU=swiglu, TMA_OK=True)
+        assert tma_long and all(c.kwargs.get("TMA") for c in tma_long)
+        assert {gemm._config_id(c) for c in tma_long} == {i for i in mode if ("TMA", True) in i[0]}
+        assert len(gemm._prune_matmul_configs(every, {"M_BUCKET": long // 2}, SWIGLU=swiglu, TMA_OK=True)) == \
+            len(mode)
+        assert gemm._prune_matmul_configs(every, {"M_BUCKET": long}, SWIGLU=swiglu, TMA_OK=False) == without
 
 
 def test_tma_not_used_off_hopper(rt, gen):

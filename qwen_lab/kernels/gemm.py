@@ -161,12 +161,23 @@ def _matmul_all_configs() -> list:
     return configs
 
 
+# From this many rows on (M_BUCKET), a call that may use TMA times only the TMA candidates. Timed alone, the
+# out-projection's plain 128 x 128 tile (4 warps) came level with its TMA forms and was picked in one run of three;
+# in the model it took ~10 us more per call than they did (the prefill's GEMMs 3619 us against 3379-3440 us in the
+# other runs, docs/perf-log.md): an isolated timing does not see what the model's neighbours do to a kernel.
+TMA_ONLY_FROM_ROWS = 1024
+
+
 def _prune_matmul_configs(configs, named_args, **kwargs):
     """Keep the configurations of the call's mode (SWIGLU or not), and the TMA ones only where the call allows
-    them (TMA_OK): the autotuner times only those."""
+    them (TMA_OK): the autotuner times only those. Long prompts that allow TMA time the TMA ones alone."""
     ids = {_config_id(c) for c in _matmul_configs(bool(kwargs.get("SWIGLU", False)))}
     tma_ok = bool(kwargs.get("TMA_OK", False))
-    return [c for c in configs if _config_id(c) in ids and (tma_ok or not c.kwargs.get("TMA", False))]
+    rows = named_args.get("M_BUCKET", kwargs.get("M_BUCKET", 0))
+    kept = [c for c in configs if _config_id(c) in ids and (tma_ok or not c.kwargs.get("TMA", False))]
+    if tma_ok and rows >= TMA_ONLY_FROM_ROWS:
+        kept = [c for c in kept if c.kwargs.get("TMA", False)]
+    return kept
 
 
 @functools.lru_cache(maxsize=None)
