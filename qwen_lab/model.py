@@ -14,6 +14,7 @@ Shapes (batch 1, token-major): T tokens in a step, H hidden, V vocab. All sizes 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from typing import Callable
 
@@ -183,6 +184,24 @@ class Qwen35Model:
         self._t(i, name, h)
         return ops["linear"](h, weight, **kw), x
 
+    @contextlib.contextmanager
+    def wrapped_ops(self, wrap: Callable):
+        """For the `with` block, every entry `fn` of the operator table replaced by `wrap(name, fn)` (to count or
+        time calls), the model still taking the routes it takes without the wrappers.
+
+        Assigning wrappers to `model.ops` directly would hide the library's own kernels from `_fused`, so the
+        model would fall back to its unfused routes (more operators, more launches) while being observed.
+        """
+        ops, stock = self.ops, self._stock
+        wrapped = {name: wrap(name, fn) for name, fn in ops.items()}
+        # an entry that was the library's own kernel stays "the library's own", as its wrapper
+        self._stock = {name: wrapped[name] if ops.get(name) is fn else fn for name, fn in stock.items()}
+        self.ops = wrapped
+        try:
+            yield self
+        finally:
+            self.ops, self._stock = ops, stock
+
     def _fused(self, *names: str) -> bool:
         """Whether these table entries are still the library's own Triton kernels (so their fusion applies)."""
         return self.backend == "triton" and all(self.ops[n] is self._stock.get(n) for n in names)
@@ -301,10 +320,10 @@ def record_operators(model: Qwen35Model, num_tokens: int, decode: bool = False) 
     """The (layer, operator) calls of one prefill of num_tokens tokens, or of one decode step after it.
 
     Layer -1 is the embedding, num_hidden_layers the final norm and LM head. Counted by running the model with
-    every entry of its operator table wrapped, so the count is the graph's, not a hand tally.
+    every entry of its operator table wrapped (`wrapped_ops`, so the fused routes the model takes are the ones
+    counted), so the count is the graph's, not a hand tally.
     """
     calls: list[tuple[int, str]] = []
-    original = dict(model.ops)
 
     def wrap(name, fn):
         def counted(*args, **kwargs):
@@ -317,14 +336,11 @@ def record_operators(model: Qwen35Model, num_tokens: int, decode: bool = False) 
     with torch.inference_mode():
         if decode:
             model.step(ids, torch.arange(num_tokens, device=model.device), cache)
-        model.ops = {name: wrap(name, fn) for name, fn in original.items()}
-        try:
+        with model.wrapped_ops(wrap):
             if decode:
                 model.step(ids[:1], torch.tensor([num_tokens], device=model.device), cache)
             else:
                 model.step(ids, torch.arange(num_tokens, device=model.device), cache)
-        finally:
-            model.ops = original
     return calls
 
 

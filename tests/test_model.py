@@ -147,3 +147,38 @@ def test_fused_paths_launch_what_they_should(gen):
     oracle = Qwen35Model(cfg, model.weights, dtype=torch.float32, backend="torch")
     bound = 1e-4 if model.dtype == torch.float32 else 3e-2   # bf16 on a GPU: two orders of rounding
     assert checks.relative_error(model.forward(ids), oracle.forward(ids)) <= bound
+
+
+def test_observing_the_operators_keeps_the_fused_routes(gen):
+    """Wrapping every operator to count it (`wrapped_ops`, as record_operators and the notebooks do) must leave the
+    model on its fused routes: the same kernels launch, the fused operators are the ones recorded, and a learner's
+    own entry still turns its fusion off."""
+    from qwen_lab.kernels import count_launches
+    from qwen_lab.model import record_operators
+
+    model = load_model("tiny", backend="triton")
+    cfg = model.config
+    T = 20
+    ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen).to(model.device)
+
+    def launches(observe: bool):
+        cache = model.new_cache(T + 1)
+        counts = []
+        for step_ids, pos in ((ids, torch.arange(T)), (ids[:1], torch.tensor([T]))):
+            with count_launches() as c:
+                if observe:
+                    with model.wrapped_ops(lambda name, fn: (lambda *a, **k: fn(*a, **k))):
+                        model.step(step_ids, pos.to(model.device), cache)
+                else:
+                    model.step(step_ids, pos.to(model.device), cache)
+            counts.append(dict(c))
+        return counts
+
+    assert launches(True) == launches(False)
+    decode_ops = {name for _, name in record_operators(model, 8, decode=True)}
+    assert "deltanet_conv_decode_step" in decode_ops and "causal_conv1d" not in decode_ops, decode_ops
+    assert all(model.ops[n] is model._stock[n] for n in model._stock)  # the table is restored after the block
+    stock_conv = model._stock["causal_conv1d"]
+    model.ops["causal_conv1d"] = lambda *a, **k: stock_conv(*a, **k)  # a learner's own entry: that fusion is off
+    decode_ops = {name for _, name in record_operators(model, 8, decode=True)}
+    assert "causal_conv1d" in decode_ops and "deltanet_conv_decode_step" not in decode_ops, decode_ops
