@@ -36,7 +36,7 @@ if want tests; then
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | tail -n 40
 fi
 if want profile; then
-  timeout 120 python3 benchmarks/profile_step.py 2>&1 | tee "$OUT/profile.txt" | head -n 60
+  timeout 120 python3 -m qwen_lab.profile_step 2>&1 | tee "$OUT/profile.txt" | head -n 60
 fi
 if want probes; then
   # a prompt prefilled in bucket pieces against one prefill, and every few-row split-K GEMV checked where it runs

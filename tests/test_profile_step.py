@@ -1,19 +1,13 @@
-"""benchmarks/profile_step.py's accounting of kernel times, on made-up profiler events (no GPU needed)."""
+"""qwen_lab.profile_step's accounting of kernel times, on made-up profiler events (no GPU needed)."""
 
-import importlib.util
-import os
+import importlib
 
 import pytest
-
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "profile_step.py")
 
 
 @pytest.fixture(scope="module")
 def profile_step():
-    spec = importlib.util.spec_from_file_location("profile_step", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("qwen_lab.profile_step")
 
 
 def test_exclusive_times_add_up_to_the_busy_time_when_kernels_overlap(profile_step):

@@ -1,6 +1,6 @@
 """Where the time of one prefill and one decode step goes: every kernel of the captured step, timed by the profiler.
 
-    python benchmarks/profile_step.py [--model qwen3.5-0.8b] [--prefill-len 2048] [--out DIR]
+    python -m qwen_lab.profile_step [--model qwen3.5-0.8b] [--prefill-len 2048] [--out DIR]
 
 Captures `model.step` for a prompt of --prefill-len tokens and for one decode token in CUDA Graphs (as the
 benchmark does), replays each under torch.profiler and prints, per kernel name: launches per step, GPU time
@@ -18,11 +18,9 @@ from collections import defaultdict
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-import qwen_lab  # noqa: E402
-from qwen_lab.graph import capture  # noqa: E402
-from qwen_lab.kernels import replay_us  # noqa: E402
+import qwen_lab
+from qwen_lab.graph import capture
+from qwen_lab.kernels import replay_us
 
 
 def profile_replays(graph, reps: int) -> tuple[dict, float, float, list]:
