@@ -14,8 +14,8 @@ from . import runtime as _runtime
 _runtime.ensure_interpreter()
 
 from .config import PRESETS, Qwen35Config  # noqa: E402
-from .errors import (CheckpointError, ConfigError, GenerationError, KernelError, QwenLabError,  # noqa: E402
-                     UnsupportedModelError)
+from .errors import (CheckpointError, ConfigError, DeviceError, GenerationError, KernelError,  # noqa: E402
+                     QwenLabError, UnsupportedModelError)
 
 __version__ = "0.1.0"
 
@@ -43,5 +43,5 @@ def load_tokenizer(source="tiny"):
     return _load(source)
 
 
-__all__ = ["CheckpointError", "ConfigError", "GenerationError", "KernelError", "PRESETS", "Qwen35Config",
+__all__ = ["CheckpointError", "ConfigError", "DeviceError", "GenerationError", "KernelError", "PRESETS", "Qwen35Config",
            "QwenLabError", "UnsupportedModelError", "generate", "load_model", "load_tokenizer"]

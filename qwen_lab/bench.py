@@ -306,15 +306,30 @@ def plot(result: dict, path: str | None = None):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m qwen_lab.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="qwen3.5-0.8b")
-    p.add_argument("--prefill-len", type=int, default=2048)
-    p.add_argument("--decode-steps", type=int, default=128)
+    from .errors import QwenLabError
+
+    p = argparse.ArgumentParser(prog="python -m qwen_lab.bench",
+                                description=" ".join(__doc__.split("\n\n")[0].split()))
+    p.add_argument("--model", default=None, help="a preset, snapshot directory or hub id (default: qwen3.5-0.8b on a "
+                                                 "GPU, tiny on a CPU)")
+    p.add_argument("--prefill-len", type=int, default=None, help="default: 2048 on a GPU, 16 on a CPU")
+    p.add_argument("--decode-steps", type=int, default=None, help="default: 128 on a GPU, 4 on a CPU")
     p.add_argument("--rows", nargs="*", default=None, help="subset of: transformers-eager triton triton+cuda-graph")
     p.add_argument("--json", default=None, help="write the result as JSON to this file")
     p.add_argument("--plot", default=None, help="write the bar chart to this PNG file")
     args = p.parse_args(argv)
-    result = run(args.model, args.prefill_len, args.decode_steps, rows=args.rows)
+    for flag, value in (("--prefill-len", args.prefill_len), ("--decode-steps", args.decode_steps)):
+        if value is not None and value < 1:
+            p.error(f"{flag} {value}: expected at least 1")
+    gpu = runtime.choose().device.type == "cuda"   # a CPU runs the interpreter: tiny shapes, to test the path
+    model = args.model or ("qwen3.5-0.8b" if gpu else "tiny")
+    prefill_len = args.prefill_len or (2048 if gpu else 16)
+    decode_steps = args.decode_steps or (128 if gpu else 4)
+    try:
+        result = run(model, prefill_len, decode_steps, rows=args.rows)
+    except QwenLabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(format_table(result))
     if args.json:
         with open(args.json, "w") as f:

@@ -58,6 +58,12 @@ class Qwen35Config:
         bad = sorted(set(self.layer_types) - {LINEAR, FULL})
         if bad:
             problems.append(f"layer_types holds {bad}; expected only '{LINEAR}' and '{FULL}'")
+        heads = ("num_attention_heads", "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads")
+        for f in heads:
+            if getattr(self, f) <= 0:
+                problems.append(f"{f}={getattr(self, f)}; expected a positive integer")
+        if problems:  # the ratios below divide by these counts
+            raise ConfigError(f"config '{self.name}': " + "; ".join(problems))
         if self.num_attention_heads % self.num_key_value_heads:
             problems.append(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                             f"num_key_value_heads={self.num_key_value_heads}")
@@ -218,7 +224,7 @@ class Qwen35Config:
             layer_types=tuple(layer_types),
             num_attention_heads=heads,
             num_key_value_heads=need("num_key_value_heads"),
-            head_dim=need("head_dim", text.get("head_dim") or hidden // heads),
+            head_dim=need("head_dim", text.get("head_dim") or (hidden // heads if heads else 0)),
             rope_theta=rope_theta,
             partial_rotary_factor=partial,
             linear_num_key_heads=need("linear_num_key_heads"),

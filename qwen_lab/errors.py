@@ -9,6 +9,10 @@ class QwenLabError(Exception):
     """Base class of every error raised on purpose by qwen_lab."""
 
 
+class DeviceError(QwenLabError, RuntimeError):
+    """A device or dtype asked for that this machine or qwen_lab cannot provide."""
+
+
 class ConfigError(QwenLabError, ValueError):
     """A config.json (or a preset) that qwen_lab cannot serve."""
 

@@ -28,11 +28,12 @@ def check_sampling_args(max_new_tokens, temperature, top_k, top_p) -> None:
     """Raise GenerationError naming the first bad argument."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise GenerationError(f"max_new_tokens={max_new_tokens!r}; expected an integer >= 0")
-    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
+            or temperature < 0:
         raise GenerationError(f"temperature={temperature!r}; expected a finite number >= 0 (0 = greedy)")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise GenerationError(f"top_k={top_k!r}; expected an integer >= 0 (0 = no top-k filter)")
-    if not isinstance(top_p, (int, float)) or not (0 < top_p <= 1):
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not (0 < top_p <= 1):
         raise GenerationError(f"top_p={top_p!r}; expected a number in (0, 1] (1 = no nucleus filter)")
 
 
@@ -49,6 +50,8 @@ def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.
     (DecodeGraph).
     """
     check_sampling_args(max_new_tokens, temperature, top_k, top_p)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -2**63 <= seed < 2**64:
+        raise GenerationError(f"seed={seed!r}; expected an integer (a 64-bit seed)")
     ids = model.check_ids(input_ids)
     T = ids.numel()
     capacity = T + max_new_tokens if max_len is None else int(max_len)
@@ -125,7 +128,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-cuda-graph", action="store_true", help="launch every kernel from Python (no graph replay)")
     p.add_argument("--backend", choices=("triton", "torch"), default="triton")
     p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None, choices=(None, "bf16", "fp16", "fp32"))
+    p.add_argument("--dtype", default=None, choices=("bf16", "fp16", "fp32"),
+                   help="default: bf16 on a recent GPU, fp32 on a CPU")
     args = p.parse_args(argv)
 
     import time

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import DeviceError
+
 
 def _cuda_ok() -> bool:
     try:
@@ -78,12 +80,20 @@ def choose(device=None, dtype=None) -> Runtime:
     interp = interpreter_active()
     if device is None:
         device = "cuda" if _cuda_ok() and not interp else "cpu"
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise DeviceError(f"device={device!r}: {e}") from None
     if device.type == "cuda" and not _cuda_ok():
-        raise RuntimeError("device='cuda' was asked for, but torch sees no CUDA GPU on this machine")
+        raise DeviceError("device='cuda' was asked for, but torch sees no CUDA GPU on this machine")
     if isinstance(dtype, str):
-        dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-                 "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[dtype]
+        names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+                 "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+        if dtype not in names:
+            raise DeviceError(f"dtype={dtype!r}; expected one of {', '.join(names)} (or a torch.dtype)")
+        dtype = names[dtype]
+    if dtype is not None and dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise DeviceError(f"dtype={dtype!r}; expected torch.bfloat16, torch.float16 or torch.float32")
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         name = torch.cuda.get_device_name(device)

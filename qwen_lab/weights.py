@@ -512,8 +512,9 @@ def _check_against_config(config: Qwen35Config, infos: dict[str, TensorInfo], pr
             full = _full_name(name, prefix)
             if name == "lm_head.weight":
                 raise CheckpointError(
-                    f"{directory}: no file holds 'lm_head.weight' (expected shape {shape}); {src} sets "
-                    "tie_word_embeddings=false, so the LM head must be stored beside the embedding")
+                    f"{directory}: no file holds 'lm_head.weight' (expected shape {shape}); {src} does not tie "
+                    "the LM head to the embedding (tie_word_embeddings false, or absent: transformers reads absent "
+                    "as false), so the head must be stored beside the embedding")
             if index is not None:
                 where = f"{index}: does not list"
             elif len(files) == 1:

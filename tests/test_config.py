@@ -171,6 +171,13 @@ def test_attention_heads_not_a_multiple_of_kv_heads():
         Qwen35Config.from_dict(flat(num_attention_heads=3))
 
 
+@pytest.mark.parametrize("field", ["num_attention_heads", "num_key_value_heads", "linear_num_key_heads",
+                                   "linear_num_value_heads"])
+def test_zero_heads_are_named_not_divided_by(field):
+    with pytest.raises(ConfigError, match=f"{field}=0; expected a positive integer"):
+        Qwen35Config.from_dict(flat(**{field: 0}))
+
+
 def test_value_heads_not_a_multiple_of_key_heads():
     with pytest.raises(ConfigError, match="linear_num_value_heads=3 is not a multiple of linear_num_key_heads=2"):
         Qwen35Config.from_dict(flat(linear_num_value_heads=3))

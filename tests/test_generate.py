@@ -23,6 +23,9 @@ def model():
     (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.5), "top_p"),
     (dict(top_k=-3), "top_k"),
+    (dict(temperature=True), "temperature"),
+    (dict(seed="x"), "seed"),
+    (dict(seed=1.5), "seed"),
 ])
 def test_bad_sampling_arguments_raise_naming_the_argument(model, kwargs, names):
     with pytest.raises(GenerationError, match=names):

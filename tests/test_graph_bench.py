@@ -98,3 +98,27 @@ def test_capturing_a_host_sync_names_the_likely_cause():
     x = torch.ones(4, device="cuda")
     with pytest.raises(GraphCaptureError, match=r"\.item\(\)"):
         capture(lambda: (x * 2).sum().item())
+
+
+def test_cli_rejects_bad_arguments_in_one_line(capsys):
+    from qwen_lab import bench
+
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--model", "tiny", "--prefill-len", "0"])
+    assert exit_info.value.code == 2 and "--prefill-len 0: expected at least 1" in capsys.readouterr().err
+    assert bench.main(["--model", "/no/such/snapshot", "--prefill-len", "4", "--decode-steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "/no/such/snapshot" in err and "Traceback" not in err
+
+
+def test_runtime_names_a_device_or_dtype_it_cannot_serve():
+    from qwen_lab import runtime
+    from qwen_lab.errors import DeviceError, QwenLabError
+
+    with pytest.raises(DeviceError, match="dtype='bfloat'; expected one of bf16"):
+        runtime.choose(dtype="bfloat")
+    with pytest.raises(DeviceError, match="device='nope'"):
+        runtime.choose(device="nope")
+    if not torch.cuda.is_available():
+        with pytest.raises(QwenLabError, match="no CUDA GPU"):
+            runtime.choose(device="cuda")

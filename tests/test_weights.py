@@ -567,7 +567,7 @@ def test_untied_without_lm_head(tmp_path):
     state = random_state_dict(UNTIED)
     del state["lm_head.weight"]
     snap = write(tmp_path, UNTIED, state)
-    raises(snap, CheckpointError, snap, "'lm_head.weight'", "tie_word_embeddings=false")
+    raises(snap, CheckpointError, snap, "'lm_head.weight'", "tie_word_embeddings false")
 
 
 # ---------------------------------------------------------------- GPU (real shapes, bf16)
