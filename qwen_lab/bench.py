@@ -101,7 +101,8 @@ def model_costs(config, weights, prefill_len: int) -> dict:
 # ---------------------------------------------------------------- rows
 
 
-def bench_qwen_lab(model, prefill_len: int, decode_steps: int, graph: bool, gen: torch.Generator) -> dict:
+def bench_qwen_lab(model, prefill_len: int, decode_steps: int, graph: bool, gen: torch.Generator,
+                   status=lambda phase: None) -> dict:
     dev = model.device
     ids = torch.randint(0, model.config.vocab_size, (prefill_len,), generator=gen).to(dev)
     positions = torch.arange(prefill_len, device=dev)
@@ -110,6 +111,7 @@ def bench_qwen_lab(model, prefill_len: int, decode_steps: int, graph: bool, gen:
     pos = torch.tensor([prefill_len], device=dev)
 
     with torch.inference_mode():
+        status("warm-up: compiling and autotuning")
         model.step(ids, positions, cache)  # warm-up: compiling and autotuning launch kernels of their own
         model.step(token, pos, cache)
         cache.reset()
@@ -121,6 +123,7 @@ def bench_qwen_lab(model, prefill_len: int, decode_steps: int, graph: bool, gen:
         decode_launches = sum(c.values())
 
         if not graph:
+            status("timing the prefill")
             prefill_ms = time_ms(lambda: model.step(ids, positions, cache), dev, setup=cache.reset,
                                  reps=5 if dev.type == "cuda" else 1, warmup=1)
             cache.reset()
@@ -129,6 +132,7 @@ def bench_qwen_lab(model, prefill_len: int, decode_steps: int, graph: bool, gen:
             def decode():
                 for _ in range(decode_steps):
                     model.step(token, pos, cache)
+            status("timing the decode steps")
             decode_ms = time_ms(decode, dev, warmup=1, reps=3 if dev.type == "cuda" else 1) / decode_steps
             host_launches = (prefill_launches, decode_launches)
         else:
@@ -136,7 +140,9 @@ def bench_qwen_lab(model, prefill_len: int, decode_steps: int, graph: bool, gen:
 
             # the prefill replayed in bucket-sized pieces (for 2048 tokens, one replay), as a server holding its
             # graphs across prompts would run it; the states are reset, untimed, before each run
+            status("capturing the prefill graphs")
             prefill = PrefillGraphs(model, cache, max_len=prefill_len)
+            status("timing the prefill")
             prefill_ms = time_ms(lambda: prefill.run(ids), dev, reps=10, setup=cache.reset)
             cache.reset()
             prefill.run(ids)
@@ -145,6 +151,7 @@ def bench_qwen_lab(model, prefill_len: int, decode_steps: int, graph: bool, gen:
             def decode():
                 for _ in range(decode_steps):
                     g_decode.replay()
+            status("timing the decode steps")
             decode_ms = time_ms(decode, dev, warmup=1, reps=5) / decode_steps
             # per prefill piece: the ids copy, the positions, the replay
             host_launches = (3 * len(prefill.pieces(prefill_len)), 1)
@@ -225,21 +232,24 @@ def run(source: str = "qwen3.5-0.8b", prefill_len: int = 2048, decode_steps: int
               "dtype": str(rt.dtype).removeprefix("torch."), "config": model.config.name,
               "prefill_len": prefill_len, "decode_steps": decode_steps, "floors": floors, "rows": [],
               "skipped": [], "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__}
-    for name in wanted:
-        if progress:
-            print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(wanted, desc="bench", unit="row", disable=not progress, file=sys.stderr)
+    for name in bar:
+        bar.set_postfix_str(name)
+        status = lambda phase, name=name: bar.set_postfix_str(f"{name}: {phase}")  # noqa: E731
         if name == "transformers-eager":
             row = bench_transformers(model, prefill_len, decode_steps, gen)
             if row is None:
                 result["skipped"].append("transformers-eager: transformers is not installed")
                 continue
         elif name == "triton":
-            row = bench_qwen_lab(model, prefill_len, decode_steps, graph=False, gen=gen)
+            row = bench_qwen_lab(model, prefill_len, decode_steps, graph=False, gen=gen, status=status)
         elif name == "triton+cuda-graph":
             if rt.device.type != "cuda":
                 result["skipped"].append("triton+cuda-graph: CUDA Graphs need an NVIDIA GPU")
                 continue
-            row = bench_qwen_lab(model, prefill_len, decode_steps, graph=True, gen=gen)
+            row = bench_qwen_lab(model, prefill_len, decode_steps, graph=True, gen=gen, status=status)
         else:
             raise ValueError(f"unknown row {name!r}; expected transformers-eager, triton or triton+cuda-graph")
         row = {"name": name, **row, "tokens_per_s": 1e3 / row["decode_ms"]}
@@ -247,6 +257,7 @@ def run(source: str = "qwen3.5-0.8b", prefill_len: int = 2048, decode_steps: int
             row["decode_floor_share"] = floors["decode_ms"] / row["decode_ms"]
             row["prefill_floor_share"] = floors["prefill_ms"] / row["prefill_ms"]
         result["rows"].append(row)
+    bar.close()
     return result
 
 
