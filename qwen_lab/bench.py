@@ -61,20 +61,24 @@ def time_ms(fn, device, warmup: int = 2, reps: int = 10, setup=None) -> float:
     return statistics.median(times)
 
 
-def measure_floors(device, dtype) -> dict:
-    """Copy bandwidth (GB/s, bytes read + written) and dense matmul rate (TFLOP/s) of this device."""
-    if device.type != "cuda":
-        return {"copy_GBps": None, "matmul_TFLOPs": None}
+def copy_GBps(device) -> float:
+    """Copy bandwidth of a GPU in GB/s (bytes read + written by a large device-to-device copy)."""
     n = 512 * 2**20  # 1 GiB of bytes per buffer: far beyond L2
     src = torch.empty(n, dtype=torch.uint8, device=device).random_(0, 255)
     dst = torch.empty_like(src)
     ms = time_ms(lambda: dst.copy_(src), device, warmup=3, reps=20)
-    copy = 2 * n / (ms * 1e-3) / 1e9
+    return 2 * n / (ms * 1e-3) / 1e9
+
+
+def measure_floors(device, dtype) -> dict:
+    """Copy bandwidth (GB/s, bytes read + written) and dense matmul rate (TFLOP/s) of this device."""
+    if device.type != "cuda":
+        return {"copy_GBps": None, "matmul_TFLOPs": None}
+    copy = copy_GBps(device)
     a = torch.randn(8192, 8192, device=device, dtype=dtype)
     b = torch.randn(8192, 8192, device=device, dtype=dtype)
     ms = time_ms(lambda: a @ b, device, warmup=3, reps=20)
     flops = 2 * 8192**3 / (ms * 1e-3) / 1e12
-    del src, dst, a, b
     return {"copy_GBps": round(copy, 1), "matmul_TFLOPs": round(flops, 1)}
 
 

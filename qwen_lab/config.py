@@ -58,11 +58,12 @@ class Qwen35Config:
         bad = sorted(set(self.layer_types) - {LINEAR, FULL})
         if bad:
             problems.append(f"layer_types holds {bad}; expected only '{LINEAR}' and '{FULL}'")
-        heads = ("num_attention_heads", "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads")
-        for f in heads:
+        for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "head_dim",
+                  "num_attention_heads", "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads",
+                  "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim"):
             if getattr(self, f) <= 0:
                 problems.append(f"{f}={getattr(self, f)}; expected a positive integer")
-        if problems:  # the ratios below divide by these counts
+        if problems:  # before the ratios below, which divide by these sizes
             raise ConfigError(f"config '{self.name}': " + "; ".join(problems))
         if self.num_attention_heads % self.num_key_value_heads:
             problems.append(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -73,10 +74,6 @@ class Qwen35Config:
         if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
             problems.append(f"head_dim={self.head_dim} x partial_rotary_factor={self.partial_rotary_factor} "
                             f"gives rotary_dim={self.rotary_dim}; expected an even number in (0, head_dim]")
-        for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "head_dim",
-                  "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim"):
-            if getattr(self, f) <= 0:
-                problems.append(f"{f}={getattr(self, f)}; expected a positive integer")
         if problems:
             raise ConfigError(f"config '{self.name}': " + "; ".join(problems))
 
