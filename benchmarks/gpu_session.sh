@@ -39,8 +39,10 @@ if want profile; then
   timeout 120 python3 -m qwen_lab.profile_step 2>&1 | tee "$OUT/profile.txt" | head -n 60
 fi
 if want probes; then
-  # a prompt prefilled in bucket pieces against one prefill, and every few-row split-K GEMV checked where it runs
+  # a prompt prefilled in bucket pieces against one prefill, every few-row split-K GEMV checked where it runs,
+  # and the prefill conv's tiles against forms with their weights in the tile's layout
   timeout 150 python3 benchmarks/probe_prefill_graphs.py 77 2>&1 | tee "$OUT/probe_prefill.txt"
+  timeout 120 python3 benchmarks/probe_conv.py 2>&1 | tee "$OUT/probe_conv.txt"
 fi
 if want notebooks; then
   timeout ${NB_TIMEOUT:-500} python3 benchmarks/run_notebooks.py solutions/*.ipynb 2>&1 | tee "$OUT/notebooks.txt"

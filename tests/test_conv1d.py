@@ -229,3 +229,26 @@ def test_gpu_decode_step_captures_in_a_cuda_graph(rt, gen):
     ref_state = start.clone()
     checks.compare("y", out, reference.causal_conv1d(x, weight, ref_state))
     checks.compare("state", state, ref_state)
+
+
+@pytest.mark.parametrize("span", [16, 32])
+def test_the_probes_weight_layout_form_matches_reference(span, rt, gen):
+    """benchmarks/probe_conv.py times a form of the prefill conv with its weights stored [W, C]; its timings only
+    mean something if it computes the same conv (a first prefill: zero state)."""
+    import importlib.util
+    import os
+
+    import triton
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "probe_conv.py")
+    spec = importlib.util.spec_from_file_location("probe_conv", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    T, C, W = 70, 96, 4
+    x, weight, _ = _inputs(T, C, W, gen, rt.dtype, rt.device)
+    ref = reference.causal_conv1d(x, weight, torch.zeros(C, W - 1, dtype=rt.dtype, device=rt.device))
+    out = torch.empty(T, C, dtype=rt.dtype, device=rt.device)
+    probe.conv_wt2d_kernel[(triton.cdiv(T, span), triton.cdiv(C, 64))](
+        x, weight.t().contiguous(), out, T, C, x.stride(0), out.stride(0), W=W, BLOCK_T=16, BLOCK_C=64, SPAN=span,
+        TAPS=W, SILU=True)
+    checks.compare(f"probe conv span {span}", out, ref)

@@ -1,0 +1,111 @@
+"""Probe: why the prefill conv takes ~24 us per layer against a ~12 us floor, and what a faster form looks like.
+
+    python benchmarks/probe_conv.py [--tokens 2048]        (an NVIDIA GPU; prints one line per variant)
+
+The library's `conv1d_prefill_kernel` spends most of its instructions outside the arithmetic: each of the W taps
+loads its weights as a [BLOCK_C] vector whose layout differs from the tile's, so the compiler passes it through
+shared memory (a store, a barrier, loads) once per tap and per program, and ~3000 programs of 32 rows each pay
+it again. Variants timed here, each inside a CUDA Graph on the model's shapes (x a [T, 6144] slice of the
+[T, 8224] in-projection):
+
+- `library`: conv1d.causal_conv1d with each of its PREFILL_CONFIGS tiles;
+- `wt2d`: the weights stored [W, C] (channel-contiguous) and loaded as a broadcast 2-D tile, in the x tile's
+  layout: vector loads, no shared-memory round trip;
+- `span`: a program loops over SPAN rows in BLOCK_T steps, its weights loaded once (wt2d's loads, amortised);
+- `copy`: the same tiles with one tap and no SiLU: the memory floor of this access pattern.
+
+The state (the carried W-1 inputs) is zero here; the variants read rows before 0 as zeros, as the first prefill
+of a sequence does. Each variant's output is checked against `reference.causal_conv1d`.
+"""
+
+import argparse
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def conv_wt2d_kernel(x_ptr, wt_ptr, out_ptr, T, C, stride_xt, stride_ot,
+                     W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, SPAN: tl.constexpr,
+                     TAPS: tl.constexpr, SILU: tl.constexpr):
+    # program (span of SPAN rows, block of channels); wt [W, C] contiguous
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    offs_i = tl.arange(0, BLOCK_T)
+    mask_c = offs_c < C
+    zero_rows = offs_i[:, None] * 0
+    wts = ()
+    for j in tl.static_range(W):  # broadcast loads in the tile's own layout (rows repeat: L1 hits)
+        wts = wts + (tl.load(wt_ptr + j * C + offs_c[None, :] + zero_rows, mask=mask_c[None, :] & (zero_rows == 0),
+                             other=0.0).to(tl.float32),)
+    for s in tl.static_range(SPAN // BLOCK_T):
+        t0 = tl.program_id(0) * SPAN + s * BLOCK_T
+        offs_t = t0 + offs_i
+        acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+        for j in tl.static_range(W - TAPS, W):
+            src = offs_t - (W - 1) + j
+            xv = tl.load(x_ptr + src[:, None].to(tl.int64) * stride_xt + offs_c[None, :],
+                         mask=((src >= 0) & (src < T))[:, None] & mask_c[None, :], other=0.0)
+            acc += wts[j] * xv.to(tl.float32)
+        if SILU:
+            acc = acc * tl.sigmoid(acc)
+        tl.store(out_ptr + offs_t[:, None].to(tl.int64) * stride_ot + offs_c[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=(offs_t < T)[:, None] & mask_c[None, :])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tokens", type=int, default=2048)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("skipped: the probe times kernels on an NVIDIA GPU")
+        return 0
+    from qwen_lab import reference
+    from qwen_lab.config import QWEN35_0_8B as cfg
+    from qwen_lab.kernels import conv1d, graph_time_us
+
+    T, C, W, N = args.tokens, cfg.linear_conv_dim, cfg.linear_conv_kernel_dim, cfg.linear_in_proj_dim
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    proj = torch.randn(T, N, device="cuda", generator=gen).bfloat16()
+    x = proj[:, :C]
+    weight = (torch.randn(C, W, device="cuda", generator=gen) * 0.4).bfloat16()
+    wt = weight.t().contiguous()
+    out = torch.empty(T, C, device="cuda", dtype=torch.bfloat16)
+    ref = reference.causal_conv1d(x, weight, torch.zeros(C, W - 1, device="cuda", dtype=torch.bfloat16))
+    floor_us = (x.numel() + out.numel()) * 2 / 4.0e12 * 1e6
+    print(f"T={T} C={C} W={W}: {2 * x.numel() * 2 / 1e6:.1f} MB moved, {floor_us:.1f} us at 4 TB/s")
+
+    def report(name, call, check=True):
+        call()
+        torch.cuda.synchronize()
+        err = (out.float() - ref.float()).abs().max().item() if check else float("nan")
+        us = graph_time_us([call], replays=20)
+        print(f"{name:48s} {us:7.2f} us   max err {err:.3g}", flush=True)
+
+    state = torch.zeros(C, W - 1, device="cuda", dtype=torch.bfloat16)
+    for c in conv1d.PREFILL_CONFIGS:
+        conv1d.FORCE_PREFILL_CONFIG = c
+
+        def lib(c=c):
+            state.zero_()
+            conv1d.causal_conv1d(x, weight, state, out=out)
+        report(f"library {c.kwargs['BLOCK_T']}x{c.kwargs['BLOCK_C']} w{c.num_warps}", lib)
+    conv1d.FORCE_PREFILL_CONFIG = None
+    for bt, bc, span, warps in [(32, 128, 32, 4), (16, 256, 16, 4), (8, 256, 8, 4), (32, 256, 32, 8),
+                                (32, 128, 64, 4), (32, 128, 128, 4), (16, 256, 64, 4), (16, 256, 128, 8),
+                                (64, 128, 128, 8), (8, 512, 64, 8)]:
+        for taps, silu, name in ((W, True, "wt2d" if span == bt else "span"), (1, False, "copy")):
+            if name == "copy" and span != bt:
+                continue
+            grid = (triton.cdiv(T, span), triton.cdiv(C, bc))
+
+            def run(grid=grid, bt=bt, bc=bc, span=span, warps=warps, taps=taps, silu=silu):
+                conv_wt2d_kernel[grid](x, wt, out, T, C, x.stride(0), out.stride(0), W=W, BLOCK_T=bt, BLOCK_C=bc,
+                                       SPAN=span, TAPS=taps, SILU=silu, num_warps=warps)
+            report(f"{name} {bt}x{bc} span {span} w{warps}", run, check=name != "copy")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
