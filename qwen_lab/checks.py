@@ -149,8 +149,22 @@ def _is_output(name: str) -> bool:
     return name.startswith("out") or name.endswith("_out")
 
 
+def _clone_keeping_strides(v):
+    """A copy of v with v's strides. `clone()` would make a strided view (a slice of a wider projection, rows farther
+    apart than their length) contiguous, and a kernel that ignores the row stride would then pass. The gaps
+    between the rows hold NaN (zeros for integers), so a kernel that reads them shows it in its output."""
+    if not isinstance(v, torch.Tensor):
+        return v
+    if v.numel() == 0 or v.is_contiguous() or 0 in v.stride():
+        return v.clone()
+    c = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
+    whole = torch.as_strided(c, (c.untyped_storage().nbytes() // c.element_size(),), (1,), 0)
+    whole.fill_(float("nan") if c.is_floating_point() else 0)
+    return c.copy_(v)
+
+
 def _clone_inputs(kwargs: dict) -> dict:
-    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    return {k: _clone_keeping_strides(v) for k, v in kwargs.items()}
 
 
 def _as_tuple(x):

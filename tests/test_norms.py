@@ -269,3 +269,28 @@ def test_check_kernel_poisons_every_output_buffer_by_name(rt, gen):
         return normed, residual_out
     with pytest.raises(checks.CheckFailed, match="NaN"):
         checks.check_kernel("add_rms_norm", lazy, reference.add_rms_norm, [case], quiet=True)
+
+
+def test_check_kernel_hands_strided_views_over_with_their_strides(rt, gen):
+    """A case's strided view (rows farther apart than their length) reaches the kernel with its strides, so a
+    kernel that assumes contiguous rows fails the check instead of passing on a contiguous copy."""
+    from qwen_lab.kernels.norms import rms_norm
+
+    def case(g):
+        wide = checks.randn(5, 64, g=g, dtype=rt.dtype, device=rt.device)
+        return dict(x=wide[:, 8:48], weight=checks.randn(40, g=g, device=rt.device, scale=0.1), eps=1e-6)
+    seen = []
+
+    def right(x, weight, eps):
+        seen.append(x.stride())
+        return rms_norm(x, weight, eps)
+
+    checks.check_kernel("rms_norm", right, reference.rms_norm, [case], quiet=True)
+    assert seen == [(64, 1)]
+
+    def assumes_contiguous_rows(x, weight, eps):  # reads row r at r * 40, as a kernel ignoring stride_x would
+        packed = torch.as_strided(x, x.shape, (x.shape[1], 1), x.storage_offset())
+        return rms_norm(packed, weight, eps)
+    with pytest.raises(checks.CheckFailed):
+        checks.check_kernel("rms_norm", assumes_contiguous_rows, reference.rms_norm, [case], quiet=True,
+                            require_triton=False)
