@@ -63,7 +63,7 @@ def time_ms(fn, device, warmup: int = 2, reps: int = 10, setup=None) -> float:
 
 def copy_GBps(device) -> float:
     """Copy bandwidth of a GPU in GB/s (bytes read + written by a large device-to-device copy)."""
-    n = 512 * 2**20  # 1 GiB of bytes per buffer: far beyond L2
+    n = 512 * 2**20  # 512 MiB per buffer (1 GiB read and written): far beyond L2
     src = torch.empty(n, dtype=torch.uint8, device=device).random_(0, 255)
     dst = torch.empty_like(src)
     ms = time_ms(lambda: dst.copy_(src), device, warmup=3, reps=20)
