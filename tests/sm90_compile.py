@@ -89,18 +89,22 @@ def cases():
     gemv_types = {"ws_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
     for c in gemm._gemv_configs(gpu=True):
         if c.kwargs.get("PERSIST"):  # the persistent form: one row, one split, its own kernel
-            for prologue, dv in ((gemm.PRO_NONE, 1), (gemm.PRO_SWIGLU, 1), (gemm.PRO_ADD_RMS, 1),
+            for prologue, dv in ((gemm.PRO_NONE, 1), (gemm.PRO_SWIGLU, 1), (gemm.PRO_RMS, 1), (gemm.PRO_ADD_RMS, 1),
                                  (gemm.PRO_GATED, C.linear_value_head_dim)):
                 meta = dict(c.kwargs, PROLOGUE=prologue, DV=dv, USE_PDL=True)
                 out.append((f"gemv_rows prologue {prologue} {c}", lambda meta=meta, c=c: compile_case(
                     gemm.gemv_rows_kernel, meta, {"eps": "fp32"}, c.num_warps, c.num_stages)))
             continue
-        for prologue, dv in ((gemm.PRO_NONE, 1), (gemm.PRO_ADD_RMS, 1), (gemm.PRO_GATED, C.linear_value_head_dim)):
+        # every prologue the model uses at decode: plain (o_proj), SwiGLU (down), RMSNorm (the first layer's input),
+        # add + RMSNorm (every other input and gate/up), the gated norm (the DeltaNet out-projection)
+        for prologue, dv in ((gemm.PRO_NONE, 1), (gemm.PRO_SWIGLU, 1), (gemm.PRO_RMS, 1), (gemm.PRO_ADD_RMS, 1),
+                             (gemm.PRO_GATED, C.linear_value_head_dim)):
             if c.kwargs["BLOCK_K"] < dv:
                 continue
             meta = dict(c.kwargs, BLOCK_M=1, REDUCE=gemm.REDUCE_ATOMIC, PROLOGUE=prologue, DV=dv,
                         DOT_PRECISION="ieee", USE_PDL=True,
-                        K_POW2=triton.next_power_of_2(C.hidden_size) if prologue == gemm.PRO_ADD_RMS else 0)
+                        K_POW2=triton.next_power_of_2(C.hidden_size) if prologue in (gemm.PRO_RMS, gemm.PRO_ADD_RMS)
+                        else 0)
             out.append((f"gemv M=1 prologue {prologue} {c}", lambda meta=meta, c=c: compile_case(
                 gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages, clears_after_reading)))
             if prologue == gemm.PRO_ADD_RMS:  # the deterministic reduction as well (its loop has names too)
@@ -119,7 +123,7 @@ def cases():
     attn_types = {"pos_ptr": "*i64", "qk_scale": "fp32"}
     for c in attention._PREFILL_CONFIGS:
         meta = dict(c.kwargs, G=G, GP=triton.next_power_of_2(G), D=D, BLOCK_D=triton.next_power_of_2(D),
-                    HAS_GATE=True, DOT_PREC="ieee")
+                    HAS_GATE=True, DOT_PREC="ieee", USE_PDL=True)
         out.append((f"flash_attention {c}", lambda meta=meta, c=c: compile_case(
             attention.flash_attention_kernel, meta, attn_types, c.num_warps, c.num_stages)))
     for c in attention._DECODE_CONFIGS:

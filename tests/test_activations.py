@@ -4,7 +4,6 @@ reference.linear_silu_mul (the gate/up GEMM with SwiGLU in its epilogue, and the
 
 import pytest
 import torch
-import triton
 
 from qwen_lab import checks, reference
 from qwen_lab.config import QWEN35_0_8B as C
@@ -245,10 +244,11 @@ def test_gpu_linear_silu_mul_real_shape(rt, gen, M):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [17, 2048])
 def test_gpu_every_swiglu_config_computes_the_same(rt, gen, M):
-    """Each SWIGLU configuration the autotuner may pick (the TMA ones on sm_90+), launched directly with its
-    meta-parameters."""
+    """Each SWIGLU configuration the autotuner may pick (the TMA ones on sm_90+), launched past the autotuner on the
+    model's grid (a persistent configuration gets one program per SM, which then walks several tiles) and with
+    programmatic dependent launch where the model uses it."""
     x, w = _gpu_gate_up_case(M, gen, rt)
-    I, K = w.shape[0] // 2, w.shape[1]
+    I = w.shape[0] // 2
     ref = reference.linear_silu_mul(x, w)
     configs = gemm._matmul_configs(True)
     assert len(configs) > 1
@@ -256,8 +256,5 @@ def test_gpu_every_swiglu_config_computes_the_same(rt, gen, M):
         configs = [c for c in configs if not c.kwargs.get("TMA")]
     for c in configs:
         out = checks.poison_(torch.empty(M, I, dtype=rt.dtype, device=rt.device))
-        grid = (triton.cdiv(M, c.kwargs["BLOCK_M"]) * triton.cdiv(I, c.kwargs["BLOCK_N"]),)
-        gemm.matmul_kernel.fn[grid](x, w, out, M, I, K, triton.next_power_of_2(M), x.stride(0), w.stride(0),
-                                    out.stride(0), DOT_PRECISION="tf32", SWIGLU=True, num_warps=c.num_warps,
-                                    num_stages=c.num_stages, **c.kwargs)
+        gemm.matmul_with_config(x, w, out, c, swiglu=True)
         checks.compare(f"linear_silu_mul M={M} {c}", out, ref)

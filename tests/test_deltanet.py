@@ -377,7 +377,10 @@ def test_every_gpu_config(kernel, rt, gen):
         shapes, fns = [(1, 2, 2, 16, 32), (3, 2, 4, 16, 16), (1, 1, 2, 128, 128)], \
             (delta_rule_recurrent, deltanet_decode_step)
     else:
-        shapes, fns = [(1, 2, 2, 16, 32), (64, 2, 4, 16, 16), (70, 1, 2, 128, 128)], (delta_rule_chunked,)
+        # (on a GPU, heads below CHUNKED_MIN_HEAD_DIM take the recurrent kernel: only the 128-wide shapes run the
+        # chunk kernels there; the interpreter runs them all)
+        shapes, fns = [(1, 2, 2, 16, 32), (64, 2, 4, 16, 16), (64, 1, 2, 128, 128), (70, 1, 2, 128, 128)], \
+            (delta_rule_chunked,)
     ran = 0
     for shape in shapes:
         configs = autotune_configs(kernel, Dv=shape[4])
@@ -649,15 +652,18 @@ def test_model_decode_runs_the_fused_conv_and_equals_the_unfused_route(rt):
 #
 # A kernel that faults leaves the CUDA context unusable, so one bad config would fail every later test of this
 # file with the same error. This test runs every config the autotuner may pick (forced one by one, guarded as
-# above) in a child process, on the shapes that failed on the H200: T = 1 with the tests' small heads, a prompt
-# of exactly one chunk with the tiny model's heads and with Qwen3.5-0.8B's, and T = 77 (two chunks). A child
+# above) in a child process: the chunk kernels at T = 1 and on a prompt of exactly one chunk, with 64-wide heads
+# (the narrowest they serve on a GPU; smaller ones faulted on the H200 and now take the recurrent kernel) and with
+# Qwen3.5-0.8B's, and at T = 77 (two chunks); the recurrent kernels with small heads and Qwen3.5's. A child
 # that faults reports the job and exits; the next child starts after it. The report lists every job.
 
 def _probe_jobs():
     """(kernel, shape (T, Hk, Hv, Dk, Dv), forced (kernel name, config) pairs) of every probe job."""
     jobs = []
     prep = autotune_configs("chunk_prep_kernel")
-    for shape in [(1, 2, 2, 16, 32), (64, 2, 4, 16, 16), (64, 16, 16, 128, 128), (77, 16, 16, 128, 128)]:
+    # head dims of 64 and up: smaller heads take the recurrent kernel on a GPU (CHUNKED_MIN_HEAD_DIM), so they
+    # would not run the chunk kernels these jobs force
+    for shape in [(1, 2, 2, 64, 64), (64, 2, 4, 64, 64), (64, 16, 16, 128, 128), (77, 16, 16, 128, 128)]:
         scan = autotune_configs("chunk_scan_kernel", Dv=shape[4])
         jobs.append((delta_rule_chunked, shape, ()))  # the autotuner's own pick
         jobs += [(delta_rule_chunked, shape, (("chunk_scan_kernel", c), ("chunk_prep_kernel", prep[0]))) for c in scan]

@@ -132,8 +132,8 @@ def test_add_rms_norm_strided_rows(rt, gen):
 
 
 def test_add_rms_norm_through_check_kernel(rt):
-    # check_kernel poisons and withholds from the reference only arguments named out*; residual_out
-    # is therefore left to the kernel to allocate here (the in-place tests above cover that buffer)
+    # residual_out is left to the kernel to allocate here (the in-place tests above, and the poisoning test
+    # below, cover that buffer)
     def case(g):
         return dict(x=_randn(9, 64, g=g, rt=rt), residual=_randn(9, 64, g=g, rt=rt),
                     weight=_randn(64, g=g, rt=rt, scale=0.1), eps=EPS,

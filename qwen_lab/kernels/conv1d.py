@@ -16,8 +16,8 @@ between channels; weight [C, W]; state [C, W-1], both with stride 1 on the last 
 
 Two kernels:
 - `conv1d_step_kernel`: one program per block of channels walks the T tokens in order, then shifts the
-  state. One launch serves decode (T = 1), where the grid is only C / BLOCK_C programs and every load is
-  a row of contiguous channels.
+  state. One launch serves decode (T = 1), where the grid is only C / BLOCK_C programs and every load of x
+  is a row of contiguous channels (the state's loads are W-1 elements apart).
 - `conv1d_prefill_kernel`: a [BLOCK_T, BLOCK_C] tile per program, every token in parallel. Only the first
   tile of tokens reads the old state, so its programs also write the new one (the last W-1 inputs), each
   for its own channels and only after all of its threads have read the old: no other program reads the
@@ -154,8 +154,9 @@ STEP_MAX_TOKENS = 4
 def block_sizes(C: int, interpreter: bool) -> tuple[int, int, int]:
     """(BLOCK_C of the step kernel, BLOCK_T and BLOCK_C of the tiled prefill kernel) for C channels.
 
-    The GPU sizes suit real widths (thousands of channels); the interpreter's are larger so that it runs
-    few programs. Tests call this with interpreter=False to run the GPU sizes through the interpreter.
+    On a GPU the prefill tile is autotuned over PREFILL_CONFIGS and these BLOCK_T, BLOCK_C only serve a test that
+    runs small tiles through the interpreter (interpreter=False: many programs, ragged edges); the interpreter's
+    own prefill tile is taller (64 tokens), so that it runs few programs.
     """
     if interpreter:
         return min(256, triton.next_power_of_2(C)), 64, min(128, triton.next_power_of_2(C))

@@ -39,7 +39,7 @@ the values written at the C steps solve one unit lower-triangular system (the UT
 Everything but the last three lines is independent of S0, so it runs in parallel over (chunk, head); only
 the state update is sequential, one matmul-sized step per chunk instead of per token.
 
-Chunked kernels (two launches):
+Chunked kernels (two launches; on a GPU, heads narrower than CHUNKED_MIN_HEAD_DIM take the recurrent kernel):
 - `chunk_prep_kernel`, grid (chunks, Hv): G, what the scan reads (q exp(G), k exp(G_C - G), the intra-chunk
   attention tril(q k^T exp(G_i - G_j))), and the UT transform U, W. A^-1 is built by doubling: the 2 x 2
   diagonal blocks of I + L are inverted exactly (I - L there), then neighbouring blocks are merged while their
@@ -212,7 +212,8 @@ def delta_rule_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr,
     if FUSED_GATES:
         neg_A = -tl.exp(tl.load(A_log_ptr + h).to(tl.float32))
         dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
-    # the loop body is written inline: the interpreter pays milliseconds for every call of a jit helper
+    # the loop body is written inline (but for the gates' softplus): the interpreter pays milliseconds for every
+    # call of a jit helper
     for t in range(T):
         tt = tl.cast(t, tl.int64)
         q = tl.load(q_ptr + tt * stride_qt + hk * stride_qh + offs_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -778,7 +779,8 @@ def delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
 
     Same arguments and result as `delta_rule_recurrent` (state [Hv, Dk, Dv] fp32 read as the initial state and
     overwritten with the final one); chunk_size 64 or 128. Two launches: the parallel intra-chunk work, then
-    the sequential scan over chunks.
+    the sequential scan over chunks. On a GPU a head dim below CHUNKED_MIN_HEAD_DIM (test models only) runs the
+    recurrent kernel instead, one launch, the same function.
     """
     return _chunked_launch(q, k, v, g, beta, g, g, state, scale, chunk_size, out, workspace, fused=False)
 
@@ -788,7 +790,8 @@ def deltanet_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch
                      chunk_size: int = 64, out: torch.Tensor | None = None,
                      workspace: ChunkWorkspace | None = None) -> torch.Tensor:
     """deltanet_gates and delta_rule_chunked in two launches instead of three: the chunk prep computes the gates of
-    its rows from the raw projections; = reference.deltanet_chunked.
+    its rows from the raw projections; = reference.deltanet_chunked. (A head dim below CHUNKED_MIN_HEAD_DIM on a
+    GPU: the recurrent kernel with the gates inside, one launch.)
 
     a, b [T, Hv] (strided views allowed); A_log, dt_bias [Hv]; the rest as in `delta_rule_chunked`.
     """

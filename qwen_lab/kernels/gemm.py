@@ -5,7 +5,7 @@ r"""Matrix multiplication for every projection of the model: y = x W^T.
 $$ y_{mn} = \sum_{k=0}^{K-1} x_{mk} W_{nk} $$
 
 computed with bf16 (fp16) operands, an fp32 accumulator, and one rounding to x's dtype at the end.
-Two regimes need two kernels:
+Two regimes need different kernels:
 
 - Prefill (M = prompt length, hundreds to thousands): compute-bound. `matmul_kernel` tiles y into
   BLOCK_M x BLOCK_N blocks; each program walks K in BLOCK_K steps and feeds `tl.dot` (the tensor
@@ -40,17 +40,23 @@ $$ y_{mn} = \sum_{s=0}^{S-1} \sum_{k \in \text{split } s} x_{mk} W_{nk} $$
     partials in [S, M, N] and they are added in the fixed order s = 0, 1, ..., S-1: bitwise repeatable.
   Either way the reduction costs no extra launch: every program counts itself in a per-block counter
   with an atomic increment; the program that arrives last adds the partials up, casts to x's
-  dtype, writes y, and puts the workspace back to zeros (the counter too) for the next call. One
+  dtype, writes y, and resets the counter (and, in atomic mode, the sums to zeros) for the next call. One
   launch per projection matters: inside a CUDA Graph each launch still costs about 1 us, as much
   as the whole read of a 4 MB weight at full bandwidth.
+  `gemv_rows_kernel` is the persistent form for one row: a few programs per SM walk the row blocks of W
+  with no split of K (the row fits one K tile), the next block's tile requested before the current one is
+  multiplied, and the activation row (and a norm prologue's statistics) computed once per program
+  instead of once per block. `QWEN_LAB_GEMV_PERSIST=0` leaves it out of the timing below.
 
-Which block shape (and, for the narrow shapes, which SPLIT_K) serves a decode shape best depends on the GPU's
+Which form, block shape (and, for the narrow shapes, which SPLIT_K) serves a decode shape best depends on the GPU's
 latencies, and the differences are a microsecond or two: too small to time one launch from Python. So the first
 call of each shape times every fitting plan inside a CUDA Graph, over copies of the weight that together exceed
-the L2 cache (as the model's layers do), and keeps the fastest (`gemv_plan` tells which). On Hopper and newer
-GPUs the GEMV is launched with programmatic dependent launch: it starts while the kernel before it finishes,
-requests its first weight tile (W is never written, so that is safe), and only then waits for the previous
-kernel's results (`gdc_wait`): the weight stream overlaps the previous kernel's tail and the launch gap.
+the L2 cache (as the model's layers do), and keeps the fastest (`gemv_plan` tells which; on the H200 the persistent form won
+every decode projection but the LM head). On Hopper and newer GPUs the GEMV is launched with programmatic
+dependent launch: it starts while the kernel before it finishes and only then waits for the previous kernel's
+results (`gdc_wait`); the one-row plans with PREFETCH, and the persistent kernel always, request their first
+weight tiles before that wait (W is never written, so that is safe): the weight stream overlaps the previous
+kernel's tail and the launch gap.
 
 `linear` picks the regime from M. Launchers take an optional `out=` so that a CUDA Graph can own
 every buffer; the workspaces are allocated once per device (zeroed) on the first call (which must
@@ -97,9 +103,10 @@ def _matmul_configs(swiglu: bool = False):
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}, num_warps=4, num_stages=1)]
     if swiglu:
         # Each program multiplies an effective BLOCK_M x 2 BLOCK_N tile (gate and up), so BLOCK_N is halved
-        # against the plain shapes: the accumulators stay at 2 BLOCK_M BLOCK_N / (32 warps) <= 128 fp32
+        # against the plain shapes: the accumulators stay at 2 BLOCK_M BLOCK_N / (32 num_warps threads) <= 128 fp32
         # registers a thread, and a stage (BLOCK_M + 2 BLOCK_N) BLOCK_K bf16 values times the stages stays
-        # well under the 227 KB of shared memory (tests/sm90_compile.py checks both shapes of each).
+        # well under the 227 KB of shared memory (tests/test_activations.py checks the registers, and
+        # tests/sm90_compile.py the shared memory, of each).
         shapes = [(128, 128, 64, 3, 8), (128, 128, 64, 4, 8), (256, 64, 64, 3, 8), (128, 64, 64, 4, 4),
                   (64, 128, 64, 4, 4), (64, 64, 64, 4, 4), (128, 64, 128, 3, 4), (128, 128, 128, 2, 8)]
     else:
@@ -375,7 +382,7 @@ PRO_NONE, PRO_SWIGLU, PRO_RMS, PRO_ADD_RMS, PRO_GATED = 0, 1, 2, 3, 4
 PROLOGUE_NAMES = {PRO_NONE: "plain", PRO_SWIGLU: "swiglu", PRO_RMS: "rms", PRO_ADD_RMS: "add_rms",
                   PRO_GATED: "gated"}  # for reports
 # The norm prologue loads a decode row whole for its statistics up to this many values (8192 fp32 over a
-# program's 128-256 threads: 32-64 registers each); longer rows are summed slice by slice.
+# program's 64-256 threads: 32-128 registers each); longer rows are summed slice by slice.
 WHOLE_ROW_MAX = 8192
 
 
@@ -558,8 +565,8 @@ def gemv_splitk_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, count_ptr,
 
     if BLOCK_M == 1:
         # GEMV: a [BLOCK_N, BLOCK_K] block of products per step, summed over K only once at the end
-        # (one cross-thread reduction per program instead of one per step). The next step's tile is
-        # loaded before this one is multiplied: two tiles in flight when the slice takes several steps.
+        # (one cross-thread reduction per program instead of one per step). With PREFETCH the next step's
+        # tile is loaded before this one is multiplied: two tiles in flight when the slice takes several steps.
         prod = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         for k_step in range(0, K_PER_SPLIT, BLOCK_K):
             offs_k = k_lo + k_step + tl.arange(0, BLOCK_K)
@@ -793,7 +800,8 @@ def sm_count(device) -> int:
 def choose_split_k(M: int, N: int, K: int, sms: int) -> int:
     """SPLIT_K for the GEMV path: split K only when the rows of W alone give too few programs.
 
-    Rows come in blocks of 8 (16 for M > 1). The GPU wants about three programs per multiprocessor
+    The heuristic assumes blocks of 8 rows (16 for M > 1); on a GPU the first call also times other
+    SPLIT_K values and block shapes and may keep another (`chosen_split_k`). The GPU wants about three programs per multiprocessor
     in flight to hide the memory latency; when N alone provides them (the LM head: 31040 blocks;
     the in-projections: 640-1028) SPLIT_K = 1 and there is no reduction at all. Otherwise K is split
     in powers of two until there are enough programs, keeping at least 256 columns per split (a short
@@ -838,7 +846,9 @@ def linear_splitk(x: torch.Tensor, weight: torch.Tensor, split_k: int | None = N
                   deterministic: bool | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ weight^T with the GEMV / split-K kernel (the decode path). x [M, K], weight [N, K] -> [M, N].
 
-    split_k: how many slices of K (None: `choose_split_k` for this GPU). deterministic: reduce the
+    split_k: how many slices of K (None: on a GPU the first call of the shape times SPLIT_CANDIDATES and
+    `choose_split_k`'s value and keeps the fastest, see `chosen_split_k`; elsewhere, or with QWEN_LAB_TUNE=0,
+    `choose_split_k`). deterministic: reduce the
     partial sums in a fixed order (None: the QWEN_LAB_DETERMINISTIC environment variable), else with
     atomic adds. Either way one kernel launch.
     """
@@ -940,7 +950,7 @@ def _tune_plan(plans, launch, weight) -> tuple:
 
 def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue, args, dv=1):
     """Validate split_k, pick the plan (SPLIT_K and block shape), the reduction and the workspace, and launch
-    gemv_splitk_kernel once; returns out.
+    gemv_splitk_kernel or gemv_rows_kernel once; returns out.
 
     args: the prologue's tensors and strides (x_ptr is `x`; r, z, nw, s default to x and are not read).
     With the gated prologue every split starts at a head boundary (K_PER_SPLIT a multiple of dv).
@@ -1143,9 +1153,11 @@ def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: to
     h = rms_norm(s) * (1 + norm_weight) rounded to x's dtype, returns (h @ weight^T, s).
 
     x, residual [M, H] (rows may be strided, last dim contiguous), norm_weight [H], weight [N, H] ->
-    (y [M, N], s [M, H]). M <= 16: ONE launch, the add and the norm computed in the GEMV's prologue (every
+    (y [M, N], s [M, H]). M <= 16 and N <= FUSED_NORM_MAX_N: ONE launch, the add and the norm computed in the
+    GEMV's prologue (every
     program sums the squares of its whole rows; the programs of the first row block and first split write
-    s into residual_out). Larger M: norms.add_rms_norm, then the tiled GEMM. `residual_out` must not
+    s into residual_out). Larger M: norms.add_rms_norm, then the tiled GEMM; N > FUSED_NORM_MAX_N (the LM head):
+    norms.add_rms_norm, then the GEMV. `residual_out` must not
     overlap x or residual (KernelError): pass a separate buffer, e.g. alternate two between layers.
     """
     return _rms_linear("add_rms_norm_linear", x, residual, norm_weight, eps, weight, out, residual_out)
@@ -1155,7 +1167,8 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weig
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """Zero-centred RMSNorm + projection: rms_norm(x) * (1 + norm_weight) rounded to x's dtype, @ weight^T.
 
-    x [M, H], norm_weight [H], weight [N, H] -> [M, N]; one launch for M <= 16, else rms_norm then the GEMM.
+    x [M, H], norm_weight [H], weight [N, H] -> [M, N]; one launch for M <= 16 and N <= FUSED_NORM_MAX_N, else
+    rms_norm then the GEMM (M > 16) or the GEMV (N larger).
     """
     return _rms_linear("rms_norm_linear", x, None, norm_weight, eps, weight, out, None)
 
