@@ -31,12 +31,15 @@ if want tests; then
   # so a bad kernel cannot take the other tests down with it); the slowest file no longer bounds the wall time
   # TRITON_CACHE_AUTOTUNING: the workers share Triton's autotuning results through its disk cache instead of each
   # tuning the same shapes again (only the tests: the benchmarks tune for themselves, on a quiet GPU)
+  # (a per-test limit where pytest-timeout is installed: one hung kernel then fails its test, not the whole run)
+  per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 300")
   TRITON_CACHE_AUTOTUNING=1 timeout ${TEST_TIMEOUT:-480} python3 -m pytest tests -q -p no:cacheprovider -n ${TEST_JOBS:-12} --dist load \
-      --timeout 300 --tb=short -rfE --durations=15 -k "${TEST_FILTER:-}" > "$OUT/tests.txt" 2>&1
+      $per_test --tb=short -rfE --durations=15 -k "${TEST_FILTER:-}" > "$OUT/tests.txt" 2>&1
+  tail -n 3 "$OUT/tests.txt"  # a usage error (an option pytest does not know) shows here too
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | tail -n 40
 fi
 if want profile; then
-  timeout 120 python3 -m qwen_lab.profile_step 2>&1 | tee "$OUT/profile.txt" | head -n 60
+  timeout 120 python3 -m qwen_lab.profile_step --out "$OUT" 2>&1 | tee "$OUT/profile.txt" | head -n 60
 fi
 if want probes; then
   # a prompt prefilled in bucket pieces against one prefill, every few-row split-K GEMV checked where it runs,

@@ -17,7 +17,9 @@ and the graph row is skipped with a note.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -184,12 +186,31 @@ def transformers_model(config, weights, device, dtype):
     return hf.eval()
 
 
+@contextlib.contextmanager
+def _transformers_quiet():
+    """transformers at ERROR level for the block: without flash-linear-attention it warns once per fallback
+    function that it runs its PyTorch reference, which the row's note already says."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def bench_transformers(model, prefill_len: int, decode_steps: int, gen: torch.Generator) -> dict | None:
     """transformers' Qwen3_5ForCausalLM (eager attention) with the same weights, or None if not installed."""
     try:
         from transformers.cache_utils import DynamicCache
     except ImportError:
         return None
+    with _transformers_quiet():
+        return _bench_transformers(model, prefill_len, decode_steps, gen, DynamicCache)
+
+
+def _bench_transformers(model, prefill_len, decode_steps, gen, DynamicCache) -> dict:
     hf = transformers_model(model.config, model.weights, model.device, model.dtype)
     hf_config = hf.config
     dev = model.device
@@ -205,7 +226,6 @@ def bench_transformers(model, prefill_len: int, decode_steps: int, gen: torch.Ge
             for _ in range(decode_steps):
                 hf(input_ids=tok, past_key_values=cache, use_cache=True)
         decode_ms = time_ms(decode, dev, warmup=0, reps=1) / decode_steps
-    del hf
     import importlib.util
 
     fla = importlib.util.find_spec("fla") is not None
@@ -218,10 +238,18 @@ def bench_transformers(model, prefill_len: int, decode_steps: int, gen: torch.Ge
 # ---------------------------------------------------------------- the table
 
 
+# The benchmark's rows, in the table's order.
+ROWS = ("transformers-eager", "triton", "triton+cuda-graph")
+
+
 def run(source: str = "qwen3.5-0.8b", prefill_len: int = 2048, decode_steps: int = 128, rows=None,
         seed: int = 0, progress: bool = True) -> dict:
+    from .errors import ConfigError
     from .model import load_model
 
+    unknown = [name for name in rows or () if name not in ROWS]
+    if unknown:  # before the model is loaded and the floors measured
+        raise ConfigError(f"rows: unknown {unknown}; expected some of {list(ROWS)}")
     rt = runtime.choose()
     model = load_model(source, backend="triton")
     gen = torch.Generator().manual_seed(seed)
@@ -231,7 +259,7 @@ def run(source: str = "qwen3.5-0.8b", prefill_len: int = 2048, decode_steps: int
         floors["decode_ms"] = costs["decode_bytes"] / (floors["copy_GBps"] * 1e9) * 1e3
         floors["prefill_ms"] = costs["prefill_flops"] / (floors["matmul_TFLOPs"] * 1e12) * 1e3
     floors.update({k: costs[k] for k in ("weight_bytes", "decode_bytes", "prefill_flops")})
-    wanted = rows or ["transformers-eager", "triton", "triton+cuda-graph"]
+    wanted = list(rows or ROWS)
     result = {"gpu": torch.cuda.get_device_name() if rt.device.type == "cuda" else "cpu (Triton interpreter)",
               "dtype": str(rt.dtype).removeprefix("torch."), "config": model.config.name,
               "prefill_len": prefill_len, "decode_steps": decode_steps, "floors": floors, "rows": [],
@@ -254,8 +282,6 @@ def run(source: str = "qwen3.5-0.8b", prefill_len: int = 2048, decode_steps: int
                 result["skipped"].append("triton+cuda-graph: CUDA Graphs need an NVIDIA GPU")
                 continue
             row = bench_qwen_lab(model, prefill_len, decode_steps, graph=True, gen=gen, status=status)
-        else:
-            raise ValueError(f"unknown row {name!r}; expected transformers-eager, triton or triton+cuda-graph")
         row = {"name": name, **row, "tokens_per_s": 1e3 / row["decode_ms"]}
         if "decode_ms" in floors:
             row["decode_floor_share"] = floors["decode_ms"] / row["decode_ms"]
@@ -329,13 +355,17 @@ def main(argv=None) -> int:
                                                  "GPU, tiny on a CPU)")
     p.add_argument("--prefill-len", type=int, default=None, help="default: 2048 on a GPU, 16 on a CPU")
     p.add_argument("--decode-steps", type=int, default=None, help="default: 128 on a GPU, 4 on a CPU")
-    p.add_argument("--rows", nargs="*", default=None, help="subset of: transformers-eager triton triton+cuda-graph")
+    p.add_argument("--rows", nargs="*", default=None, choices=ROWS, help="subset of: " + " ".join(ROWS))
     p.add_argument("--json", default=None, help="write the result as JSON to this file")
     p.add_argument("--plot", default=None, help="write the bar chart to this PNG file")
     args = p.parse_args(argv)
     for flag, value in (("--prefill-len", args.prefill_len), ("--decode-steps", args.decode_steps)):
         if value is not None and value < 1:
             p.error(f"{flag} {value}: expected at least 1")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):  # before the run, not after it
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            p.error(f"{flag} {path}: the folder {folder} does not exist")
     gpu = runtime.choose().device.type == "cuda"   # a CPU runs the interpreter: tiny shapes, to test the path
     model = args.model or ("qwen3.5-0.8b" if gpu else "tiny")
     prefill_len = args.prefill_len or (2048 if gpu else 16)

@@ -14,7 +14,7 @@ class DeviceError(QwenLabError, RuntimeError):
 
 
 class ConfigError(QwenLabError, ValueError):
-    """A config.json (or a preset) that qwen_lab cannot serve."""
+    """A config.json (or a preset), or a model option such as the backend, that qwen_lab cannot serve."""
 
 
 class UnsupportedModelError(ConfigError):

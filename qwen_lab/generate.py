@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import operator
 import sys
 import types
 from typing import Callable
@@ -37,33 +38,67 @@ def check_sampling_args(max_new_tokens, temperature, top_k, top_p) -> None:
         raise GenerationError(f"top_p={top_p!r}; expected a number in (0, 1] (1 = no nucleus filter)")
 
 
+def _token_id_list(ids) -> list[int]:
+    """eos_token_ids as a list of ints (GenerationError for anything else)."""
+    try:
+        if isinstance(ids, (str, bytes)):
+            raise TypeError
+        items = list(ids)  # once: ids may be an iterator
+        if any(isinstance(t, bool) for t in items):
+            raise TypeError
+        return [operator.index(t) for t in items]
+    except TypeError:
+        raise GenerationError(f"eos_token_ids={ids!r}; expected a list of token ids (ints), or None for the "
+                              f"snapshot's") from None
+
+
+def check_seed(seed) -> None:
+    """The sampling seed: an integer that fits a 64-bit generator seed (GenerationError otherwise)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -2**63 <= seed < 2**64:
+        raise GenerationError(f"seed={seed!r}; expected an integer (a 64-bit seed)")
+
+
 @torch.inference_mode()
 def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, cuda_graph: bool | None = None, *, max_len: int | None = None,
-             eos_token_ids=None, stream: Callable[[int], None] | None = None) -> torch.Tensor:
+             eos_token_ids=None, stream: Callable[[int], None] | None = None,
+             status: Callable[[str], None] | None = None) -> torch.Tensor:
     """Generate up to max_new_tokens after input_ids; returns a LongTensor (CPU) of the new tokens.
 
     temperature 0 is greedy; top_k 0 and top_p 1 disable those filters. Generation stops after an EOS token
     (included in the result): `eos_token_ids` defaults to the snapshot's. `max_len` is the cache capacity
     (default: prompt + max_new_tokens); a prompt that does not fit raises. `stream(token_id)` is called for
-    each new token as it is produced. cuda_graph: None = on a GPU, replay each decode step from a captured step
-    (DecodeGraph).
+    each new token as it is produced; `status(phase)` before each phase of the warm-up (a progress display: on a GPU
+    the first call of each kernel compiles and tunes it). cuda_graph: None = on a GPU, replay each decode step from
+    a captured step (DecodeGraph).
     """
     check_sampling_args(max_new_tokens, temperature, top_k, top_p)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not -2**63 <= seed < 2**64:
-        raise GenerationError(f"seed={seed!r}; expected an integer (a 64-bit seed)")
+    check_seed(seed)
+    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
+        raise GenerationError(f"max_len={max_len!r}; expected a positive integer (the cache's capacity in tokens)")
+    if eos_token_ids is not None:
+        eos_token_ids = _token_id_list(eos_token_ids)
+    for name, fn in (("stream", stream), ("status", status)):
+        if fn is not None and not callable(fn):
+            raise GenerationError(f"{name}={fn!r}; expected a function of one argument, or None")
     ids = model.check_ids(input_ids)
     T = ids.numel()
-    capacity = T + max_new_tokens if max_len is None else int(max_len)
-    if T > capacity:
-        raise GenerationError(f"the prompt has {T} tokens but the cache holds max_len={capacity}; "
-                              f"shorten the prompt or raise max_len")
-    if T + max_new_tokens > capacity:
-        raise GenerationError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) = {T + max_new_tokens} exceeds the "
-                              f"cache's max_len={capacity}")
     limit = model.config.max_position_embeddings
-    if capacity > limit:
-        raise GenerationError(f"max_len={capacity} exceeds the model's max_position_embeddings={limit}")
+    if max_len is None:
+        if T + max_new_tokens > limit:
+            raise GenerationError(f"the prompt ({T} tokens) + max_new_tokens ({max_new_tokens}) = "
+                                  f"{T + max_new_tokens} exceeds the model's max_position_embeddings={limit}")
+        capacity = T + max_new_tokens
+    else:
+        capacity = max_len
+        if T > capacity:
+            raise GenerationError(f"the prompt has {T} tokens but the cache holds max_len={capacity}; "
+                                  f"shorten the prompt or raise max_len")
+        if T + max_new_tokens > capacity:
+            raise GenerationError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) = {T + max_new_tokens} exceeds "
+                                  f"the cache's max_len={capacity}")
+        if capacity > limit:
+            raise GenerationError(f"max_len={capacity} exceeds the model's max_position_embeddings={limit}")
     eos = set(model.config.eos_token_ids if eos_token_ids is None else eos_token_ids)
     if cuda_graph is None:
         cuda_graph = model.device.type == "cuda" and model.backend == "triton"
@@ -81,10 +116,13 @@ def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.
     sample = model.ops["sample"]
     cache = model.new_cache(capacity)
     runner = None
+    say = status or (lambda phase: None)
     if use_graph:  # captured before the prefill: its warm-up writes the cache, which it then resets
         from .graph import DecodeGraph
 
+        say("capturing the decode step (its warm-up compiles and tunes the decode kernels on their first run)")
         runner = DecodeGraph(model, cache, temperature, top_k, top_p, uniforms)
+    say(f"prefill of {T} tokens")
     # The prefill runs once per call, so it is launched eagerly: capturing it (graph.PrefillGraphs) costs a
     # warm-up step and a capture per bucket size, more than the launches it would save. The decode step
     # replays once per token and pays for its capture after a few tokens.
@@ -137,9 +175,13 @@ def main(argv=None) -> int:
     from . import load_model, load_tokenizer, runtime
     from .errors import QwenLabError
 
+    printed = False  # the prompt is on stdout: an error must start on a line of its own
+    bar = None
     try:
         check_sampling_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
-        print(runtime.choose(args.device, args.dtype).reason, file=sys.stderr)
+        check_seed(args.seed)
+        if args.backend == "triton":
+            print(runtime.choose(args.device, args.dtype).reason, file=sys.stderr)
         model = load_model(args.model, device=args.device, dtype=args.dtype, backend=args.backend)
         tok = load_tokenizer(args.model)
         text = args.prompt
@@ -148,16 +190,42 @@ def main(argv=None) -> int:
         ids = tok.encode(text)
         eos = list(tok.eos_token_ids) or list(model.config.eos_token_ids)
         decoder = tok.stream_decoder()
-        print(text, end="", flush=True)
+        limit = model.config.max_position_embeddings
+        if len(ids) + args.max_new_tokens > limit:
+            raise GenerationError(f"--max-new-tokens {args.max_new_tokens}: the prompt ({len(ids)} tokens) + "
+                                  f"{args.max_new_tokens} new tokens exceed the model's max_position_embeddings="
+                                  f"{limit}")
+        # On a GPU the first run compiles and tunes every kernel: a progress line on stderr until the first token,
+        # then the prompt and the stream (printed after the line is cleared, so that it does not overwrite them).
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc="warm-up", bar_format="{desc}: {postfix} [{elapsed}]", file=sys.stderr, leave=False,
+                   disable=not (model.device.type == "cuda" and model.backend == "triton"))
+
+        def show_prompt():
+            nonlocal printed
+            if not printed:
+                bar.close()
+                print(text, end="", flush=True)
+                printed = True
+
+        def on_token(t):
+            show_prompt()
+            print(decoder.push(t), end="", flush=True)
         t0 = time.perf_counter()
         new = generate(model, torch.tensor(ids), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                        cuda_graph=False if args.no_cuda_graph else None, eos_token_ids=eos,
-                       stream=lambda t: print(decoder.push(t), end="", flush=True))
+                       stream=on_token, status=bar.set_postfix_str)
+        show_prompt()  # no new token at all (--max-new-tokens 0)
         dt = time.perf_counter() - t0
         print(decoder.flush(), file=sys.stdout)
         print(f"[{len(new)} tokens in {dt:.2f} s, {len(new) / max(dt, 1e-9):.1f} tokens/s, {model}]", file=sys.stderr)
     except QwenLabError as e:
+        if bar is not None:
+            bar.close()
+        if printed:
+            print(flush=True)
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -23,7 +23,7 @@ import torch
 from . import reference, runtime
 from .cache import Cache
 from .config import LINEAR, Qwen35Config
-from .errors import GenerationError
+from .errors import ConfigError, DeviceError, GenerationError
 
 # operator -> the kernel module that implements it under backend="triton"
 KERNEL_MODULES = {
@@ -57,6 +57,11 @@ OPERATORS = tuple(KERNEL_MODULES)
 BACKENDS = ("torch", "triton")
 
 
+def _check_backend(backend) -> None:
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend={backend!r}; expected one of {BACKENDS}")
+
+
 def torch_ops() -> dict[str, Callable]:
     """The operator table of backend="torch": qwen_lab.reference."""
     return {name: getattr(reference, name) for name in OPERATORS}
@@ -78,15 +83,14 @@ class Qwen35Model:
     """A loaded Qwen3.5 text model: config, weights, an operator table, and the forward graph."""
 
     def __init__(self, config: Qwen35Config, weights, device=None, dtype=None, backend: str = "triton"):
-        if backend not in BACKENDS:
-            raise ValueError(f"backend={backend!r}; expected one of {BACKENDS}")
+        _check_backend(backend)
         self.config = config
         self.weights = weights
         self.runtime = runtime.choose(device, dtype)
         self.device, self.dtype = self.runtime.device, self.runtime.dtype
         if backend == "triton" and self.device.type == "cpu" and not self.runtime.interpreter:
-            raise RuntimeError("backend='triton' on a CPU needs the Triton interpreter: set TRITON_INTERPRET=1 "
-                               "before importing qwen_lab, or use backend='torch'")
+            raise DeviceError("backend='triton' on a CPU needs the Triton interpreter: set TRITON_INTERPRET=1 "
+                              "before importing qwen_lab, or use backend='torch'")
         self.backend = backend
         if backend == "torch":
             self.ops, self.fallbacks = torch_ops(), []
@@ -311,6 +315,7 @@ def load_model(source="tiny", device=None, dtype=None, backend: str = "triton") 
     """A snapshot directory, a preset ("tiny", "qwen3.5-0.8b") or a hub id -> a ready Qwen35Model."""
     from .weights import load_weights
 
+    _check_backend(backend)  # before the weights are read
     rt = runtime.choose(device, dtype)
     config, weights = load_weights(source, device=rt.device, dtype=rt.dtype)
     return Qwen35Model(config, weights, device=rt.device, dtype=rt.dtype, backend=backend)

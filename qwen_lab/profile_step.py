@@ -135,18 +135,28 @@ def tuned_picks() -> list[str]:
     return lines + [""]
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="qwen3.5-0.8b")
-    p.add_argument("--prefill-len", type=int, default=2048)
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--out", default=None)
-    args = p.parse_args()
+def main(argv=None) -> int:
+    from .errors import QwenLabError
+
+    p = argparse.ArgumentParser(prog="python -m qwen_lab.profile_step", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="qwen3.5-0.8b", help="a preset, snapshot directory or hub id "
+                                                          "(default: qwen3.5-0.8b)")
+    p.add_argument("--prefill-len", type=int, default=2048, help="tokens of the profiled prompt (default: 2048)")
+    p.add_argument("--reps", type=int, default=10, help="profiled replays of each graph (default: 10)")
+    p.add_argument("--out", default=None, help="write profile.json into this folder")
+    args = p.parse_args(argv)
+    for flag, value in (("--prefill-len", args.prefill_len), ("--reps", args.reps)):
+        if value < 1:
+            p.error(f"{flag} {value}: expected at least 1")
     if not torch.cuda.is_available():
         print("skipped: profiling the captured steps needs an NVIDIA GPU")
         return 0
     t0 = time.time()
-    model = qwen_lab.load_model(args.model, backend="triton")
+    try:
+        model = qwen_lab.load_model(args.model, backend="triton")
+    except QwenLabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     T = args.prefill_len
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (T,), generator=gen).to(model.device)

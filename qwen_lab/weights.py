@@ -382,7 +382,8 @@ def _download(repo_id: str, allow_patterns) -> Path:
             f"'{repo_id}' is not a local directory, and this machine could not fetch it from the Hugging Face hub "
             f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'no details'}). "
             f"Download it where there is a network, e.g. `hf download {repo_id} --local-dir DIR`, bring the "
-            "directory here and pass it instead: load_weights('DIR')") from None
+            "directory here and pass it instead (`--model DIR` on the command line, load_model('DIR') in "
+            "Python)") from None
 
 
 # ------------------------------------------------------------------ reading a snapshot

@@ -53,6 +53,32 @@ def test_prompt_longer_than_the_cache_raises(model):
         qwen_lab.generate(model, list(range(3)), max_new_tokens=5, max_len=4)
 
 
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(max_len="x"), "max_len='x'; expected a positive integer"),
+    (dict(max_len=2.5), "max_len=2.5"),
+    (dict(max_len=0), "max_len=0"),
+    (dict(eos_token_ids=5), "eos_token_ids=5; expected a list"),
+    (dict(eos_token_ids="ab"), "eos_token_ids='ab'"),
+    (dict(eos_token_ids=[1, True]), "eos_token_ids"),
+    (dict(stream=5), "stream=5; expected a function"),
+])
+def test_bad_keyword_arguments_raise_naming_the_argument(model, kwargs, fragment):
+    with pytest.raises(GenerationError, match=fragment):
+        qwen_lab.generate(model, [1, 2, 3], max_new_tokens=2, **kwargs)
+
+
+def test_eos_ids_may_come_from_an_iterator(model):
+    first = int(qwen_lab.generate(model, [1, 2, 3], max_new_tokens=1, eos_token_ids=())[0])
+    got = qwen_lab.generate(model, [1, 2, 3], max_new_tokens=5, eos_token_ids=iter([first]))
+    assert got.tolist() == [first]  # stopped at the first token: the iterator's id was kept
+
+
+def test_too_many_new_tokens_name_the_model_limit(model):
+    limit = model.config.max_position_embeddings
+    with pytest.raises(GenerationError, match=f"max_new_tokens \\({limit}\\).*max_position_embeddings={limit}"):
+        qwen_lab.generate(model, [1, 2, 3], max_new_tokens=limit)
+
+
 def test_forward_rejects_bad_ids_too(model):
     with pytest.raises(GenerationError, match="outside"):
         model.forward([0, 9999])
@@ -119,6 +145,26 @@ def test_cli_reports_bad_arguments_in_one_line():
     assert r.stderr.strip().splitlines()[-1].startswith("error: top_p=2")
 
 
+def test_cli_checks_the_length_and_the_seed_before_printing_the_prompt():
+    for args, fragment in ((("--max-new-tokens", "5000"), "error: --max-new-tokens 5000"),
+                           (("--seed", "99999999999999999999999"), "error: seed=")):
+        r = run_cli(*args, "--backend", "torch")
+        assert r.returncode == 2
+        assert r.stdout == ""  # nothing printed that the error would be glued to
+        assert r.stderr.strip().splitlines()[-1].startswith(fragment), r.stderr
+
+
+def test_load_model_checks_the_backend_before_reading_weights(monkeypatch):
+    from qwen_lab import weights
+    from qwen_lab.errors import ConfigError
+
+    def never(*args, **kwargs):
+        raise AssertionError("the weights were read before the backend was checked")
+    monkeypatch.setattr(weights, "load_weights", never)
+    with pytest.raises(ConfigError, match="backend='cuda'; expected one of"):
+        qwen_lab.load_model("tiny", backend="cuda")
+
+
 def test_interpreter_accepts_runtime_loop_bounds():
     """A kernel looping up to a runtime scalar (an argument, or a value loaded from memory) runs on the CPU too."""
     import triton
@@ -142,3 +188,11 @@ def test_interpreter_accepts_runtime_loop_bounds():
     out = torch.zeros(1, device=device)
     sum_kernel[(1,)](x, meta, out, 100, BLOCK=16)
     assert out.item() == 3 * 4950
+
+
+def test_status_reports_each_warm_up_phase(model):
+    phases = []
+    qwen_lab.generate(model, [1, 2, 3], max_new_tokens=2, status=phases.append)
+    assert phases == ["prefill of 3 tokens"]  # on a CPU there is no decode graph to capture
+    with pytest.raises(GenerationError, match="status=3; expected a function"):
+        qwen_lab.generate(model, [1, 2, 3], max_new_tokens=2, status=3)

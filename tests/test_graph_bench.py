@@ -111,6 +111,23 @@ def test_cli_rejects_bad_arguments_in_one_line(capsys):
     assert err.startswith("error: ") and "/no/such/snapshot" in err and "Traceback" not in err
 
 
+def test_cli_checks_rows_and_output_paths_before_the_run(capsys, monkeypatch, tmp_path):
+    from qwen_lab import bench, model
+    from qwen_lab.errors import ConfigError
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+    monkeypatch.setattr(model, "load_model", never)
+    for argv, fragment in ((["--rows", "bogus"], "invalid choice: 'bogus'"),
+                           (["--json", str(tmp_path / "no" / "x.json")], "--json"),
+                           (["--plot", str(tmp_path / "no" / "x.png")], "--plot")):
+        with pytest.raises(SystemExit) as exit_info:
+            bench.main(["--model", "tiny", *argv])
+        assert exit_info.value.code == 2 and fragment in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="unknown \\['bogus'\\]"):
+        bench.run("tiny", rows=["triton", "bogus"])
+
+
 def test_runtime_names_a_device_or_dtype_it_cannot_serve():
     from qwen_lab import runtime
     from qwen_lab.errors import DeviceError, QwenLabError

@@ -38,3 +38,11 @@ def test_tuned_picks_lists_each_autotuned_kernels_choice(profile_step, monkeypat
     lines = profile_step.tuned_picks()
     assert "  matmul_kernel [2048, 7168, 1024, True]: BLOCK_M: 128, JOIN" in lines
     assert "  flash_attention_kernel [4, 256, True]: BLOCK_M: 64" in lines
+
+
+def test_cli_rejects_bad_counts_in_one_line(profile_step, capsys):
+    for argv, fragment in ((["--reps", "0"], "--reps 0: expected at least 1"),
+                           (["--prefill-len", "-3"], "--prefill-len -3: expected at least 1")):
+        with pytest.raises(SystemExit) as exit_info:
+            profile_step.main(argv)
+        assert exit_info.value.code == 2 and fragment in capsys.readouterr().err
