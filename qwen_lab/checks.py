@@ -1,10 +1,13 @@
 """What the notebooks call to grade an exercise, and what the tests use to compare tensors.
 
-A check draws fresh random inputs, poisons every output buffer first (NaN for floats, a sentinel for
+A check draws fresh random inputs, poisons every output buffer first (a tagged NaN for floats, a sentinel for
 integers) so that a kernel that writes nothing cannot pass, runs the learner's function, proves that
 a Triton kernel really launched, and compares with the reference at a tolerance set by the dtype.
-A failure says what is wrong in words: which output, how many elements, the worst one and where,
-and a hint.
+The learner's function gets every tensor inside a larger guarded buffer with the case's own strides (NaN
+around and between the rows of inputs, a sentinel around outputs): an out-of-bounds store is reported
+instead of corrupting the process, and a load outside an input brings NaN into the output.
+A failure says what is wrong in words: which output, how many elements, the worst one and where, whether
+NaN was never written or computed, outputs returned in each other's place, and a hint.
 
     from qwen_lab import checks, reference
     checks.check_kernel("rms_norm", my_rms_norm, reference.rms_norm,
@@ -59,9 +62,30 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((o - r).norm() / r.norm().clamp_min(1e-30))
 
 
+# The NaN that poisons output buffers, as bit patterns of one payload per width. A NaN a kernel computes (0/0, or a
+# NaN read from around an input) has another payload, so `compare` can tell "never written" from "computed NaN".
+POISON_BITS = {torch.float64: 0x7FF8DEADDEADDEAD, torch.float32: 0x7FC0DEAD, torch.float16: 0x7E5A,
+               torch.bfloat16: 0x7FDA}
+_INT_OF = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _poison_mask(t: torch.Tensor) -> torch.Tensor | None:
+    """Where t still holds the float poison (None for dtypes without a poison pattern)."""
+    bits = POISON_BITS.get(t.dtype)
+    if bits is None:
+        return None
+    as_int = t.view(_INT_OF[t.element_size()])
+    signed = bits - (1 << 8 * t.element_size()) if bits >= 1 << (8 * t.element_size() - 1) else bits
+    return as_int == signed
+
+
 def poison_(t: torch.Tensor) -> torch.Tensor:
-    """Fill t so that any element a kernel forgets to write stands out (NaN, or -7777 for integers)."""
-    if t.is_floating_point():
+    """Fill t so that any element a kernel forgets to write stands out (a tagged NaN, or -7777 for integers)."""
+    bits = POISON_BITS.get(t.dtype)
+    if bits is not None:  # (a same-width integer view works for any strides)
+        signed = bits - (1 << 8 * t.element_size()) if bits >= 1 << (8 * t.element_size() - 1) else bits
+        t.view(_INT_OF[t.element_size()]).fill_(signed)
+    elif t.is_floating_point():
         t.fill_(float("nan"))
     else:
         t.fill_(INT_POISON)
@@ -101,18 +125,35 @@ def compare(name: str, out, ref, atol: float | None = None, rtol: float | None =
     default_atol, default_rtol = tolerance(ref.dtype)
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol
+    poisoned = _poison_mask(o)
     o, r = o.double(), r.double()
     nan_out = torch.isnan(o) & ~torch.isnan(r)
     if nan_out.any():
         n = int(nan_out.sum())
         idx = _fmt_index(int(nan_out.flatten().nonzero()[0]), o.shape)
-        why = ("the kernel never wrote them (outputs start as NaN: check the grid covers every block "
-               "and the store mask)") if n < numel else "every element is NaN: nothing was written, or a NaN spread"
+        unwritten = int((poisoned & nan_out).sum()) if poisoned is not None else None
+        never = ("never written (outputs start as NaN: check that the grid covers every block and the store "
+                 "mask)")
+        computed = ("computed as NaN (a load outside an input: strided inputs hold NaN between and around their "
+                    "rows; or 0/0, e.g. a missing eps)")
+        if unwritten is None:  # an output the check did not poison itself
+            why = ("the kernel never wrote them (outputs start as NaN: check the grid covers every block "
+                   "and the store mask), or computed NaN") if n < numel else \
+                "every element is NaN: nothing was written, or a NaN spread"
+        elif unwritten == n:
+            why = f"all {never}"
+        elif unwritten == 0:
+            why = (f"none holds the check's poison: {computed}, or never written in a buffer your function "
+                   f"allocated itself (torch.empty holds whatever was in memory)")
+        else:
+            why = f"{unwritten} still hold the poison, {never}; {n - unwritten} were {computed}"
         raise CheckFailed(f"{name}: {n} of {numel} elements are NaN, first at {idx}; {why}{tip}")
     inf_out = torch.isinf(o) & ~torch.isinf(r)
     if inf_out.any():
         idx = _fmt_index(int(inf_out.flatten().nonzero()[0]), o.shape)
-        raise CheckFailed(f"{name}: {int(inf_out.sum())} elements are infinite, first at {idx} (overflow?){tip}")
+        raise CheckFailed(f"{name}: {int(inf_out.sum())} elements are infinite, first at {idx} (an overflow, or a "
+                          f"load that read memory outside the inputs: check the load masks and the pointer "
+                          f"arithmetic){tip}")
     diff = (o - r).abs()
     finite = torch.isfinite(r)
     diff = torch.where(finite, diff, torch.zeros_like(diff))
@@ -125,10 +166,12 @@ def compare(name: str, out, ref, atol: float | None = None, rtol: float | None =
     idx = _fmt_index(flat, o.shape)
     cmp = Comparison(name, max_abs, max_rel, idx, int(bad.sum()), numel)
     if cmp.n_bad:
+        huge = (" Values this large usually come from memory outside the inputs: check the load masks."
+                if numel and float(o.abs().max()) > 1e6 * max(float(r.abs().max()), 1e-30) else "")
         raise CheckFailed(
             f"{name}: {cmp.n_bad} of {numel} elements differ from the reference beyond atol={atol:g}, "
             f"rtol={rtol:g}; worst at {idx}: got {o.flatten()[flat].item():.6g}, expected "
-            f"{r.flatten()[flat].item():.6g} (abs error {max_abs:.3g}){tip}")
+            f"{r.flatten()[flat].item():.6g} (abs error {max_abs:.3g}).{huge}{tip}")
     return cmp
 
 
@@ -167,6 +210,71 @@ def _clone_inputs(kwargs: dict) -> dict:
     return {k: _clone_keeping_strides(v) for k, v in kwargs.items()}
 
 
+def tip_of(hint: str) -> str:
+    return f"\n  hint: {hint}" if hint else ""
+
+
+def _matching_output(o, expected, j: int, atol, rtol) -> int | None:
+    """The index of another expected output that `o` matches, if any (a swap of two outputs)."""
+    for k, r in enumerate(expected):
+        if k == j or not isinstance(o, torch.Tensor) or not isinstance(r, torch.Tensor):
+            continue
+        if tuple(o.shape) == tuple(r.shape) and o.dtype == r.dtype:
+            try:
+                compare("", o, r, atol=atol, rtol=rtol)
+                return k
+            except CheckFailed:
+                pass
+    return None
+
+
+class _StridedGuard:
+    """A copy of a case's tensor with the case's own strides, placed inside a larger buffer: NaN (inputs) or a
+    sentinel (outputs) fills the margins on both sides and the gaps between strided rows. On a CPU the
+    interpreter's out-of-bounds store would otherwise corrupt the Python process (a crash with no message, the
+    "kernel died" of Jupyter), and on a GPU it would land in another tensor unnoticed."""
+
+    @staticmethod
+    def fits(t: torch.Tensor) -> bool:
+        # expanded (stride 0) and empty tensors are handed over as copies
+        return t.numel() > 0 and all(st > 0 for st, n in zip(t.stride(), t.shape) if n > 1) and t.dtype in _GUARDABLE
+
+    def __init__(self, src: torch.Tensor, output: bool):
+        shape, strides = tuple(src.shape), tuple(src.stride())
+        span = 1 + sum((n - 1) * st for n, st in zip(shape, strides))
+        margin = (span + 256 + 15) // 16 * 16  # at least the tensor again on each side; views stay 16-byte aligned
+        fill = GUARD_SENTINEL if output else GUARD_NAN
+        if not src.is_floating_point():
+            fill = INT_POISON if output else 0
+        self.buf = torch.full((2 * margin + span,), fill, dtype=src.dtype, device=src.device)
+        self.margin, self.span = margin, span
+        self.view = self.buf.as_strided(shape, strides, margin)
+        self.view.copy_(src)
+        inside = torch.zeros(self.buf.shape, dtype=torch.bool, device=src.device)
+        inside.as_strided(shape, strides, margin).fill_(True)
+        self.outside = ~inside
+        self.before = self.buf.clone()
+
+    def _changed(self) -> torch.Tensor:
+        bits = _BITS[self.buf.element_size()]
+        return (self.buf.view(bits) != self.before.view(bits)) & self.outside
+
+    def touched(self) -> int:
+        return int(self._changed().sum())
+
+    def where_touched(self) -> str:
+        at = self._changed().nonzero().flatten()
+        parts = []
+        before, after = int((at < self.margin).sum()), int((at >= self.margin + self.span).sum())
+        if before:
+            parts.append(f"{before} before its start")
+        if after:
+            parts.append(f"{after} past its end")
+        if len(at) - before - after:
+            parts.append(f"{len(at) - before - after} between its rows")
+        return ", ".join(parts)
+
+
 def _as_tuple(x):
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
@@ -188,7 +296,12 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
     for i, make in enumerate(cases):
         g = torch.Generator().manual_seed(seed + i)
         inputs = make(g)
-        ref_in, fn_in = _clone_inputs(inputs), _clone_inputs(inputs)
+        ref_in = _clone_inputs(inputs)
+        # the learner's function gets every tensor inside a guarded buffer (its strides kept): NaN around the
+        # inputs, a sentinel around the outputs, and any element outside a tensor that changes is reported
+        guards = {k: _StridedGuard(v, output=_is_output(k)) for k, v in inputs.items()
+                  if isinstance(v, torch.Tensor) and _StridedGuard.fits(v)}
+        fn_in = {k: guards[k].view if k in guards else _clone_keeping_strides(v) for k, v in inputs.items()}
         for key, value in fn_in.items():
             if _is_output(key) and isinstance(value, torch.Tensor):
                 poison_(value)
@@ -205,6 +318,13 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
             if stub is not None:  # an exercise stub, possibly wrapped by the Triton interpreter or compiler
                 raise stub
             raise CheckFailed(f"{where}: your function raised {type(e).__name__}: {e}") from e
+        for key, guard in guards.items():
+            n = guard.touched()
+            if n:
+                raise CheckFailed(
+                    f"{where}: the kernel wrote {n} element(s) outside '{key}' {tuple(guard.view.shape)} (in "
+                    f"{guard.where_touched()}): a tl.store whose mask lets lanes past the tensor's edge through, or "
+                    f"a wrong stride (every store needs a mask that covers each dim){tip_of(hint)}")
         if require_triton and sum(launches.values()) == 0:
             raise CheckFailed(f"{where}: no Triton kernel was launched; the exercise is to compute this with "
                               f"a @triton.jit kernel launched as kernel[grid](...)")
@@ -213,7 +333,14 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
             raise CheckFailed(f"{where}: returned {len(got)} value(s), expected {len(expected)}")
         for j, (o, r) in enumerate(zip(got, expected)):
             label = where if len(expected) == 1 else f"{where}, output {j}"
-            results.append(compare(label, o, r, atol=atol, rtol=rtol, hint=hint))
+            try:
+                results.append(compare(label, o, r, atol=atol, rtol=rtol, hint=hint))
+            except CheckFailed as failed:
+                other = _matching_output(o, expected, j, atol, rtol)
+                if other is None:
+                    raise
+                raise CheckFailed(f"{label}: matches the reference's output {other} instead: the outputs are "
+                                  f"swapped (returned, or stored into each other's buffer){tip_of(hint)}") from failed
         for key in inplace:
             results.append(compare(f"{where}, in-place '{key}'", fn_in[key], ref_in[key], atol=atol, rtol=rtol,
                                    hint=hint))
@@ -242,6 +369,7 @@ def finite_or_raise(name: str, t: torch.Tensor) -> None:
 
 GUARD_NAN, GUARD_SENTINEL = float("nan"), -7777.0
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+_GUARDABLE = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16)
 _tags = iter(range(1, 1 << 30))
 
 

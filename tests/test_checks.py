@@ -1,0 +1,86 @@
+"""qwen_lab.checks: what a learner's mistake looks like to check_kernel (Triton interpreter on a CPU, a real launch
+on a GPU). Each mistake must fail with a message that names it, never pass and never take the process down."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from qwen_lab import checks
+
+
+@triton.jit
+def _copy_kernel(x_ptr, out_ptr, n, stride_x, BLOCK: tl.constexpr, STORE_MASK: tl.constexpr,
+                 ROWS_APART: tl.constexpr):
+    # out[i] = x[i] for a 1-D x, or row 0 of a 2-D x read at stride_x (ROWS_APART) or assumed contiguous
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    if ROWS_APART:
+        v = tl.load(x_ptr + (offs // 8) * stride_x + offs % 8, mask=mask)
+    else:
+        v = tl.load(x_ptr + offs, mask=mask)
+    if STORE_MASK:
+        tl.store(out_ptr + offs, v, mask=mask)
+    else:
+        tl.store(out_ptr + offs, v)  # the classic mistake: lanes past n write past the end of out
+
+
+def _copy(x, out=None, store_mask=True, rows_apart=True, grid_blocks=None):
+    n = x.numel()
+    out = torch.empty(n, dtype=x.dtype, device=x.device) if out is None else out
+    blocks = triton.cdiv(n, 32) if grid_blocks is None else grid_blocks
+    _copy_kernel[(blocks,)](x, out, n, x.stride(0) if x.dim() == 2 else 1, BLOCK=32, STORE_MASK=store_mask,
+                            ROWS_APART=rows_apart and x.dim() == 2)
+    return out
+
+
+def _flat(x, out=None):
+    return x.reshape(-1).clone()
+
+
+def _case_1d(g):
+    return dict(x=checks.randn(50, g=g), out=torch.empty(50))
+
+
+def _case_strided(g):
+    return dict(x=checks.randn(5, 20, g=g)[:, 4:12], out=torch.empty(40))
+
+
+def test_a_correct_kernel_passes():
+    assert len(checks.check_kernel("copy", _copy, _flat, [_case_1d, _case_strided], quiet=True)) == 2
+
+
+def test_an_unmasked_store_past_the_end_is_reported_not_a_crash():
+    with pytest.raises(checks.CheckFailed, match="wrote 14 element\\(s\\) outside 'out' \\(50,\\) \\(in 14 past its end\\)"):
+        checks.check_kernel("copy", lambda x, out: _copy(x, out, store_mask=False), _flat, [_case_1d], quiet=True)
+
+
+def test_unwritten_elements_are_told_apart_from_computed_nan():
+    # one block too few: the tail keeps the poison
+    with pytest.raises(checks.CheckFailed, match="18 of 50 elements are NaN, first at \\(32,\\); all never written"):
+        checks.check_kernel("copy", lambda x, out: _copy(x, out, grid_blocks=1), _flat, [_case_1d], quiet=True)
+    # a strided input read as if its rows were contiguous: the kernel reads the NaN between the rows
+    with pytest.raises(checks.CheckFailed, match="elements are NaN.*computed as NaN \\(a load outside an input"):
+        checks.check_kernel("copy", lambda x, out: _copy(x, out, rows_apart=False), _flat, [_case_strided],
+                            quiet=True)
+
+
+def test_swapped_outputs_are_named():
+    def ref(x):
+        return x * 2, x + 1
+
+    def swapped(x):
+        a, b = ref(x)
+        return _copy(b), _copy(a)
+    with pytest.raises(checks.CheckFailed, match="output 0: matches the reference's output 1 instead"):
+        checks.check_kernel("pair", swapped, ref, [lambda g: dict(x=checks.randn(40, g=g))], quiet=True)
+
+
+def test_poison_survives_any_strides_and_compare_recognises_it():
+    out = checks.poison_(torch.empty(4, 9)[:, :5])
+    assert torch.isnan(out).all()
+    ref = torch.zeros(4, 5)
+    with pytest.raises(checks.CheckFailed, match="all never written"):
+        checks.compare("out", out, ref)
+    with pytest.raises(checks.CheckFailed, match="none holds the check's poison"):
+        checks.compare("out", torch.full((4, 5), float("nan")), ref)
