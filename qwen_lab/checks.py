@@ -16,6 +16,9 @@ NaN was never written or computed, outputs returned in each other's place, and a
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -135,7 +138,7 @@ def compare(name: str, out, ref, atol: float | None = None, rtol: float | None =
         never = ("never written (outputs start as NaN: check that the grid covers every block and the store "
                  "mask)")
         computed = ("computed as NaN (a load outside an input: strided inputs hold NaN between and around their "
-                    "rows; or 0/0, e.g. a missing eps)")
+                    "rows; or 0/0, e.g. a missing eps; or exp(-inf - (-inf)) in a row whose every entry is masked)")
         if unwritten is None:  # an output the check did not poison itself
             why = ("the kernel never wrote them (outputs start as NaN: check the grid covers every block "
                    "and the store mask), or computed NaN") if n < numel else \
@@ -168,11 +171,28 @@ def compare(name: str, out, ref, atol: float | None = None, rtol: float | None =
     if cmp.n_bad:
         huge = (" Values this large usually come from memory outside the inputs: check the load masks."
                 if numel and float(o.abs().max()) > 1e6 * max(float(r.abs().max()), 1e-30) else "")
+        factor = _common_factor(o, r, atol, rtol)
+        if factor is not None:
+            huge += f" Every element is the reference times {factor:.6g}: a missing or extra scale factor."
         raise CheckFailed(
             f"{name}: {cmp.n_bad} of {numel} elements differ from the reference beyond atol={atol:g}, "
             f"rtol={rtol:g}; worst at {idx}: got {o.flatten()[flat].item():.6g}, expected "
             f"{r.flatten()[flat].item():.6g} (abs error {max_abs:.3g}).{huge}{tip}")
     return cmp
+
+
+def _common_factor(o: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> float | None:
+    """c when o = c * r everywhere (c != 1), within the tolerance: a scale left out or applied twice."""
+    big = r.abs() > 10 * atol
+    if int(big.sum()) < 1 or o.numel() < 1:
+        return None
+    c = float((o[big] / r[big]).median())
+    if not torch.isfinite(torch.tensor(c)) or abs(c - 1) < 10 * rtol or c == 0:
+        return None
+    scaled = c * r
+    if bool(((o - scaled).abs() <= atol + rtol * scaled.abs()).all()):
+        return c
+    return None
 
 
 def _unfinished(e: BaseException) -> NotImplementedError | None:
@@ -210,6 +230,15 @@ def _clone_inputs(kwargs: dict) -> dict:
     return {k: _clone_keeping_strides(v) for k, v in kwargs.items()}
 
 
+def _describe(v) -> str:
+    """A non-tensor case argument, short: a number, a string, or a config by its name."""
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (int, str, bool)) or v is None:
+        return repr(v)
+    return getattr(v, "name", type(v).__name__)
+
+
 def tip_of(hint: str) -> str:
     return f"\n  hint: {hint}" if hint else ""
 
@@ -242,7 +271,9 @@ class _StridedGuard:
     def __init__(self, src: torch.Tensor, output: bool):
         shape, strides = tuple(src.shape), tuple(src.stride())
         span = 1 + sum((n - 1) * st for n, st in zip(shape, strides))
-        margin = (span + 256 + 15) // 16 * 16  # at least the tensor again on each side; views stay 16-byte aligned
+        # the tensor again on each side, and room for a whole block of rows past the last one (a store with no row
+        # mask writes BLOCK rows from the last block's start); views stay 16-byte aligned
+        margin = (span + 128 * max(strides, default=1) + 256 + 15) // 16 * 16
         fill = GUARD_SENTINEL if output else GUARD_NAN
         if not src.is_floating_point():
             fill = INT_POISON if output else 0
@@ -275,6 +306,49 @@ class _StridedGuard:
         return ", ".join(parts)
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_LIBRARY_DIRS = tuple({os.path.dirname(os.path.abspath(os.__file__)), _PACKAGE_DIR})
+
+
+def _learner_code(filename: str) -> bool:
+    """Whether a frame's file is the learner's (a notebook cell, a script, a test), not a library's."""
+    if filename.startswith("<frozen") or "site-packages" in filename or "dist-packages" in filename:
+        return False
+    return not os.path.abspath(filename).startswith(_LIBRARY_DIRS) if not filename.startswith("<") else True
+
+
+@contextlib.contextmanager
+def _guarded_allocations():
+    """While the block runs, `torch.empty` and `torch.empty_like` called from the learner's own code return a guarded,
+    poisoned buffer (as the check's own outputs are): a store past the end of a buffer the learner's wrapper made
+    is then reported (on a CPU it would corrupt the process) and an element never written shows as the poison.
+    Yields the list of guards, filled as the block allocates."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+    allocated: list[_StridedGuard] = []
+
+    def guard(t):
+        if not _StridedGuard.fits(t) or t.layout != torch.strided:
+            return t
+        g = _StridedGuard(t, output=True)
+        poison_(g.view)
+        allocated.append(g)
+        return g.view
+
+    def empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return guard(t) if kwargs.get("out") is None and _learner_code(sys._getframe(1).f_code.co_filename) else t
+
+    def empty_like(*args, **kwargs):
+        t = real_empty_like(*args, **kwargs)
+        return guard(t) if _learner_code(sys._getframe(1).f_code.co_filename) else t
+
+    torch.empty, torch.empty_like = empty, empty_like
+    try:
+        yield allocated
+    finally:
+        torch.empty, torch.empty_like = real_empty, real_empty_like
+
+
 def _as_tuple(x):
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
@@ -305,11 +379,12 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
         for key, value in fn_in.items():
             if _is_output(key) and isinstance(value, torch.Tensor):
                 poison_(value)
-        shapes = ", ".join(f"{k}={tuple(v.shape)}" for k, v in inputs.items() if isinstance(v, torch.Tensor))
+        shapes = ", ".join(f"{k}={tuple(v.shape)}" if isinstance(v, torch.Tensor) else f"{k}={_describe(v)}"
+                           for k, v in inputs.items() if not callable(v))
         where = f"{name} (case {i}: {shapes})"
         expected = _as_tuple(ref(**{k: v for k, v in ref_in.items() if not _is_output(k)}))
         try:
-            with count_launches() as launches:
+            with _guarded_allocations() as allocated, count_launches() as launches:
                 got = fn(**fn_in)
         except CheckFailed:
             raise
@@ -318,6 +393,13 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
             if stub is not None:  # an exercise stub, possibly wrapped by the Triton interpreter or compiler
                 raise stub
             raise CheckFailed(f"{where}: your function raised {type(e).__name__}: {e}") from e
+        for guard in allocated:
+            n = guard.touched()
+            if n:
+                raise CheckFailed(
+                    f"{where}: the kernel wrote {n} element(s) outside a buffer your function allocated "
+                    f"({tuple(guard.view.shape)}, {guard.where_touched()}): a tl.store whose mask lets lanes past the "
+                    f"edge through, or a wrong stride (every store needs a mask that covers each dim){tip_of(hint)}")
         for key, guard in guards.items():
             n = guard.touched()
             if n:
@@ -331,6 +413,10 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
         got = _as_tuple(got) if got is not None else ()
         if len(got) != len(expected):
             raise CheckFailed(f"{where}: returned {len(got)} value(s), expected {len(expected)}")
+        # the in-place arguments first: a wrong cache or state explains a wrong output, not the other way round
+        for key in inplace:
+            results.append(compare(f"{where}, in-place '{key}'", fn_in[key], ref_in[key], atol=atol, rtol=rtol,
+                                   hint=hint))
         for j, (o, r) in enumerate(zip(got, expected)):
             label = where if len(expected) == 1 else f"{where}, output {j}"
             try:
@@ -341,9 +427,6 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
                     raise
                 raise CheckFailed(f"{label}: matches the reference's output {other} instead: the outputs are "
                                   f"swapped (returned, or stored into each other's buffer){tip_of(hint)}") from failed
-        for key in inplace:
-            results.append(compare(f"{where}, in-place '{key}'", fn_in[key], ref_in[key], atol=atol, rtol=rtol,
-                                   hint=hint))
         if not quiet:
             worst = max((c.max_abs for c in results[-len(expected):]), default=0.0)
             kernels = ", ".join(sorted(launches)) or "none"

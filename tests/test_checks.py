@@ -84,3 +84,25 @@ def test_poison_survives_any_strides_and_compare_recognises_it():
         checks.compare("out", out, ref)
     with pytest.raises(checks.CheckFailed, match="none holds the check's poison"):
         checks.compare("out", torch.full((4, 5), float("nan")), ref)
+
+
+def test_a_store_past_a_buffer_the_function_allocated_is_reported_too():
+    # the exercises' wrappers allocate their outputs with torch.empty: those are guarded (and poisoned) as well
+    with pytest.raises(checks.CheckFailed, match="outside a buffer your function allocated \\(\\(50,\\), 14 past its end\\)"):
+        checks.check_kernel("copy", lambda x: _copy(x, store_mask=False), lambda x: x.clone(),
+                            [lambda g: dict(x=checks.randn(50, g=g))], quiet=True)
+    with pytest.raises(checks.CheckFailed, match="all never written"):
+        checks.check_kernel("copy", lambda x: _copy(x, grid_blocks=1), lambda x: x.clone(),
+                            [lambda g: dict(x=checks.randn(50, g=g))], quiet=True)
+    assert torch.empty(3).numel() == 3  # and torch.empty is itself again after the check
+
+
+def test_a_missing_scale_factor_is_named_and_the_case_shows_its_numbers():
+    def ref(x, scale):
+        return x * scale
+
+    def forgets_the_scale(x, scale):
+        return _copy(x)
+    with pytest.raises(checks.CheckFailed, match="case 0: x=\\(40,\\), scale=0.125\\).*reference times 8: a missing"):
+        checks.check_kernel("scaled", forgets_the_scale, ref, [lambda g: dict(x=checks.randn(40, g=g), scale=0.125)],
+                            quiet=True)
