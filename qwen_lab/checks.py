@@ -327,7 +327,7 @@ def _guarded_allocations():
     allocated: list[_StridedGuard] = []
 
     def guard(t):
-        if not _StridedGuard.fits(t) or t.layout != torch.strided:
+        if not _StridedGuard.fits(t) or t.layout != torch.strided or t.device.type not in ("cpu", "cuda"):
             return t
         g = _StridedGuard(t, output=True)
         poison_(g.view)
