@@ -306,15 +306,18 @@ class _StridedGuard:
         return ", ".join(parts)
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_LIBRARY_DIRS = tuple({os.path.dirname(os.path.abspath(os.__file__)), _PACKAGE_DIR})
+# qwen_lab's own files and Python's standard library (site-packages lies below it too)
+_LIBRARY_DIRS = tuple(os.path.join(d, "") for d in {os.path.dirname(os.path.abspath(__file__)),
+                                                     os.path.dirname(os.path.abspath(os.__file__))})
 
 
 def _learner_code(filename: str) -> bool:
     """Whether a frame's file is the learner's (a notebook cell, a script, a test), not a library's."""
     if filename.startswith("<frozen") or "site-packages" in filename or "dist-packages" in filename:
         return False
-    return not os.path.abspath(filename).startswith(_LIBRARY_DIRS) if not filename.startswith("<") else True
+    if filename.startswith("<"):  # a notebook cell, or code given to exec
+        return True
+    return not os.path.abspath(filename).startswith(_LIBRARY_DIRS)
 
 
 @contextlib.contextmanager
