@@ -146,8 +146,7 @@ def compare(name: str, out, ref, atol: float | None = None, rtol: float | None =
         elif unwritten == n:
             why = f"all {never}"
         elif unwritten == 0:
-            why = (f"none holds the check's poison: {computed}, or never written in a buffer your function "
-                   f"allocated itself (torch.empty holds whatever was in memory)")
+            why = f"none holds the check's poison: {computed}"
         else:
             why = f"{unwritten} still hold the poison, {never}; {n - unwritten} were {computed}"
         raise CheckFailed(f"{name}: {n} of {numel} elements are NaN, first at {idx}; {why}{tip}")
