@@ -256,53 +256,20 @@ def _matching_output(o, expected, j: int, atol, rtol) -> int | None:
     return None
 
 
-class _StridedGuard:
-    """A copy of a case's tensor with the case's own strides, placed inside a larger buffer: NaN (inputs) or a
-    sentinel (outputs) fills the margins on both sides and the gaps between strided rows. On a CPU the
-    interpreter's out-of-bounds store would otherwise corrupt the Python process (a crash with no message, the
-    "kernel died" of Jupyter), and on a GPU it would land in another tensor unnoticed."""
+def _guardable(t: torch.Tensor) -> bool:
+    """Whether check_kernel hands `t` over inside a GuardedTensor (expanded, empty and other tensors go as copies)."""
+    return (t.numel() > 0 and t.dtype in _GUARDABLE and t.layout == torch.strided
+            and t.device.type in ("cpu", "cuda") and all(st > 0 for st, n in zip(t.stride(), t.shape) if n > 1))
 
-    @staticmethod
-    def fits(t: torch.Tensor) -> bool:
-        # expanded (stride 0) and empty tensors are handed over as copies
-        return t.numel() > 0 and all(st > 0 for st, n in zip(t.stride(), t.shape) if n > 1) and t.dtype in _GUARDABLE
 
-    def __init__(self, src: torch.Tensor, output: bool):
-        shape, strides = tuple(src.shape), tuple(src.stride())
-        span = 1 + sum((n - 1) * st for n, st in zip(shape, strides))
-        # the tensor again on each side, and room for a whole block of rows past the last one (a store with no row
-        # mask writes BLOCK rows from the last block's start); views stay 16-byte aligned
-        margin = (span + 128 * max(strides, default=1) + 256 + 15) // 16 * 16
+def _guard(t: torch.Tensor, output: bool) -> "GuardedTensor":
+    """t inside a GuardedTensor with its own strides: NaN (0 for integers) around an input, the sentinel
+    (INT_POISON) around an output."""
+    if t.is_floating_point():
         fill = GUARD_SENTINEL if output else GUARD_NAN
-        if not src.is_floating_point():
-            fill = INT_POISON if output else 0
-        self.buf = torch.full((2 * margin + span,), fill, dtype=src.dtype, device=src.device)
-        self.margin, self.span = margin, span
-        self.view = self.buf.as_strided(shape, strides, margin)
-        self.view.copy_(src)
-        inside = torch.zeros(self.buf.shape, dtype=torch.bool, device=src.device)
-        inside.as_strided(shape, strides, margin).fill_(True)
-        self.outside = ~inside
-        self.before = self.buf.clone()
-
-    def _changed(self) -> torch.Tensor:
-        bits = _BITS[self.buf.element_size()]
-        return (self.buf.view(bits) != self.before.view(bits)) & self.outside
-
-    def touched(self) -> int:
-        return int(self._changed().sum())
-
-    def where_touched(self) -> str:
-        at = self._changed().nonzero().flatten()
-        parts = []
-        before, after = int((at < self.margin).sum()), int((at >= self.margin + self.span).sum())
-        if before:
-            parts.append(f"{before} before its start")
-        if after:
-            parts.append(f"{after} past its end")
-        if len(at) - before - after:
-            parts.append(f"{len(at) - before - after} between its rows")
-        return ", ".join(parts)
+    else:
+        fill = INT_POISON if output else 0
+    return GuardedTensor(t, fill, strides=t.stride())
 
 
 # qwen_lab's own files and Python's standard library (site-packages lies below it too)
@@ -326,12 +293,12 @@ def _guarded_allocations():
     is then reported (on a CPU it would corrupt the process) and an element never written shows as the poison.
     Yields the list of guards, filled as the block allocates."""
     real_empty, real_empty_like = torch.empty, torch.empty_like
-    allocated: list[_StridedGuard] = []
+    allocated: list[GuardedTensor] = []
 
     def guard(t):
-        if not _StridedGuard.fits(t) or t.layout != torch.strided or t.device.type not in ("cpu", "cuda"):
+        if not _guardable(t):
             return t
-        g = _StridedGuard(t, output=True)
+        g = _guard(t, output=True)
         poison_(g.view)
         allocated.append(g)
         return g.view
@@ -375,8 +342,8 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
         ref_in = _clone_inputs(inputs)
         # the learner's function gets every tensor inside a guarded buffer (its strides kept): NaN around the
         # inputs, a sentinel around the outputs, and any element outside a tensor that changes is reported
-        guards = {k: _StridedGuard(v, output=_is_output(k)) for k, v in inputs.items()
-                  if isinstance(v, torch.Tensor) and _StridedGuard.fits(v)}
+        guards = {k: _guard(v, output=_is_output(k)) for k, v in inputs.items()
+                  if isinstance(v, torch.Tensor) and _guardable(v)}
         fn_in = {k: guards[k].view if k in guards else _clone_keeping_strides(v) for k, v in inputs.items()}
         for key, value in fn_in.items():
             if _is_output(key) and isinstance(value, torch.Tensor):
@@ -467,24 +434,29 @@ def _tagged_nan_(buf):
 
 
 class GuardedTensor:
-    """A copy of `src` as a view into a bigger buffer filled with `fill`: every leading dim gets `pad` extra
-    elements of pitch, and a margin of at least 64 more rows lies on both sides.
+    """A copy of `src` as a view into a bigger buffer filled with `fill`, with a margin on both sides of at least
+    the tensor again plus 128 rows (a store with no row mask writes a whole block of rows past the last one).
+    The view has `strides` (check_kernel keeps a case's own), or by default contiguous rows with every leading dim
+    `pad` extra elements of pitch, so the gaps between rows are guarded too.
 
     The Triton interpreter runs kernels on CPU memory, where a load or store past a tensor's end lands in a
-    neighbouring allocation unnoticed while a GPU faults. Guarded tensors make such accesses visible on a CPU:
-    NaN around inputs (read, it reaches an output), a sentinel around outputs, and `touched()` counts every
-    element outside the view whose bits changed."""
+    neighbouring allocation unnoticed (or corrupts the process) while a GPU faults. Guarded tensors make such
+    accesses visible: NaN around inputs (read, it reaches an output), a sentinel around outputs, and `touched()`
+    counts every element outside the view whose bits changed."""
 
-    def __init__(self, src, fill, pad=3):
+    def __init__(self, src, fill, pad=3, strides=None):
         shape = tuple(src.shape)
-        strides = [1] * len(shape)
-        for d in range(len(shape) - 2, -1, -1):
-            strides[d] = shape[d + 1] * strides[d + 1] + pad
+        if strides is None:
+            strides = [1] * len(shape)
+            for d in range(len(shape) - 2, -1, -1):
+                strides[d] = shape[d + 1] * strides[d + 1] + pad
+        strides = tuple(strides)
         span = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
-        margin = (span + min(64 * strides[0], 1 << 16) + 256 + 15) // 16 * 16  # views stay 16-byte aligned
+        margin = (span + min(128 * max(strides, default=1), 1 << 17) + 256 + 15) // 16 * 16  # 16-byte aligned views
         self.buf = torch.full((2 * margin + span,), fill, dtype=src.dtype, device=src.device)
         if fill != fill:
             _tagged_nan_(self.buf)
+        self.margin, self.span = margin, span
         self.view = self.buf.as_strided(shape, strides, margin)
         self.view.copy_(src)
         inside = torch.zeros(self.buf.shape, dtype=torch.bool, device=src.device)
@@ -492,10 +464,21 @@ class GuardedTensor:
         self.outside = ~inside
         self.before = self.buf.clone()
 
+    def _changed(self) -> torch.Tensor:
+        bits = _BITS[self.buf.element_size()]  # compared as bit patterns, so NaN == NaN
+        return (self.buf.view(bits) != self.before.view(bits)) & self.outside
+
     def touched(self) -> int:
-        """How many elements outside the view changed (compared as bit patterns, so NaN == NaN)."""
-        bits = _BITS[self.buf.element_size()]
-        return int((self.buf.view(bits) != self.before.view(bits))[self.outside].sum())
+        """How many elements outside the view changed."""
+        return int(self._changed().sum())
+
+    def where_touched(self) -> str:
+        """Where the changed elements lie: before the view, past it, or between its rows."""
+        at = self._changed().nonzero().flatten()
+        before, after = int((at < self.margin).sum()), int((at >= self.margin + self.span).sum())
+        parts = [f"{before} before its start" if before else "", f"{after} past its end" if after else "",
+                 f"{len(at) - before - after} between its rows" if len(at) - before - after else ""]
+        return ", ".join(p for p in parts if p)
 
 
 def guarded_call(fn, args: dict, outputs=(), **kwargs) -> dict:

@@ -350,6 +350,22 @@ def deltanet_chunked(q, k, v, a, b, A_log, dt_bias, state, scale: float | None =
 # ---------------------------------------------------------------- sampling
 
 
+def kept_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: float):
+    """sample's filter: p = softmax(logits / temperature) [V] (temperature > 0) and the kept set, a bool [V] (see
+    `sample` for the order-free definitions of top-k and top-p). -> (p, keep)."""
+    p = torch.softmax(logits.float() / temperature, dim=-1)
+    asc = torch.sort(p).values
+    upper = torch.searchsorted(asc, p, right=True)  # number of tokens with probability <= p_i
+    n_greater = p.numel() - upper
+    mass_greater = asc.sum() - torch.cumsum(asc, 0)[upper - 1]
+    keep = torch.ones_like(p, dtype=torch.bool)
+    if top_k > 0:
+        keep &= n_greater < top_k
+    if top_p < 1.0:
+        keep &= mass_greater < top_p
+    return p, keep
+
+
 def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, uniform: torch.Tensor) -> torch.Tensor:
     """Draw one token from logits [V] with temperature, top-k and top-p (nucleus) filtering.
 
@@ -365,16 +381,7 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, u
     x = logits.float()
     if temperature == 0:
         return torch.argmax(x)
-    p = torch.softmax(x / temperature, dim=-1)
-    asc = torch.sort(p).values
-    upper = torch.searchsorted(asc, p, right=True)  # number of tokens with probability <= p_i
-    n_greater = p.numel() - upper
-    mass_greater = asc.sum() - torch.cumsum(asc, 0)[upper - 1]
-    keep = torch.ones_like(p, dtype=torch.bool)
-    if top_k > 0:
-        keep &= n_greater < top_k
-    if top_p < 1.0:
-        keep &= mass_greater < top_p
+    p, keep = kept_tokens(logits, temperature, top_k, top_p)
     kept = torch.where(keep, p, torch.zeros_like(p))
     cdf = torch.cumsum(kept, 0)
     target = uniform.float() * cdf[-1]
