@@ -33,8 +33,9 @@ if want tests; then
   # tuning the same shapes again (only the tests: the benchmarks tune for themselves, on a quiet GPU)
   # (a per-test limit where pytest-timeout is installed: one hung kernel then fails its test, not the whole run)
   per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 300")
-  TRITON_CACHE_AUTOTUNING=1 timeout ${TEST_TIMEOUT:-480} python3 -m pytest tests -q -p no:cacheprovider -n ${TEST_JOBS:-12} --dist load \
-      $per_test --tb=short -rfE --durations=15 -k "${TEST_FILTER:-}" > "$OUT/tests.txt" 2>&1
+  # (live_report: each failure goes to $OUT/failures.txt as it happens, so a run cut short still says what failed)
+  PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" TRITON_CACHE_AUTOTUNING=1 timeout ${TEST_TIMEOUT:-480} \
+      python3 -m pytest tests -q -p no:cacheprovider -p live_report -n ${TEST_JOBS:-12} --dist load $per_test --tb=short -rfE --durations=15 -k "${TEST_FILTER:-}" > "$OUT/tests.txt" 2>&1
   tail -n 3 "$OUT/tests.txt"  # a usage error (an option pytest does not know) shows here too
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | tail -n 40
 fi

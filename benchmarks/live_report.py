@@ -1,0 +1,22 @@
+"""A pytest plugin for the GPU session: each failure is written to $OUT/failures.txt the moment it is reported.
+
+pytest prints its failures only at the end of the run; a run stopped by the session's time limit would then say
+that tests failed but not which or why. With xdist the reports reach the controller, where this hook runs.
+
+    PYTHONPATH=benchmarks:$PYTHONPATH python3 -m pytest tests -p live_report ...
+"""
+
+import os
+
+LIMIT = 4000  # characters of each failure's report kept
+
+
+def pytest_runtest_logreport(report):
+    if not report.failed:
+        return
+    path = os.path.join(os.environ.get("OUT", "gpu_out"), "failures.txt")
+    text = report.longreprtext
+    if len(text) > LIMIT:
+        text = text[:LIMIT // 4] + "\n...\n" + text[-3 * LIMIT // 4:]
+    with open(path, "a") as f:
+        f.write(f"=== {report.nodeid} ({report.when})\n{text}\n\n")
