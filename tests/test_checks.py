@@ -6,7 +6,11 @@ import torch
 import triton
 import triton.language as tl
 
-from qwen_lab import checks
+from qwen_lab import checks, runtime
+
+# the cases' tensors live where the kernels run: the CPU under the interpreter, the GPU otherwise (a real launch
+# cannot read a CPU tensor)
+DEV = runtime.choose().device
 
 
 @triton.jit
@@ -39,11 +43,11 @@ def _flat(x, out=None):
 
 
 def _case_1d(g):
-    return dict(x=checks.randn(50, g=g), out=torch.empty(50))
+    return dict(x=checks.randn(50, g=g, device=DEV), out=torch.empty(50, device=DEV))
 
 
 def _case_strided(g):
-    return dict(x=checks.randn(5, 20, g=g)[:, 4:12], out=torch.empty(40))
+    return dict(x=checks.randn(5, 20, g=g, device=DEV)[:, 4:12], out=torch.empty(40, device=DEV))
 
 
 def test_a_correct_kernel_passes():
@@ -73,7 +77,7 @@ def test_swapped_outputs_are_named():
         a, b = ref(x)
         return _copy(b), _copy(a)
     with pytest.raises(checks.CheckFailed, match="output 0: matches the reference's output 1 instead"):
-        checks.check_kernel("pair", swapped, ref, [lambda g: dict(x=checks.randn(40, g=g))], quiet=True)
+        checks.check_kernel("pair", swapped, ref, [lambda g: dict(x=checks.randn(40, g=g, device=DEV))], quiet=True)
 
 
 def test_poison_survives_any_strides_and_compare_recognises_it():
@@ -90,10 +94,10 @@ def test_a_store_past_a_buffer_the_function_allocated_is_reported_too():
     # the exercises' wrappers allocate their outputs with torch.empty: those are guarded (and poisoned) as well
     with pytest.raises(checks.CheckFailed, match="outside a buffer your function allocated \\(\\(50,\\), 14 past its end\\)"):
         checks.check_kernel("copy", lambda x: _copy(x, store_mask=False), lambda x: x.clone(),
-                            [lambda g: dict(x=checks.randn(50, g=g))], quiet=True)
+                            [lambda g: dict(x=checks.randn(50, g=g, device=DEV))], quiet=True)
     with pytest.raises(checks.CheckFailed, match="all never written"):
         checks.check_kernel("copy", lambda x: _copy(x, grid_blocks=1), lambda x: x.clone(),
-                            [lambda g: dict(x=checks.randn(50, g=g))], quiet=True)
+                            [lambda g: dict(x=checks.randn(50, g=g, device=DEV))], quiet=True)
     assert torch.empty(3).numel() == 3  # and torch.empty is itself again after the check
 
 
@@ -104,5 +108,5 @@ def test_a_missing_scale_factor_is_named_and_the_case_shows_its_numbers():
     def forgets_the_scale(x, scale):
         return _copy(x)
     with pytest.raises(checks.CheckFailed, match="case 0: x=\\(40,\\), scale=0.125\\).*reference times 8: a missing"):
-        checks.check_kernel("scaled", forgets_the_scale, ref, [lambda g: dict(x=checks.randn(40, g=g), scale=0.125)],
-                            quiet=True)
+        checks.check_kernel("scaled", forgets_the_scale, ref,
+                            [lambda g: dict(x=checks.randn(40, g=g, device=DEV), scale=0.125)], quiet=True)
