@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything a GPU session checks, in one command on the device machine (the lease is short: one call).
 #   bash benchmarks/gpu_session.sh [all] [tests] [bench] [kernels] [profile] [probes] [notebooks]    results under $OUT (or ./gpu_out)
+#   TEST_SHARD=0/2 bash benchmarks/gpu_session.sh tests      (then 1/2 in the next call: half the test files each)
 # On a machine with two GPUs, run the timing targets on one and the tests and notebooks on the other:
 #   CUDA_VISIBLE_DEVICES=1 bash benchmarks/gpu_session.sh tests notebooks & CUDA_VISIBLE_DEVICES=0 bash benchmarks/gpu_session.sh bench profile
 set -u
@@ -33,9 +34,13 @@ if want tests; then
   # tuning the same shapes again (only the tests: the benchmarks tune for themselves, on a quiet GPU)
   # (a per-test limit where pytest-timeout is installed: one hung kernel then fails its test, not the whole run)
   per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 300")
+  # TEST_SHARD=i/n runs every n-th test file from the i-th (0-based): the whole suite takes ~8 minutes with 12
+  # workers, longer than one call's limit leaves beside anything else, so two calls can run it in halves.
+  # (More workers than 12 on 16 cores made compilation alone pass the per-test limit.)
+  files=$(ls tests/test_*.py | awk -v s="${TEST_SHARD:-0/1}" 'BEGIN { split(s, a, "/") } (NR - 1) % a[2] == a[1]')
   # (live_report: each failure goes to $OUT/failures.txt as it happens, so a run cut short still says what failed)
   PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" TRITON_CACHE_AUTOTUNING=1 timeout ${TEST_TIMEOUT:-480} \
-      python3 -m pytest tests -q -p no:cacheprovider -p live_report -n ${TEST_JOBS:-12} --dist load $per_test --tb=short -rfE --durations=15 -k "${TEST_FILTER:-}" > "$OUT/tests.txt" 2>&1
+      python3 -m pytest $files -q -p no:cacheprovider -p live_report -n ${TEST_JOBS:-12} --dist load $per_test --tb=short -rfE --durations=15 -k "${TEST_FILTER:-}" > "$OUT/tests.txt" 2>&1
   tail -n 3 "$OUT/tests.txt"  # a usage error (an option pytest does not know) shows here too
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | tail -n 40
 fi
@@ -44,9 +49,11 @@ if want profile; then
 fi
 if want probes; then
   # a prompt prefilled in bucket pieces against one prefill, every few-row split-K GEMV checked where it runs,
-  # and the prefill conv's tiles against forms with their weights in the tile's layout
+  # the prefill conv's tiles against forms with their weights in the tile's layout, and the prefill attention
+  # alone against the model's call
   timeout 150 python3 benchmarks/probe_prefill_graphs.py 77 2>&1 | tee "$OUT/probe_prefill.txt"
   timeout 120 python3 benchmarks/probe_conv.py 2>&1 | tee "$OUT/probe_conv.txt"
+  timeout 120 python3 benchmarks/probe_attention.py 2>&1 | tee "$OUT/probe_attention.txt"
 fi
 if want notebooks; then
   timeout ${NB_TIMEOUT:-500} python3 benchmarks/run_notebooks.py solutions/*.ipynb 2>&1 | tee "$OUT/notebooks.txt"
