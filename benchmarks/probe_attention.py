@@ -9,7 +9,9 @@ CUDA Graph, with every tile of the autotuner's list forced in turn, then as the 
 - `gate`: the same with the sigmoid gate read from a [T, 8, 512] view, as the model's fused projection lays it out;
 - `model`: q, K, V and the gate as the model hands them over: K and V a layer of a cache with room for more tokens
   than the prompt ([L, 2, 256] of a [layers, L, 2, 256] buffer), the gate a view of the [T, 5120] projection;
-- `model+rope`: the model's q/k norm, RoPE and cache write launched before it in the same graph (PDL as in the model).
+- `model+rope`: the model's q/k norm, RoPE and cache write launched before it in the same graph (PDL as in the model);
+- `gate_apart`: the `model` case with the gate applied by `sigmoid_gate` after an attention without it (session 10
+  measured the epilogue at 10.7 us per call: a separate pass over 12 MB may cost less).
 """
 
 import argparse
@@ -50,6 +52,7 @@ def main() -> int:
     kc[1, :T].copy_(k), vc[1, :T].copy_(v)
     qn, kn = rnd(D).float().mul(0.1).to(bf), rnd(D).float().mul(0.1).to(bf)
     out = torch.empty(T, Hq, D, device=dev, dtype=bf)
+    ungated = torch.empty_like(out)
     qr = torch.empty_like(out)
     qr.copy_(rope.qk_norm_rope_cache(mq, mk, mv, qn, kn, cfg.rms_norm_eps, pos, cfg.rotary_dim, cfg.rope_theta,
                                      kc[1], vc[1]))
@@ -61,6 +64,8 @@ def main() -> int:
         "model+rope": [lambda: rope.qk_norm_rope_cache(mq, mk, mv, qn, kn, cfg.rms_norm_eps, pos, cfg.rotary_dim,
                                                        cfg.rope_theta, kc[1], vc[1], out=qr),
                        lambda: attention.attention(qr, kc[1], vc[1], pos, out=out, gate=mgate)],
+        "gate_apart": [lambda: attention.attention(qr, kc[1], vc[1], pos, out=ungated),
+                       lambda: attention.sigmoid_gate(ungated, mgate, out=out)],
     }
     print(f"T={T} Hq={Hq} Hkv={Hkv} D={D}, cache {args.cache} rows; us per graph replay of the case's calls")
     for c in attention._PREFILL_CONFIGS + [None]:
