@@ -69,24 +69,29 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 # NaN read from around an input) has another payload, so `compare` can tell "never written" from "computed NaN".
 POISON_BITS = {torch.float64: 0x7FF8DEADDEADDEAD, torch.float32: 0x7FC0DEAD, torch.float16: 0x7E5A,
                torch.bfloat16: 0x7FDA}
+# the signed integer type of each float width: float bit patterns are written and compared through such a view
 _INT_OF = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _poison_int(t: torch.Tensor) -> int | None:
+    """t's poison pattern as a value of its same-width signed integer view (None: no poison pattern)."""
+    bits = POISON_BITS.get(t.dtype)
+    if bits is None:
+        return None
+    width = 8 * t.element_size()
+    return bits - (1 << width) if bits >= 1 << (width - 1) else bits
 
 
 def _poison_mask(t: torch.Tensor) -> torch.Tensor | None:
     """Where t still holds the float poison (None for dtypes without a poison pattern)."""
-    bits = POISON_BITS.get(t.dtype)
-    if bits is None:
-        return None
-    as_int = t.view(_INT_OF[t.element_size()])
-    signed = bits - (1 << 8 * t.element_size()) if bits >= 1 << (8 * t.element_size() - 1) else bits
-    return as_int == signed
+    signed = _poison_int(t)
+    return None if signed is None else t.view(_INT_OF[t.element_size()]) == signed
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:
     """Fill t so that any element a kernel forgets to write stands out (a tagged NaN, or -7777 for integers)."""
-    bits = POISON_BITS.get(t.dtype)
-    if bits is not None:  # (a same-width integer view works for any strides)
-        signed = bits - (1 << 8 * t.element_size()) if bits >= 1 << (8 * t.element_size() - 1) else bits
+    signed = _poison_int(t)
+    if signed is not None:  # (a same-width integer view works for any strides)
         t.view(_INT_OF[t.element_size()]).fill_(signed)
     elif t.is_floating_point():
         t.fill_(float("nan"))
@@ -105,7 +110,7 @@ def compare(name: str, out, ref, atol: float | None = None, rtol: float | None =
     Checks in order: it is a tensor, the shape, the dtype, unwritten (NaN) or infinite elements,
     then values within atol + rtol * |ref|. Integer tensors must match exactly.
     """
-    tip = f"\n  hint: {hint}" if hint else ""
+    tip = _tip(hint)
     if not isinstance(out, torch.Tensor):
         raise CheckFailed(f"{name}: expected a torch.Tensor, got {type(out).__name__}{tip}")
     if tuple(out.shape) != tuple(ref.shape):
@@ -238,7 +243,8 @@ def _describe(v) -> str:
     return getattr(v, "name", type(v).__name__)
 
 
-def tip_of(hint: str) -> str:
+def _tip(hint: str) -> str:
+    """The hint line that ends a failure message (nothing without a hint)."""
     return f"\n  hint: {hint}" if hint else ""
 
 
@@ -362,20 +368,16 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
             if stub is not None:  # an exercise stub, possibly wrapped by the Triton interpreter or compiler
                 raise stub
             raise CheckFailed(f"{where}: your function raised {type(e).__name__}: {e}") from e
-        for guard in allocated:
+        # stray stores: into the margins of a buffer the learner's wrapper allocated, or of a case's tensor
+        strays = [(f"a buffer your function allocated ({tuple(g.view.shape)}, ", g) for g in allocated]
+        strays += [(f"'{key}' {tuple(g.view.shape)} (in ", g) for key, g in guards.items()]
+        for what, guard in strays:
             n = guard.touched()
             if n:
                 raise CheckFailed(
-                    f"{where}: the kernel wrote {n} element(s) outside a buffer your function allocated "
-                    f"({tuple(guard.view.shape)}, {guard.where_touched()}): a tl.store whose mask lets lanes past the "
-                    f"edge through, or a wrong stride (every store needs a mask that covers each dim){tip_of(hint)}")
-        for key, guard in guards.items():
-            n = guard.touched()
-            if n:
-                raise CheckFailed(
-                    f"{where}: the kernel wrote {n} element(s) outside '{key}' {tuple(guard.view.shape)} (in "
-                    f"{guard.where_touched()}): a tl.store whose mask lets lanes past the tensor's edge through, or "
-                    f"a wrong stride (every store needs a mask that covers each dim){tip_of(hint)}")
+                    f"{where}: the kernel wrote {n} element(s) outside {what}{guard.where_touched()}): a tl.store "
+                    f"whose mask lets lanes past the edge through, or a wrong stride (every store needs a mask that "
+                    f"covers each dim){_tip(hint)}")
         if require_triton and sum(launches.values()) == 0:
             raise CheckFailed(f"{where}: no Triton kernel was launched; the exercise is to compute this with "
                               f"a @triton.jit kernel launched as kernel[grid](...)")
@@ -395,7 +397,7 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
                 if other is None:
                     raise
                 raise CheckFailed(f"{label}: matches the reference's output {other} instead: the outputs are "
-                                  f"swapped (returned, or stored into each other's buffer){tip_of(hint)}") from failed
+                                  f"swapped (returned, or stored into each other's buffer){_tip(hint)}") from failed
         if not quiet:
             worst = max((c.max_abs for c in results[-len(expected):]), default=0.0)
             kernels = ", ".join(sorted(launches)) or "none"
@@ -420,7 +422,6 @@ def finite_or_raise(name: str, t: torch.Tensor) -> None:
 # ---------------------------------------------------------------- guard regions
 
 GUARD_NAN, GUARD_SENTINEL = float("nan"), -7777.0
-_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 _GUARDABLE = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16)
 _tags = iter(range(1, 1 << 30))
 
@@ -430,7 +431,7 @@ def _tagged_nan_(buf):
     (a load past one end, then a store past another) then shows as a changed bit pattern."""
     tag = next(_tags) % 63 + 1
     pattern = {2: 0x7FC0 | tag, 4: 0x7FC00000 | (tag << 8), 8: 0x7FF8000000000000 | (tag << 20)}
-    buf.view(_BITS[buf.element_size()]).fill_(pattern[buf.element_size()])
+    buf.view(_INT_OF[buf.element_size()]).fill_(pattern[buf.element_size()])
 
 
 class GuardedTensor:
@@ -465,7 +466,7 @@ class GuardedTensor:
         self.before = self.buf.clone()
 
     def _changed(self) -> torch.Tensor:
-        bits = _BITS[self.buf.element_size()]  # compared as bit patterns, so NaN == NaN
+        bits = _INT_OF[self.buf.element_size()]  # compared as bit patterns, so NaN == NaN
         return (self.buf.view(bits) != self.before.view(bits)) & self.outside
 
     def touched(self) -> int:
