@@ -136,16 +136,17 @@ def cases():
     out.append(("qk_norm_rope_cache", lambda: compile_case(
         rope.qk_norm_rope_cache_kernel, rope_meta, {"pos_ptr": "*i64", "inv_freq_ptr": "*fp32", "eps": "fp32"})))
     Dk, Dv = C.linear_key_head_dim, C.linear_value_head_dim
-    prep_types = {"g_ptr": "*fp32", "beta_ptr": "*fp32", "gcum_ptr": "*fp32", "scale": "fp32", "eps": "fp32"}
+    prep_types = {"g_ptr": "*fp32", "beta_ptr": "*fp32", "gcum_ptr": "*fp32", "ready_ptr": "*i32", "scale": "fp32", "eps": "fp32"}
     for c in deltanet.autotune_configs("chunk_prep_kernel"):
         for fused in (False, True):  # the gates given, or computed from the raw a, b (deltanet_chunked)
-            meta = dict(c.kwargs, BT=64, BK=Dk, BDV=Dv, MERGES=5, PREC="ieee", INV_PREC="ieee", FUSED_GATES=fused)
+            meta = dict(c.kwargs, BT=64, BK=Dk, BDV=Dv, MERGES=5, PREC="ieee", INV_PREC="ieee", FUSED_GATES=fused,
+                        GROUP=deltanet.SCAN_GROUP)
             types = dict(prep_types, g_ptr="*bf16", beta_ptr="*bf16", A_log_ptr="*fp32") if fused else prep_types
             out.append((f"chunk_prep fused_gates={fused} {c}", lambda meta=meta, c=c, types=types: compile_case(
                 deltanet.chunk_prep_kernel, meta, types, c.num_warps, c.num_stages)))
-    scan_types = {"gcum_ptr": "*fp32", "state_ptr": "*fp32"}
+    scan_types = {"gcum_ptr": "*fp32", "state_ptr": "*fp32", "ready_ptr": "*i32"}
     for c in deltanet.autotune_configs("chunk_scan_kernel", Dv=Dv):
-        meta = dict(c.kwargs, BT=64, BK=Dk, PREC="ieee")
+        meta = dict(c.kwargs, BT=64, BK=Dk, PREC="ieee", GROUP=deltanet.SCAN_GROUP)
         out.append((f"chunk_scan {c}", lambda meta=meta, c=c: compile_case(
             deltanet.chunk_scan_kernel, meta, scan_types, c.num_warps, c.num_stages)))
     conv_types = {"state_ptr": "*fp32", "A_log_ptr": "*fp32", "dt_bias_ptr": "*bf16", "ticket_ptr": "*i32",

@@ -145,6 +145,47 @@ def test_chunked_ragged_dims_and_chunk_128(rt):
                         seed=5, inplace=("state",), quiet=True, **_chunked_tol(rt))
 
 
+def test_chunked_leaves_the_scan_counters_at_zero(rt, gen):
+    """On a GPU the scan waits for the prep's chunks through counters that every call must leave at zero: one
+    left full would let the next call's scan read a chunk before its prep had written it. Ten chunks make two
+    groups of deltanet.SCAN_GROUP; the counters are checked before and after two calls. (Heads of 64: on a GPU
+    narrower ones take the recurrent kernel.)"""
+    T = 9 * 64 + 5
+    d = _delta_inputs(T, 1, 2, 64, 64, gen, rt.dtype, rt.device)
+    counters = deltanet._tickets(rt.device, 2 * (T // 64 + 2))
+    assert T // 64 + 1 > deltanet.SCAN_GROUP and int(counters.count_nonzero()) == 0
+    for _ in range(2):
+        delta_rule_chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"])
+        left = counters.nonzero().flatten().tolist()
+        assert not left, f"the scan left counters {left} non-zero"
+
+
+@pytest.mark.gpu
+def test_gpu_scan_beside_the_prep_reads_only_finished_chunks(rt, gen, monkeypatch):
+    """Under PDL the scan runs beside the prep's last programs and waits for each group of chunks. Two prompts
+    alternate through one workspace, so a chunk read before its prep wrote it holds the other prompt's values:
+    every output must equal, bit for bit, the same call without PDL (no overlap)."""
+    Hk = Hv = QWEN35_0_8B.linear_num_value_heads
+    Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
+    T = 2048
+    cases = [_fused_gates_case(T, Hk, Hv, Dk, Dv, gen, rt)[0] for _ in range(2)]
+    ws = deltanet.chunk_workspace(T, Hv, Dk, Dv, rt.dtype, rt.device)
+    start = [c["state"].clone() for c in cases]
+
+    def run(i):
+        cases[i]["state"].copy_(start[i])
+        return deltanet_chunked(**cases[i], workspace=ws).clone(), cases[i]["state"].clone()
+
+    monkeypatch.setenv("QWEN_LAB_PDL", "0")
+    want = [run(0), run(1)]
+    monkeypatch.setenv("QWEN_LAB_PDL", "1")
+    for rep in range(20):
+        i = rep % 2
+        o, state = run(i)
+        assert torch.equal(o, want[i][0]) and torch.equal(state, want[i][1]), (
+            f"call {rep} (prompt {i}) differs from the same call without PDL: the scan read a chunk too early")
+
+
 def _hf_inputs(d, rep):
     """transformers' layout: a batch dim, q/k repeated to the value heads, the state [1, Hv, Dk, Dv]."""
     q, k = (x.float().repeat_interleave(rep, dim=1)[None] for x in (d["q"], d["k"]))

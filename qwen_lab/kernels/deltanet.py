@@ -76,6 +76,11 @@ EPS = 1e-6  # l2norm epsilon of q and k inside the delta rule (as in the referen
 INTERPRET = runtime.interpreter_active()  # fixed at import: the kernels below are defined for one mode
 # Below this head dim the chunked kernels are not used on a GPU (see delta_rule_chunked).
 CHUNKED_MIN_HEAD_DIM = 64
+# The scan waits for the prep once per this many chunks (see chunk_scan_kernel)
+SCAN_GROUP = 8
+# Under PDL the scan is launched beside the prep's last programs; False launches it after the whole prep (the
+# form before, kept for benchmarks/probe_scan_overlap.py)
+SCAN_BESIDE_PREP = True
 
 
 _CONFIGS = {}   # kernel name -> (its GPU autotuning configs, their pruning function)
@@ -394,18 +399,18 @@ _PREP_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]
 @_tuned(_PREP_CONFIGS, key=["Dk", "Dv", "BT", "BK", "BDV", "FUSED_GATES"])
 @triton.jit(do_not_specialize=["T"])
 def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
-                      qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr,
+                      qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr,
                       T, Tp, Dk, Dv, REP, scale, eps,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                       stride_gt, stride_gh, stride_bt, stride_bh,
                       BT: tl.constexpr, BK: tl.constexpr, BDV: tl.constexpr, MERGES: tl.constexpr,
-                      PREC: tl.constexpr, INV_PREC: tl.constexpr, FUSED_GATES: tl.constexpr = False,
-                      USE_PDL: tl.constexpr = False):
+                      PREC: tl.constexpr, INV_PREC: tl.constexpr, GROUP: tl.constexpr,
+                      FUSED_GATES: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
         gdc_wait()
         gdc_launch_dependents()
-    c = tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(0)  # heads fastest: the programs start chunk by chunk, in the order the scan needs them
+    c = tl.program_id(1)
     hk = h // REP
     rows_ws = h.to(tl.int64) * Tp + c * BT + tl.arange(0, BT)   # this chunk's rows of the workspace [Hv, Tp, .]
     DT = qg_ptr.dtype.element_ty                                 # the matmul operand dtype (the workspace's)
@@ -466,6 +471,12 @@ def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_p
     w = tl.dot(X_op, (k.to(tl.float32) * (beta * tl.exp(G))[:, None]).to(DT), input_precision=PREC)
     tl.store(w_ptr + k_tile, w.to(DT), mask=mask_k[None, :])
 
+    # ---- chunk c of head h is ready: count it in its group's counter, which the scan may already be polling
+    #      (see chunk_scan_kernel). The barrier makes every thread's stores above happen before the one release
+    #      that publishes them.
+    tl.debug_barrier()
+    tl.atomic_add(ready_ptr + h * (Tp // BT + 1) + 1 + c // GROUP, 1, sem="release", scope="gpu")
+
 
 # (BV, warps, stages): narrow BV gives more programs, wide BV reads each W, q, k tile fewer times
 _SCAN_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
@@ -478,14 +489,17 @@ _SCAN_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
 # away and the loads, the transposed k tile and the dots are scheduled without the software pipeline) and for
 # T == 1. Every failure seen on the H200 ran such a variant (a fault at T = 1, garbage at T = 64), while the
 # looped kernel was right for 77, 300 and 2048 tokens; now every length runs the looped kernel.
-@_tuned(_SCAN_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK"], restore=("state_ptr",), prune=_prune_bv)
+@_tuned(_SCAN_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK"], restore=("state_ptr", "ready_ptr"), prune=_prune_bv)
 @triton.jit(do_not_specialize=["T", "n_chunks"])
-def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, state_ptr, out_ptr,
+def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr, state_ptr, out_ptr,
                       T, Tp, n_chunks, Hv, Dk, Dv, stride_sh, stride_sk, stride_ot, stride_oh,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                      USE_PDL: tl.constexpr = False):
-    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
-        gdc_wait()
+                      GROUP: tl.constexpr, USE_PDL: tl.constexpr = False):
+    # Under PDL the scan starts once every prep program has started, not once they have all finished. So there
+    # is no gdc_wait here (everything before the prep is complete by then: each prep program waited for it);
+    # the scan waits for the prep's chunks through the `ready` counters instead, and runs beside the prep's last
+    # programs. Without PDL (and under the interpreter) the prep has finished and the counters are already full.
+    if USE_PDL:
         gdc_launch_dependents()
     h = tl.program_id(0)
     offs_k = tl.arange(0, BK)
@@ -496,27 +510,41 @@ def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, state_ptr
     s_mask = mask_k[:, None] & mask_v[None, :]
     S = tl.load(s_ptrs, mask=s_mask, other=0.0)
     i = tl.arange(0, BT)
-    # Only the last line of the loop depends on the previous chunk; the loads of the next chunk's tiles do
-    # not, so the compiler can prefetch them (num_stages) while this chunk's matmuls run.
-    for c in range(n_chunks):
-        ws = h.to(tl.int64) * Tp + c * BT + i                  # workspace rows of chunk c
-        k_tile = ws[:, None] * Dk + offs_k[None, :]
-        w = tl.load(w_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-        u = tl.load(u_ptr + ws[:, None] * Dv + offs_v[None, :], mask=mask_v[None, :], other=0.0).to(tl.float32)
-        qg = tl.load(qg_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-        aqk = tl.load(aqk_ptr + ws[:, None] * BT + i[None, :])
-        kd = tl.load(kd_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-        G_last = tl.load(gcum_ptr + h.to(tl.int64) * Tp + c * BT + BT - 1)
-        S_op = S.to(w.dtype)
-        v_new = u - tl.dot(w, S_op, input_precision=PREC)                 # V' = U - W S0
-        o = tl.dot(qg, S_op, input_precision=PREC)                        # (q exp(G)) S0
-        o = tl.dot(aqk, v_new.to(aqk.dtype), o, input_precision=PREC)     # + tril(q k^T exp(G_i - G_j)) V'
-        rows = (c * BT + i).to(tl.int64)
-        tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_v[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=(rows < T)[:, None] & mask_v[None, :])
-        # S1 = exp(G_C) S0 + (k exp(G_C - G))^T V'
-        S = tl.dot(tl.trans(kd), v_new.to(kd.dtype), S * tl.exp(G_last), input_precision=PREC)
+    counters = ready_ptr + h * (Tp // BT + 1)   # [programs done, chunks ready in group 0, in group 1, ...]
+    for c0 in range(0, n_chunks, GROUP):
+        c1 = tl.minimum(c0 + GROUP, n_chunks)
+        # wait until the prep has published chunks c0 .. c1-1 (an acquire: their stores are visible after it)
+        ready = tl.atomic_add(counters + 1 + c0 // GROUP, 0, sem="acquire", scope="gpu")
+        while ready < c1 - c0:
+            ready = tl.atomic_add(counters + 1 + c0 // GROUP, 0, sem="acquire", scope="gpu")
+        # A group of chunks per wait: inside it the software pipeline (num_stages) loads the next chunks' tiles
+        # while this chunk's matmuls run; only the last line depends on the previous chunk. (A wait inside this
+        # loop would keep the pipeline from issuing any load before it.)
+        for c in range(c0, c1):
+            ws = h.to(tl.int64) * Tp + c * BT + i                  # workspace rows of chunk c
+            k_tile = ws[:, None] * Dk + offs_k[None, :]
+            w = tl.load(w_ptr + k_tile, mask=mask_k[None, :], other=0.0)
+            u = tl.load(u_ptr + ws[:, None] * Dv + offs_v[None, :], mask=mask_v[None, :], other=0.0).to(tl.float32)
+            qg = tl.load(qg_ptr + k_tile, mask=mask_k[None, :], other=0.0)
+            aqk = tl.load(aqk_ptr + ws[:, None] * BT + i[None, :])
+            kd = tl.load(kd_ptr + k_tile, mask=mask_k[None, :], other=0.0)
+            G_last = tl.load(gcum_ptr + h.to(tl.int64) * Tp + c * BT + BT - 1)
+            S_op = S.to(w.dtype)
+            v_new = u - tl.dot(w, S_op, input_precision=PREC)                 # V' = U - W S0
+            o = tl.dot(qg, S_op, input_precision=PREC)                        # (q exp(G)) S0
+            o = tl.dot(aqk, v_new.to(aqk.dtype), o, input_precision=PREC)     # + tril(q k^T exp(G_i - G_j)) V'
+            rows = (c * BT + i).to(tl.int64)
+            tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_v[None, :],
+                     o.to(out_ptr.dtype.element_ty), mask=(rows < T)[:, None] & mask_v[None, :])
+            # S1 = exp(G_C) S0 + (k exp(G_C - G))^T V'
+            S = tl.dot(tl.trans(kd), v_new.to(kd.dtype), S * tl.exp(G_last), input_precision=PREC)
     tl.store(s_ptrs, S, mask=s_mask)
+    # the last of the head's Dv / BV programs to finish clears its counters for the next call (every program of
+    # the head has passed every wait by then)
+    done = tl.atomic_add(counters, 1, sem="relaxed", scope="gpu")
+    last = done == tl.num_programs(1) - 1
+    for g in range(0, tl.cdiv(n_chunks, GROUP) + 1):
+        tl.store(counters + g, 0, mask=last)
 
 
 # ---------------------------------------------------------------- launchers
@@ -672,23 +700,29 @@ def deltanet_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: t
     return _recurrent_launch(q, k, v, a, b, A_log, dt_bias, state, scale, out, fused=True)
 
 
-_TICKETS: dict = {}  # device -> int32 counters of conv_decode_step_kernel, zero between launches
+_TICKETS: dict = {}  # device -> int32 counters (conv_decode_step_kernel, chunk_scan_kernel), zero between launches
+_TICKETS_KEPT: list = []  # buffers outgrown, which a captured graph may still read
 
 
 def _tickets(device, n: int) -> torch.Tensor:
-    """At least n zeroed int32 counters on `device`, allocated once (each launch leaves them at zero again).
+    """At least n zeroed int32 counters on `device`, allocated once (each launch leaves them at zero again): the
+    tickets of the fused decode step and the chunk scan's `ready` counters, which never run at the same time.
 
     Allocated on the first call, which must not be inside a CUDA Graph capture: memory allocated there would
-    belong to the graph's pool (graph.capture warms every kernel up outside the capture first). The counters are
-    shared by every launch on the device, so two fused decode steps must not run concurrently on two streams.
+    belong to the graph's pool (graph.capture warms every kernel up outside the capture first). A longer prompt
+    may need a bigger buffer later; the smaller one is kept, since a captured graph may still use it. The
+    counters are shared by every launch on the device, so two DeltaNet layers must not run concurrently on two
+    streams.
     """
     key = device_key(device)
     buf = _TICKETS.get(key)
     if buf is None or buf.numel() < n:
         if key.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise KernelError("deltanet_conv_decode_step: its counters are allocated on the first call, which "
-                              "must come before CUDA Graph capture (run the step once to warm it up)")
-        buf = _TICKETS[key] = torch.zeros(max(n, 64), dtype=torch.int32, device=key)
+            raise KernelError("deltanet: its counters are allocated on the first call of a length, which must come "
+                              "before CUDA Graph capture (run the call once to warm it up)")
+        if buf is not None:
+            _TICKETS_KEPT.append(buf)
+        buf = _TICKETS[key] = torch.zeros(max(n, 4096), dtype=torch.int32, device=key)
     return buf
 
 
@@ -836,19 +870,22 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
     # fp32 operands: exact fp32 products ("ieee"). bf16 operands ignore the setting, except in the inverse's
     # merges, whose fp32 tiles then use tf32 (10-bit mantissa; the result is rounded to bf16 right after).
     prec = "ieee" if ws.qg.dtype == torch.float32 else "tf32"
-    _launch(chunk_prep_kernel, (n_chunks, Hv), (
-        q, k, v, g, beta, A_log, dt_bias, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, T, Tw, Dk, Dv, Hv // Hk, scale,
-        EPS,
+    # the counters through which the scan waits for the prep, [Hv, chunks + 1] at the workspace's pitch
+    ready = _tickets(q.device, Hv * (Tw // chunk_size + 1))
+    _launch(chunk_prep_kernel, (Hv, n_chunks), (
+        q, k, v, g, beta, A_log, dt_bias, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, T, Tw, Dk, Dv, Hv // Hk,
+        scale, EPS,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1)),
         dict(BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 2).bit_length() - 1, PREC=prec, INV_PREC=prec,
-             FUSED_GATES=fused, **pdl_options(q.device)),
+             GROUP=SCAN_GROUP, FUSED_GATES=fused, **pdl_options(q.device)),
         dict(num_warps=4))
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
     _launch(chunk_scan_kernel, grid, (
-        ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, state, out, T, Tw, n_chunks, Hv, Dk, Dv,
+        ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, state, out, T, Tw, n_chunks, Hv, Dk, Dv,
         state.stride(0), state.stride(1), out.stride(0), out.stride(1)),
-        dict(BT=chunk_size, BK=BK, PREC=prec, **pdl_options(q.device)), dict(BV=min(32, BDV), num_warps=4))
+        dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=SCAN_GROUP, **(pdl_options(q.device) if SCAN_BESIDE_PREP else {})),
+        dict(BV=min(32, BDV), num_warps=4))
     return out
 
 
