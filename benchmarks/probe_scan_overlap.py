@@ -69,6 +69,10 @@ def main() -> int:
         r = bench.bench_qwen_lab(model, T, 32, graph=True, gen=torch.Generator().manual_seed(0))
         print(f"model, scan beside the prep={beside}: prefill {r['prefill_ms']:.3f} ms, decode {r['decode_ms']:.4f} ms "
               f"per token", flush=True)
+    from qwen_lab.kernels import gemm
+    for key, config in gemm.matmul_kernel.cache.items():
+        if True in key:  # the SwiGLU GEMM's entries (SWIGLU is in the key)
+            print("SwiGLU GEMM pick:", key, config, flush=True)
     return 0 if same else 1
 
 
