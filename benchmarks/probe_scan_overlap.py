@@ -71,7 +71,7 @@ def main() -> int:
               f"per token", flush=True)
     from qwen_lab.kernels import gemm
     for key, config in gemm.matmul_kernel.cache.items():
-        if True in key:  # the SwiGLU GEMM's entries (SWIGLU is in the key)
+        if key[3] is True:  # the SwiGLU GEMM's entries (the key: M_BUCKET, N, K, SWIGLU, TMA_OK, dtypes)
             print("SwiGLU GEMM pick:", key, config, flush=True)
     return 0 if same else 1
 
