@@ -53,8 +53,8 @@ def main() -> int:
         results.setdefault(beside, []).append((us, outs[0].clone(), states[0].clone()))
         for s, s0 in zip(states, start):
             s.copy_(s0)
-        print(f"deltanet_chunked, T={T}, {layers} calls in a graph, scan beside the prep={beside}: {us:.2f} us per call",
-              flush=True)
+        print(f"deltanet_chunked, T={T}, {layers} calls in a graph, scan beside the prep={beside}: "
+              f"{us:.2f} us per call", flush=True)
     same = all(torch.equal(results[True][i][1], results[False][0][1]) and
                torch.equal(results[True][i][2], results[False][0][2]) for i in range(2))
     print(f"outputs and states of the two ways bitwise equal: {same}")

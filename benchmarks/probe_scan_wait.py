@@ -4,7 +4,8 @@
 
 Cases: deltanet_chunked at Qwen3.5-0.8B's shapes, eager and in a CUDA Graph, with PDL on and off, at several
 prompt lengths and with each scan configuration forced; then the random-weight model's prefill, eager and through
-PrefillGraphs. Each prints `done` with the counters left non-zero; a case past its limit (35 s, the model's 90 s) prints TIMEOUT.
+PrefillGraphs. Each prints `done` with the counters left non-zero; a case past its limit (35 s, the model's
+90 s) prints TIMEOUT.
 """
 
 import os

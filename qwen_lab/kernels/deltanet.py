@@ -40,13 +40,18 @@ Everything but the last three lines is independent of S0, so it runs in parallel
 the state update is sequential, one matmul-sized step per chunk instead of per token.
 
 Chunked kernels (two launches; on a GPU, heads narrower than CHUNKED_MIN_HEAD_DIM take the recurrent kernel):
-- `chunk_prep_kernel`, grid (chunks, Hv): G, what the scan reads (q exp(G), k exp(G_C - G), the intra-chunk
-  attention tril(q k^T exp(G_i - G_j))), and the UT transform U, W. A^-1 is built by doubling: the 2 x 2
-  diagonal blocks of I + L are inverted exactly (I - L there), then neighbouring blocks are merged while their
-  size doubles (2 -> 4 -> ... -> 64): [[P, 0], [M, Q]]^-1 = [[P^-1, 0], [-Q^-1 M P^-1, Q^-1]], two matmuls per
-  merge. Results go to a workspace [Hv, T padded, .].
+- `chunk_prep_kernel`, grid (Hv, chunks), heads fastest (its programs start chunk by chunk): G, what the scan
+  reads (q exp(G), k exp(G_C - G), the intra-chunk attention tril(q k^T exp(G_i - G_j))), and the UT transform
+  U, W. A^-1 is built by doubling: the 2 x 2 diagonal blocks of I + L are inverted exactly (I - L there), then
+  neighbouring blocks are merged while their size doubles (2 -> 4 -> ... -> 64):
+  [[P, 0], [M, Q]]^-1 = [[P^-1, 0], [-Q^-1 M P^-1, Q^-1]], two matmuls per merge. Results go to a workspace
+  [Hv, T padded, .].
 - `chunk_scan_kernel`, grid (Hv, Dv / BV): carries its [Dk, BV] slice of S through the chunks in order
-  (V', O and S1 above: four matmuls per chunk), writes O, and the final state in place.
+  (V', O and S1 above: four matmuls per chunk), writes O, and the final state in place. Under programmatic
+  dependent launch it starts once the prep's last programs have started, not once they have finished: each prep
+  program adds its chunk to a counter per head and group of SCAN_GROUP chunks (a release, after a barrier), and
+  the scan polls that counter (an acquire) before each group, so it runs beside the end of the prep. The last
+  scan program of a head clears its counters, which live in a small zeroed buffer kept per device.
 The tail of the last chunk is padded with k = v = 0, beta = 0 and g = 0, so it changes neither O nor S.
 `deltanet_chunked` (the model's prefill) passes the raw projections a, b instead of g, beta: the prep computes the
 gates of its rows itself (FUSED_GATES), and no gates kernel runs before it.
