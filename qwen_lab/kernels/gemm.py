@@ -147,13 +147,11 @@ def _matmul_configs(swiglu: bool = False):
         # JOIN: the gate and up rows of a tile arrive in one [2, BLOCK_N, BLOCK_K] TMA tile and meet x in one
         # BLOCK_M x 2 BLOCK_N product (one m64n256 tensor-core instruction instead of two m64n128). Persistent only:
         # on the H200 the persistent JOIN candidates took the SwiGLU prefill GEMM from 60 to 51 us, the one-tile
-        # JOIN form measured the same as the two-product one (docs/perf-log.md). The half-size tiles are there
-        # for the waves: 0.8B's gate/up at 2048 tokens has 16 x 28 = 448 tiles of 128 x 128 outputs, 3.4 per SM,
-        # so the fourth round of tiles keeps only 40% of the SMs busy; halved tiles make 6.8 rounds.
+        # JOIN form measured the same as the two-product one (docs/perf-log.md). Half-size JOIN tiles (64 x 128,
+        # 128 x 64: 6.8 rounds of tiles per SM at 2048 tokens instead of 3.4) were slower there and were removed.
         configs += [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "TMA": True,
                                    "PERSIST": True, "JOIN": True}, num_stages=s, num_warps=w)
-                    for bm, bn, bk, s, w in [(128, 128, 64, 3, 8), (128, 128, 64, 4, 8), (64, 128, 64, 4, 4),
-                                             (64, 128, 64, 4, 8), (128, 64, 64, 4, 8)]]
+                    for bm, bn, bk, s, w in [(128, 128, 64, 3, 8), (128, 128, 64, 4, 8)]]
     return configs
 
 
