@@ -160,6 +160,17 @@ def test_chunked_leaves_the_scan_counters_at_zero(rt, gen):
         assert not left, f"the scan left counters {left} non-zero"
 
 
+def test_scan_counters_are_not_inference_tensors(rt, monkeypatch):
+    """The first call may come under torch.inference_mode() (the model's generation does); the counters it
+    allocates are later restored with copy_ by the scan's GPU autotuner, perhaps outside that mode, which PyTorch
+    refuses for an inference tensor (the H200 raised it while capturing prefill graphs)."""
+    monkeypatch.setattr(deltanet, "_TICKETS", {})
+    with torch.inference_mode():
+        counters = deltanet._tickets(rt.device, 10)
+    assert not counters.is_inference()
+    counters.copy_(torch.zeros_like(counters))  # what the autotuner's restore does, outside inference mode
+
+
 @pytest.mark.gpu
 def test_gpu_scan_beside_the_prep_reads_only_finished_chunks(rt, gen, monkeypatch):
     """Under PDL the scan runs beside the prep's last programs and waits for each group of chunks. Two prompts

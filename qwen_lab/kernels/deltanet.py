@@ -727,7 +727,10 @@ def _tickets(device, n: int) -> torch.Tensor:
                               "before CUDA Graph capture (run the call once to warm it up)")
         if buf is not None:
             _TICKETS_KEPT.append(buf)
-        buf = _TICKETS[key] = torch.zeros(max(n, 4096), dtype=torch.int32, device=key)
+        # never an inference tensor (as one made by a first call under torch.inference_mode() would be): the scan's
+        # autotuner restores the counters with copy_, which PyTorch refuses on such a tensor outside that mode
+        with torch.inference_mode(False):
+            buf = _TICKETS[key] = torch.zeros(max(n, 4096), dtype=torch.int32, device=key)
     return buf
 
 
