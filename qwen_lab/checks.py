@@ -178,11 +178,65 @@ def compare(name: str, out, ref, atol: float | None = None, rtol: float | None =
         factor = _common_factor(o, r, atol, rtol)
         if factor is not None:
             huge += f" Every element is the reference times {factor:.6g}: a missing or extra scale factor."
+        else:
+            huge += _where_wrong(bad) + _misplaced(o, r, bad, atol, rtol)
         raise CheckFailed(
             f"{name}: {cmp.n_bad} of {numel} elements differ from the reference beyond atol={atol:g}, "
             f"rtol={rtol:g}; worst at {idx}: got {o.flatten()[flat].item():.6g}, expected "
             f"{r.flatten()[flat].item():.6g} (abs error {max_abs:.3g}).{huge}{tip}")
     return cmp
+
+
+def _ranges(indices: list[int], most: int = 4) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8' (the first `most` runs, then '...')."""
+    runs = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = [f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:most]]
+    return ", ".join(text) + (", ..." if len(runs) > most else "")
+
+
+def _where_wrong(bad: torch.Tensor) -> str:
+    """Where the wrong elements lie, for each dim along which they are confined to some of its indices: rows
+    from 64 on point at a second tile, heads 4-7 at a head mapping, the last columns at a mask."""
+    parts = []
+    for d in range(bad.dim()):
+        n = bad.shape[d]
+        hit = bad.movedim(d, 0).reshape(n, -1).any(1)
+        k = int(hit.sum())
+        if n > 1 and 0 < k < n:
+            parts.append(f"dim {d} at {_ranges(hit.nonzero().flatten().tolist())} (of {n})")
+    return f" The wrong elements lie only in {'; '.join(parts)}." if parts else ""
+
+
+def _misplaced(o: torch.Tensor, r: torch.Tensor, bad: torch.Tensor, atol: float, rtol: float,
+               most_slices: int = 64) -> str:
+    """Slices of the output (along a dim of at most `most_slices` indices) that hold another index's reference:
+    the right values at the wrong place, e.g. a query head reading the wrong KV head, or rows swapped."""
+    if o.numel() > 1 << 22:
+        return ""
+    for d in range(o.dim()):
+        n = o.shape[d]
+        if not 1 < n <= most_slices:
+            continue
+        wrong = bad.movedim(d, 0).reshape(n, -1).any(1).nonzero().flatten().tolist()
+        found = {}
+        for i in wrong:
+            oi = o.select(d, i)
+            for j in range(n):
+                rj = r.select(d, j)
+                if j != i and bool(((oi - rj).abs() <= atol + rtol * rj.abs()).all()):
+                    found[i] = j
+                    break
+        if found and len(found) == len(wrong):
+            more = ", ..." if len(found) > 6 else ""
+            return (f" Along dim {d} the output's indices {', '.join(str(i) for i in list(found)[:6])}{more} hold "
+                    f"the reference's {', '.join(str(j) for j in list(found.values())[:6])}{more}: right values at "
+                    f"the wrong index (which head, row or block does each program read or write?).")
+    return ""
 
 
 def _common_factor(o: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> float | None:

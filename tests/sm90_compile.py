@@ -136,7 +136,8 @@ def cases():
     out.append(("qk_norm_rope_cache", lambda: compile_case(
         rope.qk_norm_rope_cache_kernel, rope_meta, {"pos_ptr": "*i64", "inv_freq_ptr": "*fp32", "eps": "fp32"})))
     Dk, Dv = C.linear_key_head_dim, C.linear_value_head_dim
-    prep_types = {"g_ptr": "*fp32", "beta_ptr": "*fp32", "gcum_ptr": "*fp32", "ready_ptr": "*i32", "scale": "fp32", "eps": "fp32"}
+    prep_types = {"g_ptr": "*fp32", "beta_ptr": "*fp32", "gcum_ptr": "*fp32", "ready_ptr": "*i32", "scale": "fp32",
+                  "eps": "fp32"}
     for c in deltanet.autotune_configs("chunk_prep_kernel"):
         for fused in (False, True):  # the gates given, or computed from the raw a, b (deltanet_chunked)
             meta = dict(c.kwargs, BT=64, BK=Dk, BDV=Dv, MERGES=5, PREC="ieee", INV_PREC="ieee", FUSED_GATES=fused,

@@ -110,3 +110,45 @@ def test_a_missing_scale_factor_is_named_and_the_case_shows_its_numbers():
     with pytest.raises(checks.CheckFailed, match="case 0: x=\\(40,\\), scale=0.125\\).*reference times 8: a missing"):
         checks.check_kernel("scaled", forgets_the_scale, ref,
                             [lambda g: dict(x=checks.randn(40, g=g, device=DEV), scale=0.125)], quiet=True)
+
+
+@triton.jit
+def _head_copy_kernel(x_ptr, out_ptr, D: tl.constexpr, GROUP: tl.constexpr, N_KV: tl.constexpr,
+                      WRONG_MAP: tl.constexpr):
+    # out[h] = x[h // GROUP]: each query head reads its KV head (grouped-query attention's mapping)
+    h = tl.program_id(0)
+    kv = h % N_KV if WRONG_MAP else h // GROUP  # the classic mistake: the KV heads taken in turn
+    offs = tl.arange(0, D)
+    tl.store(out_ptr + h * D + offs, tl.load(x_ptr + kv * D + offs))
+
+
+def _heads(x, wrong_map=False, group=4):
+    out = torch.empty(x.shape[0] * group, x.shape[1], dtype=x.dtype, device=x.device)
+    _head_copy_kernel[(out.shape[0],)](x, out, D=x.shape[1], GROUP=group, N_KV=x.shape[0], WRONG_MAP=wrong_map)
+    return out
+
+
+def test_a_wrong_head_mapping_is_located_and_named():
+    # 2 KV heads, 8 query heads: with h % 2 the heads 1, 3, 4 and 6 read the wrong KV head; the check says which
+    # heads are wrong and that their values are another head's
+    case = [lambda g: dict(x=checks.randn(2, 16, g=g, device=DEV))]
+    ref = lambda x: x.repeat_interleave(4, dim=0)  # noqa: E731
+    assert len(checks.check_kernel("heads", _heads, ref, case, quiet=True)) == 1
+    with pytest.raises(checks.CheckFailed, match="only in dim 0 at 1, 3-4, 6 \\(of 8\\).*the output's indices 1, "
+                                                 "3, 4, 6 hold the reference's 4, 4, 0, 0: right values at the wrong"):
+        checks.check_kernel("heads", lambda x: _heads(x, wrong_map=True), ref, case, quiet=True)
+
+
+def test_wrong_elements_confined_to_some_rows_or_columns_are_located():
+    ref = torch.randn(16, 8)
+    tail = ref.clone()
+    tail[8:] += 1.0  # a second tile of rows computed wrongly
+    with pytest.raises(checks.CheckFailed, match="lie only in dim 0 at 8-15 \\(of 16\\)\\.$"):
+        checks.compare("out", tail, ref)
+    cols = ref.clone()
+    cols[:, [1, 2, 6]] = 0.0  # some columns masked off
+    with pytest.raises(checks.CheckFailed, match="lie only in dim 1 at 1-2, 6 \\(of 8\\)"):
+        checks.compare("out", cols, ref)
+    with pytest.raises(checks.CheckFailed) as everywhere:
+        checks.compare("out", ref + 1.0 + ref.abs(), ref)
+    assert "lie only" not in str(everywhere.value) and "wrong index" not in str(everywhere.value)
