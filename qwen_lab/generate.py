@@ -116,18 +116,25 @@ def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.
     sample = model.ops["sample"]
     cache = model.new_cache(capacity)
     runner = None
-    say = status or (lambda phase: None)
-    if use_graph:  # captured before the prefill: its warm-up writes the cache, which it then resets
-        from .graph import DecodeGraph
+    # without a `status` of the caller's, a progress line of its own where the warm-up is long (a notebook's first
+    # generate() on a GPU compiles and tunes every kernel for a minute or more), gone once the first token is drawn
+    line = status_line(model) if status is None else None
+    say = status or (line.set_postfix_str if line is not None else (lambda phase: None))
+    try:
+        if use_graph:  # captured before the prefill: its warm-up writes the cache, which it then resets
+            from .graph import DecodeGraph
 
-        say("capturing the decode step (its warm-up compiles and tunes the decode kernels on their first run)")
-        runner = DecodeGraph(model, cache, temperature, top_k, top_p, uniforms)
-    say(f"prefill of {T} tokens")
-    # The prefill runs once per call, so it is launched eagerly: capturing it (graph.PrefillGraphs) costs a
-    # warm-up step and a capture per bucket size, more than the launches it would save. The decode step
-    # replays once per token and pays for its capture after a few tokens.
-    logits = model.step(ids, torch.arange(T, device=device), cache)[-1]
-    token = sample(logits, temperature, top_k, top_p, uniforms[0]).reshape(1)
+            say("capturing the decode step (its warm-up compiles and tunes the decode kernels on their first run)")
+            runner = DecodeGraph(model, cache, temperature, top_k, top_p, uniforms)
+        say(f"prefill of {T} tokens")
+        # The prefill runs once per call, so it is launched eagerly: capturing it (graph.PrefillGraphs) costs a
+        # warm-up step and a capture per bucket size, more than the launches it would save. The decode step
+        # replays once per token and pays for its capture after a few tokens.
+        logits = model.step(ids, torch.arange(T, device=device), cache)[-1]
+        token = sample(logits, temperature, top_k, top_p, uniforms[0]).reshape(1)
+    finally:
+        if line is not None:
+            line.close()
     position = torch.tensor([T], device=device)
     if runner is not None:
         runner.prime(token, T, 1)
@@ -149,6 +156,17 @@ def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.
             token = sample(logits, temperature, top_k, top_p, uniforms[n + 1]).reshape(1)
             position += 1
     return torch.cat(out).cpu()
+
+
+def status_line(model):
+    """A one-line progress display on stderr for generate()'s warm-up ("warm-up, <phase> [elapsed]"; set the phase
+    with .set_postfix_str, remove it with .close()) where it is long: the course's Triton kernels on a GPU, whose
+    first calls compile and tune. None elsewhere (on a CPU the interpreter starts at once)."""
+    if not (model.device.type == "cuda" and model.backend == "triton"):
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(desc="warm-up", bar_format="{desc}{postfix} [{elapsed}]", file=sys.stderr, leave=False)
 
 
 def main(argv=None) -> int:
@@ -197,15 +215,13 @@ def main(argv=None) -> int:
                                   f"{limit}")
         # On a GPU the first run compiles and tunes every kernel: a progress line on stderr until the first token,
         # then the prompt and the stream (printed after the line is cleared, so that it does not overwrite them).
-        from tqdm.auto import tqdm
-
-        bar = tqdm(desc="warm-up", bar_format="{desc}: {postfix} [{elapsed}]", file=sys.stderr, leave=False,
-                   disable=not (model.device.type == "cuda" and model.backend == "triton"))
+        bar = status_line(model)
 
         def show_prompt():
             nonlocal printed
             if not printed:
-                bar.close()
+                if bar is not None:
+                    bar.close()
                 print(text, end="", flush=True)
                 printed = True
 
@@ -216,7 +232,7 @@ def main(argv=None) -> int:
         new = generate(model, torch.tensor(ids), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                        cuda_graph=False if args.no_cuda_graph else None, eos_token_ids=eos,
-                       stream=on_token, status=bar.set_postfix_str)
+                       stream=on_token, status=bar.set_postfix_str if bar is not None else lambda phase: None)
         show_prompt()  # no new token at all (--max-new-tokens 0)
         dt = time.perf_counter() - t0
         print(decoder.flush(), file=sys.stdout)

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import types
+
 import pytest
 import torch
 
@@ -196,3 +198,18 @@ def test_status_reports_each_warm_up_phase(model):
     assert phases == ["prefill of 3 tokens"]  # on a CPU there is no decode graph to capture
     with pytest.raises(GenerationError, match="status=3; expected a function"):
         qwen_lab.generate(model, [1, 2, 3], max_new_tokens=2, status=3)
+
+
+def test_without_a_status_the_warm_up_shows_its_own_line_where_it_is_long(model, capsys):
+    """A notebook's generate() on a GPU spends its first minute compiling: with no `status` of the caller's it shows
+    a progress line on stderr, removed before the tokens come; on a CPU (or the PyTorch backend) it shows none."""
+    from qwen_lab.generate import status_line
+
+    assert status_line(model) is None  # this machine's model: the interpreter, no long warm-up
+    assert status_line(types.SimpleNamespace(device=torch.device("cuda"), backend="torch")) is None
+    line = status_line(types.SimpleNamespace(device=torch.device("cuda"), backend="triton"))
+    line.set_postfix_str("prefill of 3 tokens")
+    line.close()
+    assert "warm-up, prefill of 3 tokens [" in capsys.readouterr().err
+    qwen_lab.generate(model, [1, 2, 3], max_new_tokens=2)
+    assert "warm-up" not in capsys.readouterr().err
