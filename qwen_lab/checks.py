@@ -438,20 +438,27 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
         got = _as_tuple(got) if got is not None else ()
         if len(got) != len(expected):
             raise CheckFailed(f"{where}: returned {len(got)} value(s), expected {len(expected)}")
-        # the in-place arguments first: a wrong cache or state explains a wrong output, not the other way round
-        for key in inplace:
-            results.append(compare(f"{where}, in-place '{key}'", fn_in[key], ref_in[key], atol=atol, rtol=rtol,
-                                   hint=hint))
-        for j, (o, r) in enumerate(zip(got, expected)):
-            label = where if len(expected) == 1 else f"{where}, output {j}"
-            try:
-                results.append(compare(label, o, r, atol=atol, rtol=rtol, hint=hint))
-            except CheckFailed as failed:
-                other = _matching_output(o, expected, j, atol, rtol)
-                if other is None:
-                    raise
-                raise CheckFailed(f"{label}: matches the reference's output {other} instead: the outputs are "
-                                  f"swapped (returned, or stored into each other's buffer){_tip(hint)}") from failed
+        try:
+            # the in-place arguments first: a wrong cache or state explains a wrong output, not the other way round
+            for key in inplace:
+                results.append(compare(f"{where}, in-place '{key}'", fn_in[key], ref_in[key], atol=atol, rtol=rtol,
+                                       hint=hint))
+            for j, (o, r) in enumerate(zip(got, expected)):
+                label = where if len(expected) == 1 else f"{where}, output {j}"
+                try:
+                    results.append(compare(label, o, r, atol=atol, rtol=rtol, hint=hint))
+                except CheckFailed as failed:
+                    other = _matching_output(o, expected, j, atol, rtol)
+                    if other is None:
+                        raise
+                    raise CheckFailed(f"{label}: matches the reference's output {other} instead: the outputs are "
+                                      f"swapped (returned, or stored into each other's buffer){_tip(hint)}") from failed
+        except CheckFailed as failed:
+            suspects = unfilled_masked_loads(getattr(launches, "functions", {}))
+            if not suspects:
+                raise
+            raise CheckFailed(f"{failed} Also, {suspects[0]}" + (f" (and {len(suspects) - 1} more such loads)"
+                                                                  if len(suspects) > 1 else "")) from failed
         if not quiet:
             worst = max((c.max_abs for c in results[-len(expected):]), default=0.0)
             kernels = ", ".join(sorted(launches)) or "none"
@@ -459,6 +466,34 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
     if not quiet:
         print(f"PASS {name}: {len(results)} comparisons within tolerance")
     return results
+
+
+def unfilled_masked_loads(functions: dict) -> list[str]:
+    """For each kernel (name -> its Python function), the `tl.load` calls with a `mask` and no `other`: what lanes
+    it masks off hold is not defined (whatever the GPU returns; zeros under the interpreter), harmless when those
+    lanes are never used, wrong once they reach a max, a sum or a dot. -> one sentence per such load."""
+    import ast
+    import inspect
+    import textwrap
+
+    found = []
+    for name, fn in functions.items():
+        try:
+            lines, first = inspect.getsourcelines(fn)
+        except (OSError, TypeError):  # no source to read (a kernel built at run time)
+            continue
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "load"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "tl"):
+                continue
+            keywords = {k.arg for k in node.keywords}
+            if "mask" in keywords and "other" not in keywords and len(node.args) < 3:
+                found.append(f"{name} (line {first + node.lineno - 1} of its file) loads `{ast.unparse(node)}` with a "
+                             f"mask and no `other=`: the lanes it masks off hold undefined values (zeros under the "
+                             f"interpreter). If they reach a max, a sum or a dot, give them the value that leaves "
+                             f"them out: other=float('-inf') for a max, other=0.0 for a sum.")
+    return found
 
 
 def randn(*shape, g: torch.Generator, dtype=torch.float32, device="cpu", scale: float = 1.0) -> torch.Tensor:

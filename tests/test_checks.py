@@ -152,3 +152,36 @@ def test_wrong_elements_confined_to_some_rows_or_columns_are_located():
     with pytest.raises(checks.CheckFailed) as everywhere:
         checks.compare("out", ref + 1.0 + ref.abs(), ref)
     assert "lie only" not in str(everywhere.value) and "wrong index" not in str(everywhere.value)
+
+
+@triton.jit
+def _row_max_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, FILL: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    if FILL:
+        x = tl.load(x_ptr + offs, mask=offs < n, other=float("-inf"))
+    else:
+        x = tl.load(x_ptr + offs, mask=offs < n)  # the lanes past n are undefined, and the max reads them
+    tl.store(out_ptr, tl.max(x, 0))
+
+
+def _row_max(x, fill):
+    out = torch.empty(1, dtype=x.dtype, device=x.device)
+    _row_max_kernel[(1,)](x, out, x.numel(), BLOCK=64, FILL=fill)
+    return out
+
+
+def test_a_failing_kernel_with_a_masked_load_and_no_other_is_told_about_it():
+    # all-negative values: lanes past n that read as 0 win the max
+    case = [lambda g: dict(x=-1.0 - checks.randn(40, g=g, device=DEV).abs())]
+    ref = lambda x: x.max().reshape(1)  # noqa: E731
+    assert len(checks.check_kernel("row max", lambda x: _row_max(x, True), ref, case, quiet=True)) == 1
+    with pytest.raises(checks.CheckFailed, match="_row_max_kernel \\(line \\d+ of its file\\) loads "
+                                                 "`tl.load\\(x_ptr \\+ offs, mask=offs < n\\)` with a mask and no "
+                                                 "`other=`.*other=float\\('-inf'\\) for a max"):
+        checks.check_kernel("row max", lambda x: _row_max(x, False), ref, case, quiet=True)
+
+
+def test_the_masked_load_note_names_only_loads_without_other():
+    found = checks.unfilled_masked_loads({"_row_max_kernel": _row_max_kernel.fn, "_copy_kernel": _copy_kernel.fn})
+    assert len(found) == 1 + 2 and all("mask" in f for f in found)  # one here, the two of _copy_kernel
+    assert not checks.unfilled_masked_loads({"_head_copy_kernel": _head_copy_kernel.fn})

@@ -26,11 +26,25 @@ from collections import Counter
 _state = threading.local()
 
 
-def _kernel_name(kernel) -> str:
+def _python_function(kernel):
+    """The Python function under a launched kernel (a JITFunction, or an Autotuner around one), or None."""
     fn = getattr(kernel, "fn", None)
     while fn is not None and not hasattr(fn, "__name__"):
         fn = getattr(fn, "fn", None)
-    return getattr(fn, "__name__", type(kernel).__name__)
+    return fn
+
+
+def _kernel_name(kernel) -> str:
+    return getattr(_python_function(kernel), "__name__", type(kernel).__name__)
+
+
+class LaunchCounter(Counter):
+    """Launches per kernel name (a Counter), and `functions`: each launched kernel's Python function by name (for
+    the checks, which read a failing kernel's source)."""
+
+    def __init__(self):
+        super().__init__()
+        self.functions = {}
 
 
 _patched = False
@@ -55,6 +69,8 @@ def _install_hook() -> None:
             name = _kernel_name(self)
             for c in counters:
                 c[name] += 1
+                if isinstance(c, LaunchCounter):
+                    c.functions.setdefault(name, _python_function(self))
             return launch(*args, **kwargs)
 
         return counted
@@ -79,7 +95,7 @@ def uncounted():
 def count_launches():
     """`with count_launches() as c: ...` then `sum(c.values())`, `c["rms_norm_kernel"]`."""
     _install_hook()
-    counter: Counter = Counter()
+    counter = LaunchCounter()
     stack = getattr(_state, "counters", None)
     if stack is None:
         stack = _state.counters = []
