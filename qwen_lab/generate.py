@@ -232,7 +232,7 @@ def main(argv=None) -> int:
         new = generate(model, torch.tensor(ids), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                        cuda_graph=False if args.no_cuda_graph else None, eos_token_ids=eos,
-                       stream=on_token, status=bar.set_postfix_str if bar is not None else lambda phase: None)
+                       stream=on_token, status=bar.set_postfix_str if bar is not None else None)
         show_prompt()  # no new token at all (--max-new-tokens 0)
         dt = time.perf_counter() - t0
         print(decoder.flush(), file=sys.stdout)

@@ -93,7 +93,8 @@ def uncounted():
 
 @contextlib.contextmanager
 def count_launches():
-    """`with count_launches() as c: ...` then `sum(c.values())`, `c["rms_norm_kernel"]`."""
+    """`with count_launches() as c: ...` then `sum(c.values())`, `c["rms_norm_kernel"]`; `c.functions[name]` is the
+    launched kernel's Python function."""
     _install_hook()
     counter = LaunchCounter()
     stack = getattr(_state, "counters", None)
