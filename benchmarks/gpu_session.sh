@@ -49,11 +49,15 @@ if want profile; then
 fi
 if want probes; then
   # a prompt prefilled in bucket pieces against one prefill, every few-row split-K GEMV checked where it runs,
-  # the prefill conv's tiles against forms with their weights in the tile's layout, and the prefill attention
+  # the prefill conv's tiles against forms with their weights in the tile's layout, the prefill attention
   # alone against the model's call
   timeout 150 python3 benchmarks/probe_prefill_graphs.py 77 2>&1 | tee "$OUT/probe_prefill.txt"
   timeout 120 python3 benchmarks/probe_conv.py 2>&1 | tee "$OUT/probe_conv.txt"
   timeout 120 python3 benchmarks/probe_attention.py 2>&1 | tee "$OUT/probe_attention.txt"
+  # the DeltaNet scan beside the chunk prep: every launch form finishes (each in a process with a time limit),
+  # and what it gains against the scan launched after the whole prep
+  timeout 420 python3 benchmarks/probe_scan_wait.py 2>&1 | tee "$OUT/probe_scan_wait.txt"
+  timeout 330 python3 benchmarks/probe_scan_overlap.py 2>&1 | grep -v "falling back" | tee "$OUT/probe_scan.txt"
 fi
 if want notebooks; then
   timeout ${NB_TIMEOUT:-500} python3 benchmarks/run_notebooks.py solutions/*.ipynb 2>&1 | tee "$OUT/notebooks.txt"
