@@ -22,20 +22,17 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("skipped: the probe times kernels on an NVIDIA GPU")
         return 0
-    from qwen_lab import bench, checks
+    from bench_deltanet import layer_inputs  # a DeltaNet layer's inputs at 0.8B's shapes, as the model passes them
+
+    from qwen_lab import bench
     from qwen_lab.config import QWEN35_0_8B as cfg
     from qwen_lab.kernels import deltanet, graph_time_us
 
     T, H, D = args.tokens, cfg.linear_num_value_heads, cfg.linear_key_head_dim
     dev, bf = "cuda", torch.bfloat16
-    gen = torch.Generator().manual_seed(0)  # checks.randn draws on the CPU
-    conv = checks.randn(T, 3 * H * D, g=gen, dtype=bf, device=dev)
-    q, k, v = (conv[:, i * H * D:(i + 1) * H * D].unflatten(1, (H, D)) for i in range(3))
-    proj = checks.randn(T, 2 * H, g=gen, dtype=bf, device=dev, scale=3.0)
-    a, b = proj[:, H:], proj[:, :H]
-    A_log = torch.rand(H, generator=gen).mul(2.0).to(dev)
-    dt_bias = torch.randn(H, generator=gen).to(device=dev, dtype=bf)
-    states = [torch.randn(H, D, D, generator=gen).mul(0.1).to(dev) for _ in range(cfg.num_hidden_layers)]
+    d = layer_inputs(T, torch.Generator(device=dev).manual_seed(0))
+    q, k, v, a, b, A_log, dt_bias = (d[n] for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias"))
+    states = [d["state"].clone() for _ in range(cfg.num_hidden_layers)]
     outs = [torch.empty(T, H, D, device=dev, dtype=bf) for _ in states]
     ws = deltanet.chunk_workspace(T, H, D, D, bf, dev)
     layers = sum(t == "linear_attention" for t in cfg.layer_types)

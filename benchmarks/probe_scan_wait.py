@@ -13,8 +13,7 @@ import subprocess
 import sys
 
 CASE = r'''
-import sys, time, torch
-from qwen_lab import checks
+import sys, torch
 from qwen_lab.config import QWEN35_0_8B as cfg
 from qwen_lab.kernels import deltanet
 kind, T, cfg_i = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -38,15 +37,12 @@ if kind.startswith("model"):
             torch.cuda.synchronize()
             print("graph prefill rel err vs eager", ((b[-1] - a[-1]).norm() / a[-1].norm()).item())
 else:
-    H, D = cfg.linear_num_value_heads, cfg.linear_key_head_dim
-    conv = checks.randn(T, 3 * H * D, g=g, dtype=bf, device=dev)
-    q, k, v = (conv[:, i * H * D:(i + 1) * H * D].unflatten(1, (H, D)) for i in range(3))
-    proj = checks.randn(T, 2 * H, g=g, dtype=bf, device=dev, scale=3.0)
-    A_log = torch.rand(H, generator=g).mul(2.0).to(dev)
-    dt_bias = torch.randn(H, generator=g).to(bf).to(dev)
-    s0 = torch.randn(H, D, D, generator=g).mul(0.1).to(dev)
+    sys.path.insert(0, "benchmarks")
+    from bench_deltanet import layer_inputs  # a DeltaNet layer's inputs at 0.8B's shapes, as the model passes them
+    d = layer_inputs(T, torch.Generator(device=dev).manual_seed(0))
+    D, s0 = cfg.linear_key_head_dim, d["state"]
     def call(state):
-        return deltanet.deltanet_chunked(q, k, v, proj[:, H:], proj[:, :H], A_log, dt_bias, state)
+        return deltanet.deltanet_chunked(d["q"], d["k"], d["v"], d["a"], d["b"], d["A_log"], d["dt_bias"], state)
     import contextlib
     ctx = contextlib.nullcontext()
     if cfg_i >= 0:

@@ -199,13 +199,18 @@ def _ranges(indices: list[int], most: int = 4) -> str:
     return ", ".join(text) + (", ..." if len(runs) > most else "")
 
 
+def _hit(bad: torch.Tensor, d: int) -> torch.Tensor:
+    """[bad.shape[d]] bool: which indices of dim d hold at least one wrong element."""
+    return bad.movedim(d, 0).reshape(bad.shape[d], -1).any(1)
+
+
 def _where_wrong(bad: torch.Tensor) -> str:
     """Where the wrong elements lie, for each dim along which they are confined to some of its indices: rows
     from 64 on point at a second tile, heads 4-7 at a head mapping, the last columns at a mask."""
     parts = []
     for d in range(bad.dim()):
         n = bad.shape[d]
-        hit = bad.movedim(d, 0).reshape(n, -1).any(1)
+        hit = _hit(bad, d)
         k = int(hit.sum())
         if n > 1 and 0 < k < n:
             parts.append(f"dim {d} at {_ranges(hit.nonzero().flatten().tolist())} (of {n})")
@@ -222,7 +227,7 @@ def _misplaced(o: torch.Tensor, r: torch.Tensor, bad: torch.Tensor, atol: float,
         n = o.shape[d]
         if not 1 < n <= most_slices:
             continue
-        wrong = bad.movedim(d, 0).reshape(n, -1).any(1).nonzero().flatten().tolist()
+        wrong = _hit(bad, d).nonzero().flatten().tolist()
         found = {}
         for i in wrong:
             oi = o.select(d, i)

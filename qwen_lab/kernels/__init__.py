@@ -34,10 +34,6 @@ def _python_function(kernel):
     return fn
 
 
-def _kernel_name(kernel) -> str:
-    return getattr(_python_function(kernel), "__name__", type(kernel).__name__)
-
-
 class LaunchCounter(Counter):
     """Launches per kernel name (a Counter), and `functions`: each launched kernel's Python function by name (for
     the checks, which read a failing kernel's source)."""
@@ -66,11 +62,11 @@ def _install_hook() -> None:
             return launch
 
         def counted(*args, **kwargs):
-            name = _kernel_name(self)
+            fn = _python_function(self)
+            name = getattr(fn, "__name__", type(self).__name__)
             for c in counters:
                 c[name] += 1
-                if isinstance(c, LaunchCounter):
-                    c.functions.setdefault(name, _python_function(self))
+                c.functions.setdefault(name, fn)
             return launch(*args, **kwargs)
 
         return counted
