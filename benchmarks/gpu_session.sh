@@ -38,7 +38,8 @@ if want tests; then
   # workers, longer than one call's limit leaves beside anything else, so two calls can run it in halves.
   # (More workers than 12 on 16 cores made compilation alone pass the per-test limit.)
   files=$(ls tests/test_*.py | awk -v s="${TEST_SHARD:-0/1}" 'BEGIN { split(s, a, "/") } (NR - 1) % a[2] == a[1]')
-  # (live_report: each failure goes to $OUT/failures.txt as it happens, so a run cut short still says what failed)
+  # (live_report: each failure goes to $OUT/failures.txt as it happens, and each finished test to $OUT/finished.txt,
+  # so a run cut short still says what failed and which tests it never reached)
   PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" TRITON_CACHE_AUTOTUNING=1 timeout ${TEST_TIMEOUT:-480} \
       python3 -m pytest $files -q -p no:cacheprovider -p live_report -n ${TEST_JOBS:-12} --dist load $per_test --tb=short -rfE --durations=15 -k "${TEST_FILTER:-}" > "$OUT/tests.txt" 2>&1
   tail -n 3 "$OUT/tests.txt"  # a usage error (an option pytest does not know) shows here too

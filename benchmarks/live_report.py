@@ -1,7 +1,9 @@
-"""A pytest plugin for the GPU session: each failure is written to $OUT/failures.txt the moment it is reported.
+"""A pytest plugin for the GPU session: each failure is written to $OUT/failures.txt the moment it is reported, and
+each finished test to $OUT/finished.txt (its outcome, seconds and id, one line).
 
 pytest prints its failures only at the end of the run; a run stopped by the session's time limit would then say
-that tests failed but not which or why. With xdist the reports reach the controller, where this hook runs.
+that tests failed but not which or why, nor which tests it never reached. With xdist the reports reach the
+controller, where this hook runs.
 
     PYTHONPATH=benchmarks:$PYTHONPATH python3 -m pytest tests -p live_report ...
 """
@@ -12,9 +14,14 @@ LIMIT = 4000  # characters of each failure's report kept
 
 
 def pytest_runtest_logreport(report):
+    out = os.environ.get("OUT", "gpu_out")
+    # a test ends with its call, or earlier when its setup fails or skips it
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        with open(os.path.join(out, "finished.txt"), "a") as f:
+            f.write(f"{report.outcome} {report.duration:.1f} {report.nodeid}\n")
     if not report.failed:
         return
-    path = os.path.join(os.environ.get("OUT", "gpu_out"), "failures.txt")
+    path = os.path.join(out, "failures.txt")
     text = report.longreprtext
     if len(text) > LIMIT:
         text = text[:LIMIT // 4] + "\n...\n" + text[-3 * LIMIT // 4:]
