@@ -290,6 +290,23 @@ def deltanet_conv_decode_step(qkv, conv_weight, conv_state, a, b, A_log, dt_bias
     return deltanet_decode_step(q, k, v, a, b, A_log, dt_bias, state, scale)
 
 
+def deltanet_conv_chunked(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, state, num_k_heads: int,
+                          head_k_dim: int, num_v_heads: int, head_v_dim: int, scale: float | None = None,
+                          chunk_size: int = 64) -> torch.Tensor:
+    """A prompt of a Gated DeltaNet layer from its conv input: causal_conv1d, then deltanet_chunked.
+
+    qkv [T, C] with C = 2 Hk Dk + Hv Dv, the q | k | v channels before the conv; conv_weight [C, W]; conv_state
+    [C, W-1], updated in place; a, b [T, Hv]; A_log, dt_bias [Hv]; state [Hv, Dk, Dv] fp32, updated in place.
+    -> o [T, Hv, Dv] in qkv's dtype.
+    """
+    y = causal_conv1d(qkv, conv_weight, conv_state)  # SiLU inside, y in qkv's dtype
+    kd = num_k_heads * head_k_dim
+    q = y[:, :kd].unflatten(1, (num_k_heads, head_k_dim))
+    k = y[:, kd:2 * kd].unflatten(1, (num_k_heads, head_k_dim))
+    v = y[:, 2 * kd:].unflatten(1, (num_v_heads, head_v_dim))
+    return deltanet_chunked(q, k, v, a, b, A_log, dt_bias, state, scale, chunk_size)
+
+
 def delta_rule_chunked(q, k, v, g, beta, state, scale: float | None = None, chunk_size: int = 64) -> torch.Tensor:
     """The same function as `delta_rule_recurrent`, computed chunk by chunk (prefill form).
 
