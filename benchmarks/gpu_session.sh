@@ -60,6 +60,8 @@ if want probes; then
   # and what it gains against the scan launched after the whole prep
   timeout 420 python3 benchmarks/probe_scan_wait.py 2>&1 | tee "$OUT/probe_scan_wait.txt"
   timeout 330 python3 benchmarks/probe_scan_overlap.py 2>&1 | grep -v "falling back" | tee "$OUT/probe_scan.txt"
+  # the chunk prep started on the rows the conv has finished (deltanet_conv_chunked) against after the whole conv
+  timeout 330 python3 benchmarks/probe_conv_overlap.py 2>&1 | grep -v "falling back" | tee "$OUT/probe_conv_overlap.txt"
 fi
 if want notebooks; then
   timeout ${NB_TIMEOUT:-500} python3 benchmarks/run_notebooks.py solutions/*.ipynb 2>&1 | tee "$OUT/notebooks.txt"

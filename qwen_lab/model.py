@@ -49,12 +49,17 @@ KERNEL_MODULES = {
     "delta_rule_recurrent": "deltanet",
     "deltanet_decode_step": "deltanet",
     "deltanet_conv_decode_step": "deltanet",
+    "deltanet_conv_chunked": "deltanet",
     "delta_rule_chunked": "deltanet",
     "deltanet_chunked": "deltanet",
     "sample": "sampling",
 }
 OPERATORS = tuple(KERNEL_MODULES)
 BACKENDS = ("torch", "triton")
+# In a prompt, each DeltaNet layer's conv, chunk prep and scan run as one operator, `deltanet_conv_chunked`, whose
+# chunk prep starts on the rows the conv has finished instead of after the whole conv. False: `causal_conv1d`, then
+# `deltanet_chunked`. (Off until it is measured faster: benchmarks/probe_conv_overlap.py times the two ways.)
+CONV_BESIDE_PREP = False
 
 
 def _check_backend(backend) -> None:
@@ -231,6 +236,12 @@ class Qwen35Model:
             # The conv output never leaves the kernel, so there is no "conv1d" tensor to trace here; what can
             # be seen of the conv is its updated state (this token's input in the last column).
             self._t(i, "conv_state", cache.conv_state[i])
+        elif (CONV_BESIDE_PREP and T > 1 and self.trace is None
+              and self._fused("causal_conv1d", "deltanet_gates", "delta_rule_chunked", "deltanet_conv_chunked")):
+            # a prompt: the conv and the chunked delta rule as one operator, its chunk prep starting on the rows
+            # the conv has finished (there is then no conv output to trace)
+            o = ops["deltanet_conv_chunked"](qkv, layer.conv, cache.conv_state[i], a, b, layer.A_log, layer.dt_bias,
+                                             state, Hk, Dk, Hv, Dv)
         else:
             qkv = ops["causal_conv1d"](qkv, layer.conv, cache.conv_state[i])  # SiLU inside
             self._t(i, "conv1d", qkv)

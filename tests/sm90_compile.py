@@ -145,11 +145,20 @@ def cases():
             types = dict(prep_types, g_ptr="*bf16", beta_ptr="*bf16", A_log_ptr="*fp32") if fused else prep_types
             out.append((f"chunk_prep fused_gates={fused} {c}", lambda meta=meta, c=c, types=types: compile_case(
                 deltanet.chunk_prep_kernel, meta, types, c.num_warps, c.num_stages)))
+            if fused:  # deltanet_conv_chunked's form: under PDL, waiting for the conv's rows of its chunk
+                meta = dict(meta, WAIT_CONV=True, USE_PDL=True)
+                types = dict(types, conv_ready_ptr="*i32")
+                out.append((f"chunk_prep wait_conv {c}", lambda meta=meta, c=c, types=types: compile_case(
+                    deltanet.chunk_prep_kernel, meta, types, c.num_warps, c.num_stages)))
     scan_types = {"gcum_ptr": "*fp32", "state_ptr": "*fp32", "ready_ptr": "*i32"}
     for c in deltanet.autotune_configs("chunk_scan_kernel", Dv=Dv):
         meta = dict(c.kwargs, BT=64, BK=Dk, PREC="ieee", GROUP=deltanet.SCAN_GROUP)
         out.append((f"chunk_scan {c}", lambda meta=meta, c=c: compile_case(
             deltanet.chunk_scan_kernel, meta, scan_types, c.num_warps, c.num_stages)))
+        # deltanet_conv_chunked's form: under PDL, clearing the conv's counters at the end
+        meta = dict(meta, CLEAR_CONV=True, USE_PDL=True)
+        out.append((f"chunk_scan clear_conv {c}", lambda meta=meta, c=c: compile_case(
+            deltanet.chunk_scan_kernel, meta, dict(scan_types, conv_ready_ptr="*i32"), c.num_warps, c.num_stages)))
     conv_types = {"state_ptr": "*fp32", "A_log_ptr": "*fp32", "dt_bias_ptr": "*bf16", "ticket_ptr": "*i32",
                   "scale": "fp32", "eps": "fp32"}
     for c in deltanet.autotune_configs("conv_decode_step_kernel", Dv=Dv):
@@ -162,6 +171,9 @@ def cases():
         meta = dict(c.kwargs, W=W, BLOCK_S=triton.next_power_of_2(W - 1), WRITE_STATE=True, USE_PDL=True)
         out.append((f"conv1d_prefill {c}", lambda meta=meta, c=c: compile_case(
             conv1d.conv1d_prefill_kernel, meta, warps=c.num_warps, stages=c.num_stages)))
+        meta = dict(meta, PUBLISH=True, CHUNK=64)  # counting its rows per chunk for the chunk prep
+        out.append((f"conv1d_prefill publish {c}", lambda meta=meta, c=c: compile_case(
+            conv1d.conv1d_prefill_kernel, meta, {"ready_ptr": "*i32"}, c.num_warps, c.num_stages)))
     out.append(("notebook 09 exercise chunk_scan_kernel, as its launcher runs it", _notebook_09_scan))
     return out
 

@@ -86,10 +86,6 @@ SCAN_GROUP = 8
 # Under PDL the scan is launched beside the prep's last programs; False launches it after the whole prep (the
 # form before, kept for benchmarks/probe_scan_overlap.py)
 SCAN_BESIDE_PREP = True
-# `deltanet_conv_chunked` (a prompt's conv, chunk prep and scan from the in-projection's output): the prep of a chunk
-# starts once the conv has written that chunk's rows, instead of after the whole conv; the conv's programs count
-# the rows they finish (`causal_conv1d`'s ready counters). False: the conv, then `deltanet_chunked`, as before.
-CONV_BESIDE_PREP = False
 
 
 _CONFIGS = {}   # kernel name -> (its GPU autotuning configs, their pruning function)
@@ -416,6 +412,9 @@ def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_p
                       PREC: tl.constexpr, INV_PREC: tl.constexpr, GROUP: tl.constexpr,
                       FUSED_GATES: tl.constexpr = False, WAIT_CONV: tl.constexpr = False,
                       USE_PDL: tl.constexpr = False):
+    if USE_PDL and not WAIT_CONV:  # launched early (programmatic dependent launch): wait for the previous kernel
+        gdc_wait()
+        gdc_launch_dependents()
     h = tl.program_id(0)  # heads fastest: the programs start chunk by chunk, in the order the scan needs them
     c = tl.program_id(1)
     if WAIT_CONV:
@@ -428,9 +427,6 @@ def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_p
             got = tl.atomic_add(conv_ready_ptr + c, 0, sem="acquire", scope="gpu")
         if USE_PDL:
             gdc_launch_dependents()
-    elif USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
-        gdc_wait()
-        gdc_launch_dependents()
     hk = h // REP
     rows_ws = h.to(tl.int64) * Tp + c * BT + tl.arange(0, BT)   # this chunk's rows of the workspace [Hv, Tp, .]
     DT = qg_ptr.dtype.element_ty                                 # the matmul operand dtype (the workspace's)
@@ -877,10 +873,10 @@ def deltanet_conv_chunked(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_sta
     [C, W], conv_state [C, W-1] (updated in place), a, b [T, Hv], A_log, dt_bias [Hv], state [Hv, Dk, Dv] fp32
     (updated in place). -> o [T, Hv, Dv] in qkv's dtype.
 
-    With CONV_BESIDE_PREP, the conv counts the rows it has written per chunk (its `ready` counters) and each chunk
-    prep program waits for its own chunk's rows instead of the whole conv; the scan's last program clears the
-    counters. Otherwise (and for prompts the conv's step kernel serves, or heads the recurrent kernel serves) the
-    three kernels run one after the other.
+    The conv counts the rows it has written per chunk (its `ready` counters), and each chunk prep program waits
+    for its own chunk's rows instead of the whole conv; the last program of the scan clears the counters. (Prompts
+    the conv's step kernel serves, and heads the recurrent kernel serves on a GPU, take the three kernels one after
+    the other.)
     """
     Hk, Dk, Hv, Dv = num_k_heads, head_k_dim, num_v_heads, head_v_dim
     for name, n in (("num_k_heads", Hk), ("head_k_dim", Dk), ("num_v_heads", Hv), ("head_v_dim", Dv)):
@@ -891,14 +887,18 @@ def deltanet_conv_chunked(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_sta
     if qkv.shape[1] != C:
         raise KernelError(f"qkv: shape {tuple(qkv.shape)}, expected [T, {C}]: 2*{Hk}*{Dk} + {Hv}*{Dv} channels")
     T = qkv.shape[0]
-    beside = (CONV_BESIDE_PREP and T > conv1d.STEP_MAX_TOKENS and chunk_size in (64, 128)
+    beside = (T > conv1d.STEP_MAX_TOKENS and chunk_size in (64, 128)
               and (min(Dk, Dv) >= CHUNKED_MIN_HEAD_DIM or INTERPRET))
     ready = None
     if beside:
-        # after the scan's counters in the device's counter buffer: one per chunk, then the scan programs' count
-        Tw = workspace.qg.shape[1] if workspace is not None else triton.cdiv(T, chunk_size) * chunk_size
-        base = Hv * (Tw // chunk_size + 1)
-        ready = _tickets(qkv.device, base + Tw // chunk_size + 1)[base:base + Tw // chunk_size + 1]
+        # in the device's counter buffer, after the scan's (whose rows follow the workspace's pitch): one per chunk,
+        # then the count of finished scan programs
+        n_chunks = triton.cdiv(T, chunk_size)
+        pitch = n_chunks * chunk_size
+        if workspace is not None and isinstance(workspace[0], torch.Tensor) and workspace[0].dim() > 1:
+            pitch = max(pitch, workspace[0].shape[1])
+        base = Hv * (pitch // chunk_size + 1)
+        ready = _tickets(qkv.device, base + n_chunks + 1)[base:base + n_chunks + 1]
     y = conv1d.causal_conv1d(qkv, conv_weight, conv_state, ready=ready, chunk=chunk_size)
     kd = Hk * Dk
     q = y[:, :kd].unflatten(1, (Hk, Dk))
