@@ -9,18 +9,13 @@
    times its triton + cuda-graph row, each way (model.CONV_BESIDE_PREP), and which was faster.
 """
 
-import argparse
-
 import torch
+from probe_ab import model_ab, probe_args
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tokens", type=int, default=2048)
-    p.add_argument("--no-model", action="store_true", help="only the kernel timing")
-    args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("skipped: the probe times kernels on an NVIDIA GPU")
+    args = probe_args(__doc__)
+    if args is None:
         return 0
     from qwen_lab import model as model_module
     from qwen_lab.config import QWEN35_0_8B as cfg
@@ -76,16 +71,7 @@ def main() -> int:
     if args.no_model:
         return 0 if same and clear else 1
 
-    from qwen_lab import bench
-    model = model_module.load_model("qwen3.5-0.8b", device=dev, dtype=bf)
-    prefill = {}
-    for on in (False, True, False, True):
-        model_module.CONV_BESIDE_PREP = on
-        r = bench.bench_qwen_lab(model, T, 32, graph=True, gen=torch.Generator().manual_seed(0))
-        prefill.setdefault(on, []).append(r["prefill_ms"])
-        print(f"model, conv beside the prep={on}: prefill {r['prefill_ms']:.3f} ms, decode {r['decode_ms']:.4f} ms "
-              f"per token", flush=True)
-    print(f"CONV_BESIDE_PREP faster: {min(prefill[True]) < min(prefill[False])}", flush=True)
+    model_ab(lambda on: setattr(model_module, "CONV_BESIDE_PREP", on), "conv beside the prep", T)
     return 0 if same and clear else 1
 
 

@@ -9,22 +9,16 @@ counters) against the scan launched after the whole prep.
    times its triton + cuda-graph row, each way.
 """
 
-import argparse
-
 import torch
+from probe_ab import model_ab, probe_args
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tokens", type=int, default=2048)
-    p.add_argument("--no-model", action="store_true", help="only the kernel timing")
-    args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("skipped: the probe times kernels on an NVIDIA GPU")
+    args = probe_args(__doc__)
+    if args is None:
         return 0
     from bench_deltanet import layer_inputs  # a DeltaNet layer's inputs at 0.8B's shapes, as the model passes them
 
-    from qwen_lab import bench
     from qwen_lab.config import QWEN35_0_8B as cfg
     from qwen_lab.kernels import deltanet, graph_time_us
 
@@ -59,13 +53,7 @@ def main() -> int:
     if args.no_model:
         return 0 if same else 1
 
-    from qwen_lab.model import load_model
-    model = load_model("qwen3.5-0.8b", device=dev, dtype=bf)
-    for beside in (False, True, False, True):
-        deltanet.SCAN_BESIDE_PREP = beside
-        r = bench.bench_qwen_lab(model, T, 32, graph=True, gen=torch.Generator().manual_seed(0))
-        print(f"model, scan beside the prep={beside}: prefill {r['prefill_ms']:.3f} ms, decode {r['decode_ms']:.4f} ms "
-              f"per token", flush=True)
+    model_ab(lambda on: setattr(deltanet, "SCAN_BESIDE_PREP", on), "scan beside the prep", T)
     from qwen_lab.kernels import gemm
     for key, config in gemm.matmul_kernel.cache.items():
         if key[3] is True:  # the SwiGLU GEMM's entries (the key: M_BUCKET, N, K, SWIGLU, TMA_OK, dtypes)

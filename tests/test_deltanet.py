@@ -172,6 +172,19 @@ def test_scan_counters_are_not_inference_tensors(rt, monkeypatch):
     counters.copy_(torch.zeros_like(counters))  # what the autotuner's restore does, outside inference mode
 
 
+def _alternate_with_and_without_pdl(run, monkeypatch, race: str, calls: int = 20) -> None:
+    """run(i) -> (output, state) of prompt i (0 or 1). Without PDL (no overlap) each prompt once; then `calls`
+    calls under PDL, the two prompts alternating, each equal bit for bit to its call without PDL."""
+    monkeypatch.setenv("QWEN_LAB_PDL", "0")
+    want = [run(0), run(1)]
+    monkeypatch.setenv("QWEN_LAB_PDL", "1")
+    for rep in range(calls):
+        i = rep % 2
+        o, state = run(i)
+        assert torch.equal(o, want[i][0]) and torch.equal(state, want[i][1]), (
+            f"call {rep} (prompt {i}) differs from the same call without PDL: {race}")
+
+
 @pytest.mark.gpu
 def test_gpu_scan_beside_the_prep_reads_only_finished_chunks(rt, gen, monkeypatch):
     """Under PDL the scan runs beside the prep's last programs and waits for each group of chunks. Two prompts
@@ -188,14 +201,7 @@ def test_gpu_scan_beside_the_prep_reads_only_finished_chunks(rt, gen, monkeypatc
         cases[i]["state"].copy_(start[i])
         return deltanet_chunked(**cases[i], workspace=ws).clone(), cases[i]["state"].clone()
 
-    monkeypatch.setenv("QWEN_LAB_PDL", "0")
-    want = [run(0), run(1)]
-    monkeypatch.setenv("QWEN_LAB_PDL", "1")
-    for rep in range(20):
-        i = rep % 2
-        o, state = run(i)
-        assert torch.equal(o, want[i][0]) and torch.equal(state, want[i][1]), (
-            f"call {rep} (prompt {i}) differs from the same call without PDL: the scan read a chunk too early")
+    _alternate_with_and_without_pdl(run, monkeypatch, "the scan read a chunk too early")
 
 
 def _conv_chunked_case(T, Hk, Hv, Dk, Dv, gen, rt, W=4):
@@ -271,14 +277,7 @@ def test_gpu_conv_beside_the_prep_reads_only_finished_rows(rt, gen, monkeypatch)
         cases[i]["state"].copy_(start[i][1])
         return deltanet.deltanet_conv_chunked(**cases[i]).clone(), cases[i]["state"].clone()
 
-    monkeypatch.setenv("QWEN_LAB_PDL", "0")
-    want = [run(0), run(1)]
-    monkeypatch.setenv("QWEN_LAB_PDL", "1")
-    for rep in range(20):
-        i = rep % 2
-        o, state = run(i)
-        assert torch.equal(o, want[i][0]) and torch.equal(state, want[i][1]), (
-            f"call {rep} (prompt {i}) differs from the same call without PDL: a prep read rows too early")
+    _alternate_with_and_without_pdl(run, monkeypatch, "a prep read rows too early")
     torch.cuda.synchronize()
     assert _counters_clear(rt.device)
 

@@ -1,0 +1,42 @@
+"""What the A/B probes share: their command line, and the whole model timed with a switch off and on, alternated.
+
+A probe compares two ways of running the same kernels (a module-level switch), first at the kernel level, then in
+the model's prefill and decode step as `python -m qwen_lab.bench` times its triton + cuda-graph row. Alternating
+the two ways in one process is what makes a difference of 1-2% visible: between machines, and between runs, the
+prefill moves by more than that.
+"""
+
+import argparse
+
+import torch
+
+
+def probe_args(doc: str):
+    """The probes' command line (--tokens, --no-model), or None where there is no GPU to time on (said so)."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--tokens", type=int, default=2048)
+    p.add_argument("--no-model", action="store_true", help="only the kernel timing")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("skipped: the probe times kernels on an NVIDIA GPU")
+        return None
+    return args
+
+
+def model_ab(switch, label: str, tokens: int, rounds: int = 2) -> bool:
+    """Time the model (random weights of Qwen3.5-0.8B's shapes, bf16) with switch(False) and switch(True), `rounds`
+    times each, alternated; print each run; return whether the switch on gave the faster prefill."""
+    from qwen_lab import bench
+    from qwen_lab.model import load_model
+
+    model = load_model("qwen3.5-0.8b", device="cuda", dtype=torch.bfloat16)
+    prefill = {}
+    for on in (False, True) * rounds:
+        switch(on)
+        r = bench.bench_qwen_lab(model, tokens, 32, graph=True, gen=torch.Generator().manual_seed(0))
+        prefill.setdefault(on, []).append(r["prefill_ms"])
+        print(f"model, {label}={on}: prefill {r['prefill_ms']:.3f} ms, decode {r['decode_ms']:.4f} ms per token",
+              flush=True)
+    faster = min(prefill[True]) < min(prefill[False])
+    print(f"{label}: the prefill is faster {'on' if faster else 'off'}", flush=True)
+    return faster
