@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything a GPU session checks, in one command on the device machine (the lease is short: one call).
-#   bash benchmarks/gpu_session.sh [all] [tests] [bench] [kernels] [profile] [probes] [notebooks]    results under $OUT (or ./gpu_out)
+#   bash benchmarks/gpu_session.sh [all] [tests] [bench] [kernels] [profile] [probes] [scanprobes] [notebooks]
+#   results under $OUT (or ./gpu_out). `probes` fills most of one call's 10 minutes; `scanprobes` (the DeltaNet scan's
+#   launch forms, then its A/B) may need the limits of two: run its probes in separate calls when time is short
 #   TEST_SHARD=0/2 bash benchmarks/gpu_session.sh tests      (then 1/2 in the next call: half the test files each)
 # On a machine with two GPUs, run the timing targets on one and the tests and notebooks on the other:
 #   CUDA_VISIBLE_DEVICES=1 bash benchmarks/gpu_session.sh tests notebooks & CUDA_VISIBLE_DEVICES=0 bash benchmarks/gpu_session.sh bench profile
@@ -56,12 +58,14 @@ if want probes; then
   timeout 150 python3 benchmarks/probe_prefill_graphs.py 77 2>&1 | tee "$OUT/probe_prefill.txt"
   timeout 120 python3 benchmarks/probe_conv.py 2>&1 | tee "$OUT/probe_conv.txt"
   timeout 120 python3 benchmarks/probe_attention.py 2>&1 | tee "$OUT/probe_attention.txt"
+  # the chunk prep started on the rows the conv has finished (deltanet_conv_chunked) against after the whole conv
+  timeout 330 python3 benchmarks/probe_conv_overlap.py 2>&1 | grep -v "falling back" | tee "$OUT/probe_conv_overlap.txt"
+fi
+if want scanprobes; then
   # the DeltaNet scan beside the chunk prep: every launch form finishes (each in a process with a time limit),
   # and what it gains against the scan launched after the whole prep
   timeout 420 python3 benchmarks/probe_scan_wait.py 2>&1 | tee "$OUT/probe_scan_wait.txt"
   timeout 330 python3 benchmarks/probe_scan_overlap.py 2>&1 | grep -v "falling back" | tee "$OUT/probe_scan.txt"
-  # the chunk prep started on the rows the conv has finished (deltanet_conv_chunked) against after the whole conv
-  timeout 330 python3 benchmarks/probe_conv_overlap.py 2>&1 | grep -v "falling back" | tee "$OUT/probe_conv_overlap.txt"
 fi
 if want notebooks; then
   timeout ${NB_TIMEOUT:-500} python3 benchmarks/run_notebooks.py solutions/*.ipynb 2>&1 | tee "$OUT/notebooks.txt"

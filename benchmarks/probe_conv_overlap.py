@@ -17,14 +17,14 @@ def main() -> int:
     args = probe_args(__doc__)
     if args is None:
         return 0
-    from qwen_lab import model as model_module
+    from qwen_lab import model as model_module, reference
     from qwen_lab.config import QWEN35_0_8B as cfg
     from qwen_lab.kernels import conv1d, deltanet, graph_time_us
 
     T, dev, bf = args.tokens, "cuda", torch.bfloat16
     Hk, Hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     Dk, Dv, W = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
-    C, kd = cfg.linear_conv_dim, cfg.linear_key_dim
+    C = cfg.linear_conv_dim
     gen = torch.Generator(device=dev).manual_seed(0)
     layers = cfg.num_linear_layers
     proj = torch.randn(T, C + 2 * Hv, generator=gen, device=dev).to(bf)   # [qkv | a | b] of an in-projection
@@ -35,18 +35,16 @@ def main() -> int:
     conv_states = [torch.randn(C, W - 1, generator=gen, device=dev).to(bf) for _ in range(layers)]
     states = [torch.randn(Hv, Dk, Dv, generator=gen, device=dev) * 0.5 for _ in range(layers)]
     outs = [torch.empty(T, Hv, Dv, device=dev, dtype=bf) for _ in range(layers)]
-    conv_outs = [torch.empty(T, C, device=dev, dtype=bf) for _ in range(layers)]
     ws = deltanet.chunk_workspace(T, Hv, Dk, Dv, bf, dev)
 
     def beside(i):
         deltanet.deltanet_conv_chunked(qkv, conv_w, conv_states[i], a, b, A_log, dt_bias, states[i], Hk, Dk, Hv, Dv,
                                        out=outs[i], workspace=ws)
 
-    def apart(i):
-        y = conv1d.causal_conv1d(qkv, conv_w, conv_states[i], out=conv_outs[i])
-        deltanet.deltanet_chunked(y[:, :kd].unflatten(1, (Hk, Dk)), y[:, kd:2 * kd].unflatten(1, (Hk, Dk)),
-                                  y[:, 2 * kd:].unflatten(1, (Hv, Dv)), a, b, A_log, dt_bias, states[i], out=outs[i],
-                                  workspace=ws)
+    def apart(i):  # what the model runs with the switch off (each way's conv output allocated per call)
+        y = conv1d.causal_conv1d(qkv, conv_w, conv_states[i])
+        deltanet.deltanet_chunked(*reference.split_qkv(y, Hk, Dk, Hv, Dv), a, b, A_log, dt_bias, states[i],
+                                  out=outs[i], workspace=ws)
 
     start = [(c.clone(), s.clone()) for c, s in zip(conv_states, states)]
 

@@ -222,7 +222,7 @@ class Qwen35Model:
         T = proj.shape[0]
         Hk, Hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         Dk, Dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        kd, vd, cd = cfg.linear_key_dim, cfg.linear_value_dim, cfg.linear_conv_dim
+        vd, cd = cfg.linear_value_dim, cfg.linear_conv_dim
         self._t(i, "in_proj", proj)                                    # [T, qkv | z | b | a]
         qkv, z = proj[:, :cd], proj[:, cd:cd + vd].unflatten(1, (Hv, Dv))
         b, a = proj[:, cd + vd:cd + vd + Hv], proj[:, cd + vd + Hv:]
@@ -245,9 +245,7 @@ class Qwen35Model:
         else:
             qkv = ops["causal_conv1d"](qkv, layer.conv, cache.conv_state[i])  # SiLU inside
             self._t(i, "conv1d", qkv)
-            q = qkv[:, :kd].unflatten(1, (Hk, Dk))
-            k = qkv[:, kd:2 * kd].unflatten(1, (Hk, Dk))
-            v = qkv[:, 2 * kd:].unflatten(1, (Hv, Dv))
+            q, k, v = reference.split_qkv(qkv, Hk, Dk, Hv, Dv)            # [T, heads, head dim] views
             if T == 1:  # decode: the recurrent form, its gates computed inside the same kernel
                 o = ops["deltanet_decode_step"](q, k, v, a, b, layer.A_log, layer.dt_bias, state)
             elif self._fused("deltanet_gates", "delta_rule_chunked"):  # prefill, the gates inside the chunk prep

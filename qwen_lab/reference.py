@@ -272,6 +272,14 @@ def deltanet_decode_step(q, k, v, a, b, A_log, dt_bias, state, scale: float | No
     return delta_rule_recurrent(q, k, v, g, beta, state, scale)
 
 
+def split_qkv(y, num_k_heads: int, head_k_dim: int, num_v_heads: int, head_v_dim: int):
+    """The DeltaNet conv's output [T, 2 Hk Dk + Hv Dv] as its heads: (q [T, Hk, Dk], k [T, Hk, Dk], v [T, Hv, Dv]),
+    views of y (its q | k | v channels, in that order)."""
+    kd = num_k_heads * head_k_dim
+    return (y[:, :kd].unflatten(1, (num_k_heads, head_k_dim)), y[:, kd:2 * kd].unflatten(1, (num_k_heads, head_k_dim)),
+            y[:, 2 * kd:].unflatten(1, (num_v_heads, head_v_dim)))
+
+
 def deltanet_conv_decode_step(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, state, num_k_heads: int,
                               head_k_dim: int, num_v_heads: int, head_v_dim: int,
                               scale: float | None = None) -> torch.Tensor:
@@ -283,10 +291,7 @@ def deltanet_conv_decode_step(qkv, conv_weight, conv_state, a, b, A_log, dt_bias
     A_log, dt_bias [Hv]; state [Hv, Dk, Dv] fp32, updated in place. -> o [1, Hv, Dv] in qkv's dtype.
     """
     y = causal_conv1d(qkv, conv_weight, conv_state)  # SiLU inside, y in qkv's dtype
-    kd = num_k_heads * head_k_dim
-    q = y[:, :kd].unflatten(1, (num_k_heads, head_k_dim))
-    k = y[:, kd:2 * kd].unflatten(1, (num_k_heads, head_k_dim))
-    v = y[:, 2 * kd:].unflatten(1, (num_v_heads, head_v_dim))
+    q, k, v = split_qkv(y, num_k_heads, head_k_dim, num_v_heads, head_v_dim)
     return deltanet_decode_step(q, k, v, a, b, A_log, dt_bias, state, scale)
 
 
@@ -300,10 +305,7 @@ def deltanet_conv_chunked(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, st
     -> o [T, Hv, Dv] in qkv's dtype.
     """
     y = causal_conv1d(qkv, conv_weight, conv_state)  # SiLU inside, y in qkv's dtype
-    kd = num_k_heads * head_k_dim
-    q = y[:, :kd].unflatten(1, (num_k_heads, head_k_dim))
-    k = y[:, kd:2 * kd].unflatten(1, (num_k_heads, head_k_dim))
-    v = y[:, 2 * kd:].unflatten(1, (num_v_heads, head_v_dim))
+    q, k, v = split_qkv(y, num_k_heads, head_k_dim, num_v_heads, head_v_dim)
     return deltanet_chunked(q, k, v, a, b, A_log, dt_bias, state, scale, chunk_size)
 
 

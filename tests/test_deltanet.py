@@ -246,8 +246,7 @@ def test_conv_chunked_equals_the_conv_then_deltanet_chunked(rt, gen):
     qkv = causal_conv1d(apart.pop("qkv"), apart.pop("conv_weight"), apart["conv_state"])
     Hk, Dk, Hv, Dv = (apart.pop(n) for n in ("num_k_heads", "head_k_dim", "num_v_heads", "head_v_dim"))
     apart.pop("conv_state")
-    want = deltanet_chunked(qkv[:, :Hk * Dk].unflatten(1, (Hk, Dk)), qkv[:, Hk * Dk:2 * Hk * Dk].unflatten(1, (Hk, Dk)),
-                            qkv[:, 2 * Hk * Dk:].unflatten(1, (Hv, Dv)), **apart)
+    want = deltanet_chunked(*reference.split_qkv(qkv, Hk, Dk, Hv, Dv), **apart)
     got = deltanet.deltanet_conv_chunked(**args)
     assert torch.equal(got, want) and torch.equal(args["state"], apart["state"])
 
@@ -602,9 +601,7 @@ def _conv_decode_inputs(steps, Hk, Hv, Dk, Dv, W, gen, dtype, device):
 def _two_reference_calls(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, state, Hk, Dk, Hv, Dv):
     """The unfused route of the model: reference causal_conv1d, the split, reference deltanet_decode_step."""
     y = reference.causal_conv1d(qkv, conv_weight, conv_state)
-    kd = Hk * Dk
-    q, k = y[:, :kd].unflatten(1, (Hk, Dk)), y[:, kd:2 * kd].unflatten(1, (Hk, Dk))
-    v = y[:, 2 * kd:].unflatten(1, (Hv, Dv))
+    q, k, v = reference.split_qkv(y, Hk, Dk, Hv, Dv)
     return reference.deltanet_decode_step(q, k, v, a, b, A_log, dt_bias, state)
 
 

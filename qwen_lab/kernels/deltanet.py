@@ -73,7 +73,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .. import runtime
+from .. import reference, runtime
 from ..errors import KernelError
 from . import conv1d, device_key, pdl_options
 
@@ -753,6 +753,14 @@ def _tickets(device, n: int) -> torch.Tensor:
     return buf
 
 
+def _check_heads(Hk, Dk, Hv, Dv) -> tuple:
+    """The head counts and dims given to a conv + delta rule operator, checked: positive ints. -> (Hk, Dk, Hv, Dv)"""
+    for name, n in (("num_k_heads", Hk), ("head_k_dim", Dk), ("num_v_heads", Hv), ("head_v_dim", Dv)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise KernelError(f"{name}={n!r}: expected a positive int")
+    return Hk, Dk, Hv, Dv
+
+
 def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor,
                               a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                               state: torch.Tensor, num_k_heads: int, head_k_dim: int, num_v_heads: int,
@@ -769,10 +777,7 @@ def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv
     states may be read before this kernel's wait. True in the model's decode step (the in-projection comes
     between two steps of a layer); two steps launched back to back must leave it False.
     """
-    Hk, Dk, Hv, Dv = num_k_heads, head_k_dim, num_v_heads, head_v_dim
-    for name, n in (("num_k_heads", Hk), ("head_k_dim", Dk), ("num_v_heads", Hv), ("head_v_dim", Dv)):
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise KernelError(f"{name}={n!r}: expected a positive int")
+    Hk, Dk, Hv, Dv = _check_heads(num_k_heads, head_k_dim, num_v_heads, head_v_dim)
     if Hv % Hk:
         raise KernelError(f"num_v_heads={Hv}: expected a multiple of num_k_heads={Hk}")
     if Dk > 256 or Dv > 256:
@@ -878,10 +883,7 @@ def deltanet_conv_chunked(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_sta
     the conv's step kernel serves, and heads the recurrent kernel serves on a GPU, take the three kernels one after
     the other.)
     """
-    Hk, Dk, Hv, Dv = num_k_heads, head_k_dim, num_v_heads, head_v_dim
-    for name, n in (("num_k_heads", Hk), ("head_k_dim", Dk), ("num_v_heads", Hv), ("head_v_dim", Dv)):
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise KernelError(f"{name}={n!r}: expected a positive int")
+    Hk, Dk, Hv, Dv = _check_heads(num_k_heads, head_k_dim, num_v_heads, head_v_dim)
     C = 2 * Hk * Dk + Hv * Dv
     _check("qkv", qkv, 2, f"[T, C={C}] (2 Hk Dk + Hv Dv channels)")
     if qkv.shape[1] != C:
@@ -900,10 +902,7 @@ def deltanet_conv_chunked(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_sta
         base = Hv * (pitch // chunk_size + 1)
         ready = _tickets(qkv.device, base + n_chunks + 1)[base:base + n_chunks + 1]
     y = conv1d.causal_conv1d(qkv, conv_weight, conv_state, ready=ready, chunk=chunk_size)
-    kd = Hk * Dk
-    q = y[:, :kd].unflatten(1, (Hk, Dk))
-    k = y[:, kd:2 * kd].unflatten(1, (Hk, Dk))
-    v = y[:, 2 * kd:].unflatten(1, (Hv, Dv))
+    q, k, v = reference.split_qkv(y, Hk, Dk, Hv, Dv)
     try:
         _check_gate_params(A_log, dt_bias, Hv, qkv.device)
         return _chunked_launch(q, k, v, a, b, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused=True,
