@@ -111,6 +111,24 @@ def gated_rms_norm_linear(o: torch.Tensor, z: torch.Tensor, norm_weight: torch.T
     return linear(gated_rms_norm(o, z, norm_weight, eps).reshape(M, -1), weight)
 
 
+def gemv_chain(o, z, mixer_norm, o_proj, residual, post_norm, gate_up, down, eps, next_norm=None, next_proj=None):
+    """A decode token's projections from one mixer's output to the next mixer's input (one launch on the GPU):
+    the out-projection (of the gated RMSNorm of o with z, or of o itself when z is None), x1 = residual + that,
+    the MLP on rms(x1), then (next_norm, next_proj given) x2 = x1 + mlp and next_proj's output on rms(x2).
+
+    Returns (next_proj output, x2), or without a next layer (the MLP's output, x1): the model's (y, x) either way.
+    """
+    if z is None:
+        y = linear(o, o_proj)
+    else:
+        y = gated_rms_norm_linear(o, z, mixer_norm, eps, o_proj)
+    gu, x1 = add_rms_norm_linear(y, residual, post_norm, eps, gate_up)
+    m = swiglu_down(gu, down)
+    if next_proj is None:
+        return m, x1
+    return add_rms_norm_linear(m, x1, next_norm, eps, next_proj)
+
+
 # ---------------------------------------------------------------- rotary embedding
 
 

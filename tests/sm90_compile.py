@@ -119,6 +119,18 @@ def cases():
             meta = dict(meta, REDUCE=gemm.REDUCE_ATOMIC, PROLOGUE=gemm.PRO_NONE, USE_PDL=True)
             out.append((f"gemv M=16 atomic {c}", lambda meta=meta, c=c: compile_case(
                 gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages, clears_after_reading)))
+    # the decode chain (its grid barriers included) for a DeltaNet layer's mixer and an attention layer's, at the
+    # GPU configuration
+    from qwen_lab.kernels import chain
+    p2 = triton.next_power_of_2
+    for prologue, dv, ka in ((gemm.PRO_GATED, C.linear_value_head_dim, C.linear_value_dim),
+                             (gemm.PRO_NONE, 1, C.num_attention_heads * C.head_dim)):
+        cfg = chain.GPU_CONFIG
+        meta = dict(A_PROLOGUE=prologue, DV=dv, BK_A=p2(ka), BK_B=p2(C.hidden_size), BK_C=p2(C.intermediate_size),
+                    BK_D=p2(C.hidden_size), FIRST=0, LAST=3, POLL_LIMIT=chain.POLL_LIMIT, USE_PDL=True,
+                    **dict(zip(("BN_A", "BN_B", "BN_C", "BN_D"), cfg["BN"])))
+        out.append((f"gemv_chain prologue {prologue}", lambda meta=meta, w=cfg["num_warps"]: compile_case(
+            chain.gemv_chain_kernel, meta, {"sync_ptr": "*i32", "eps": "fp32"}, w)))
     D, G = C.head_dim, C.num_attention_heads // C.num_key_value_heads
     attn_types = {"pos_ptr": "*i64", "qk_scale": "fp32"}
     for c in attention._PREFILL_CONFIGS:
