@@ -41,7 +41,7 @@ from ..errors import KernelError
 from ..runtime import interpreter_active
 from . import pdl_options
 from . import gemm
-from .gemm import PRO_ADD_RMS, PRO_GATED, PRO_NONE, PRO_SWIGLU, _row_activation
+from .gemm import PRO_GATED, PRO_NONE, _row_activation
 
 # polls of the barrier counter before a program gives up (about a second): only a grid larger than what fits the
 # GPU at once gets there
@@ -133,7 +133,7 @@ def gemv_chain_kernel(xa_ptr, za_ptr, nwa_ptr, wa_ptr, ya_ptr, Na, Ka, stride_wa
             w1 = _chain_tile(wb_ptr, pid, G, 0, Nb, Kb, stride_wb, BN_B, BK_B)  # streams during the barrier
             _grid_barrier(sync_ptr, (1 - FIRST) * G, POLL_LIMIT)
         _chain_phase(w1, pid, G, ya_ptr, r_ptr, ya_ptr, nwb_ptr, sb_ptr, wb_ptr, yb_ptr, Nb, Kb, stride_wb, 0,
-                     0, 0, eps, 3, 1, BN_B, BK_B)
+                     0, 0, eps, 3, 1, BN_B, BK_B)   # gemm.PRO_ADD_RMS
     if FIRST <= 2 and LAST >= 2:
         if FIRST == 2:
             w2 = w0
@@ -142,7 +142,7 @@ def gemv_chain_kernel(xa_ptr, za_ptr, nwa_ptr, wa_ptr, ya_ptr, Na, Ka, stride_wa
             _grid_barrier(sync_ptr, (2 - FIRST) * G, POLL_LIMIT)
         # SwiGLU prologue: x = [gate | up], up at offset Kc
         _chain_phase(w2, pid, G, yb_ptr, yb_ptr, yb_ptr, yb_ptr, yb_ptr, wc_ptr, yc_ptr, Nc, Kc, stride_wc, Kc,
-                     0, 0, eps, 1, 1, BN_C, BK_C)
+                     0, 0, eps, 1, 1, BN_C, BK_C)   # gemm.PRO_SWIGLU
     if LAST >= 3:
         if FIRST == 3:
             w3 = w0
@@ -150,7 +150,7 @@ def gemv_chain_kernel(xa_ptr, za_ptr, nwa_ptr, wa_ptr, ya_ptr, Na, Ka, stride_wa
             w3 = _chain_tile(wd_ptr, pid, G, 0, Nd, Kd, stride_wd, BN_D, BK_D)
             _grid_barrier(sync_ptr, (3 - FIRST) * G, POLL_LIMIT)
         _chain_phase(w3, pid, G, yc_ptr, sb_ptr, yc_ptr, nwd_ptr, sd_ptr, wd_ptr, yd_ptr, Nd, Kd, stride_wd, 0,
-                     0, 0, eps, 3, 1, BN_D, BK_D)
+                     0, 0, eps, 3, 1, BN_D, BK_D)   # gemm.PRO_ADD_RMS
     if LAST > FIRST:
         # Every program has passed every barrier before it counts itself out here; the last one out resets the
         # barrier's counter for the next launch (kernel boundaries order that reset before the next launch reads it).
