@@ -128,6 +128,7 @@ def cases():
         cfg = chain.GPU_CONFIG
         meta = dict(A_PROLOGUE=prologue, DV=dv, BK_A=p2(ka), BK_B=p2(C.hidden_size), BK_C=p2(C.intermediate_size),
                     BK_D=p2(C.hidden_size), FIRST=0, LAST=3, POLL_LIMIT=chain.POLL_LIMIT, USE_PDL=True,
+                    POLL_LOAD=cfg["POLL_LOAD"],
                     **dict(zip(("BN_A", "BN_B", "BN_C", "BN_D"), cfg["BN"])))
         out.append((f"gemv_chain prologue {prologue}", lambda meta=meta, w=cfg["num_warps"]: compile_case(
             chain.gemv_chain_kernel, meta, {"sync_ptr": "*i32", "eps": "fp32"}, w)))

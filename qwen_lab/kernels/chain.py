@@ -47,9 +47,9 @@ from .gemm import PRO_GATED, PRO_NONE, _row_activation
 # GPU at once gets there
 POLL_LIMIT = 1 << 20
 # The GPU's configuration: programs per SM, warps, and rows per step of each phase (A, B, C, D).
-GPU_CONFIG = dict(PERSIST=4, num_warps=4, BN=(2, 8, 2, 8))
+GPU_CONFIG = dict(PERSIST=2, num_warps=8, BN=(4, 8, 2, 8), POLL_LOAD=True)
 # Under the interpreter: a few programs, so that each has several rows and some none (ragged shapes).
-CPU_CONFIG = dict(PERSIST=1, num_warps=4, BN=(2, 2, 2, 2), programs=3)
+CPU_CONFIG = dict(PERSIST=1, num_warps=4, BN=(2, 2, 2, 2), POLL_LOAD=False, programs=3)
 
 
 @triton.jit
@@ -81,14 +81,25 @@ def _chain_phase(w_first, pid, G, x_ptr, r_ptr, z_ptr, nw_ptr, s_ptr, w_ptr, out
 
 
 @triton.jit
-def _grid_barrier(sync_ptr, target, POLL_LIMIT: tl.constexpr):
+def _load_acquire(ptr):
+    """One int32 read with acquire semantics at GPU scope, no read-modify-write: the pollers of a barrier only
+    read its counter, so they do not queue behind each other's atomics at the counter's L2 slice."""
+    return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _grid_barrier(sync_ptr, target, POLL_LIMIT: tl.constexpr, POLL_LOAD: tl.constexpr):
     """Wait until every program of the grid has arrived here as often as `target` says (G per barrier so far).
     The block barrier first: every thread's stores are issued before the release that announces them."""
     tl.debug_barrier()
-    got = tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu") + 1
+    got = tl.atomic_add(sync_ptr, 1, sem="acq_rel", scope="gpu") + 1
     tries = got * 0
     while (got < target) & (tries < POLL_LIMIT):
-        got = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+        if POLL_LOAD:
+            got = _load_acquire(sync_ptr)
+        else:
+            got = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
         tries += 1
     if got < target:
         tl.atomic_xchg(sync_ptr + 2, 1, sem="relaxed", scope="gpu")  # gave up: the launcher's check says why
@@ -104,7 +115,7 @@ def gemv_chain_kernel(xa_ptr, za_ptr, nwa_ptr, wa_ptr, ya_ptr, Na, Ka, stride_wa
                       A_PROLOGUE: tl.constexpr, DV: tl.constexpr,
                       BN_A: tl.constexpr, BK_A: tl.constexpr, BN_B: tl.constexpr, BK_B: tl.constexpr,
                       BN_C: tl.constexpr, BK_C: tl.constexpr, BN_D: tl.constexpr, BK_D: tl.constexpr,
-                      FIRST: tl.constexpr, LAST: tl.constexpr, POLL_LIMIT: tl.constexpr,
+                      FIRST: tl.constexpr, LAST: tl.constexpr, POLL_LIMIT: tl.constexpr, POLL_LOAD: tl.constexpr = True,
                       USE_PDL: tl.constexpr = False):
     # Phases FIRST..LAST of A (out-projection), B (add + norm, gate/up), C (SwiGLU, down), D (add + norm, next
     # in-projection), a grid barrier between two of them. Phase B's x is A's output, C's is B's, D's is C's; D's
@@ -131,7 +142,7 @@ def gemv_chain_kernel(xa_ptr, za_ptr, nwa_ptr, wa_ptr, ya_ptr, Na, Ka, stride_wa
             w1 = w0
         else:
             w1 = _chain_tile(wb_ptr, pid, G, 0, Nb, Kb, stride_wb, BN_B, BK_B)  # streams during the barrier
-            _grid_barrier(sync_ptr, (1 - FIRST) * G, POLL_LIMIT)
+            _grid_barrier(sync_ptr, (1 - FIRST) * G, POLL_LIMIT, POLL_LOAD)
         _chain_phase(w1, pid, G, ya_ptr, r_ptr, ya_ptr, nwb_ptr, sb_ptr, wb_ptr, yb_ptr, Nb, Kb, stride_wb, 0,
                      0, 0, eps, 3, 1, BN_B, BK_B)   # gemm.PRO_ADD_RMS
     if FIRST <= 2 and LAST >= 2:
@@ -139,7 +150,7 @@ def gemv_chain_kernel(xa_ptr, za_ptr, nwa_ptr, wa_ptr, ya_ptr, Na, Ka, stride_wa
             w2 = w0
         else:
             w2 = _chain_tile(wc_ptr, pid, G, 0, Nc, Kc, stride_wc, BN_C, BK_C)
-            _grid_barrier(sync_ptr, (2 - FIRST) * G, POLL_LIMIT)
+            _grid_barrier(sync_ptr, (2 - FIRST) * G, POLL_LIMIT, POLL_LOAD)
         # SwiGLU prologue: x = [gate | up], up at offset Kc
         _chain_phase(w2, pid, G, yb_ptr, yb_ptr, yb_ptr, yb_ptr, yb_ptr, wc_ptr, yc_ptr, Nc, Kc, stride_wc, Kc,
                      0, 0, eps, 1, 1, BN_C, BK_C)   # gemm.PRO_SWIGLU
@@ -148,7 +159,7 @@ def gemv_chain_kernel(xa_ptr, za_ptr, nwa_ptr, wa_ptr, ya_ptr, Na, Ka, stride_wa
             w3 = w0
         else:
             w3 = _chain_tile(wd_ptr, pid, G, 0, Nd, Kd, stride_wd, BN_D, BK_D)
-            _grid_barrier(sync_ptr, (3 - FIRST) * G, POLL_LIMIT)
+            _grid_barrier(sync_ptr, (3 - FIRST) * G, POLL_LIMIT, POLL_LOAD)
         _chain_phase(w3, pid, G, yc_ptr, sb_ptr, yc_ptr, nwd_ptr, sd_ptr, wd_ptr, yd_ptr, Nd, Kd, stride_wd, 0,
                      0, 0, eps, 3, 1, BN_D, BK_D)   # gemm.PRO_ADD_RMS
     if LAST > FIRST:
@@ -267,18 +278,15 @@ def gemv_chain(o, z, mixer_norm, o_proj, residual, post_norm, gate_up, down, eps
     last = 3 if has_d else 2
     interp = interpreter_active() or dev.type != "cuda"
     cfg = CPU_CONFIG if interp else GPU_CONFIG
-    meta.update(zip(("BN_A", "BN_B", "BN_C", "BN_D"), cfg["BN"]))
+    meta.update(zip(("BN_A", "BN_B", "BN_C", "BN_D"), cfg["BN"]), POLL_LOAD=cfg["POLL_LOAD"])
     sync = _sync(dev)
     pdl = {} if interp else pdl_options(dev)
-    if interp or phases_apart:
-        G = cfg["programs"] if interp else gemm.sm_count(dev) * cfg["PERSIST"]
-        for phase in range(last + 1):
-            gemv_chain_kernel[(G,)](*args, sync, eps, FIRST=phase, LAST=phase, num_warps=cfg["num_warps"], **meta,
-                                    **pdl)
+    if interp:
+        G = cfg["programs"]
     else:
-        key = (dev, tuple(sorted(meta.items())), bool(pdl))
+        key = (dev, tuple(sorted(meta.items())), cfg["PERSIST"], cfg["num_warps"], bool(pdl))
         G = _grids.get(key)
-        if G is None:
+        if G is None:  # as many programs as fit the GPU at once (the barrier's condition), up to PERSIST per SM
             compiled = gemv_chain_kernel.warmup(*args, sync, eps, FIRST=0, LAST=last, num_warps=cfg["num_warps"],
                                                 grid=(1,), **meta, **pdl)
             compiled._init_handles()  # loading the binary is what reports its registers
@@ -288,6 +296,11 @@ def gemv_chain(o, z, mixer_norm, o_proj, residual, post_norm, gate_up, down, eps
                 _fail("grid", f"cannot hold one program per SM ({compiled.n_regs} registers, "
                       f"{compiled.metadata.shared} bytes of shared memory)")
             G = _grids[key] = gemm.sm_count(dev) * min(cfg["PERSIST"], fit)
+    if interp or phases_apart:
+        for phase in range(last + 1):
+            gemv_chain_kernel[(G,)](*args, sync, eps, FIRST=phase, LAST=phase, num_warps=cfg["num_warps"], **meta,
+                                    **pdl)
+    else:
         gemv_chain_kernel[(G,)](*args, sync, eps, FIRST=0, LAST=last, num_warps=cfg["num_warps"], **meta, **pdl)
     return (yd, sd) if has_d else (yc, sb)
 
