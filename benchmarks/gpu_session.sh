@@ -58,8 +58,6 @@ if want probes; then
   timeout 150 python3 benchmarks/probe_prefill_graphs.py 77 2>&1 | tee "$OUT/probe_prefill.txt"
   timeout 120 python3 benchmarks/probe_conv.py 2>&1 | tee "$OUT/probe_conv.txt"
   timeout 120 python3 benchmarks/probe_attention.py 2>&1 | tee "$OUT/probe_attention.txt"
-  # the chunk prep started on the rows the conv has finished (deltanet_conv_chunked) against after the whole conv
-  timeout 330 python3 benchmarks/probe_conv_overlap.py 2>&1 | grep -v "falling back" | tee "$OUT/probe_conv_overlap.txt"
 fi
 if want scanprobes; then
   # the DeltaNet scan beside the chunk prep: every launch form finishes (each in a process with a time limit),

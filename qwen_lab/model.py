@@ -49,22 +49,12 @@ KERNEL_MODULES = {
     "delta_rule_recurrent": "deltanet",
     "deltanet_decode_step": "deltanet",
     "deltanet_conv_decode_step": "deltanet",
-    "deltanet_conv_chunked": "deltanet",
     "delta_rule_chunked": "deltanet",
     "deltanet_chunked": "deltanet",
-    "gemv_chain": "chain",
     "sample": "sampling",
 }
 OPERATORS = tuple(KERNEL_MODULES)
 BACKENDS = ("torch", "triton")
-# In a prompt, each DeltaNet layer's conv, chunk prep and scan run as one operator, `deltanet_conv_chunked`, whose
-# chunk prep starts on the rows the conv has finished instead of after the whole conv. False: `causal_conv1d`, then
-# `deltanet_chunked`. (Off until it is measured faster: benchmarks/probe_conv_overlap.py times the two ways.)
-CONV_BESIDE_PREP = False
-# In a decode step, the projections from each mixer's output to the next mixer's input (out-projection, gate/up,
-# down, the next norm and in-projection) run as one operator, `gemv_chain`: one launch with grid barriers instead
-# of four GEMVs. False: the four operators. (Off until it is measured faster: benchmarks/probe_gemv_chain.py.)
-DECODE_CHAIN = False
 
 
 def _check_backend(backend) -> None:
@@ -163,49 +153,21 @@ class Qwen35Model:
         x = ops["embedding"](ids, W.embed)                             # the residual stream [T, H]
         self._t(-1, "embedding", x)
         y = None                                                       # the last branch output, not yet in x
-        chained = self._chained(ids.shape[0])
-        proj = None                                                    # the chain computes the next in-projection
         for i, layer in enumerate(W.layers):
             self.layer_index = i
-            if proj is None:
-                proj, x = self.norm_linear(i, "input_norm", y, x, layer.input_norm, self._in_proj(layer))
-            if layer.kind == LINEAR:                                   # x += y; norm; project (above), then mix
-                y = self.gated_deltanet(i, layer, proj, cache, project=not chained)
+            w_in = layer.in_proj if layer.kind == LINEAR else layer.qkv_proj
+            proj, x = self.norm_linear(i, "input_norm", y, x, layer.input_norm, w_in)   # x += y; norm; project
+            if layer.kind == LINEAR:
+                y = self.gated_deltanet(i, layer, proj, cache)
             else:
-                y = self.gated_attention(i, layer, proj, positions, cache, project=not chained)
-            if chained:  # out-projection, MLP and the next layer's norm + in-projection in one operator
-                y, x, proj = self.chain(i, layer, y, x)
-            else:
-                y, x = self.mlp(i, layer, y, x)                        # x += y; norm; SwiGLU MLP
-                proj = None
+                y = self.gated_attention(i, layer, proj, positions, cache)
+            y, x = self.mlp(i, layer, y, x)                            # x += y; norm; SwiGLU MLP
         self.layer_index = len(W.layers)
         if not all_logits:
             y, x = y[-1:], x[-1:]
         logits, _ = self.norm_linear(len(W.layers), "final_norm", y, x, W.final_norm, W.lm_head, out=logits_out)
         self._t(len(W.layers), "lm_head", logits)
         return logits
-
-    @staticmethod
-    def _in_proj(layer):
-        return layer.in_proj if layer.kind == LINEAR else layer.qkv_proj
-
-    def _chained(self, T: int) -> bool:
-        """Whether this step runs `gemv_chain` between its mixers: one decode token, the library's own kernels in
-        every entry the chain replaces, and no trace (the chain keeps its intermediate tensors to itself)."""
-        return (DECODE_CHAIN and T == 1 and self.trace is None
-                and self._fused("gemv_chain", "linear", "gated_rms_norm", "rms_norm", "add_rms_norm", "swiglu_down"))
-
-    def chain(self, i: int, layer, mixed, x):
-        """The decode chain after layer i's mixer: mixed = (o, z, norm weight, out-projection) from the mixer,
-        project=False. -> (y, x, proj): the next layer's in-projection as proj (y None, x the residual after
-        the MLP), or for the last layer the MLP's output y and the residual before it (proj None)."""
-        W, eps = self.weights, self.config.rms_norm_eps
-        o, z, norm, out_w = mixed
-        nxt = W.layers[i + 1] if i + 1 < len(W.layers) else None
-        y, x = self.ops["gemv_chain"](o, z, norm, out_w, x, layer.post_norm, layer.gate_up, layer.down, eps,
-                                      None if nxt is None else nxt.input_norm,
-                                      None if nxt is None else self._in_proj(nxt))
-        return (None, x, y) if nxt is not None else (y, x, None)
 
     def norm_linear(self, i: int, name: str, y, x, norm_weight, weight, out=None):
         """x = x + y (y None: x as is), then RMSNorm (1 + w), then the projection: -> (h @ weight^T, x).
@@ -248,15 +210,14 @@ class Qwen35Model:
         """Whether these table entries are still the library's own Triton kernels (so their fusion applies)."""
         return self.backend == "triton" and all(self.ops[n] is self._stock.get(n) for n in names)
 
-    def gated_deltanet(self, i: int, layer, proj: torch.Tensor, cache: Cache, project: bool = True):
+    def gated_deltanet(self, i: int, layer, proj: torch.Tensor, cache: Cache) -> torch.Tensor:
         """Gated DeltaNet mixer, from its fused in-projection: causal conv, gates, the delta rule, gated norm,
-        out-projection. project=False: stop before the gated norm and return (o, z, norm weight, out-projection)
-        for the decode chain."""
+        out-projection."""
         cfg, ops = self.config, self.ops
         T = proj.shape[0]
         Hk, Hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         Dk, Dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        vd, cd = cfg.linear_value_dim, cfg.linear_conv_dim
+        kd, vd, cd = cfg.linear_key_dim, cfg.linear_value_dim, cfg.linear_conv_dim
         self._t(i, "in_proj", proj)                                    # [T, qkv | z | b | a]
         qkv, z = proj[:, :cd], proj[:, cd:cd + vd].unflatten(1, (Hv, Dv))
         b, a = proj[:, cd + vd:cd + vd + Hv], proj[:, cd + vd + Hv:]
@@ -270,16 +231,12 @@ class Qwen35Model:
             # The conv output never leaves the kernel, so there is no "conv1d" tensor to trace here; what can
             # be seen of the conv is its updated state (this token's input in the last column).
             self._t(i, "conv_state", cache.conv_state[i])
-        elif (CONV_BESIDE_PREP and T > 1 and self.trace is None
-              and self._fused("causal_conv1d", "deltanet_gates", "delta_rule_chunked", "deltanet_conv_chunked")):
-            # a prompt: the conv and the chunked delta rule as one operator, its chunk prep starting on the rows
-            # the conv has finished (there is then no conv output to trace)
-            o = ops["deltanet_conv_chunked"](qkv, layer.conv, cache.conv_state[i], a, b, layer.A_log, layer.dt_bias,
-                                             state, Hk, Dk, Hv, Dv)
         else:
             qkv = ops["causal_conv1d"](qkv, layer.conv, cache.conv_state[i])  # SiLU inside
             self._t(i, "conv1d", qkv)
-            q, k, v = reference.split_qkv(qkv, Hk, Dk, Hv, Dv)            # [T, heads, head dim] views
+            q = qkv[:, :kd].unflatten(1, (Hk, Dk))
+            k = qkv[:, kd:2 * kd].unflatten(1, (Hk, Dk))
+            v = qkv[:, 2 * kd:].unflatten(1, (Hv, Dv))
             if T == 1:  # decode: the recurrent form, its gates computed inside the same kernel
                 o = ops["deltanet_decode_step"](q, k, v, a, b, layer.A_log, layer.dt_bias, state)
             elif self._fused("deltanet_gates", "delta_rule_chunked"):  # prefill, the gates inside the chunk prep
@@ -288,8 +245,6 @@ class Qwen35Model:
                 g, beta = ops["deltanet_gates"](a, b, layer.A_log, layer.dt_bias)
                 o = ops["delta_rule_chunked"](q, k, v, g, beta, state)  # [T, Hv, Dv]; l2norm of q, k inside
         self._t(i, "delta_rule", o)
-        if not project:
-            return o, z, layer.norm, layer.out_proj
         if self._fused("gated_rms_norm", "linear"):  # the gated norm as the out-projection's prologue
             y = ops["gated_rms_norm_linear"](o, z, layer.norm, cfg.rms_norm_eps, layer.out_proj)
         else:
@@ -299,10 +254,9 @@ class Qwen35Model:
         self._t(i, "out_proj", y)
         return y
 
-    def gated_attention(self, i: int, layer, proj: torch.Tensor, positions: torch.Tensor, cache: Cache,
-                        project: bool = True):
+    def gated_attention(self, i: int, layer, proj: torch.Tensor, positions: torch.Tensor, cache: Cache) -> torch.Tensor:
         """Gated attention mixer, from its fused q/gate/k/v projection: q/k norm, partial RoPE, causal GQA, sigmoid
-        gate, output projection. project=False: return (o, None, None, output projection) for the decode chain."""
+        gate, output projection."""
         cfg, ops = self.config, self.ops
         T = proj.shape[0]
         Hq, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -324,8 +278,6 @@ class Qwen35Model:
         self._t(i, "qk_norm_rope", q)
         o = ops["attention"](q, k_cache, v_cache, positions, gate=gate)  # softmax(q k^T / sqrt(D)) v * sigmoid(gate)
         self._t(i, "gated_attention", o)
-        if not project:
-            return o.reshape(T, Hq * D), None, None, layer.o_proj
         y = ops["linear"](o.reshape(T, Hq * D), layer.o_proj)
         self._t(i, "o_proj", y)
         return y

@@ -111,24 +111,6 @@ def gated_rms_norm_linear(o: torch.Tensor, z: torch.Tensor, norm_weight: torch.T
     return linear(gated_rms_norm(o, z, norm_weight, eps).reshape(M, -1), weight)
 
 
-def gemv_chain(o, z, mixer_norm, o_proj, residual, post_norm, gate_up, down, eps, next_norm=None, next_proj=None):
-    """A decode token's projections from one mixer's output to the next mixer's input (one launch on the GPU):
-    the out-projection (of the gated RMSNorm of o with z, or of o itself when z is None), x1 = residual + that,
-    the MLP on rms(x1), then (next_norm, next_proj given) x2 = x1 + mlp and next_proj's output on rms(x2).
-
-    Returns (next_proj output, x2), or without a next layer (the MLP's output, x1): the model's (y, x) either way.
-    """
-    if z is None:
-        y = linear(o, o_proj)
-    else:
-        y = gated_rms_norm_linear(o, z, mixer_norm, eps, o_proj)
-    gu, x1 = add_rms_norm_linear(y, residual, post_norm, eps, gate_up)
-    m = swiglu_down(gu, down)
-    if next_proj is None:
-        return m, x1
-    return add_rms_norm_linear(m, x1, next_norm, eps, next_proj)
-
-
 # ---------------------------------------------------------------- rotary embedding
 
 
@@ -290,14 +272,6 @@ def deltanet_decode_step(q, k, v, a, b, A_log, dt_bias, state, scale: float | No
     return delta_rule_recurrent(q, k, v, g, beta, state, scale)
 
 
-def split_qkv(y, num_k_heads: int, head_k_dim: int, num_v_heads: int, head_v_dim: int):
-    """The DeltaNet conv's output [T, 2 Hk Dk + Hv Dv] as its heads: (q [T, Hk, Dk], k [T, Hk, Dk], v [T, Hv, Dv]),
-    views of y (its q | k | v channels, in that order)."""
-    kd = num_k_heads * head_k_dim
-    return (y[:, :kd].unflatten(1, (num_k_heads, head_k_dim)), y[:, kd:2 * kd].unflatten(1, (num_k_heads, head_k_dim)),
-            y[:, 2 * kd:].unflatten(1, (num_v_heads, head_v_dim)))
-
-
 def deltanet_conv_decode_step(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, state, num_k_heads: int,
                               head_k_dim: int, num_v_heads: int, head_v_dim: int,
                               scale: float | None = None) -> torch.Tensor:
@@ -309,22 +283,11 @@ def deltanet_conv_decode_step(qkv, conv_weight, conv_state, a, b, A_log, dt_bias
     A_log, dt_bias [Hv]; state [Hv, Dk, Dv] fp32, updated in place. -> o [1, Hv, Dv] in qkv's dtype.
     """
     y = causal_conv1d(qkv, conv_weight, conv_state)  # SiLU inside, y in qkv's dtype
-    q, k, v = split_qkv(y, num_k_heads, head_k_dim, num_v_heads, head_v_dim)
+    kd = num_k_heads * head_k_dim
+    q = y[:, :kd].unflatten(1, (num_k_heads, head_k_dim))
+    k = y[:, kd:2 * kd].unflatten(1, (num_k_heads, head_k_dim))
+    v = y[:, 2 * kd:].unflatten(1, (num_v_heads, head_v_dim))
     return deltanet_decode_step(q, k, v, a, b, A_log, dt_bias, state, scale)
-
-
-def deltanet_conv_chunked(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, state, num_k_heads: int,
-                          head_k_dim: int, num_v_heads: int, head_v_dim: int, scale: float | None = None,
-                          chunk_size: int = 64) -> torch.Tensor:
-    """A prompt of a Gated DeltaNet layer from its conv input: causal_conv1d, then deltanet_chunked.
-
-    qkv [T, C] with C = 2 Hk Dk + Hv Dv, the q | k | v channels before the conv; conv_weight [C, W]; conv_state
-    [C, W-1], updated in place; a, b [T, Hv]; A_log, dt_bias [Hv]; state [Hv, Dk, Dv] fp32, updated in place.
-    -> o [T, Hv, Dv] in qkv's dtype.
-    """
-    y = causal_conv1d(qkv, conv_weight, conv_state)  # SiLU inside, y in qkv's dtype
-    q, k, v = split_qkv(y, num_k_heads, head_k_dim, num_v_heads, head_v_dim)
-    return deltanet_chunked(q, k, v, a, b, A_log, dt_bias, state, scale, chunk_size)
 
 
 def delta_rule_chunked(q, k, v, g, beta, state, scale: float | None = None, chunk_size: int = 64) -> torch.Tensor:

@@ -119,19 +119,6 @@ def cases():
             meta = dict(meta, REDUCE=gemm.REDUCE_ATOMIC, PROLOGUE=gemm.PRO_NONE, USE_PDL=True)
             out.append((f"gemv M=16 atomic {c}", lambda meta=meta, c=c: compile_case(
                 gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages, clears_after_reading)))
-    # the decode chain (its grid barriers included) for a DeltaNet layer's mixer and an attention layer's, at the
-    # GPU configuration
-    from qwen_lab.kernels import chain
-    p2 = triton.next_power_of_2
-    for prologue, dv, ka in ((gemm.PRO_GATED, C.linear_value_head_dim, C.linear_value_dim),
-                             (gemm.PRO_NONE, 1, C.num_attention_heads * C.head_dim)):
-        cfg = chain.GPU_CONFIG
-        meta = dict(A_PROLOGUE=prologue, DV=dv, BK_A=p2(ka), BK_B=p2(C.hidden_size), BK_C=p2(C.intermediate_size),
-                    BK_D=p2(C.hidden_size), FIRST=0, LAST=3, POLL_LIMIT=chain.POLL_LIMIT, USE_PDL=True,
-                    POLL_LOAD=cfg["POLL_LOAD"],
-                    **dict(zip(("BN_A", "BN_B", "BN_C", "BN_D"), cfg["BN"])))
-        out.append((f"gemv_chain prologue {prologue}", lambda meta=meta, w=cfg["num_warps"]: compile_case(
-            chain.gemv_chain_kernel, meta, {"sync_ptr": "*i32", "eps": "fp32"}, w)))
     D, G = C.head_dim, C.num_attention_heads // C.num_key_value_heads
     attn_types = {"pos_ptr": "*i64", "qk_scale": "fp32"}
     for c in attention._PREFILL_CONFIGS:
@@ -158,20 +145,11 @@ def cases():
             types = dict(prep_types, g_ptr="*bf16", beta_ptr="*bf16", A_log_ptr="*fp32") if fused else prep_types
             out.append((f"chunk_prep fused_gates={fused} {c}", lambda meta=meta, c=c, types=types: compile_case(
                 deltanet.chunk_prep_kernel, meta, types, c.num_warps, c.num_stages)))
-            if fused:  # deltanet_conv_chunked's form: under PDL, waiting for the conv's rows of its chunk
-                meta = dict(meta, WAIT_CONV=True, USE_PDL=True)
-                types = dict(types, conv_ready_ptr="*i32")
-                out.append((f"chunk_prep wait_conv {c}", lambda meta=meta, c=c, types=types: compile_case(
-                    deltanet.chunk_prep_kernel, meta, types, c.num_warps, c.num_stages)))
     scan_types = {"gcum_ptr": "*fp32", "state_ptr": "*fp32", "ready_ptr": "*i32"}
     for c in deltanet.autotune_configs("chunk_scan_kernel", Dv=Dv):
         meta = dict(c.kwargs, BT=64, BK=Dk, PREC="ieee", GROUP=deltanet.SCAN_GROUP)
         out.append((f"chunk_scan {c}", lambda meta=meta, c=c: compile_case(
             deltanet.chunk_scan_kernel, meta, scan_types, c.num_warps, c.num_stages)))
-        # deltanet_conv_chunked's form: under PDL, clearing the conv's counters at the end
-        meta = dict(meta, CLEAR_CONV=True, USE_PDL=True)
-        out.append((f"chunk_scan clear_conv {c}", lambda meta=meta, c=c: compile_case(
-            deltanet.chunk_scan_kernel, meta, dict(scan_types, conv_ready_ptr="*i32"), c.num_warps, c.num_stages)))
     conv_types = {"state_ptr": "*fp32", "A_log_ptr": "*fp32", "dt_bias_ptr": "*bf16", "ticket_ptr": "*i32",
                   "scale": "fp32", "eps": "fp32"}
     for c in deltanet.autotune_configs("conv_decode_step_kernel", Dv=Dv):
@@ -184,9 +162,6 @@ def cases():
         meta = dict(c.kwargs, W=W, BLOCK_S=triton.next_power_of_2(W - 1), WRITE_STATE=True, USE_PDL=True)
         out.append((f"conv1d_prefill {c}", lambda meta=meta, c=c: compile_case(
             conv1d.conv1d_prefill_kernel, meta, warps=c.num_warps, stages=c.num_stages)))
-        meta = dict(meta, PUBLISH=True, CHUNK=64)  # counting its rows per chunk for the chunk prep
-        out.append((f"conv1d_prefill publish {c}", lambda meta=meta, c=c: compile_case(
-            conv1d.conv1d_prefill_kernel, meta, {"ready_ptr": "*i32"}, c.num_warps, c.num_stages)))
     out.append(("notebook 09 exercise chunk_scan_kernel, as its launcher runs it", _notebook_09_scan))
     return out
 

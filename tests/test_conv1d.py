@@ -252,36 +252,3 @@ def test_the_probes_weight_layout_form_matches_reference(span, rt, gen):
         x, weight.t().contiguous(), out, T, C, x.stride(0), out.stride(0), W=W, BLOCK_T=16, BLOCK_C=64, SPAN=span,
         TAPS=W, SILU=True)
     checks.compare(f"probe conv span {span}", out, ref)
-
-
-# a tile shorter than a chunk, one as long, one spanning two chunks (the prep's chunk is 64 rows)
-@pytest.mark.parametrize("tile", [(8, 32), (64, 16), (128, 16)])
-@pytest.mark.parametrize("T", [5, 64, 150])
-def test_the_prefill_kernel_counts_its_rows_per_chunk(tile, T, rt, gen, monkeypatch):
-    """With `ready`, the tiled kernel (its channel tiles numbered first) adds each chunk's rows x channels it wrote
-    to that chunk's counter, and computes the same outputs and state as without."""
-    import triton
-    monkeypatch.setattr(conv1d, "FORCE_PREFILL_CONFIG", triton.Config({"BLOCK_T": tile[0], "BLOCK_C": tile[1]},
-                                                                      num_warps=4))
-    C = 40  # not a multiple of the channel tiles: the last tile counts only its valid channels
-    x, weight, state = _inputs(T, C, 4, gen, rt.dtype, rt.device)
-    ref_state = state.clone()
-    ref = reference.causal_conv1d(x, weight, ref_state)
-    ready = torch.zeros(8, dtype=torch.int32, device=rt.device)
-    y = causal_conv1d(x, weight, state, ready=ready)
-    checks.compare("y", y, ref)
-    checks.compare("state", state, ref_state)
-    chunks = -(-T // 64)
-    want = [min(64, T - 64 * i) * C for i in range(chunks)] + [0] * (8 - chunks)
-    assert ready.tolist() == want
-
-
-def test_ready_counters_are_checked(rt, gen):
-    x, weight, state = _inputs(70, 24, 4, gen, rt.dtype, rt.device)
-    with pytest.raises(KernelError, match="ready: expected int32 counters \\[>= 2\\]"):
-        causal_conv1d(x, weight, state, ready=torch.zeros(1, dtype=torch.int32, device=rt.device))
-    with pytest.raises(KernelError, match="ready: expected int32"):
-        causal_conv1d(x, weight, state, ready=torch.zeros(4, dtype=torch.int64, device=rt.device))
-    short = _inputs(STEP_MAX_TOKENS, 24, 4, gen, rt.dtype, rt.device)
-    with pytest.raises(KernelError, match="written by the tiled kernel"):
-        causal_conv1d(*short, ready=torch.zeros(4, dtype=torch.int32, device=rt.device))

@@ -149,32 +149,6 @@ def test_fused_paths_launch_what_they_should(gen):
     assert checks.relative_error(model.forward(ids), oracle.forward(ids)) <= bound
 
 
-def test_conv_beside_the_prep_in_the_model(gen, monkeypatch):
-    """With model.CONV_BESIDE_PREP a prompt's DeltaNet layers run `deltanet_conv_chunked` (the chunk prep waiting
-    for the conv's rows chunk by chunk) instead of `causal_conv1d` then `deltanet_chunked`: the same kernels, so
-    the same logits bit for bit, and the same final states."""
-    from qwen_lab import model as model_module
-    from qwen_lab.model import record_operators
-
-    model = load_model("tiny", backend="triton")
-    cfg = model.config
-    T = 70
-    ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen).to(model.device)
-    runs = {}
-    for beside in (False, True):
-        monkeypatch.setattr(model_module, "CONV_BESIDE_PREP", beside)
-        cache = model.new_cache(T)
-        logits = model.step(ids, torch.arange(T, device=model.device), cache)
-        states = [s.clone() for s in cache.recurrent_state + cache.conv_state if s is not None]  # DeltaNet layers'
-        runs[beside] = (logits, states)
-        ops = [name for _, name in record_operators(model, T)]
-        fused = "deltanet_conv_chunked" in ops and "deltanet_chunked" not in ops and "causal_conv1d" not in ops
-        assert fused == beside, ops
-    (a, sa), (b, sb) = runs[False], runs[True]
-    assert torch.equal(a, b) and len(sa) == 2 * cfg.num_linear_layers
-    assert all(torch.equal(x, y) for x, y in zip(sa, sb))
-
-
 def test_observing_the_operators_keeps_the_fused_routes(gen):
     """Wrapping every operator to count it (`wrapped_ops`, as record_operators and the notebooks do) must leave the
     model on its fused routes: the same kernels launch, the fused operators are the ones recorded, and a learner's

@@ -147,28 +147,6 @@ def _memory_calls(node):
 _WAITS_ON_COUNTERS = {"chunk_scan_kernel": ("ready_ptr", ("tl.load(s_ptrs",))}
 
 
-def _check_conv_wait(mod_name, name, body):
-    """A kernel that may wait for the conv's rows instead of gdc_wait (WAIT_CONV): its gdc_wait is skipped only in
-    that mode, and that mode polls conv_ready_ptr with an acquire before any other memory access."""
-    import ast
-
-    where = f"{mod_name}.{name}"
-    skip = [st for st in body if isinstance(st, ast.If) and "gdc_wait" in ast.unparse(st)]
-    assert skip and all(ast.unparse(st.test) == "USE_PDL and (not WAIT_CONV)" for st in skip), (
-        f"{where}: its gdc_wait must be skipped in the WAIT_CONV mode alone")
-    mode = next((i, st) for i, st in enumerate(body) if isinstance(st, ast.If) and ast.unparse(st.test) == "WAIT_CONV")
-    for st in body[:mode[0]]:
-        assert not list(_memory_calls(st)) or "gdc_wait" in ast.unparse(st), (
-            f"{where}: `{ast.unparse(st)}` touches memory before the WAIT_CONV poll")
-    polls = [st for st in mode[1].body if isinstance(st, ast.While)]
-    assert polls and all("sem='acquire'" in ast.unparse(st) and "conv_ready_ptr" in ast.unparse(st) for st in polls), (
-        f"{where}: WAIT_CONV must poll conv_ready_ptr with sem='acquire'")
-    for st in mode[1].body[:mode[1].body.index(polls[0])]:
-        for call in _memory_calls(st):
-            assert call.func.attr.startswith("atomic") and "sem='acquire'" in ast.unparse(call), (
-                f"{where}: `{ast.unparse(call)}` runs before its poll of the conv's counters")
-
-
 def _check_counter_wait(mod_name, name, body, counters, allowed):
     """The kernel has no gdc_wait; before its chunk loop it only reads `allowed`; in the loop every load comes after
     a `while` that polls the counters with an acquire (so the producer's stores are visible to it)."""
@@ -216,8 +194,6 @@ def test_every_pdl_kernel_waits_before_it_reads_what_the_previous_kernel_wrote()
         if name in _WAITS_ON_COUNTERS:
             _check_counter_wait(mod_name, name, body, *_WAITS_ON_COUNTERS[name])
             continue
-        if "WAIT_CONV" in inspect.signature(fn.fn if hasattr(fn, "fn") else fn).parameters:
-            _check_conv_wait(mod_name, name, body)
         waits = [(i, ast.unparse(st.test)) for i, st in enumerate(body) if isinstance(st, ast.If)
                  and "USE_PDL" in ast.unparse(st.test) and "gdc_wait" in ast.unparse(st)]
         assert waits, f"{mod_name}.{name} takes USE_PDL but has no top-level `if USE_PDL: gdc_wait()`"

@@ -77,27 +77,18 @@ def conv1d_step_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
 
 
 @triton.jit
-def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, ready_ptr, T, C,
+def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
                           stride_xt, stride_wc, stride_sc, stride_ot, T_BUCKET,
-                          W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
-                          USE_PDL: tl.constexpr = False, WRITE_STATE: tl.constexpr = False,
-                          PUBLISH: tl.constexpr = False, CHUNK: tl.constexpr = 64):
+                          W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr = False,
+                          WRITE_STATE: tl.constexpr = False):
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
         gdc_wait()
         gdc_launch_dependents()
     # T_BUCKET (T rounded up to a power of two) is only the GPU autotuner's key: one tuning per length bucket
-    if PUBLISH:
-        # grid (channel tiles, token tiles), channel tiles fastest: the programs of the first rows start (and
-        # finish) first, so a consumer waiting for the rows of one chunk (ready_ptr, below) can start early
-        pid_t = tl.program_id(1)
-        pid_c = tl.program_id(0)
-    else:
-        pid_t = tl.program_id(0)
-        pid_c = tl.program_id(1)
-    t0 = pid_t * BLOCK_T
+    t0 = tl.program_id(0) * BLOCK_T
     offs_i = tl.arange(0, BLOCK_T)        # token index inside the tile
     offs_t = t0 + offs_i
-    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_t = offs_t < T
     mask_c = offs_c < C
     # 64-bit base of the tile, 32-bit offsets inside it (a tile spans a few rows)
@@ -134,18 +125,6 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, ready_ptr, T, C,
             tl.debug_barrier()
             tl.store(state_ptr + offs_c[:, None] * stride_sc + offs_s[None, :], new.to(state_ptr.dtype.element_ty),
                      mask=mask_c[:, None] & keep[None, :])
-    if PUBLISH:
-        # Count what this program wrote into the counter of each CHUNK-row chunk its tile covers: the chunk's
-        # rows of the tile times its channels (a chunk is complete at rows x C). The barrier puts every thread's
-        # stores before the release that publishes them.
-        tl.debug_barrier()
-        span: tl.constexpr = BLOCK_T if BLOCK_T < CHUNK else CHUNK
-        n_c = tl.minimum(C - pid_c * BLOCK_C, BLOCK_C)
-        for part in tl.static_range(max(BLOCK_T // CHUNK, 1)):
-            start = t0 + part * span
-            rows = tl.minimum(T - start, span)
-            if rows > 0:
-                tl.atomic_add(ready_ptr + start // CHUNK, rows * n_c, sem="release", scope="gpu")
 
 
 # ---------------------------------------------------------------- launchers
@@ -162,11 +141,9 @@ _tuned: dict = {}
 
 def _tuned_prefill():
     if "prefill" not in _tuned:
-        # restore_value: a timed run may replace the state (WRITE_STATE), and the next must read the same one; and
-        # with PUBLISH each run adds to the counters, which must hold one run's counts (ready_ptr is the state
-        # itself when PUBLISH is off)
-        _tuned["prefill"] = triton.autotune(PREFILL_CONFIGS, key=["C", "T_BUCKET", "W", "PUBLISH"],
-                                            restore_value=["state_ptr", "ready_ptr"])(conv1d_prefill_kernel)
+        # restore_value: a timed run may replace the state (WRITE_STATE), and the next must read the same one
+        _tuned["prefill"] = triton.autotune(PREFILL_CONFIGS, key=["C", "T_BUCKET", "W"],
+                                            restore_value=["state_ptr"])(conv1d_prefill_kernel)
     return _tuned["prefill"]
 
 
@@ -204,14 +181,10 @@ def _check_2d(name, t, rows=None, cols=None, what="", device=None):
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
-                  out: torch.Tensor | None = None, ready: torch.Tensor | None = None, chunk: int = 64) -> torch.Tensor:
+                  out: torch.Tensor | None = None) -> torch.Tensor:
     """silu(causal depthwise conv of width W) over x [T, C], carrying state [C, W-1]; = reference.causal_conv1d.
 
     weight [C, W]; `state` (the last W-1 inputs, oldest first) is read and updated in place. -> y [T, C].
-    ready (int32, at least ceil(T / chunk) zeroed counters; prompts of more than STEP_MAX_TOKENS tokens only):
-    the tiled kernel adds to ready[i] the outputs it has written of rows [i chunk, (i + 1) chunk), a release
-    after its stores, so that the next kernel can start on chunk i once ready[i] == its rows x C (the DeltaNet's
-    chunk prep does, `deltanet.deltanet_conv_chunked`). The reader clears the counters.
     """
     _check_2d("x", x, what="[T, C]")
     T, C = x.shape
@@ -230,50 +203,33 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
         out = torch.empty((T, C), dtype=x.dtype, device=x.device)
     if T == 0 or C == 0:
         return out
-    publish = ready is not None
-    if publish:
-        if (not isinstance(ready, torch.Tensor) or ready.dtype != torch.int32 or ready.device != x.device
-                or ready.dim() != 1 or ready.numel() < triton.cdiv(T, chunk)):
-            raise KernelError(f"ready: expected int32 counters [>= {triton.cdiv(T, chunk)}] on {x.device}, got "
-                              f"{getattr(ready, 'dtype', type(ready).__name__)} {_shape(ready)}")
-        if chunk < 1 or chunk & (chunk - 1):
-            raise KernelError(f"chunk={chunk}: expected a power of two")
-    else:
-        ready = state  # not read: PUBLISH is off
     BLOCK_S = triton.next_power_of_2(max(W - 1, 1))
     args = (x, weight, state, out, T, C, x.stride(0), weight.stride(0), state.stride(0), out.stride(0))
     step_block, BLOCK_T, BLOCK_C = block_sizes(C, runtime.interpreter_active())
     step_grid = (triton.cdiv(C, step_block),)
     pdl = pdl_options(x.device)
     if T <= STEP_MAX_TOKENS:
-        if publish:
-            raise KernelError(f"ready: the counters are written by the tiled kernel, which serves prompts of more than "
-                              f"{STEP_MAX_TOKENS} tokens; T = {T}")
         conv1d_step_kernel[step_grid](*args, W=W, BLOCK_S=BLOCK_S, BLOCK_C=step_block, WRITE_OUT=True,
                                       num_warps=2, **pdl)
         return out
-    # (PUBLISH numbers the channel tiles first)
-    order = (lambda nt, nc: (nc, nt)) if publish else (lambda nt, nc: (nt, nc))
-    flags = dict(PUBLISH=publish, CHUNK=chunk)
     t_bucket = triton.next_power_of_2(T)
     # The tiled kernel also writes the new state (the last W-1 inputs, all inside x since T > STEP_MAX_TOKENS)
     # when its first tile alone reads the old one; otherwise the step kernel shifts the state afterwards.
     fuse = T >= W - 1 and all(c.kwargs["BLOCK_T"] >= W - 1 for c in PREFILL_CONFIGS)
-    pargs = args[:4] + (ready,) + args[4:]
     if FORCE_PREFILL_CONFIG is not None:
         c = FORCE_PREFILL_CONFIG
         fuse = fuse and c.kwargs["BLOCK_T"] >= W - 1
-        grid = order(triton.cdiv(T, c.kwargs["BLOCK_T"]), triton.cdiv(C, c.kwargs["BLOCK_C"]))
-        conv1d_prefill_kernel[grid](*pargs, t_bucket, W=W, BLOCK_S=BLOCK_S, WRITE_STATE=fuse, num_warps=c.num_warps,
-                                    **c.kwargs, **flags, **pdl)
+        grid = (triton.cdiv(T, c.kwargs["BLOCK_T"]), triton.cdiv(C, c.kwargs["BLOCK_C"]))
+        conv1d_prefill_kernel[grid](*args, t_bucket, W=W, BLOCK_S=BLOCK_S, WRITE_STATE=fuse, num_warps=c.num_warps,
+                                    **c.kwargs, **pdl)
     elif runtime.interpreter_active():
         fuse = fuse and BLOCK_T >= W - 1
-        grid = order(triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))
-        conv1d_prefill_kernel[grid](*pargs, t_bucket, W=W, BLOCK_S=BLOCK_S, WRITE_STATE=fuse, BLOCK_T=BLOCK_T,
-                                    BLOCK_C=BLOCK_C, num_warps=4, **flags)
+        grid = (triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))
+        conv1d_prefill_kernel[grid](*args, t_bucket, W=W, BLOCK_S=BLOCK_S, WRITE_STATE=fuse, BLOCK_T=BLOCK_T,
+                                    BLOCK_C=BLOCK_C, num_warps=4)
     else:
-        grid = lambda meta: order(triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(C, meta["BLOCK_C"]))  # noqa: E731
-        _tuned_prefill()[grid](*pargs, t_bucket, W=W, BLOCK_S=BLOCK_S, WRITE_STATE=fuse, **flags, **pdl)
+        grid = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(C, meta["BLOCK_C"]))  # noqa: E731
+        _tuned_prefill()[grid](*args, t_bucket, W=W, BLOCK_S=BLOCK_S, WRITE_STATE=fuse, **pdl)
     if not fuse:
         conv1d_step_kernel[step_grid](*args, W=W, BLOCK_S=BLOCK_S, BLOCK_C=step_block, WRITE_OUT=False,
                                       num_warps=2, **pdl)

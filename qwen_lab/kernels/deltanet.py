@@ -73,9 +73,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .. import reference, runtime
+from .. import runtime
 from ..errors import KernelError
-from . import conv1d, device_key, pdl_options
+from . import device_key, pdl_options
 
 EPS = 1e-6  # l2norm epsilon of q and k inside the delta rule (as in the reference and transformers)
 INTERPRET = runtime.interpreter_active()  # fixed at import: the kernels below are defined for one mode
@@ -404,29 +404,18 @@ _PREP_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]
 @_tuned(_PREP_CONFIGS, key=["Dk", "Dv", "BT", "BK", "BDV", "FUSED_GATES"])
 @triton.jit(do_not_specialize=["T"])
 def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
-                      qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr, conv_ready_ptr,
-                      T, Tp, Dk, Dv, REP, scale, eps, conv_cols,
+                      qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr,
+                      T, Tp, Dk, Dv, REP, scale, eps,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                       stride_gt, stride_gh, stride_bt, stride_bh,
                       BT: tl.constexpr, BK: tl.constexpr, BDV: tl.constexpr, MERGES: tl.constexpr,
                       PREC: tl.constexpr, INV_PREC: tl.constexpr, GROUP: tl.constexpr,
-                      FUSED_GATES: tl.constexpr = False, WAIT_CONV: tl.constexpr = False,
-                      USE_PDL: tl.constexpr = False):
-    if USE_PDL and not WAIT_CONV:  # launched early (programmatic dependent launch): wait for the previous kernel
+                      FUSED_GATES: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
         gdc_wait()
         gdc_launch_dependents()
     h = tl.program_id(0)  # heads fastest: the programs start chunk by chunk, in the order the scan needs them
     c = tl.program_id(1)
-    if WAIT_CONV:
-        # q, k, v come from the conv launched just before, which counts the outputs it has written per chunk of
-        # rows (conv_ready_ptr): wait for this chunk's rows x conv_cols, not for the whole conv (no gdc_wait).
-        # Everything before the conv is complete: every conv program waited for it before this launch began.
-        want = tl.minimum(T - c * BT, BT) * conv_cols
-        got = tl.atomic_add(conv_ready_ptr + c, 0, sem="acquire", scope="gpu")
-        while got < want:
-            got = tl.atomic_add(conv_ready_ptr + c, 0, sem="acquire", scope="gpu")
-        if USE_PDL:
-            gdc_launch_dependents()
     hk = h // REP
     rows_ws = h.to(tl.int64) * Tp + c * BT + tl.arange(0, BT)   # this chunk's rows of the workspace [Hv, Tp, .]
     DT = qg_ptr.dtype.element_ty                                 # the matmul operand dtype (the workspace's)
@@ -505,13 +494,12 @@ _SCAN_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
 # away and the loads, the transposed k tile and the dots are scheduled without the software pipeline) and for
 # T == 1. Every failure seen on the H200 ran such a variant (a fault at T = 1, garbage at T = 64), while the
 # looped kernel was right for 77, 300 and 2048 tokens; now every length runs the looped kernel.
-@_tuned(_SCAN_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK"], restore=("state_ptr", "ready_ptr", "conv_ready_ptr"),
-        prune=_prune_bv)
+@_tuned(_SCAN_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK"], restore=("state_ptr", "ready_ptr"), prune=_prune_bv)
 @triton.jit(do_not_specialize=["T", "n_chunks"])
-def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr, conv_ready_ptr, state_ptr, out_ptr,
+def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr, state_ptr, out_ptr,
                       T, Tp, n_chunks, Hv, Dk, Dv, stride_sh, stride_sk, stride_ot, stride_oh,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                      GROUP: tl.constexpr, CLEAR_CONV: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+                      GROUP: tl.constexpr, USE_PDL: tl.constexpr = False):
     # Under PDL the scan starts once every prep program has started, not once they have all finished. So there
     # is no gdc_wait here (everything before the prep is complete by then: each prep program waited for it);
     # the scan waits for the prep's chunks through the `ready` counters instead, and runs beside the prep's last
@@ -562,13 +550,6 @@ def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr
     last = done == tl.num_programs(1) - 1
     for g in range(0, tl.cdiv(n_chunks, GROUP) + 1):
         tl.store(counters + g, 0, mask=last)
-    if CLEAR_CONV:
-        # The conv's counters (one per chunk, then a count of finished scan programs): the last scan program of
-        # all heads clears them. By then every prep program has published its chunk, so each has passed its wait.
-        finished = tl.atomic_add(conv_ready_ptr + n_chunks, 1, sem="relaxed", scope="gpu")
-        everyone = finished == tl.num_programs(0) * tl.num_programs(1) - 1
-        for c in range(0, n_chunks + 1):
-            tl.store(conv_ready_ptr + c, 0, mask=everyone)
 
 
 # ---------------------------------------------------------------- launchers
@@ -753,14 +734,6 @@ def _tickets(device, n: int) -> torch.Tensor:
     return buf
 
 
-def _check_heads(Hk, Dk, Hv, Dv) -> tuple:
-    """The head counts and dims given to a conv + delta rule operator, checked: positive ints. -> (Hk, Dk, Hv, Dv)"""
-    for name, n in (("num_k_heads", Hk), ("head_k_dim", Dk), ("num_v_heads", Hv), ("head_v_dim", Dv)):
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise KernelError(f"{name}={n!r}: expected a positive int")
-    return Hk, Dk, Hv, Dv
-
-
 def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor,
                               a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                               state: torch.Tensor, num_k_heads: int, head_k_dim: int, num_v_heads: int,
@@ -777,7 +750,10 @@ def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv
     states may be read before this kernel's wait. True in the model's decode step (the in-projection comes
     between two steps of a layer); two steps launched back to back must leave it False.
     """
-    Hk, Dk, Hv, Dv = _check_heads(num_k_heads, head_k_dim, num_v_heads, head_v_dim)
+    Hk, Dk, Hv, Dv = num_k_heads, head_k_dim, num_v_heads, head_v_dim
+    for name, n in (("num_k_heads", Hk), ("head_k_dim", Dk), ("num_v_heads", Hv), ("head_v_dim", Dv)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise KernelError(f"{name}={n!r}: expected a positive int")
     if Hv % Hk:
         raise KernelError(f"num_v_heads={Hv}: expected a multiple of num_k_heads={Hk}")
     if Dk > 256 or Dv > 256:
@@ -866,58 +842,8 @@ def deltanet_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch
     return _chunked_launch(q, k, v, a, b, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused=True)
 
 
-def deltanet_conv_chunked(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor,
-                          a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-                          state: torch.Tensor, num_k_heads: int, head_k_dim: int, num_v_heads: int,
-                          head_v_dim: int, scale: float | None = None, chunk_size: int = 64,
-                          out: torch.Tensor | None = None, workspace: ChunkWorkspace | None = None) -> torch.Tensor:
-    """causal_conv1d, then deltanet_chunked, for a prompt of a Gated DeltaNet layer from its conv input; =
-    reference.deltanet_conv_chunked.
-
-    qkv [T, C] with C = 2 Hk Dk + Hv Dv (q | k | v channels before the conv; a strided slice allowed), conv_weight
-    [C, W], conv_state [C, W-1] (updated in place), a, b [T, Hv], A_log, dt_bias [Hv], state [Hv, Dk, Dv] fp32
-    (updated in place). -> o [T, Hv, Dv] in qkv's dtype.
-
-    The conv counts the rows it has written per chunk (its `ready` counters), and each chunk prep program waits
-    for its own chunk's rows instead of the whole conv; the last program of the scan clears the counters. (Prompts
-    the conv's step kernel serves, and heads the recurrent kernel serves on a GPU, take the three kernels one after
-    the other.)
-    """
-    Hk, Dk, Hv, Dv = _check_heads(num_k_heads, head_k_dim, num_v_heads, head_v_dim)
-    C = 2 * Hk * Dk + Hv * Dv
-    _check("qkv", qkv, 2, f"[T, C={C}] (2 Hk Dk + Hv Dv channels)")
-    if qkv.shape[1] != C:
-        raise KernelError(f"qkv: shape {tuple(qkv.shape)}, expected [T, {C}]: 2*{Hk}*{Dk} + {Hv}*{Dv} channels")
-    T = qkv.shape[0]
-    beside = (T > conv1d.STEP_MAX_TOKENS and chunk_size in (64, 128)
-              and (min(Dk, Dv) >= CHUNKED_MIN_HEAD_DIM or INTERPRET))
-    ready = None
-    if beside:
-        # in the device's counter buffer, after the scan's (whose rows follow the workspace's pitch): one per chunk,
-        # then the count of finished scan programs
-        n_chunks = triton.cdiv(T, chunk_size)
-        pitch = n_chunks * chunk_size
-        if workspace is not None and isinstance(workspace[0], torch.Tensor) and workspace[0].dim() > 1:
-            pitch = max(pitch, workspace[0].shape[1])
-        base = Hv * (pitch // chunk_size + 1)
-        ready = _tickets(qkv.device, base + n_chunks + 1)[base:base + n_chunks + 1]
-    y = conv1d.causal_conv1d(qkv, conv_weight, conv_state, ready=ready, chunk=chunk_size)
-    q, k, v = reference.split_qkv(y, Hk, Dk, Hv, Dv)
-    try:
-        _check_gate_params(A_log, dt_bias, Hv, qkv.device)
-        return _chunked_launch(q, k, v, a, b, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused=True,
-                               conv_ready=ready, conv_cols=C)
-    except KernelError:
-        if ready is not None:  # the conv has counted its rows, and no scan will clear them: the next call must not
-            ready.zero_()      # find them full
-        raise
-
-
-def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused,
-                    conv_ready=None, conv_cols=0):
-    """delta_rule_chunked (fused=False: g, beta are the gates) or deltanet_chunked (fused: g, beta are a and b).
-    conv_ready: the counters of the conv that wrote q, k, v (`deltanet_conv_chunked`): the prep waits on them and
-    the scan clears them."""
+def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused):
+    """delta_rule_chunked (fused=False: g, beta are the gates) or deltanet_chunked (fused: g, beta are a and b)."""
     T, Hk, Dk, Hv, Dv = _check_delta(q, k, v, g, beta, state, ("a", "b") if fused else ("g", "beta"))
     if chunk_size not in (64, 128):
         raise KernelError(f"chunk_size={chunk_size!r}: expected 64 or 128 (a power of two of at least "
@@ -954,27 +880,23 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
     prec = "ieee" if ws.qg.dtype == torch.float32 else "tf32"
     # the counters through which the scan waits for the prep, [Hv, chunks + 1] at the workspace's pitch
     ready = _tickets(q.device, Hv * (Tw // chunk_size + 1))
-    wait_conv = conv_ready is not None
-    if not wait_conv:
-        conv_ready = ready  # not read
     _launch(chunk_prep_kernel, (Hv, n_chunks), (
-        q, k, v, g, beta, A_log, dt_bias, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, conv_ready, T, Tw, Dk, Dv,
-        Hv // Hk, scale, EPS, conv_cols,
+        q, k, v, g, beta, A_log, dt_bias, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, T, Tw, Dk, Dv, Hv // Hk,
+        scale, EPS,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1)),
         dict(BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 2).bit_length() - 1, PREC=prec, INV_PREC=prec,
-             GROUP=SCAN_GROUP, FUSED_GATES=fused, WAIT_CONV=wait_conv, **pdl_options(q.device)),
+             GROUP=SCAN_GROUP, FUSED_GATES=fused, **pdl_options(q.device)),
         dict(num_warps=4))
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
     _launch(chunk_scan_kernel, grid, (
-        ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, conv_ready, state, out, T, Tw, n_chunks, Hv, Dk, Dv,
+        ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, state, out, T, Tw, n_chunks, Hv, Dk, Dv,
         state.stride(0), state.stride(1), out.stride(0), out.stride(1)),
-        dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=SCAN_GROUP, CLEAR_CONV=wait_conv,
-             **(pdl_options(q.device) if SCAN_BESIDE_PREP else {})),
+        dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=SCAN_GROUP, **(pdl_options(q.device) if SCAN_BESIDE_PREP else {})),
         dict(BV=min(32, BDV), num_warps=4))
     return out
 
 
 __all__ = ["ChunkWorkspace", "autotune_configs", "chunk_workspace", "delta_rule_chunked", "delta_rule_recurrent",
-           "deltanet_chunked", "deltanet_conv_chunked", "deltanet_conv_decode_step", "deltanet_decode_step", "deltanet_gates", "force_config",
+           "deltanet_chunked", "deltanet_conv_decode_step", "deltanet_decode_step", "deltanet_gates", "force_config",
            "l2norm"]
