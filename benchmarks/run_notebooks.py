@@ -31,12 +31,17 @@ def run(path: str) -> tuple[bool, str]:
             name = f"<{os.path.basename(path)} cell {i}>"
             # Triton reads a kernel's source through linecache (inspect.getsource): register the cell's text
             linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+            t0 = time.time()
             try:
                 exec(compile(src, name, "exec"), ns)
             except Exception as e:
                 if "raises-exception" in tags:
                     continue
                 return False, f"cell {i} raised {type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
+            finally:
+                # each cell's time on stderr as it ends: a run stopped by a time limit still says how far it got
+                # and which cells took the time (a cold start compiles and tunes every kernel)
+                print(f"  {os.path.basename(path)} cell {i}: {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
         return True, ""
     finally:
         os.chdir(cwd)
