@@ -23,20 +23,21 @@ def probe_args(doc: str):
     return args
 
 
-def model_ab(switch, label: str, tokens: int, rounds: int = 2) -> bool:
+def model_ab(switch, label: str, tokens: int, rounds: int = 2, metric: str = "prefill") -> bool:
     """Time the model (random weights of Qwen3.5-0.8B's shapes, bf16) with switch(False) and switch(True), `rounds`
-    times each, alternated; print each run; return whether the switch on gave the faster prefill."""
+    times each, alternated; print each run; return whether the switch on gave the faster `metric` (prefill or
+    decode)."""
     from qwen_lab import bench
     from qwen_lab.model import load_model
 
     model = load_model("qwen3.5-0.8b", device="cuda", dtype=torch.bfloat16)
-    prefill = {}
+    times = {}
     for on in (False, True) * rounds:
         switch(on)
         r = bench.bench_qwen_lab(model, tokens, 32, graph=True, gen=torch.Generator().manual_seed(0))
-        prefill.setdefault(on, []).append(r["prefill_ms"])
+        times.setdefault(on, []).append(r[f"{metric}_ms"])
         print(f"model, {label}={on}: prefill {r['prefill_ms']:.3f} ms, decode {r['decode_ms']:.4f} ms per token",
               flush=True)
-    faster = min(prefill[True]) < min(prefill[False])
-    print(f"{label}: the prefill is faster {'on' if faster else 'off'}", flush=True)
+    faster = min(times[True]) < min(times[False])
+    print(f"{label}: the {metric} is faster {'on' if faster else 'off'}", flush=True)
     return faster

@@ -55,6 +55,11 @@ KERNEL_MODULES = {
 }
 OPERATORS = tuple(KERNEL_MODULES)
 BACKENDS = ("torch", "triton")
+# In a decode step, right after each layer's in-projection, one short kernel asks L2 for the weights of the
+# layer's out-projection and gate/up (kernels/prefetch.py), so that HBM streams them while the mixer's
+# latency-bound kernels run. A hint: results are the same either way. (Off until it is measured faster:
+# benchmarks/probe_l2_prefetch.py.)
+L2_PREFETCH = False
 
 
 def _check_backend(backend) -> None:
@@ -157,6 +162,9 @@ class Qwen35Model:
             self.layer_index = i
             w_in = layer.in_proj if layer.kind == LINEAR else layer.qkv_proj
             proj, x = self.norm_linear(i, "input_norm", y, x, layer.input_norm, w_in)   # x += y; norm; project
+            if L2_PREFETCH and ids.shape[0] == 1 and self.backend == "triton":
+                out_w = layer.out_proj if layer.kind == LINEAR else layer.o_proj
+                importlib.import_module("qwen_lab.kernels.prefetch").l2_prefetch(out_w, layer.gate_up)
             if layer.kind == LINEAR:
                 y = self.gated_deltanet(i, layer, proj, cache)
             else:
@@ -225,7 +233,8 @@ class Qwen35Model:
         if T == 1 and self._fused("causal_conv1d", "deltanet_decode_step"):
             # decode with the library's own conv and decode step: conv, gates and recurrence in one launch
             # state_settled: the in-projection just launched comes between two steps of this layer, so the
-            # kernel may read the states before it waits for the in-projection's output
+            # kernel may read the states before it waits for the in-projection's output (the L2 prefetch kernel,
+            # when it comes between them, likewise lets its dependents start only after its own wait)
             o = ops["deltanet_conv_decode_step"](qkv, layer.conv, cache.conv_state[i], a, b, layer.A_log,
                                                  layer.dt_bias, state, Hk, Dk, Hv, Dv, state_settled=True)
             # The conv output never leaves the kernel, so there is no "conv1d" tensor to trace here; what can
