@@ -163,8 +163,7 @@ class Qwen35Model:
             w_in = layer.in_proj if layer.kind == LINEAR else layer.qkv_proj
             proj, x = self.norm_linear(i, "input_norm", y, x, layer.input_norm, w_in)   # x += y; norm; project
             if L2_PREFETCH and ids.shape[0] == 1 and self.backend == "triton":
-                out_w = layer.out_proj if layer.kind == LINEAR else layer.o_proj
-                importlib.import_module("qwen_lab.kernels.prefetch").l2_prefetch(out_w, layer.gate_up)
+                self.warm_l2(layer)                                    # a decode token: see L2_PREFETCH
             if layer.kind == LINEAR:
                 y = self.gated_deltanet(i, layer, proj, cache)
             else:
@@ -176,6 +175,14 @@ class Qwen35Model:
         logits, _ = self.norm_linear(len(W.layers), "final_norm", y, x, W.final_norm, W.lm_head, out=logits_out)
         self._t(len(W.layers), "lm_head", logits)
         return logits
+
+    @staticmethod
+    def warm_l2(layer) -> None:
+        """Ask L2 for the layer's out-projection and gate/up weights, to stream while its mixer runs (a hint that
+        changes no result: kernels/prefetch.py)."""
+        from .kernels.prefetch import l2_prefetch
+
+        l2_prefetch(layer.out_proj if layer.kind == LINEAR else layer.o_proj, layer.gate_up)
 
     def norm_linear(self, i: int, name: str, y, x, norm_weight, weight, out=None):
         """x = x + y (y None: x as is), then RMSNorm (1 + w), then the projection: -> (h @ weight^T, x).
