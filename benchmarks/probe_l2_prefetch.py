@@ -5,7 +5,8 @@ kernels/prefetch.py) against without it.
 
 1. The model's decode step (random weights of Qwen3.5-0.8B's shapes, bf16, after a 64-token prompt) captured in a
    CUDA Graph and replayed, the prefetch off and on with a few chunk sizes and program counts, each setting
-   between two runs without it. The logits must be equal bit for bit either way (a hint changes no result).
+   between two runs without it; then, at the best setting, only one of the two weights prefetched. The logits
+   must be equal bit for bit either way (a hint changes no result).
 2. The whole model as `python -m qwen_lab.bench` times it, off and on (the best setting of 1).
 """
 
@@ -18,6 +19,7 @@ def main() -> int:
     if args is None:
         return 0
     from qwen_lab import model as model_module
+    from qwen_lab.config import LINEAR
     from qwen_lab.kernels import graph_time_us, prefetch
     from qwen_lab.model import load_model
 
@@ -66,6 +68,15 @@ def main() -> int:
     gain, chunk, programs = min(timed)
     prefetch.CHUNK, prefetch.PROGRAMS = chunk, programs
     print(f"best: CHUNK={chunk} PROGRAMS={programs}, {-gain:.1f} us per step faster than without", flush=True)
+    # which weights are worth the requests, at the best setting: both (the model's choice), or one of the two
+    out_w = lambda layer: layer.out_proj if layer.kind == LINEAR else layer.o_proj  # noqa: E731
+    stock = model_module.Qwen35Model.warm_l2
+    for label, pick in (("gate/up only", lambda layer: (layer.gate_up,)),
+                        ("out-projection only", lambda layer: (out_w(layer),))):
+        model_module.Qwen35Model.warm_l2 = staticmethod(lambda layer, pick=pick: prefetch.l2_prefetch(*pick(layer)))
+        off1, on, off2 = step_us(False), step_us(True), step_us(False)
+        print(f"{label}: decode step {on:.1f} us with the prefetch, {off1:.1f} / {off2:.1f} us without", flush=True)
+    model_module.Qwen35Model.warm_l2 = stock
     model_module.L2_PREFETCH = False
     if args.no_model or not same:
         return 0 if same else 1
