@@ -10,6 +10,8 @@ kernels/prefetch.py) against without it.
 2. The whole model as `python -m qwen_lab.bench` times it, off and on (the best setting of 1).
 """
 
+import os
+
 import torch
 from probe_ab import model_ab, probe_args
 
@@ -48,7 +50,10 @@ def main() -> int:
         torch.cuda.synchronize()
         return out
 
+    # (the bitwise comparison with the deterministic split-K: atomic sums differ in the last bits run to run)
+    os.environ["QWEN_LAB_DETERMINISTIC"] = "1"
     same = torch.equal(logits(False), logits(True))
+    del os.environ["QWEN_LAB_DETERMINISTIC"]
     print(f"decode logits with and without the prefetch bitwise equal: {same}", flush=True)
 
     def step_us(on):
