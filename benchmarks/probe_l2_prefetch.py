@@ -51,9 +51,13 @@ def main() -> int:
         return out
 
     # (the bitwise comparison with the deterministic split-K: atomic sums differ in the last bits run to run)
+    before = os.environ.get("QWEN_LAB_DETERMINISTIC")
     os.environ["QWEN_LAB_DETERMINISTIC"] = "1"
     same = torch.equal(logits(False), logits(True))
-    del os.environ["QWEN_LAB_DETERMINISTIC"]
+    if before is None:
+        del os.environ["QWEN_LAB_DETERMINISTIC"]
+    else:
+        os.environ["QWEN_LAB_DETERMINISTIC"] = before
     print(f"decode logits with and without the prefetch bitwise equal: {same}", flush=True)
 
     def step_us(on):
