@@ -11,6 +11,14 @@ from qwen_lab import runtime
 HAS_GPU = torch.cuda.is_available() and not runtime.interpreter_active()
 
 
+def pytest_configure(config):
+    # nbval gives a notebook's Jupyter kernel 60 s to start. On a 2-core machine running two test workers through
+    # the interpreter, one start took longer and the whole notebook failed without running a cell; 300 s unless
+    # the command line sets it. (This conftest is loaded whenever `tests` is among the paths, as in the README.)
+    if getattr(config.option, "nbval_kernel_startup_timeout", None) == 60:
+        config.option.nbval_kernel_startup_timeout = 300
+
+
 def pytest_collection_modifyitems(config, items):
     if HAS_GPU:
         return
