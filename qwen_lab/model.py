@@ -241,7 +241,8 @@ class Qwen35Model:
             # decode with the library's own conv and decode step: conv, gates and recurrence in one launch
             # state_settled: the in-projection just launched comes between two steps of this layer, so the
             # kernel may read the states before it waits for the in-projection's output (the L2 prefetch kernel,
-            # when it comes between them, likewise lets its dependents start only after its own wait)
+            # when it comes between them, starts only after the in-projection's wait, and this kernel's wait
+            # covers both)
             o = ops["deltanet_conv_decode_step"](qkv, layer.conv, cache.conv_state[i], a, b, layer.A_log,
                                                  layer.dt_bias, state, Hk, Dk, Hv, Dv, state_settled=True)
             # The conv output never leaves the kernel, so there is no "conv1d" tensor to trace here; what can

@@ -18,9 +18,10 @@ programs of the DeltaNet step's grid (the step waited for its 150 thousand instr
 bulk prefetch per GEMV program of the NEXT GEMV's weights (issued while HBM was already busy with the current
 one). Here the requests are few, and they are issued when HBM has nothing else to do.
 
-Under programmatic dependent launch the kernel waits for the in-projection to finish before issuing anything (its
-weights would otherwise compete with the in-projection's stream), and lets the next kernel start at once. Nothing
-is computed from what is fetched: results are unchanged bit for bit. Under the interpreter, on a CPU, and on GPUs
+Under programmatic dependent launch the kernel lets the next kernel start at once (so the mixer's first kernel still
+loads its weights and states in the in-projection's shadow), then waits for the in-projection to finish before
+issuing anything (its weights would otherwise compete with the in-projection's stream). Nothing is computed from
+what is fetched: results are unchanged bit for bit. Under the interpreter, on a CPU, and on GPUs
 before sm_90 the call does nothing (there is no L2 to warm, or no bulk prefetch).
 
     l2_prefetch(*tensors)        each tensor contiguous, its bytes a multiple of 16
@@ -47,8 +48,12 @@ def l2_prefetch_kernel(a_ptr, a_bytes, b_ptr, b_bytes, CHUNK: tl.constexpr, USE_
     # One warp per program; thread t of program p takes chunks t + 32 p, t + 32 p + 32 P, ... of each span (a
     # [32] tensor over one warp is one element per thread: one instruction each, no duplicates).
     if USE_PDL:
-        gdc_wait()               # the previous kernel (the in-projection) streams its own weights until it ends
-        gdc_launch_dependents()  # the mixer's kernels need nothing from this one
+        # The mixer's first kernel may start at once, as it would right after the in-projection: it reads its
+        # weights and states before its own wait (this kernel itself started only after the in-projection's wait,
+        # so whatever wrote those states is done), and its wait then covers this kernel and, through it, the
+        # in-projection. The prefetches wait for the in-projection, which streams its own weights until it ends.
+        gdc_launch_dependents()
+        gdc_wait()
     lanes = tl.num_programs(0) * 32
     lane = tl.program_id(0) * 32 + tl.arange(0, 32)
     _prefetch_lanes(a_ptr, a_bytes, lane, lanes, CHUNK)
