@@ -5,8 +5,8 @@ kernels/prefetch.py) against without it.
 
 1. The model's decode step (random weights of Qwen3.5-0.8B's shapes, bf16, after a 64-token prompt) captured in a
    CUDA Graph and replayed, the prefetch off and on with a few chunk sizes and program counts, each setting
-   between two runs without it; then, at the best setting, only one of the two weights prefetched. The logits
-   must be equal bit for bit either way (a hint changes no result).
+   between two runs without it; then, at the best setting, other choices of weights (one of the two, or the MLP's
+   down projection as well). The logits must be equal bit for bit either way (a hint changes no result).
 2. The whole model as `python -m qwen_lab.bench` times it, off and on (the best setting of 1).
 """
 
@@ -80,8 +80,13 @@ def main() -> int:
     # which weights are worth the requests, at the best setting: both (the model's choice), or one of the two
     out_w = lambda layer: layer.out_proj if layer.kind == LINEAR else layer.o_proj  # noqa: E731
     stock = model_module.Qwen35Model.warm_l2
-    for label, pick in (("gate/up only", lambda layer: (layer.gate_up,)),
-                        ("out-projection only", lambda layer: (out_w(layer),))):
+    # (attention's prep, split and combine take about twice a DeltaNet step: room for the down projection too)
+    variants = (("gate/up only", lambda layer: (layer.gate_up,)),
+                ("out-projection only", lambda layer: (out_w(layer),)),
+                ("+ down in attention layers", lambda layer: (out_w(layer), layer.gate_up)
+                 + (() if layer.kind == LINEAR else (layer.down,))),
+                ("+ down in every layer", lambda layer: (out_w(layer), layer.gate_up, layer.down)))
+    for label, pick in variants:
         model_module.Qwen35Model.warm_l2 = staticmethod(lambda layer, pick=pick: prefetch.l2_prefetch(*pick(layer)))
         off1, on, off2 = step_us(False), step_us(True), step_us(False)
         print(f"{label}: decode step {on:.1f} us with the prefetch, {off1:.1f} / {off2:.1f} us without", flush=True)

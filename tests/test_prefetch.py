@@ -13,8 +13,8 @@ from qwen_lab.kernels import count_launches, prefetch
 
 def test_l2_prefetch_refuses_what_it_cannot_walk(rt):
     w = torch.zeros(8, 16, dtype=rt.dtype, device=rt.device)
-    with pytest.raises(KernelError, match="prefetch.py.*1 to 2 tensors, got 3"):
-        prefetch.l2_prefetch(w, w, w)
+    with pytest.raises(KernelError, match="prefetch.py.*1 to 3 tensors, got 4"):
+        prefetch.l2_prefetch(w, w, w, w)
     with pytest.raises(KernelError, match=r"tensors\[1\] of shape \(16, 8\) is not contiguous"):
         prefetch.l2_prefetch(w, w.t())
     with pytest.raises(KernelError, match=r"tensors\[0\] spans 15 bytes.*multiples of 16"):

@@ -24,7 +24,7 @@ issuing anything (its weights would otherwise compete with the in-projection's s
 what is fetched: results are unchanged bit for bit. Under the interpreter, on a CPU, and on GPUs
 before sm_90 the call does nothing (there is no L2 to warm, or no bulk prefetch).
 
-    l2_prefetch(*tensors)        each tensor contiguous, its bytes a multiple of 16
+    l2_prefetch(*tensors)        up to three tensors, each contiguous, its bytes a multiple of 16
 """
 
 from __future__ import annotations
@@ -40,11 +40,12 @@ from . import _capability, device_key, pdl_options
 
 CHUNK = 16384      # bytes per prefetch instruction (a multiple of 16)
 PROGRAMS = 64      # programs of one warp: 2048 requests in flight across 64 SMs' TMA units
-MAX_TENSORS = 2
+MAX_TENSORS = 3
 
 
 @triton.jit
-def l2_prefetch_kernel(a_ptr, a_bytes, b_ptr, b_bytes, CHUNK: tl.constexpr, USE_PDL: tl.constexpr = False):
+def l2_prefetch_kernel(a_ptr, a_bytes, b_ptr, b_bytes, c_ptr, c_bytes, CHUNK: tl.constexpr,
+                       USE_PDL: tl.constexpr = False):
     # One warp per program; thread t of program p takes chunks t + 32 p, t + 32 p + 32 P, ... of each span (a
     # [32] tensor over one warp is one element per thread: one instruction each, no duplicates).
     if USE_PDL:
@@ -56,8 +57,9 @@ def l2_prefetch_kernel(a_ptr, a_bytes, b_ptr, b_bytes, CHUNK: tl.constexpr, USE_
         gdc_wait()
     lanes = tl.num_programs(0) * 32
     lane = tl.program_id(0) * 32 + tl.arange(0, 32)
-    _prefetch_lanes(a_ptr, a_bytes, lane, lanes, CHUNK)
+    _prefetch_lanes(a_ptr, a_bytes, lane, lanes, CHUNK)   # in the order they will be read
     _prefetch_lanes(b_ptr, b_bytes, lane, lanes, CHUNK)
+    _prefetch_lanes(c_ptr, c_bytes, lane, lanes, CHUNK)
 
 
 @triton.jit
@@ -82,7 +84,8 @@ def available(device) -> bool:
 
 
 def l2_prefetch(*tensors: torch.Tensor) -> None:
-    """Ask L2 for the bytes of up to two contiguous tensors (the next projections' weights), in one short launch.
+    """Ask L2 for the bytes of up to three contiguous tensors (the next projections' weights, in the order they will
+    be read), in one short launch.
 
     A hint: it changes no result. Does nothing where `available` is False. Raises KernelError for a tensor that is
     not contiguous, whose size in bytes is not a multiple of 16, or that lies on another device than the first.
@@ -105,10 +108,10 @@ def l2_prefetch(*tensors: torch.Tensor) -> None:
     dev = tensors[0].device
     if not available(dev):
         return
-    a, b = (tensors + (tensors[0],))[:2]
-    b_bytes = b.numel() * b.element_size() if len(tensors) == 2 else 0
-    l2_prefetch_kernel[(PROGRAMS,)](a, a.numel() * a.element_size(), b, b_bytes, CHUNK=CHUNK, num_warps=1,
-                                    **pdl_options(dev))
+    spans = [(t, t.numel() * t.element_size()) for t in tensors]
+    spans += [(tensors[0], 0)] * (MAX_TENSORS - len(spans))   # absent spans: no bytes, nothing issued
+    args = [x for span in spans for x in span]
+    l2_prefetch_kernel[(PROGRAMS,)](*args, CHUNK=CHUNK, num_warps=1, **pdl_options(dev))
 
 
 __all__ = ["CHUNK", "PROGRAMS", "available", "l2_prefetch", "l2_prefetch_kernel"]
