@@ -146,8 +146,8 @@ def cases():
         rope.qk_norm_rope_cache_kernel, rope_meta, {"pos_ptr": "*i64", "inv_freq_ptr": "*fp32", "eps": "fp32"})))
     from qwen_lab.kernels import prefetch
     out.append(("l2_prefetch", lambda: compile_case(
-        prefetch.l2_prefetch_kernel, dict(CHUNK=prefetch.CHUNK, USE_PDL=True), {"a_bytes": "i64", "b_bytes": "i64", "c_bytes": "i64"},
-        warps=1, ptx_check=bulk_prefetches)))
+        prefetch.l2_prefetch_kernel, dict(CHUNK=prefetch.CHUNK, USE_PDL=True),
+        {"a_bytes": "i64", "b_bytes": "i64", "c_bytes": "i64"}, warps=1, ptx_check=bulk_prefetches)))
     Dk, Dv = C.linear_key_head_dim, C.linear_value_head_dim
     prep_types = {"g_ptr": "*fp32", "beta_ptr": "*fp32", "gcum_ptr": "*fp32", "ready_ptr": "*i32", "scale": "fp32",
                   "eps": "fp32"}

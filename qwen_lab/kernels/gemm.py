@@ -631,27 +631,6 @@ def gemv_splitk_kernel(x_ptr, w_ptr, out_ptr, ws_ptr, count_ptr,
 
 
 @triton.jit
-def _row_activation(x_ptr, r_ptr, z_ptr, nw_ptr, s_ptr, writer, K, up_offset, stride_xh, stride_zh, eps,
-                    PROLOGUE: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The prologue of a one-row GEMV whose row fits one tile (K <= BLOCK_K): the activation row [1, BLOCK_K] in
-    fp32, computed once per program (and, for the norms, its statistics from the same load). With the residual
-    add, the program where `writer` holds stores the new residual stream s_ptr: exactly one writer."""
-    offs_k = tl.arange(0, BLOCK_K)
-    kmask = offs_k[None, :] < K
-    zero = tl.zeros([1, 1], dtype=tl.int64)   # the one row of x, r, z as [1, 1] pointers (BLOCK_M = 1)
-    x_rows, r_rows, z_rows = x_ptr + zero, r_ptr + zero, z_ptr + zero
-    rstd = tl.zeros([1], dtype=tl.float32)
-    if PROLOGUE == 2 or PROLOGUE == 3:
-        s = _residual_sum(x_rows, r_rows, offs_k, kmask, PROLOGUE == 3)
-        if PROLOGUE == 3:
-            tl.store(s_ptr + zero + offs_k[None, :], s, mask=kmask & writer)
-        sf = s.to(tl.float32)
-        rstd = tl.math.rsqrt(tl.sum(sf * sf, axis=1) / K + eps)
-    return _activation_tile(x_rows, r_rows, z_rows, nw_ptr, rstd, offs_k, kmask, up_offset, stride_xh, stride_zh,
-                            eps, PROLOGUE, DV, 1, BLOCK_K).to(tl.float32)
-
-
-@triton.jit
 def gemv_rows_kernel(x_ptr, w_ptr, out_ptr, r_ptr, z_ptr, nw_ptr, s_ptr,
                      N, K, stride_wn, up_offset, stride_xh, stride_zh, eps,
                      PROLOGUE: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -683,8 +662,17 @@ def gemv_rows_kernel(x_ptr, w_ptr, out_ptr, r_ptr, z_ptr, nw_ptr, s_ptr,
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
-    a = _row_activation(x_ptr, r_ptr, z_ptr, nw_ptr, s_ptr, pid == 0, K, up_offset, stride_xh, stride_zh, eps,
-                        PROLOGUE, DV, BLOCK_K)                                                  # [1, BLOCK_K]
+    zero = tl.zeros([1, 1], dtype=tl.int64)   # the one row of x, r, z as [1, 1] pointers (BLOCK_M = 1)
+    x_rows, r_rows, z_rows = x_ptr + zero, r_ptr + zero, z_ptr + zero
+    rstd = tl.zeros([1], dtype=tl.float32)
+    if PROLOGUE == 2 or PROLOGUE == 3:
+        s = _residual_sum(x_rows, r_rows, offs_k, kmask, PROLOGUE == 3)
+        if PROLOGUE == 3:  # the new residual stream: one writer
+            tl.store(s_ptr + zero + offs_k[None, :], s, mask=kmask & (pid == 0))
+        sf = s.to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(sf * sf, axis=1) / K + eps)
+    a = _activation_tile(x_rows, r_rows, z_rows, nw_ptr, rstd, offs_k, kmask, up_offset, stride_xh, stride_zh,
+                         eps, PROLOGUE, DV, 1, BLOCK_K).to(tl.float32)                          # [1, BLOCK_K]
     for blk in range(pid, n_blocks, G):
         w = w_next
         if DEPTH == 2:
