@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a GPU session checks, in one command on the device machine (the lease is short: one call).
-#   bash benchmarks/gpu_session.sh [all] [tests] [bench] [kernels] [profile] [probes] [l2probe] [scanprobes] [notebooks]
+#   bash benchmarks/gpu_session.sh [all] [tests] [bench] [kernels] [profile] [probes] [scanprobes] [notebooks]
 #   results under $OUT (or ./gpu_out). `probes` fills most of one call's 10 minutes; `scanprobes` (the DeltaNet scan's
 #   launch forms, then its A/B) may need the limits of two: run its probes in separate calls when time is short
 #   TEST_SHARD=0/2 bash benchmarks/gpu_session.sh tests      (then 1/2 in the next call: half the test files each)
@@ -58,10 +58,6 @@ if want probes; then
   timeout 150 python3 benchmarks/probe_prefill_graphs.py 77 2>&1 | tee "$OUT/probe_prefill.txt"
   timeout 120 python3 benchmarks/probe_conv.py 2>&1 | tee "$OUT/probe_conv.txt"
   timeout 120 python3 benchmarks/probe_attention.py 2>&1 | tee "$OUT/probe_attention.txt"
-fi
-if want l2probe; then
-  # the decode step with the L2 prefetch of the next projections' weights (model.L2_PREFETCH) against without it
-  timeout 330 python3 benchmarks/probe_l2_prefetch.py 2>&1 | grep -v "falling back" | tee "$OUT/probe_l2_prefetch.txt"
 fi
 if want scanprobes; then
   # the DeltaNet scan beside the chunk prep: every launch form finishes (each in a process with a time limit),

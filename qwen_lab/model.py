@@ -55,11 +55,6 @@ KERNEL_MODULES = {
 }
 OPERATORS = tuple(KERNEL_MODULES)
 BACKENDS = ("torch", "triton")
-# In a decode step, right after each layer's in-projection, one short kernel asks L2 for the weights of the
-# layer's out-projection and gate/up (kernels/prefetch.py), so that HBM streams them while the mixer's
-# latency-bound kernels run. A hint: results are the same either way. (Off until it is measured faster:
-# benchmarks/probe_l2_prefetch.py.)
-L2_PREFETCH = False
 
 
 def _check_backend(backend) -> None:
@@ -162,8 +157,6 @@ class Qwen35Model:
             self.layer_index = i
             w_in = layer.in_proj if layer.kind == LINEAR else layer.qkv_proj
             proj, x = self.norm_linear(i, "input_norm", y, x, layer.input_norm, w_in)   # x += y; norm; project
-            if L2_PREFETCH and ids.shape[0] == 1 and self.backend == "triton":
-                self.warm_l2(layer)                                    # a decode token: see L2_PREFETCH
             if layer.kind == LINEAR:
                 y = self.gated_deltanet(i, layer, proj, cache)
             else:
@@ -175,14 +168,6 @@ class Qwen35Model:
         logits, _ = self.norm_linear(len(W.layers), "final_norm", y, x, W.final_norm, W.lm_head, out=logits_out)
         self._t(len(W.layers), "lm_head", logits)
         return logits
-
-    @staticmethod
-    def warm_l2(layer) -> None:
-        """Ask L2 for the layer's out-projection and gate/up weights, to stream while its mixer runs (a hint that
-        changes no result: kernels/prefetch.py)."""
-        from .kernels.prefetch import l2_prefetch
-
-        l2_prefetch(layer.out_proj if layer.kind == LINEAR else layer.o_proj, layer.gate_up)
 
     def norm_linear(self, i: int, name: str, y, x, norm_weight, weight, out=None):
         """x = x + y (y None: x as is), then RMSNorm (1 + w), then the projection: -> (h @ weight^T, x).
@@ -240,9 +225,7 @@ class Qwen35Model:
         if T == 1 and self._fused("causal_conv1d", "deltanet_decode_step"):
             # decode with the library's own conv and decode step: conv, gates and recurrence in one launch
             # state_settled: the in-projection just launched comes between two steps of this layer, so the
-            # kernel may read the states before it waits for the in-projection's output (the L2 prefetch kernel,
-            # when it comes between them, starts only after the in-projection's wait, and this kernel's wait
-            # covers both)
+            # kernel may read the states before it waits for the in-projection's output
             o = ops["deltanet_conv_decode_step"](qkv, layer.conv, cache.conv_state[i], a, b, layer.A_log,
                                                  layer.dt_bias, state, Hk, Dk, Hv, Dv, state_settled=True)
             # The conv output never leaves the kernel, so there is no "conv1d" tensor to trace here; what can

@@ -73,15 +73,6 @@ def clears_after_reading(ptx: str) -> dict:
     return {"barrier_before_clear": any("bar.sync" in line for line in lines[read:clear])}
 
 
-def bulk_prefetches(ptx: str) -> dict:
-    """How many bulk L2 prefetches the PTX issues (the inline asm must survive the compiler: its result is unused),
-    and whether they come after the PDL wait (issued before it, they would compete with the previous kernel)."""
-    lines = ptx.splitlines()
-    at = [i for i, line in enumerate(lines) if "cp.async.bulk.prefetch.L2" in line]
-    wait = next((i for i, line in enumerate(lines) if "griddepcontrol.wait" in line), None)
-    return {"bulk_prefetches": len(at), "after_wait": wait is not None and all(i > wait for i in at)}
-
-
 def cases():
     """(label, thunk) for every case: the library's GPU configurations at Qwen3.5-0.8B's sizes, and the
     notebook exercise whose launcher sets its own pipeline depth."""
@@ -144,10 +135,6 @@ def cases():
                      BLOCK_D=triton.next_power_of_2(D), USE_PDL=True)
     out.append(("qk_norm_rope_cache", lambda: compile_case(
         rope.qk_norm_rope_cache_kernel, rope_meta, {"pos_ptr": "*i64", "inv_freq_ptr": "*fp32", "eps": "fp32"})))
-    from qwen_lab.kernels import prefetch
-    out.append(("l2_prefetch", lambda: compile_case(
-        prefetch.l2_prefetch_kernel, dict(CHUNK=prefetch.CHUNK, USE_PDL=True),
-        {"a_bytes": "i64", "b_bytes": "i64", "c_bytes": "i64"}, warps=1, ptx_check=bulk_prefetches)))
     Dk, Dv = C.linear_key_head_dim, C.linear_value_head_dim
     prep_types = {"g_ptr": "*fp32", "beta_ptr": "*fp32", "gcum_ptr": "*fp32", "ready_ptr": "*i32", "scale": "fp32",
                   "eps": "fp32"}

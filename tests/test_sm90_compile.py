@@ -56,13 +56,6 @@ def test_the_atomic_split_k_clears_its_sums_only_after_every_thread_read_them(re
     assert not racy, "sums cleared with no barrier after they are read:\n" + "\n".join(racy)
 
 
-def test_the_l2_prefetch_survives_the_compiler_after_the_pdl_wait(results):
-    (r,) = [r for r in results if r["label"] == "l2_prefetch"]
-    assert r["ok"], r
-    # one bulk prefetch per span (up to three: the out-projection, gate/up, down), all after griddepcontrol.wait
-    assert r["bulk_prefetches"] == 3 and r["after_wait"], r
-
-
 def test_the_check_sees_a_pipeline_too_deep_for_the_sm():
     """The exercise 09.2 scan with three pipeline stages (the default) needs more shared memory than an SM has: on
     the H200 it failed with "out of resource: shared memory"; its launcher asks for one stage."""

@@ -746,10 +746,9 @@ def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv
     (updated in place). -> o [1, Hv, Dv] in qkv's dtype.
 
     state_settled=True: the caller promises that the kernel launched just before this one writes neither state and
-    itself started only after the last writer of the states had finished (the library's GEMVs let the next
-    kernel start only after their own PDL wait; the L2 prefetch kernel of kernels/prefetch.py starts only after
-    such a GEMV's wait), so the states may be read before this kernel's wait. True in the model's decode step
-    (the in-projection comes between two steps of a layer); two steps launched back to back must leave it False.
+    is one of the library's kernels (which let the next kernel start only after their own PDL wait), so the
+    states may be read before this kernel's wait. True in the model's decode step (the in-projection comes
+    between two steps of a layer); two steps launched back to back must leave it False.
     """
     Hk, Dk, Hv, Dv = num_k_heads, head_k_dim, num_v_heads, head_v_dim
     for name, n in (("num_k_heads", Hk), ("head_k_dim", Dk), ("num_v_heads", Hv), ("head_v_dim", Dv)):
