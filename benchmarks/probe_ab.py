@@ -23,14 +23,15 @@ def probe_args(doc: str):
     return args
 
 
-def model_ab(switch, label: str, tokens: int, rounds: int = 2, metric: str = "prefill") -> bool:
-    """Time the model (random weights of Qwen3.5-0.8B's shapes, bf16) with switch(False) and switch(True), `rounds`
-    times each, alternated; print each run; return whether the switch on gave the faster `metric` (prefill or
-    decode)."""
+def model_ab(switch, label: str, tokens: int, rounds: int = 2, metric: str = "prefill", model=None) -> bool:
+    """Time the model (random weights of Qwen3.5-0.8B's shapes, bf16; or `model`, when the switch needs it) with
+    switch(False) and switch(True), `rounds` times each, alternated; print each run; return whether the switch on
+    gave the faster `metric` (prefill or decode)."""
     from qwen_lab import bench
     from qwen_lab.model import load_model
 
-    model = load_model("qwen3.5-0.8b", device="cuda", dtype=torch.bfloat16)
+    if model is None:
+        model = load_model("qwen3.5-0.8b", device="cuda", dtype=torch.bfloat16)
     times = {}
     for on in (False, True) * rounds:
         switch(on)

@@ -43,6 +43,7 @@ KERNEL_MODULES = {
     "qk_norm_rope_cache": "rope",
     "kv_cache_write": "attention",
     "attention": "attention",
+    "qk_norm_rope_cache_attention": "attention",
     "sigmoid_gate": "attention",
     "causal_conv1d": "conv1d",
     "deltanet_gates": "deltanet",
@@ -268,15 +269,22 @@ class Qwen35Model:
         v = proj[:, qd + kvd:].unflatten(1, (Hkv, D))
         # per-head RMSNorm (1 + w) of q and k, then RoPE on their first rotary_dim dims; k and v into the cache
         k_cache, v_cache = cache.key[i], cache.value[i]
-        if self._fused("qk_norm_rope", "kv_cache_write"):  # the library's kernels: all of it in one launch
-            q = ops["qk_norm_rope_cache"](q, k, v, layer.q_norm, layer.k_norm, cfg.rms_norm_eps, positions,
-                                          cfg.rotary_dim, cfg.rope_theta, k_cache, v_cache)
+        if T == 1 and self._fused("qk_norm_rope", "kv_cache_write", "attention"):
+            # decode with the library's kernels: the q/k preparation and the cache write run inside the attention's
+            # split kernel, so the prepared q never goes through memory (and there is no "qk_norm_rope" to trace)
+            o = ops["qk_norm_rope_cache_attention"](q, k, v, layer.q_norm, layer.k_norm, cfg.rms_norm_eps,
+                                                    positions, cfg.rotary_dim, cfg.rope_theta, k_cache, v_cache,
+                                                    gate=gate)
         else:
-            q, k = ops["qk_norm_rope"](q, k, layer.q_norm, layer.k_norm, cfg.rms_norm_eps, positions,
-                                       cfg.rotary_dim, cfg.rope_theta)
-            ops["kv_cache_write"](k_cache, v_cache, k, v, positions)
-        self._t(i, "qk_norm_rope", q)
-        o = ops["attention"](q, k_cache, v_cache, positions, gate=gate)  # softmax(q k^T / sqrt(D)) v * sigmoid(gate)
+            if self._fused("qk_norm_rope", "kv_cache_write"):  # the library's kernels: all of it in one launch
+                q = ops["qk_norm_rope_cache"](q, k, v, layer.q_norm, layer.k_norm, cfg.rms_norm_eps, positions,
+                                              cfg.rotary_dim, cfg.rope_theta, k_cache, v_cache)
+            else:
+                q, k = ops["qk_norm_rope"](q, k, layer.q_norm, layer.k_norm, cfg.rms_norm_eps, positions,
+                                           cfg.rotary_dim, cfg.rope_theta)
+                ops["kv_cache_write"](k_cache, v_cache, k, v, positions)
+            self._t(i, "qk_norm_rope", q)
+            o = ops["attention"](q, k_cache, v_cache, positions, gate=gate)   # softmax(q k^T / sqrt(D)) v * σ(gate)
         self._t(i, "gated_attention", o)
         y = ops["linear"](o.reshape(T, Hq * D), layer.o_proj)
         self._t(i, "o_proj", y)

@@ -194,6 +194,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
     return o if gate is None else sigmoid_gate(o, gate)
 
 
+def qk_norm_rope_cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                                 k_weight: torch.Tensor, eps: float, positions: torch.Tensor, rotary_dim: int,
+                                 theta: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                 gate: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+    """A decode token's attention from its raw projections: qk_norm_rope_cache, then attention (one kernel less on
+    the GPU: the q/k preparation runs inside the attention's split kernel). q [1, Hq, D], k, v [1, Hkv, D],
+    caches [L, Hkv, D] (updated in place) -> [1, Hq, D]."""
+    q = qk_norm_rope_cache(q, k, v, q_weight, k_weight, eps, positions, rotary_dim, theta, k_cache, v_cache)
+    return attention(q, k_cache, v_cache, positions, scale, gate)
+
+
 def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """The attention output gate: o * sigmoid(gate), elementwise, same shapes."""
     return (o.float() * torch.sigmoid(gate.float())).to(o.dtype)

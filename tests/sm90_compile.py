@@ -131,6 +131,11 @@ def cases():
                     NUM_SPLITS=8, DOT_PREC="ieee", USE_PDL=True)
         out.append((f"flash_decode_split {c}", lambda meta=meta, c=c: compile_case(
             attention.flash_decode_split_kernel, meta, dict(attn_types, ws_ptr="*fp32"), c.num_warps, c.num_stages)))
+        # the model's decode form: q/k norm, RoPE and the cache write folded in (qk_norm_rope_cache_attention)
+        meta = dict(meta, PREP=True, HALF=C.rotary_dim // 2)
+        out.append((f"flash_decode_split PREP {c}", lambda meta=meta, c=c: compile_case(
+            attention.flash_decode_split_kernel, meta,
+            dict(attn_types, ws_ptr="*fp32", inv_freq_ptr="*fp32", eps="fp32"), c.num_warps, c.num_stages)))
     rope_meta = dict(D=D, HALF=C.rotary_dim // 2, BLOCK_H=triton.next_power_of_2(C.num_attention_heads),
                      BLOCK_D=triton.next_power_of_2(D), USE_PDL=True)
     out.append(("qk_norm_rope_cache", lambda: compile_case(

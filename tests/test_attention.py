@@ -246,6 +246,88 @@ def test_kv_cache_write_matches_reference(rt, gen, T, offset):
     checks.compare("v_cache", v_cache, ref_v, atol=0, rtol=0)
 
 
+# ---------------------------------------------------------------- decode with the q/k preparation folded in
+
+
+def _decode_projection(gen, rt, Hq, Hkv, D, L):
+    """One token's raw projections as the model slices them ([q_h | gate_h] per head, then k, then v), norm
+    weights, and random caches."""
+    proj = _randn(gen, rt, 1, 2 * Hq * D + 2 * Hkv * D, scale=2.0)
+    qg = proj[:, :2 * Hq * D].unflatten(1, (Hq, 2 * D))
+    k = proj[:, 2 * Hq * D:2 * Hq * D + Hkv * D].unflatten(1, (Hkv, D))
+    v = proj[:, 2 * Hq * D + Hkv * D:].unflatten(1, (Hkv, D))
+    wq, wk = _randn(gen, rt, D, scale=0.2), _randn(gen, rt, D, scale=0.2)
+    return qg[..., :D], qg[..., D:], k, v, wq, wk, _randn(gen, rt, L, Hkv, D), _randn(gen, rt, L, Hkv, D)
+
+
+# (Hq, Hkv, D, rotary_dim, cache capacity L, position, splits)
+FOLDED = [
+    (4, 2, 32, 8, 16, 0, 3),        # the first token: the only key is the one written in the kernel
+    (8, 2, 32, 16, 100, 57, 5),     # Qwen3.5's ratio 4, the new key inside a middle split's chunk
+    (6, 2, 24, 8, 70, 69, 7),       # ratio 3, head_dim 24, the last row of the cache
+    (2, 2, 32, 32, 40, 13, 1),      # ratio 1, the whole head rotated, one split
+]
+
+
+@pytest.mark.parametrize("Hq,Hkv,D,rot,L,pos,splits", FOLDED)
+def test_qk_norm_rope_cache_attention_matches_reference(rt, gen, Hq, Hkv, D, rot, L, pos, splits):
+    """A decode token from its raw projections in two launches: the output, and the caches (row pos written,
+    every other row untouched), against reference.qk_norm_rope_cache_attention; and against the three-launch
+    path it replaces (qk_norm_rope_cache, then attention), bit for bit under the interpreter."""
+    from qwen_lab.kernels import rope as R
+
+    q, gate, k, v, wq, wk, kc, vc = _decode_projection(gen, rt, Hq, Hkv, D, L)
+    positions = torch.tensor([pos], device=rt.device)
+    ref_k, ref_v, two_k, two_v = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    with count_launches() as launches:
+        out = A.qk_norm_rope_cache_attention(q, k, v, wq, wk, 1e-6, positions, rot, 1e4, kc, vc, gate=gate,
+                                             num_splits=splits)
+    assert dict(launches) == DECODE_LAUNCHES, "the q/k preparation runs inside the split kernel"
+    ref = reference.qk_norm_rope_cache_attention(q, k, v, wq, wk, 1e-6, positions, rot, 1e4, ref_k, ref_v,
+                                                 gate=gate)
+    checks.compare("folded decode attention", out, ref)
+    others = torch.arange(L, device=rt.device) != pos
+    assert torch.equal(kc[others], ref_k[others]) and torch.equal(vc[others], ref_v[others]), "rows other than pos"
+    checks.compare("k written at pos", kc[pos], ref_k[pos])
+    assert torch.equal(vc[pos], ref_v[pos]), "v is copied as it is"
+    two = A.attention(R.qk_norm_rope_cache(q, k, v, wq, wk, 1e-6, positions, rot, 1e4, two_k, two_v), two_k,
+                      two_v, positions, gate=gate, num_splits=splits)
+    if rt.device == "cpu":  # the same math in the same order; on a GPU the norm's sums may group differently
+        assert torch.equal(out, two) and torch.equal(kc, two_k) and torch.equal(vc, two_v)
+    else:
+        checks.compare("folded against qk_norm_rope_cache + attention", out, two)
+
+
+@pytest.mark.parametrize("pos", [-1, 16])
+def test_qk_norm_rope_cache_attention_outside_the_cache_writes_nothing(rt, gen, pos):
+    q, gate, k, v, wq, wk, kc, vc = _decode_projection(gen, rt, 4, 2, 32, 16)
+    before_k, before_v = kc.clone(), vc.clone()
+    positions = torch.tensor([pos], device=rt.device)
+    out = A.qk_norm_rope_cache_attention(q, k, v, wq, wk, 1e-6, positions, 8, 1e4, kc, vc, num_splits=3)
+    assert torch.equal(kc, before_k) and torch.equal(vc, before_v), f"position {pos} wrote into a cache of 16 rows"
+    assert torch.isfinite(out).all()
+    if pos < 0:  # no key visible: zeros, as the decode attention gives
+        assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_qk_norm_rope_cache_attention_rejects_bad_arguments(rt, gen):
+    q, gate, k, v, wq, wk, kc, vc = _decode_projection(gen, rt, 4, 2, 32, 16)
+    pos = torch.tensor([3], device=rt.device)
+    with pytest.raises(KernelError, match="q: 2 tokens; qk_norm_rope_cache_attention serves one decode token"):
+        two = torch.cat([q, q])
+        A.qk_norm_rope_cache_attention(two, torch.cat([k, k]), torch.cat([v, v]), wq, wk, 1e-6, pos, 8, 1e4, kc, vc)
+    with pytest.raises(KernelError, match="k: 2 KV heads; expected a divisor of the 3 query heads"):
+        A.qk_norm_rope_cache_attention(q[:, :3], k, v, wq, wk, 1e-6, pos, 8, 1e4, kc, vc)
+    with pytest.raises(KernelError, match=r"k_cache: expected shape \(16, 2, 32\)"):
+        A.qk_norm_rope_cache_attention(q, k, v, wq, wk, 1e-6, pos, 8, 1e4, kc[:, :1], vc)
+    with pytest.raises(KernelError, match="v_cache: expected shape"):
+        A.qk_norm_rope_cache_attention(q, k, v, wq, wk, 1e-6, pos, 8, 1e4, kc, vc[:8])
+    with pytest.raises(KernelError, match="rotary_dim"):
+        A.qk_norm_rope_cache_attention(q, k, v, wq, wk, 1e-6, pos, 7, 1e4, kc, vc)
+    with pytest.raises(KernelError, match="gate"):
+        A.qk_norm_rope_cache_attention(q, k, v, wq, wk, 1e-6, pos, 8, 1e4, kc, vc, gate=gate[..., :16])
+
+
 def test_attention_rejects_bad_arguments(rt, gen):
     q, gate, k, v, pos = _problem(gen, rt, 3, 4, 2, 32, 8, 0)
     with pytest.raises(KernelError, match="k: head_dim"):
@@ -342,11 +424,13 @@ def test_gpu_decode_replays_in_a_cuda_graph():
 
 
 @pytest.mark.gpu
-def test_gpu_decode_layer_in_a_cuda_graph_equals_eager():
-    """The attention layer's decode sequence as the model will run it, qk_norm_rope_cache (the cache write fused)
-    then the decode attention (split + combine), captured once in a CUDA Graph and replayed at 3 increasing positions: the
-    output and both caches equal the same sequence run eagerly on copies of the caches. The first call before the
-    capture compiles and autotunes."""
+@pytest.mark.parametrize("folded", [False, True], ids=["three_launches", "folded"])
+def test_gpu_decode_layer_in_a_cuda_graph_equals_eager(folded):
+    """The attention layer's decode sequence, captured once in a CUDA Graph and replayed at 3 increasing positions:
+    the output and both caches equal the same sequence run eagerly on copies of the caches. Three launches
+    (qk_norm_rope_cache with the cache write, then the split and combine kernels), or the model's two (the
+    preparation folded into the split kernel: qk_norm_rope_cache_attention). The first call before the capture
+    compiles and autotunes."""
     from qwen_lab.kernels import rope as R
 
     g = torch.Generator().manual_seed(21)
@@ -366,6 +450,9 @@ def test_gpu_decode_layer_in_a_cuda_graph_equals_eager():
     out = torch.empty(1, Hq, D, dtype=torch.bfloat16, device="cuda")
 
     def layer(kc, vc, q_out, o):
+        if folded:
+            return A.qk_norm_rope_cache_attention(q, k, v, wq, wk, C.rms_norm_eps, pos, C.rotary_dim, C.rope_theta,
+                                                  kc, vc, gate=gate, out=o)
         R.qk_norm_rope_cache(q, k, v, wq, wk, C.rms_norm_eps, pos, C.rotary_dim, C.rope_theta, kc, vc, out=q_out)
         return A.attention(q_out, kc, vc, pos, gate=gate, out=o)
 

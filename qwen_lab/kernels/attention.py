@@ -26,7 +26,10 @@ Three forms:
   combine kernel merges them:  M = max_s m_s,  o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
   NUM_SPLITS is fixed by the cache capacity L (a graph replays it), the chunk length is computed in the
   kernel from the current length; splits that start past the length write a neutral partial (m = -inf,
-  l = 0, acc = 0) and exit.
+  l = 0, acc = 0) and exit. `qk_norm_rope_cache_attention` (the model's decode step) folds the q/k norm,
+  RoPE and cache write of rope.qk_norm_rope_cache into the split kernel: each program prepares the query
+  heads it reads, and the program whose chunk holds the new key stores it and v in the cache before its
+  key loop reads that row. Two launches instead of three.
 
 The output gate of Qwen3.5 (o * sigmoid(gate), gate a strided view of the fused q projection) is its own
 kernel `sigmoid_gate`, and is also fused into the epilogue of `attention(..., gate=...)`: the attention
@@ -51,6 +54,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from .. import runtime
 from ..errors import KernelError
 from . import graph_bench, pdl_options
+from .rope import _check_qk, _check_rotary, _norm_rope_rows, inv_freq_table
 
 LOG2E = 1.4426950408889634
 
@@ -276,9 +280,11 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, gate_ptr, T, L
 @triton.jit
 def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
                               stride_qh, stride_kl, stride_kh, stride_vl, stride_vh, stride_ws, stride_wh,
+                              qw_ptr, kw_ptr, inv_freq_ptr, k_new_ptr, v_new_ptr, eps, stride_knh, stride_vnh,
                               G: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                               NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr,
-                              BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False):
+                              BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False,
+                              PREP: tl.constexpr = False, HALF: tl.constexpr = 0):
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
         gdc_wait()
         gdc_launch_dependents()
@@ -300,8 +306,28 @@ def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
     start = split * chunk
     end = tl.minimum(start + chunk, n)
 
-    q = tl.load(q_ptr + offs_h[:, None] * stride_qh + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :],
-                other=0.0)
+    if PREP:
+        # qk_norm_rope_cache folded in (qk_norm_rope_cache_attention): q_ptr, k_new_ptr, v_new_ptr hold this
+        # token's raw projections. The G query heads of this KV head are normed and rotated here, rounded to q's
+        # dtype as qk_norm_rope_cache would have stored them.
+        y, _, _, _ = _norm_rope_rows(q_ptr, qw_ptr, inv_freq_ptr, 0, pos, kvh * G, kvh * G + G, 0, stride_qh, eps,
+                                     D, HALF, True, ROWS, BLOCK_D)
+        q = y.to(q_ptr.dtype.element_ty)
+        # This token's prepared k and its v go to cache row pos. The one program whose chunk holds key pos writes
+        # them, and it is the only program that reads that row; the barrier makes the stores of all its threads
+        # visible to the loads of the key loop. (A position outside [0, L) has no such program: nothing written.)
+        k_new, _, offs_dn, m_new = _norm_rope_rows(k_new_ptr, kw_ptr, inv_freq_ptr, 0, pos, kvh, kvh + 1, 0,
+                                                   stride_knh, eps, D, HALF, True, 1, BLOCK_D)
+        m_new = m_new & (start <= pos) & (pos < end)
+        tl.store(k_ptr + pos * stride_kl + kvh * stride_kh + offs_dn[None, :],
+                 k_new.to(k_new_ptr.dtype.element_ty).to(k_ptr.dtype.element_ty), mask=m_new)
+        v_new = tl.load(v_new_ptr + kvh * stride_vnh + offs_dn[None, :], mask=m_new)
+        tl.store(v_ptr + pos * stride_vl + kvh * stride_vh + offs_dn[None, :], v_new.to(v_ptr.dtype.element_ty),
+                 mask=m_new)
+        tl.debug_barrier()
+    else:
+        q = tl.load(q_ptr + offs_h[:, None] * stride_qh + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :],
+                    other=0.0)
     pos_rows = tl.zeros([ROWS], tl.int32) + (end - 1)  # the causal mask of _flash_step, cut at the chunk end
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
@@ -398,7 +424,7 @@ def _prefill_kernel():
 
 def _decode_kernel():
     if "decode" not in _tuned:
-        _tuned["decode"] = triton.autotune(_DECODE_CONFIGS, key=["G", "D", "NUM_SPLITS", "DOT_PREC"])(
+        _tuned["decode"] = triton.autotune(_DECODE_CONFIGS, key=["G", "D", "NUM_SPLITS", "DOT_PREC", "PREP"])(
             flash_decode_split_kernel)
     return _tuned["decode"]
 
@@ -597,7 +623,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
         else:
             _prefill_kernel()[grid](*common, **meta)
         return out
-    # decode
+    return _decode(q, k, v, positions, qk_scale, out, gate, num_splits, workspace)
+
+
+def _decode(q, k, v, positions, qk_scale, out, gate, num_splits, workspace, prep=None):
+    """Flash-decoding of one query token: the split kernel, then the combine kernel (with the gate when given).
+    prep: None (q is ready and this token's k, v are in the cache), or the arguments that fold
+    qk_norm_rope_cache into the split kernel: (q_weight, k_weight, inv_freq, k_new, v_new, eps, HALF)."""
+    T, Hq, D = q.shape
+    L, Hkv = k.shape[0], k.shape[1]
+    G = Hq // Hkv
+    BLOCK_D = max(16, triton.next_power_of_2(D))
     splits = decode_splits(L) if num_splits is None else int(num_splits)
     if splits < 1:
         raise KernelError(f"num_splits: expected a positive int, got {num_splits!r}")
@@ -605,21 +641,67 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
         workspace = torch.empty(splits, Hq, D + 2, dtype=torch.float32, device=q.device)
     else:
         _check_like("workspace", workspace, (splits, Hq, D + 2), torch.float32, q.device)
-    rows = max(16, GP)
+    rows = max(16, triton.next_power_of_2(G))
+    if prep is None:  # (the prep arguments are never read: any pointers will do)
+        prep_args, prep_meta = (q, q, q, q, q, 0.0, 0, 0), {}
+    else:
+        q_weight, k_weight, inv_freq, k_new, v_new, eps, half = prep
+        prep_args = (q_weight, k_weight, inv_freq, k_new, v_new, float(eps), k_new.stride(1), v_new.stride(1))
+        prep_meta = dict(PREP=True, HALF=half)
     common = (q, k, v, positions, workspace, L, qk_scale, q.stride(1), k.stride(0), k.stride(1),
-              v.stride(0), v.stride(1), workspace.stride(0), workspace.stride(1))
-    if interp:
+              v.stride(0), v.stride(1), workspace.stride(0), workspace.stride(1), *prep_args)
+    prec = _dot_precision(q.dtype)
+    if runtime.interpreter_active():
         flash_decode_split_kernel[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=splits,
-                                                 DOT_PREC=prec, BLOCK_N=_INTERP_DECODE_BLOCK_N)
+                                                 DOT_PREC=prec, BLOCK_N=_INTERP_DECODE_BLOCK_N, **prep_meta)
     else:
         _decode_kernel()[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=splits,
-                                        DOT_PREC=prec, **pdl_options(q.device))
+                                        DOT_PREC=prec, **prep_meta, **pdl_options(q.device))
+    has_gate = gate is not None
+    g = gate if has_gate else out  # never read when HAS_GATE is False
     block_dc = min(BLOCK_D, 64)
     flash_decode_combine_kernel[(Hq, triton.cdiv(D, block_dc))](
         workspace, out, g, workspace.stride(0), workspace.stride(1), out.stride(1), g.stride(1),
         D=D, NUM_SPLITS=splits, SPLITS_P=triton.next_power_of_2(splits), HAS_GATE=has_gate, BLOCK_D=block_dc,
         num_warps=4, **pdl_options(q.device))
     return out
+
+
+def qk_norm_rope_cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                                 k_weight: torch.Tensor, eps: float, positions: torch.Tensor, rotary_dim: int,
+                                 theta: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                 gate: torch.Tensor | None = None, scale: float | None = None,
+                                 out: torch.Tensor | None = None, num_splits: int | None = None,
+                                 workspace: torch.Tensor | None = None) -> torch.Tensor:
+    """One decode token of attention from its raw projections: qk_norm_rope_cache folded into the split kernel of
+    flash-decoding, then the combine kernel; = reference.qk_norm_rope_cache_attention. Two launches instead of
+    three: the prepared q never goes through memory.
+
+    q [1, Hq, D], k, v [1, Hkv, D] (strided views of the fused projection allowed), weights [D], positions [1],
+    k_cache, v_cache [L, Hkv, D] (row positions[0] updated in place; a position outside [0, L) writes nothing),
+    gate: optional [1, Hq, D]. -> out [1, Hq, D] in q's dtype.
+    """
+    T, Hq, Hk, D = _check_qk(q, k, q_weight, k_weight)
+    if T != 1:
+        raise KernelError(f"q: {T} tokens; qk_norm_rope_cache_attention serves one decode token (a prompt runs "
+                          f"qk_norm_rope_cache, then attention)")
+    if Hq % Hk:
+        raise KernelError(f"k: {Hk} KV heads; expected a divisor of the {Hq} query heads")
+    _check_like("v", v, k.shape, None, q.device)
+    _check_rotary(rotary_dim, D)
+    _check_3d("k_cache", k_cache, "[L, Hkv, D]")
+    _check_like("k_cache", k_cache, (k_cache.shape[0], Hk, D), q.dtype, q.device)
+    _check_like("v_cache", v_cache, k_cache.shape, k_cache.dtype, q.device)
+    _check_positions(positions, 1, q.device)
+    if out is not None:
+        _check_like("out", out, q.shape, q.dtype, q.device)
+    else:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if gate is not None:
+        _check_like("gate", gate, q.shape, None, q.device)
+    scale = D ** -0.5 if scale is None else float(scale)
+    prep = (q_weight, k_weight, inv_freq_table(rotary_dim, theta, q.device), k, v, eps, rotary_dim // 2)
+    return _decode(q, k_cache, v_cache, positions, scale * LOG2E, out, gate, num_splits, workspace, prep)
 
 
 def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -642,4 +724,4 @@ def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor, out: torch.Tensor | None =
 
 
 __all__ = ["attention", "attention_three_kernels", "decode_splits", "decode_workspace", "kv_cache_write",
-           "sigmoid_gate"]
+           "qk_norm_rope_cache_attention", "sigmoid_gate"]
