@@ -514,6 +514,17 @@ def _check_qkv(q, k, v, positions):
     return T, Hq, D, L, Hkv
 
 
+def _out_and_gate(q, out, gate):
+    """Check `out` and `gate` against q ([T, Hq, D]: out of q's dtype, gate any float dtype) -> out, allocated
+    when None."""
+    if gate is not None:
+        _check_like("gate", gate, q.shape, None, q.device)
+    if out is None:
+        return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    _check_like("out", out, q.shape, q.dtype, q.device)
+    return out
+
+
 def kv_cache_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    positions: torch.Tensor) -> None:
     """In place: k_cache[positions] = k, v_cache[positions] = v; = reference.kv_cache_write.
@@ -586,12 +597,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
     -> out [T, Hq, D] in q's dtype.
     """
     T, Hq, D, L, Hkv = _check_qkv(q, k, v, positions)
-    if out is not None:
-        _check_like("out", out, q.shape, q.dtype, q.device)
-    else:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if gate is not None:
-        _check_like("gate", gate, q.shape, None, q.device)
+    out = _out_and_gate(q, out, gate)
     if T == 0:
         return out
     G = Hq // Hkv
@@ -693,12 +699,7 @@ def qk_norm_rope_cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     _check_like("k_cache", k_cache, (k_cache.shape[0], Hk, D), q.dtype, q.device)
     _check_like("v_cache", v_cache, k_cache.shape, k_cache.dtype, q.device)
     _check_positions(positions, 1, q.device)
-    if out is not None:
-        _check_like("out", out, q.shape, q.dtype, q.device)
-    else:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if gate is not None:
-        _check_like("gate", gate, q.shape, None, q.device)
+    out = _out_and_gate(q, out, gate)
     scale = D ** -0.5 if scale is None else float(scale)
     prep = (q_weight, k_weight, inv_freq_table(rotary_dim, theta, q.device), k, v, eps, rotary_dim // 2)
     return _decode(q, k_cache, v_cache, positions, scale * LOG2E, out, gate, num_splits, workspace, prep)
