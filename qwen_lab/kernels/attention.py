@@ -600,43 +600,40 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
     out = _out_and_gate(q, out, gate)
     if T == 0:
         return out
-    G = Hq // Hkv
-    GP = triton.next_power_of_2(G)
-    BLOCK_D = max(16, triton.next_power_of_2(D))
     scale = D ** -0.5 if scale is None else float(scale)
     qk_scale = scale * LOG2E
-    interp = runtime.interpreter_active()
-    prec = _dot_precision(q.dtype)
-    has_gate = gate is not None
-    g = gate if has_gate else out  # never read when HAS_GATE is False
-    if T > 1:
-        if GP > 64:
-            raise KernelError(f"k: a group of {G} query heads per KV head is larger than the 64 rows of a tile")
-        common = (q, k, v, positions, out, g, T, L, qk_scale,
-                  q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                  out.stride(0), out.stride(1), g.stride(0), g.stride(1))
-        def grid(meta):  # a tile per BLOCK_M // GP tokens (each with the GP heads of its KV head), per KV head
-            return (triton.cdiv(T, meta["BLOCK_M"] // GP), Hkv)
+    if T == 1:
+        return _decode(q, k, v, positions, qk_scale, out, gate, num_splits, workspace)
+    G = Hq // Hkv
+    GP = triton.next_power_of_2(G)
+    if GP > 64:
+        raise KernelError(f"k: a group of {G} query heads per KV head is larger than the 64 rows of a tile")
+    g = gate if gate is not None else out  # never read when HAS_GATE is False
+    common = (q, k, v, positions, out, g, T, L, qk_scale,
+              q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+              out.stride(0), out.stride(1), g.stride(0), g.stride(1))
 
-        meta = dict(G=G, GP=GP, D=D, BLOCK_D=BLOCK_D, HAS_GATE=has_gate, DOT_PREC=prec,
-                    T_BUCKET=triton.next_power_of_2(T), **pdl_options(q.device))
-        forced = FORCE_PREFILL_CONFIG
-        if forced is not None or interp:
-            cfg = dict(forced.kwargs, num_warps=forced.num_warps, num_stages=forced.num_stages) \
-                if forced is not None else dict(_INTERP_PREFILL)
-            cfg["BLOCK_M"] = max(cfg["BLOCK_M"], GP)
-            flash_attention_kernel[grid(cfg)](*common, **meta, **cfg)
-        else:
-            _prefill_kernel()[grid](*common, **meta)
-        return out
-    return _decode(q, k, v, positions, qk_scale, out, gate, num_splits, workspace)
+    def grid(meta):  # a tile per BLOCK_M // GP tokens (each with the GP heads of its KV head), per KV head
+        return (triton.cdiv(T, meta["BLOCK_M"] // GP), Hkv)
+
+    meta = dict(G=G, GP=GP, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)), HAS_GATE=gate is not None,
+                DOT_PREC=_dot_precision(q.dtype), T_BUCKET=triton.next_power_of_2(T), **pdl_options(q.device))
+    forced = FORCE_PREFILL_CONFIG
+    if forced is not None or runtime.interpreter_active():
+        cfg = dict(forced.kwargs, num_warps=forced.num_warps, num_stages=forced.num_stages) \
+            if forced is not None else dict(_INTERP_PREFILL)
+        cfg["BLOCK_M"] = max(cfg["BLOCK_M"], GP)
+        flash_attention_kernel[grid(cfg)](*common, **meta, **cfg)
+    else:
+        _prefill_kernel()[grid](*common, **meta)
+    return out
 
 
 def _decode(q, k, v, positions, qk_scale, out, gate, num_splits, workspace, prep=None):
     """Flash-decoding of one query token: the split kernel, then the combine kernel (with the gate when given).
     prep: None (q is ready and this token's k, v are in the cache), or the arguments that fold
     qk_norm_rope_cache into the split kernel: (q_weight, k_weight, inv_freq, k_new, v_new, eps, HALF)."""
-    T, Hq, D = q.shape
+    _, Hq, D = q.shape
     L, Hkv = k.shape[0], k.shape[1]
     G = Hq // Hkv
     BLOCK_D = max(16, triton.next_power_of_2(D))

@@ -79,8 +79,8 @@ def conv1d_step_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
 @triton.jit
 def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
                           stride_xt, stride_wc, stride_sc, stride_ot, T_BUCKET,
-                          W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr = False,
-                          WRITE_STATE: tl.constexpr = False):
+                          W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+                          USE_PDL: tl.constexpr = False, WRITE_STATE: tl.constexpr = False):
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
         gdc_wait()
         gdc_launch_dependents()
