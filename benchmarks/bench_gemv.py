@@ -248,8 +248,8 @@ def prefill_rows(gen):
         # 10 calls to a CUDA Graph, as the model's prefill replays them: timed from Python one call at a time, the
         # launch overhead of the smaller GEMMs (13-60 us of GPU time) would be part of the number
         calls = 2 if N > 16384 else 10
-        ms = time_graph([lambda: gemm.linear(x, w, out=out)] * calls) / 1e3
-        ms_torch = time_graph([lambda: F.linear(x, w)] * calls) / 1e3
+        ms = time_graph([lambda x=x, w=w, out=out: gemm.linear(x, w, out=out)] * calls) / 1e3
+        ms_torch = time_graph([lambda x=x, w=w: F.linear(x, w)] * calls) / 1e3
         flops = 2 * PREFILL_M * N * K
         rows.append(dict(name=name, M=PREFILL_M, K=K, N=N, ms=ms, tflops=flops / (ms * 1e-3) / 1e12,
                          torch_ms=ms_torch, torch_tflops=flops / (ms_torch * 1e-3) / 1e12,
@@ -279,11 +279,12 @@ def prefill_config_rows(gen):
         timed = []
         for c in configs:
             try:
-                timed.append((str(c), time_graph([lambda c=c: gemm.matmul_with_config(x, w, out, c, swiglu)] * 10)))
+                timed.append((str(c), time_graph([lambda c=c, x=x, w=w, out=out, swiglu=swiglu:
+                                                  gemm.matmul_with_config(x, w, out, c, swiglu)] * 10)))
             except Exception as e:  # a configuration that does not fit this GPU: reported, not fatal
                 timed.append((f"{c} ({type(e).__name__})", float("inf")))
         timed.sort(key=lambda t: t[1])
-        torch_us = time_graph([lambda: F.linear(x, w)] * 10)
+        torch_us = time_graph([lambda x=x, w=w: F.linear(x, w)] * 10)
         rows.append(dict(name=name, K=K, N=N, swiglu=swiglu, torch_us=torch_us,
                          configs=[dict(config=c, us=us, tflops=2 * PREFILL_M * N * K / (us * 1e-6) / 1e12)
                                   for c, us in timed]))

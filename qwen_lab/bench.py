@@ -99,8 +99,9 @@ def model_costs(config, weights, prefill_len: int) -> dict:
     # causal attention: QK^T and PV over on average T/2 keys, per full-attention layer
     flops += c.num_full_layers * 2 * 2 * c.num_attention_heads * c.head_dim * prefill_len * prefill_len / 2
     # the delta rule: roughly 4 Dk*Dv products per token and head (state read, update, output, chunk terms)
-    flops += c.num_linear_layers * 4 * 2 * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * prefill_len
-    state_bytes = c.num_linear_layers * 2 * 4 * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim
+    state = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim   # values per layer
+    flops += c.num_linear_layers * 4 * 2 * state * prefill_len
+    state_bytes = c.num_linear_layers * 2 * 4 * state
     return {"weight_bytes": weight_bytes, "decode_bytes": weight_bytes + state_bytes, "prefill_flops": flops}
 
 

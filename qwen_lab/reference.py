@@ -341,7 +341,8 @@ def delta_rule_chunked(q, k, v, g, beta, state, scale: float | None = None, chun
         v_new = U[:, i] - Wm[:, i] @ S
         out[:, i] = (qc[:, i] * G[:, i, :, None].exp()) @ S + attn[:, i] @ v_new
         g_last = G[:, i, -1]
-        S = S * g_last.exp()[:, None, None] + (kc[:, i] * (g_last[:, None] - G[:, i]).exp()[..., None]).transpose(-1, -2) @ v_new
+        k_decayed = kc[:, i] * (g_last[:, None] - G[:, i]).exp()[..., None]
+        S = S * g_last.exp()[:, None, None] + k_decayed.transpose(-1, -2) @ v_new
     state.copy_(S)
     out = out.permute(1, 2, 0, 3).reshape(n * C, Hv, -1)[:T]
     return out.to(v.dtype)

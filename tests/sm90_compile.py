@@ -15,6 +15,7 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "0"  # before triton: the kernels must be real JIT functions, not interpreted
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
@@ -79,11 +80,15 @@ def cases():
     from qwen_lab.config import QWEN35_0_8B as C
     from qwen_lab.kernels import attention, conv1d, deltanet, gemm, rope
 
+    # The dot precision the launchers pass for a bf16 model: bf16 operands ignore it, but the chunk prep's fp32
+    # merges (the inverse) then run on the tensor cores in tf32, where "ieee" would compile a different kernel
+    # (fp32 FMA loops, 19 KB of spills per thread) from the one the GPU runs.
+    prec = gemm._dot_precision(torch.bfloat16)
     out = []
     for swiglu in (False, True):  # SWIGLU: two accumulators and two W tiles per step, its own tile shapes
         for c in gemm._matmul_configs(swiglu):  # TMA=True: the tensor-descriptor candidates (sm_90+ only)
             tma = c.kwargs.get("TMA", False)
-            meta = dict(c.kwargs, DOT_PRECISION="ieee", SWIGLU=swiglu, TMA=tma, TMA_OK=tma, USE_PDL=True)
+            meta = dict(c.kwargs, DOT_PRECISION=prec, SWIGLU=swiglu, TMA=tma, TMA_OK=tma, USE_PDL=True)
             out.append((f"matmul SWIGLU={swiglu} {c}", lambda meta=meta, c=c: compile_case(
                 gemm.matmul_kernel, meta, warps=c.num_warps, stages=c.num_stages)))
     gemv_types = {"ws_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
@@ -102,7 +107,7 @@ def cases():
             if c.kwargs["BLOCK_K"] < dv:
                 continue
             meta = dict(c.kwargs, BLOCK_M=1, REDUCE=gemm.REDUCE_ATOMIC, PROLOGUE=prologue, DV=dv,
-                        DOT_PRECISION="ieee", USE_PDL=True,
+                        DOT_PRECISION=prec, USE_PDL=True,
                         K_POW2=triton.next_power_of_2(C.hidden_size) if prologue in (gemm.PRO_RMS, gemm.PRO_ADD_RMS)
                         else 0)
             out.append((f"gemv M=1 prologue {prologue} {c}", lambda meta=meta, c=c: compile_case(
@@ -113,7 +118,7 @@ def cases():
                     gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages)))
         if c.kwargs["BLOCK_N"] >= 16:  # a few prompt rows: the tl.dot path, whole and split (atomic)
             meta = dict(c.kwargs, BLOCK_M=16, REDUCE=gemm.REDUCE_NONE, PROLOGUE=gemm.PRO_ADD_RMS, DV=1,
-                        DOT_PRECISION="ieee", USE_PDL=False, K_POW2=0)
+                        DOT_PRECISION=prec, USE_PDL=False, K_POW2=0)
             out.append((f"gemv M=16 {c}", lambda meta=meta, c=c: compile_case(
                 gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages)))
             meta = dict(meta, REDUCE=gemm.REDUCE_ATOMIC, PROLOGUE=gemm.PRO_NONE, USE_PDL=True)
@@ -123,12 +128,12 @@ def cases():
     attn_types = {"pos_ptr": "*i64", "qk_scale": "fp32"}
     for c in attention._PREFILL_CONFIGS:
         meta = dict(c.kwargs, G=G, GP=triton.next_power_of_2(G), D=D, BLOCK_D=triton.next_power_of_2(D),
-                    HAS_GATE=True, DOT_PREC="ieee", USE_PDL=True)
+                    HAS_GATE=True, DOT_PREC=prec, USE_PDL=True)
         out.append((f"flash_attention {c}", lambda meta=meta, c=c: compile_case(
             attention.flash_attention_kernel, meta, attn_types, c.num_warps, c.num_stages)))
     for c in attention._DECODE_CONFIGS:
         meta = dict(c.kwargs, G=G, ROWS=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
-                    NUM_SPLITS=8, DOT_PREC="ieee", USE_PDL=True)
+                    NUM_SPLITS=8, DOT_PREC=prec, USE_PDL=True)
         out.append((f"flash_decode_split {c}", lambda meta=meta, c=c: compile_case(
             attention.flash_decode_split_kernel, meta, dict(attn_types, ws_ptr="*fp32"), c.num_warps, c.num_stages)))
         # the model's decode form: q/k norm, RoPE and the cache write folded in (qk_norm_rope_cache_attention)
@@ -145,14 +150,14 @@ def cases():
                   "eps": "fp32"}
     for c in deltanet.autotune_configs("chunk_prep_kernel"):
         for fused in (False, True):  # the gates given, or computed from the raw a, b (deltanet_chunked)
-            meta = dict(c.kwargs, BT=64, BK=Dk, BDV=Dv, MERGES=5, PREC="ieee", INV_PREC="ieee", FUSED_GATES=fused,
+            meta = dict(c.kwargs, BT=64, BK=Dk, BDV=Dv, MERGES=5, PREC=prec, INV_PREC=prec, FUSED_GATES=fused,
                         GROUP=deltanet.SCAN_GROUP)
             types = dict(prep_types, g_ptr="*bf16", beta_ptr="*bf16", A_log_ptr="*fp32") if fused else prep_types
             out.append((f"chunk_prep fused_gates={fused} {c}", lambda meta=meta, c=c, types=types: compile_case(
                 deltanet.chunk_prep_kernel, meta, types, c.num_warps, c.num_stages)))
     scan_types = {"gcum_ptr": "*fp32", "state_ptr": "*fp32", "ready_ptr": "*i32"}
     for c in deltanet.autotune_configs("chunk_scan_kernel", Dv=Dv):
-        meta = dict(c.kwargs, BT=64, BK=Dk, PREC="ieee", GROUP=deltanet.SCAN_GROUP)
+        meta = dict(c.kwargs, BT=64, BK=Dk, PREC=prec, GROUP=deltanet.SCAN_GROUP)
         out.append((f"chunk_scan {c}", lambda meta=meta, c=c: compile_case(
             deltanet.chunk_scan_kernel, meta, scan_types, c.num_warps, c.num_stages)))
     conv_types = {"state_ptr": "*fp32", "A_log_ptr": "*fp32", "dt_bias_ptr": "*bf16", "ticket_ptr": "*i32",

@@ -312,7 +312,7 @@ def test_gpu_frequencies_full_vocab(gen):
         sample(logits, temperature, top_k, top_p, us[i], out=draws[i], workspace=ws)
     counts = torch.bincount(draws.cpu(), minlength=V).double()
     outside = (counts > 0) & ~keep                           # at most a boundary token, by rounding
-    assert bool((mass_greater[outside] < top_p + 1e-6).all()), f"drew tokens far outside the kept set"
+    assert bool((mass_greater[outside] < top_p + 1e-6).all()), "drew tokens far outside the kept set"
     # the 8 planted tokens, then everything else kept as one bin
     obs = torch.cat([counts[:8], counts[8:].sum()[None]])
     exp = n * torch.cat([q[:8], q[8:].sum()[None]])
