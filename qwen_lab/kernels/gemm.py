@@ -804,9 +804,9 @@ def choose_split_k(M: int, N: int, K: int, sms: int) -> int:
     The heuristic assumes blocks of 8 rows (16 for M > 1); on a GPU the first call also times other
     SPLIT_K values and block shapes and may keep another (`chosen_split_k`). The GPU wants about three
     programs per multiprocessor in flight to hide the memory latency; when N alone provides them (the LM
-    head: 31040 blocks; the in-projections: 640-1028) SPLIT_K = 1 and there is no reduction at all. Otherwise K is split
-    in powers of two until there are enough programs, keeping at least 256 columns per split (a short
-    slice spends more on its partial sums than on its loads), and at most 16 splits.
+    head: 31040 blocks; the in-projections: 640-1028) SPLIT_K = 1 and there is no reduction at all.
+    Otherwise K is split in powers of two until there are enough programs, keeping at least 256 columns
+    per split (a short slice spends more on its partial sums than on its loads), and at most 16 splits.
     """
     blocks = triton.cdiv(N, 8 if M == 1 else 16) * triton.cdiv(M, 16)
     want = 3 * sms
