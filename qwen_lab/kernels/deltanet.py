@@ -339,12 +339,13 @@ def conv_decode_step_kernel(qkv_ptr, conv_w_ptr, conv_state_ptr, a_ptr, b_ptr, A
     # every thread's loads of the old conv state are done past this barrier: the writes below cannot overtake
     # them, and the ticket is drawn only once this whole program has read what it needs
     tl.debug_barrier()
-    # v channels: read by this program only, so it shifts them itself
-    new_v = tl.where(shift_w[None, :], nxt_v, x_v[:, None].to(nxt_v.dtype))
-    tl.store(conv_state_ptr + ch_v[:, None] * stride_cs + offs_w[None, :], new_v, mask=m_v)
     # q/k channels: the last of the R programs sharing key head hk to draw a ticket writes them (see above)
     ticket = tl.atomic_add(ticket_ptr + hk, 1, sem="acq_rel", scope="gpu")
     last = ticket == REP * tl.num_programs(1) - 1
+    # v channels: read by this program only, so it shifts them itself. (Stored after the ticket: a store before it
+    # would hold up the ticket's release until the store had reached memory.)
+    new_v = tl.where(shift_w[None, :], nxt_v, x_v[:, None].to(nxt_v.dtype))
+    tl.store(conv_state_ptr + ch_v[:, None] * stride_cs + offs_w[None, :], new_v, mask=m_v)
 
     # fp32 math; the conv output is rounded to the input dtype, as causal_conv1d returns it
     q = tl.sum(w_q * old_q.to(tl.float32), 1) + wl_q * x_q.to(tl.float32)
@@ -355,16 +356,23 @@ def conv_decode_step_kernel(qkv_ptr, conv_w_ptr, conv_state_ptr, a_ptr, b_ptr, A
     k = (k * tl.sigmoid(k)).to(IN_T).to(tl.float32)
     v = (v * tl.sigmoid(v)).to(IN_T).to(tl.float32)
 
-    # ---- gates, l2norm and one step of the delta rule (as in delta_rule_recurrent_kernel)
-    q = q * (tl.rsqrt(tl.sum(q * q, 0) + eps) * scale)
-    k = k * tl.rsqrt(tl.sum(k * k, 0) + eps)
-    g = -tl.exp(A_log) * _softplus(a + dt_bias)
+    # ---- gates, l2norm and one step of the delta rule: delta_rule_recurrent_kernel's step, reassociated so that
+    #      its five sums run side by side instead of as three rounds (norms, then S^T k, then S^T q). With
+    #      d = exp(g), rq, rk the l2norm factors (rq with the scale) and q, k the raw vectors:
+    #        S^T k_n = d rk (S^T k)     delta = beta (v - d rk S^T k)     S' = d S + rk k delta^T
+    #        o = S'^T q_n = d rq (S^T q) + rk rq (k . q) delta
+    #      (the same sums in another order: equal to the recurrent kernel within fp32 rounding)
+    rq = tl.rsqrt(tl.sum(q * q, 0) + eps) * scale
+    rk = tl.rsqrt(tl.sum(k * k, 0) + eps)
+    kq = tl.sum(k * q, 0)
+    Sk = tl.sum(S * k[:, None], 0)                    # S^T k and S^T q of the old state, together
+    Sq = tl.sum(S * q[:, None], 0)
+    d = tl.exp(-tl.exp(A_log) * _softplus(a + dt_bias))
     beta = tl.sigmoid(b)
-    S = S * tl.exp(g)                                 # forget
-    predicted = tl.sum(S * k[:, None], 0)             # S^T k
-    S = S + k[:, None] * ((v - predicted) * beta)[None, :]
-    o = tl.sum(S * q[:, None], 0)                     # read
+    delta = (v - d * rk * Sk) * beta                  # the prediction error for the normalised key, scaled
+    o = d * rq * Sq + (rk * rq * kq) * delta          # read (the updated memory, with the normalised query)
     tl.store(out_ptr + h * stride_oh + offs_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+    S = S * d + (k * rk)[:, None] * delta[None, :]    # forget, then write
     tl.store(s_ptrs, S, mask=s_mask)
 
     # ---- the last reader of key head hk's q/k channels shifts their state and resets the counter
