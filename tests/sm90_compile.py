@@ -78,12 +78,12 @@ def cases():
     """(label, thunk) for every case: the library's GPU configurations at Qwen3.5-0.8B's sizes, and the
     notebook exercise whose launcher sets its own pipeline depth."""
     from qwen_lab.config import QWEN35_0_8B as C
-    from qwen_lab.kernels import attention, conv1d, deltanet, gemm, rope
+    from qwen_lab.kernels import attention, conv1d, deltanet, dot_precision, gemm, rope
 
     # The dot precision the launchers pass for a bf16 model: bf16 operands ignore it, but the chunk prep's fp32
     # merges (the inverse) then run on the tensor cores in tf32, where "ieee" would compile a different kernel
     # (fp32 FMA loops, 19 KB of spills per thread) from the one the GPU runs.
-    prec = gemm._dot_precision(torch.bfloat16)
+    prec = dot_precision(torch.bfloat16)
     out = []
     for swiglu in (False, True):  # SWIGLU: two accumulators and two W tiles per step, its own tile shapes
         for c in gemm._matmul_configs(swiglu):  # TMA=True: the tensor-descriptor candidates (sm_90+ only)

@@ -798,3 +798,16 @@ def test_persistent_gemv_is_timed_only_where_it_fits(monkeypatch):
     monkeypatch.setenv("QWEN_LAB_GEMV_PERSIST", "0")
     assert not persistent(gemm._fitting_configs(1, 8224, 1024, 1, K=1024))
 
+
+
+def test_every_launcher_takes_one_dot_precision_rule():
+    """fp32 operands multiply exactly ("ieee": tf32 would cost ~1e-3 on the GPU, which the interpreter does not
+    show), anything else takes "tf32" (the chunk prep's fp32 merges of a bf16 model run on the tensor cores). The
+    GEMM, attention and DeltaNet launchers all read this one function."""
+    from qwen_lab.kernels import attention, deltanet, dot_precision
+
+    assert dot_precision(torch.float32) == "ieee"
+    assert dot_precision(torch.bfloat16) == "tf32" and dot_precision(torch.float16) == "tf32"
+    for module in (gemm, attention, deltanet):
+        assert module.dot_precision is dot_precision, module.__name__
+        assert not hasattr(module, "_dot_precision"), f"{module.__name__} keeps a rule of its own"

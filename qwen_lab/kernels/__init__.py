@@ -104,6 +104,15 @@ def count_launches():
         del stack[next(i for i, c in enumerate(stack) if c is counter)]
 
 
+def dot_precision(dtype) -> str:
+    """tl.dot's input_precision for operands of `dtype`, the rule of every launcher: "ieee" for fp32 (exact
+    products; on the GPU tf32's 10-bit mantissa would cost about 1e-3), "tf32" otherwise. 16-bit operands ignore
+    it; a bf16 model's fp32 tiles (the chunk prep's inverse merges) then run on the tensor cores in tf32."""
+    import torch
+
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 def device_key(device):
     """`device` as a torch.device with its index filled in: "cuda" and "cuda:0" are one GPU, and whatever a
     launcher keeps per device (workspaces, counters, tuned plans) must be found under either name. A CUDA

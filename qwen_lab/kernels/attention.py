@@ -53,7 +53,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import runtime
 from ..errors import KernelError
-from . import graph_bench, pdl_options
+from . import dot_precision, graph_bench, pdl_options
 from .rope import _check_qk, _check_rotary, _norm_rope_rows, inv_freq_table
 
 LOG2E = 1.4426950408889634
@@ -461,11 +461,6 @@ def decode_workspace(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = 
 # ---------------------------------------------------------------- launchers
 
 
-def _dot_precision(dtype) -> str:
-    # fp32 operands: exact products (tf32 would cost 1e-3); 16-bit operands: the default, ignored anyway
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
 def _check_3d(name, x, expect=None):
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
@@ -573,14 +568,14 @@ def attention_three_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
     scores = torch.empty(Hq, T, L, dtype=torch.float32, device=q.device)
     attn_scores_kernel[(triton.cdiv(T, BLOCK_M), triton.cdiv(L, BLOCK_N), Hq)](
         q, k, scores, T, L, scale, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        scores.stride(0), scores.stride(1), G=G, D=D, DOT_PREC=_dot_precision(q.dtype), BLOCK_M=BLOCK_M,
+        scores.stride(0), scores.stride(1), G=G, D=D, DOT_PREC=dot_precision(q.dtype), BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, num_warps=4)
     attn_masked_softmax_kernel[(T, Hq)](scores, positions, T, L, scores.stride(0), scores.stride(1),
                                         BLOCK_N=min(1024, max(16, triton.next_power_of_2(L))),
                                         num_warps=4)
     attn_weighted_sum_kernel[(triton.cdiv(T, BLOCK_M), Hq)](
         scores, v, out, positions, T, L, scores.stride(0), scores.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), G=G, D=D, DOT_PREC=_dot_precision(q.dtype), BLOCK_M=BLOCK_M,
+        out.stride(0), out.stride(1), G=G, D=D, DOT_PREC=dot_precision(q.dtype), BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, num_warps=4)
     return out
 
@@ -617,7 +612,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
         return (triton.cdiv(T, meta["BLOCK_M"] // GP), Hkv)
 
     meta = dict(G=G, GP=GP, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)), HAS_GATE=gate is not None,
-                DOT_PREC=_dot_precision(q.dtype), T_BUCKET=triton.next_power_of_2(T), **pdl_options(q.device))
+                DOT_PREC=dot_precision(q.dtype), T_BUCKET=triton.next_power_of_2(T), **pdl_options(q.device))
     forced = FORCE_PREFILL_CONFIG
     if forced is not None or runtime.interpreter_active():
         cfg = dict(forced.kwargs, num_warps=forced.num_warps, num_stages=forced.num_stages) \
@@ -653,7 +648,7 @@ def _decode(q, k, v, positions, qk_scale, out, gate, num_splits, workspace, prep
         prep_meta = dict(PREP=True, HALF=half)
     common = (q, k, v, positions, workspace, L, qk_scale, q.stride(1), k.stride(0), k.stride(1),
               v.stride(0), v.stride(1), workspace.stride(0), workspace.stride(1), *prep_args)
-    prec = _dot_precision(q.dtype)
+    prec = dot_precision(q.dtype)
     if runtime.interpreter_active():
         flash_decode_split_kernel[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=splits,
                                                  DOT_PREC=prec, BLOCK_N=_INTERP_DECODE_BLOCK_N, **prep_meta)

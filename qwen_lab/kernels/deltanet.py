@@ -75,7 +75,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import runtime
 from ..errors import KernelError
-from . import device_key, pdl_options
+from . import device_key, dot_precision, pdl_options
 
 EPS = 1e-6  # l2norm epsilon of q and k inside the delta rule (as in the reference and transformers)
 INTERPRET = runtime.interpreter_active()  # fixed at import: the kernels below are defined for one mode
@@ -885,7 +885,7 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
     BDV = max(16, triton.next_power_of_2(Dv))
     # fp32 operands: exact fp32 products ("ieee"). bf16 operands ignore the setting, except in the inverse's
     # merges, whose fp32 tiles then use tf32 (10-bit mantissa; the result is rounded to bf16 right after).
-    prec = "ieee" if ws.qg.dtype == torch.float32 else "tf32"
+    prec = dot_precision(ws.qg.dtype)
     # the counters through which the scan waits for the prep, [Hv, chunks + 1] at the workspace's pitch
     ready = _tickets(q.device, Hv * (Tw // chunk_size + 1))
     _launch(chunk_prep_kernel, (Hv, n_chunks), (

@@ -75,7 +75,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..errors import KernelError
-from . import device_key, graph_bench, graph_time_us, pdl_enabled, pdl_options, uncounted
+from . import device_key, dot_precision, graph_bench, graph_time_us, pdl_enabled, pdl_options, uncounted
 from ..runtime import interpreter_active
 
 # M at or below this is served by the GEMV / split-K path (decode and very short prompts).
@@ -366,7 +366,7 @@ def matmul_with_config(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     N = out.shape[1]
     matmul_kernel.fn[matmul_grid(M, N, config.kwargs, x.device)](
         x, weight, out, M, N, K, triton.next_power_of_2(M), x.stride(0), weight.stride(0), out.stride(0),
-        DOT_PRECISION=_dot_precision(x.dtype), SWIGLU=swiglu, num_warps=config.num_warps,
+        DOT_PRECISION=dot_precision(x.dtype), SWIGLU=swiglu, num_warps=config.num_warps,
         num_stages=config.num_stages, **config.kwargs, **pdl_options(x.device))
     return out
 
@@ -742,11 +742,6 @@ def _check_operands(name: str, x, weight, out, x_name: str = "x", k_of_x=lambda 
     return x.shape[0], N, K
 
 
-def _dot_precision(dtype) -> str:
-    # fp32 operands must not silently drop to tf32 (10-bit mantissa) on the GPU.
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
 def matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ weight^T with the tiled `tl.dot` GEMM (the prefill path). x [M, K], weight [N, K] -> [M, N]."""
     return _matmul("matmul", x, weight, out)
@@ -780,7 +775,7 @@ def _matmul(name, x, weight, out, swiglu=False):
         return matmul_grid(M, N, meta, x.device)
 
     matmul_kernel[grid](x, weight, out, M, N, K, triton.next_power_of_2(min(M, 4096)),
-                        x.stride(0), weight.stride(0), out.stride(0), DOT_PRECISION=_dot_precision(x.dtype),
+                        x.stride(0), weight.stride(0), out.stride(0), DOT_PRECISION=dot_precision(x.dtype),
                         SWIGLU=bool(swiglu), TMA_OK=_tma_ok(x, weight), **pdl_options(x.device))
     return out
 
@@ -976,7 +971,7 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
     # the norm prologue's statistics from one load of the whole row (one row, up to WHOLE_ROW_MAX values)
     k_pow2 = triton.next_power_of_2(K) if block_m == 1 and prologue in (PRO_RMS, PRO_ADD_RMS) \
         and K <= WHOLE_ROW_MAX else 0
-    dot_precision = _dot_precision(x.dtype)
+    precision = dot_precision(x.dtype)
     pdl = pdl_enabled(x.device)
 
     def per_split(split):
@@ -1018,7 +1013,7 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
             args["stride_xm"], w.stride(0), out.stride(0), args.get("up_offset", 0),
             args.get("stride_rm", 0), args.get("stride_sm", 0), args.get("stride_xh", 0),
             args.get("stride_zm", 0), args.get("stride_zh", 0), float(args.get("eps", 0.0)),
-            BLOCK_M=block_m, REDUCE=reduce, PROLOGUE=prologue, DV=dv, DOT_PRECISION=dot_precision,
+            BLOCK_M=block_m, REDUCE=reduce, PROLOGUE=prologue, DV=dv, DOT_PRECISION=precision,
             USE_PDL=pdl, K_POW2=k_pow2, num_warps=config.num_warps, num_stages=config.num_stages, **extra,
             **config.kwargs)
 
