@@ -296,7 +296,8 @@ def format_table(result: dict) -> str:
     f = result["floors"]
     lines = [f"{result['config']} on {result['gpu']}, {result['dtype']}, prefill {result['prefill_len']} tokens, "
              f"decode after it ({result['date']})", ""]
-    head = "| row | prefill ms | decode ms/token | tokens/s | decode floor share | prefill floor share | kernels prefill / decode | host launches |"
+    head = ("| row | prefill ms | decode ms/token | tokens/s | decode floor share | prefill floor share "
+            "| kernels prefill / decode | host launches |")
     lines += [head, "|" + " --- |" * 8]
 
     def fmt(x, spec):

@@ -51,8 +51,8 @@ $$ y_{mn} = \sum_{s=0}^{S-1} \sum_{k \in \text{split } s} x_{mk} W_{nk} $$
 Which form, block shape (and, for the narrow shapes, which SPLIT_K) serves a decode shape best depends on the GPU's
 latencies, and the differences are a microsecond or two: too small to time one launch from Python. So the first
 call of each shape times every fitting plan inside a CUDA Graph, over copies of the weight that together exceed
-the L2 cache (as the model's layers do), and keeps the fastest (`gemv_plan` tells which; on the H200 the persistent form won
-every decode projection but the LM head). On Hopper and newer GPUs the GEMV is launched with programmatic
+the L2 cache (as the model's layers do), and keeps the fastest (`gemv_plan` tells which; on the H200 the persistent
+form won every decode projection but the LM head). On Hopper and newer GPUs the GEMV is launched with programmatic
 dependent launch: it starts while the kernel before it finishes and only then waits for the previous kernel's
 results (`gdc_wait`); the one-row plans with PREFETCH, and the persistent kernel always, request their first
 weight tiles before that wait (W is never written, so that is safe): the weight stream overlaps the previous

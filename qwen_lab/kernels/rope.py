@@ -200,8 +200,8 @@ def _check_rows(name: str, x, T=None, D=None):
 
 def _check_positions(positions, T: int, device):
     if not isinstance(positions, torch.Tensor) or positions.dim() != 1:
-        raise KernelError(f"positions: expected a 1-D integer tensor [T] on the device, got "
-                          f"{tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__}")
+        got = tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
+        raise KernelError(f"positions: expected a 1-D integer tensor [T] on the device, got {got}")
     if positions.dtype not in (torch.int64, torch.int32):
         raise KernelError(f"positions: expected int64 or int32, got {positions.dtype}")
     if positions.shape[0] != T:

@@ -309,8 +309,8 @@ def _check_args(logits, temperature, top_k, top_p, uniform, out):
         raise KernelError(f"{fn}: top_p must be a Python number in (0, 1] (1 = off), got {top_p!r}")
     if temperature > 0:
         if not isinstance(uniform, torch.Tensor) or uniform.numel() != 1 or not uniform.is_floating_point():
-            raise KernelError(f"{fn}: uniform must be a one-element float tensor in [0, 1) on the device, got "
-                              f"{tuple(getattr(uniform, 'shape', ()))} {getattr(uniform, 'dtype', type(uniform).__name__)}")
+            got = f"{tuple(getattr(uniform, 'shape', ()))} {getattr(uniform, 'dtype', type(uniform).__name__)}"
+            raise KernelError(f"{fn}: uniform must be a one-element float tensor in [0, 1) on the device, got {got}")
         if uniform.device != logits.device:
             raise KernelError(f"{fn}: uniform is on {uniform.device} but logits are on {logits.device}")
     if out is not None and (not isinstance(out, torch.Tensor) or out.numel() != 1 or out.dtype != torch.int64
@@ -339,9 +339,11 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, u
         workspace = sampling_workspace(V, device)
     elif not isinstance(workspace, SamplingWorkspace) or workspace.vocab_size != V \
             or workspace.counter.device != device or workspace.config != _config(V):
-        raise KernelError(f"sample: workspace must come from sampling_workspace({V}, '{device}') for these logits, got "
-                          f"{type(workspace).__name__}" + (f" for V={workspace.vocab_size} on {workspace.counter.device}"
-                                                           if isinstance(workspace, SamplingWorkspace) else ""))
+        got = type(workspace).__name__
+        if isinstance(workspace, SamplingWorkspace):
+            got += f" for V={workspace.vocab_size} on {workspace.counter.device}"
+        raise KernelError(f"sample: workspace must come from sampling_workspace({V}, '{device}') for these logits, "
+                          f"got {got}")
     if out is None:
         out = torch.empty((), dtype=torch.int64, device=device)
     ws, cfg = workspace, workspace.config
