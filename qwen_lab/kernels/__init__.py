@@ -9,6 +9,9 @@ Modules are imported lazily (after `qwen_lab.runtime` has chosen interpreter or 
 `count_launches()` counts Triton kernel launches made from Python inside a `with` block: the checks
 use it to prove that a learner's Triton kernel really ran, the model to count launches per forward.
 
+`dot_precision(dtype)`: the `input_precision` every launcher passes to `tl.dot` ("ieee" for fp32 operands, which
+must not drop to tf32 on the GPU; "tf32" otherwise).
+
 `pdl_options(device)`: the launch options of programmatic dependent launch (Hopper and newer, unless
 QWEN_LAB_PDL=0). A kernel launched with them may start while the kernel before it in the stream is still
 running, so it calls `gdc_wait()` before it touches any memory that kernel may write (or read) and
