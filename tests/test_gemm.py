@@ -799,7 +799,6 @@ def test_persistent_gemv_is_timed_only_where_it_fits(monkeypatch):
     assert not persistent(gemm._fitting_configs(1, 8224, 1024, 1, K=1024))
 
 
-
 def test_every_launcher_takes_one_dot_precision_rule():
     """fp32 operands multiply exactly ("ieee": tf32 would cost ~1e-3 on the GPU, which the interpreter does not
     show), anything else takes "tf32" (the chunk prep's fp32 merges of a bf16 model run on the tensor cores). The
