@@ -686,6 +686,43 @@ def test_tma_candidates_only_where_the_call_allows_them(monkeypatch):
         assert gemm._prune_matmul_configs(every, {"M_BUCKET": long}, SWIGLU=swiglu, TMA_OK=False) == without
 
 
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_the_tuner_shapes_the_host_descriptors_for_each_config(monkeypatch, swiglu):
+    """The launcher makes the TMA candidates' descriptors once per call; each configuration's pre-hook must give them
+    its tiles before it is timed or launched (a descriptor's tile is part of the kernel's signature; left as made,
+    every TMA kernel failed to compile on the GPU). The autotuner runs here over the GPU's list with a recording
+    launch in place of the kernel."""
+    monkeypatch.setattr(gemm, "interpreter_active", lambda: False)  # the GPU's lists
+    tuner = gemm.matmul_kernel
+    assert all(c.pre_hook is gemm._fit_descriptors for c in tuner.configs)
+    seen = []
+
+    def launch(*args, grid, warmup, **meta):
+        x_desc, w_desc = args[3], args[4]
+        seen.append((meta, list(x_desc.block_shape), list(w_desc.block_shape), list(w_desc.shape)))
+
+    monkeypatch.setattr(tuner, "configs", gemm._matmul_all_configs())
+    monkeypatch.setattr(tuner, "cache", {})
+    monkeypatch.setattr(tuner, "do_bench", lambda call, quantiles: (call(), [1.0, 1.0, 1.0])[1])
+    monkeypatch.setattr(tuner.fn, "run", launch)
+    M, K, N = 2048, 256, 96
+    x = torch.zeros(M, K, dtype=torch.bfloat16)
+    w = torch.zeros(2 * N if swiglu else N, K, dtype=torch.bfloat16)
+    out = torch.zeros(M, N, dtype=torch.bfloat16)
+    x_desc, w_desc = gemm._tma_descriptors(x, w)
+    tuner[lambda meta: (1,)](x, w, out, x_desc, w_desc, M, N, K, M, x.stride(0), w.stride(0), out.stride(0),
+                             DOT_PRECISION="tf32", SWIGLU=swiglu, TMA_OK=True)
+    timed = {gemm._config_id(c) for c in gemm._matmul_configs(swiglu) if c.kwargs.get("TMA")}
+    assert len(seen) == len(timed) + 1  # each TMA candidate timed once, then the pick launched
+    for meta, x_tile, w_tile, w_shape in seen:
+        bm, bn, bk = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
+        assert x_tile == [bm, bk], (meta, x_tile)
+        if meta.get("JOIN"):
+            assert (w_tile, w_shape) == ([2, bn, bk], [2, N, K]), (meta, w_tile, w_shape)
+        else:
+            assert (w_tile, w_shape) == ([bn, bk], [w.shape[0], K]), (meta, w_tile, w_shape)
+
+
 def test_tma_not_used_off_hopper(rt, gen):
     x, w = _x(32, 64, gen, rt), _w(48, 64, gen, rt)
     if rt.device.type != "cuda" or gemm.interpreter_active():

@@ -161,7 +161,7 @@ def pdl_options(device) -> dict:
 def graph_bench(kernel_call, quantiles):
     """The timer of two prefill autotuners (matmul, flash attention): the candidate's calls captured in a CUDA Graph and
     replayed, as the model runs them. `do_bench` times calls launched one by one from Python, so a kernel shorter
-    than its launch (a TMA candidate allocates and fills its tensor descriptors' scratch at every launch) is timed
+    than its launch (a TMA candidate's launch also encodes its tensor descriptors on the host) is timed
     at the host's pace: on the H200 it ranked the out-projection's persistent TMA tile at 54.7 us, which takes
     15.7 us in a graph, and picked a tile taking 21.5. It also flushes L2 between calls, while in the model the
     input a prefill kernel reads was just written and sits in L2.

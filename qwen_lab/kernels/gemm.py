@@ -18,9 +18,13 @@ Two regimes need different kernels:
   never goes to memory and the separate activation kernel disappears. Two accumulators need twice
   the registers and a W tile twice as wide in shared memory, so SWIGLU has its own tile shapes.
   On Hopper (sm_90) and newer a few extra candidates (TMA=True) load their x and W tiles through
-  tensor descriptors made on the device: the Tensor Memory Accelerator copies a whole tile into
-  shared memory from one instruction, with no address arithmetic in the threads and zeros past the
-  matrix's edges (no masks). The autotuner times them with the others and keeps the fastest. They
+  tensor descriptors: the Tensor Memory Accelerator copies a whole tile into shared memory from one
+  instruction, with no address arithmetic in the threads and zeros past the matrix's edges (no masks).
+  The launcher makes the descriptors on the host (`triton.tools.tensor_descriptor.TensorDescriptor`)
+  and they travel in the launch's parameters (in a CUDA Graph: made once, at capture). Made on the
+  device instead (`tl.make_tensor_descriptor`), every program wrote and fenced its own copy in global
+  memory before its first load: 2-3.5 us more per call on the H200, a sixth of a narrow projection.
+  The autotuner times them with the others and keeps the fastest. They
   need 16-byte-aligned rows (bf16/fp16, row strides a multiple of 8 elements), which the launcher
   checks (`_tma_ok`, part of the autotuning key); never under the interpreter. Some of them are
   persistent (PERSIST: one program per SM walks the tiles), and SWIGLU's persistent ones describe W as
@@ -160,11 +164,13 @@ def _config_id(c: triton.Config) -> tuple:
 
 
 def _matmul_all_configs() -> list:
-    """Every configuration of either mode, once each: the autotuner's list, pruned per call below."""
+    """Every configuration of either mode, once each: the autotuner's list, pruned per call below. Each shapes the
+    call's TMA descriptors for its tiles before it runs (`_fit_descriptors`)."""
     seen, configs = set(), []
     for c in _matmul_configs(False) + _matmul_configs(True):
         if _config_id(c) not in seen:
             seen.add(_config_id(c))
+            c.pre_hook = _fit_descriptors
             configs.append(c)
     return configs
 
@@ -193,15 +199,9 @@ def _capability(index: int) -> tuple:
     return torch.cuda.get_device_capability(index)
 
 
-def _tma_scratch(size: int, alignment: int, stream):
-    # Device-made tensor descriptors live in global memory: Triton asks for the space at every launch.
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
 def _tma_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the TMA candidates may serve this call: a Hopper-or-newer GPU (not the interpreter), 16-bit
-    operands with 16-byte-aligned starts and row strides. Also makes sure Triton has an allocator for the
-    descriptors (a user's own allocator is kept). QWEN_LAB_TMA=0 leaves them out."""
+    operands with 16-byte-aligned starts and row strides. QWEN_LAB_TMA=0 leaves them out."""
     if x.device.type != "cuda" or interpreter_active() or x.element_size() != 2:
         return False
     if os.environ.get("QWEN_LAB_TMA", "1").strip().lower() not in _TRUE:
@@ -211,16 +211,41 @@ def _tma_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
     for t in (x, weight):
         if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
             return False
-    from triton.runtime import _allocation
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_tma_scratch)
     return True
+
+
+def _tma_descriptors(x: torch.Tensor, weight: torch.Tensor) -> tuple:
+    """Host tensor descriptors of x [M, K] and W for the TMA candidates, their tile shapes still open:
+    `_fit_descriptors` sets them (and W's layout) for the configuration that runs."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    M, K = x.shape
+    return (TensorDescriptor(x, [M, K], [x.stride(0), 1], [16, 16]),
+            TensorDescriptor(weight, [weight.shape[0], K], [weight.stride(0), 1], [16, 16]))
+
+
+def _fit_descriptors(nargs: dict) -> None:
+    """Every configuration's pre-hook (the autotuner calls it before timing or launching the configuration): shape the
+    call's host descriptors for its tiles. A descriptor's tile shape is part of the compiled kernel's signature, so
+    it must match the configuration's BLOCK sizes. W is [2N, K] ([W_gate; W_up] with SWIGLU), or with JOIN [2, N, K]:
+    one [2, BLOCK_N, BLOCK_K] tile holds the gate rows and the up rows of the same output columns.
+    Calls without TMA pass None for both (the kernel's pointer branch never reads them)."""
+    x_desc, w_desc = nargs["x_desc"], nargs["w_desc"]
+    if x_desc is None:
+        return
+    bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    N, K, stride_wn = nargs["N"], nargs["K"], nargs["stride_wn"]
+    x_desc.block_shape = [bm, bk]
+    if nargs.get("SWIGLU") and nargs.get("JOIN"):
+        w_desc.shape, w_desc.strides, w_desc.block_shape = [2, N, K], [N * stride_wn, stride_wn, 1], [2, bn, bk]
+    else:
+        rows = 2 * N if nargs.get("SWIGLU") else N
+        w_desc.shape, w_desc.strides, w_desc.block_shape = [rows, K], [stride_wn, 1], [bn, bk]
 
 
 @triton.autotune(configs=_matmul_all_configs(), key=["M_BUCKET", "N", "K", "SWIGLU", "TMA_OK"], do_bench=graph_bench,
                  prune_configs_by={"early_config_prune": _prune_matmul_configs})
 @triton.jit
-def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
+def matmul_kernel(x_ptr, w_ptr, out_ptr, x_desc, w_desc, M, N, K, M_BUCKET,
                   stride_xm, stride_wn, stride_om,
                   DOT_PRECISION: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -228,10 +253,10 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
                   PERSIST: tl.constexpr = False, JOIN: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     # M_BUCKET (M rounded to a power of two) is only an autotuning key: one tuning per prompt-length
     # bucket, not per prompt length; so is TMA_OK (whether the TMA configurations may be timed for this
-    # call). With SWIGLU, N is I (the output's width) and W has 2N rows.
+    # call). With SWIGLU, N is I (the output's width) and W has 2N rows. x_desc and w_desc: the TMA
+    # configurations' host tensor descriptors of x and W (`_fit_descriptors`), None for calls without TMA.
     if USE_PDL:
-        # launched early (programmatic dependent launch): wait for the previous kernel's writes before anything,
-        # the tensor descriptors included (Triton's scratch memory for them may be the previous kernel's, reused)
+        # launched early (programmatic dependent launch): wait for the previous kernel's writes (x) first
         gdc_wait()
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -241,8 +266,6 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
         # One program per SM (the launcher's grid), program p computing tiles p, p + P, p + 2P, ... (TMA loads
         # only). Flattening the two loops into one lets the compiler's pipeline run straight across tile
         # boundaries: the first K steps of the next tile are loading while this one's epilogue runs.
-        x_desc, w_desc = _descriptors(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU,
-                                      JOIN)
         for tile in tl.range(pid, num_pid_m * num_pid_n, tl.num_programs(0), flatten=True):
             pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
             acc = _tma_tile(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, N, K, DOT_PRECISION,
@@ -251,8 +274,6 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
         return
     pid_m, pid_n = _grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M)
     if TMA:
-        x_desc, w_desc = _descriptors(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU,
-                                      JOIN)
         acc = _tma_tile(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, N, K, DOT_PRECISION,
                         BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU, JOIN)
     else:
@@ -288,28 +309,13 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BUCKET,
 
 
 @triton.jit
-def _descriptors(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, JOIN: tl.constexpr = False):
-    """Tensor descriptors of x [M, K] and W ([2N, K] with SWIGLU): the TMA unit fetches whole tiles and fills what
-    lies past the matrix with zeros (rows past M or 2N, columns past K), so no masks. With SWIGLU a gate tile that
-    runs past row N reads up rows instead: only output columns >= N use them, and the store drops those.
-    JOIN (with SWIGLU): W as [2, N, K], one [2, BLOCK_N, BLOCK_K] tile holding the gate rows and the up rows of the
-    same output columns, fetched by one TMA request."""
-    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1], block_shape=[BLOCK_M, BLOCK_K])
-    if SWIGLU and JOIN:
-        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[2, N, K], strides=[N * stride_wn, stride_wn, 1],
-                                           block_shape=[2, BLOCK_N, BLOCK_K])
-    else:
-        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[2 * N if SWIGLU else N, K], strides=[stride_wn, 1],
-                                           block_shape=[BLOCK_N, BLOCK_K])
-    return x_desc, w_desc
-
-
-@triton.jit
 def _tma_tile(x_desc, w_desc, m0, n0, N, K, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, JOIN: tl.constexpr = False):
     """The fp32 tile of x W^T at rows m0.., columns n0.., from the tensor descriptors (with SWIGLU: silu(gate) * up,
-    the up rows N further down W)."""
+    the up rows N further down W). The TMA unit fetches whole tiles and fills what lies past the matrix with zeros
+    (rows past M or 2N, columns past K), so no masks. With SWIGLU a gate tile that runs past row N reads up rows
+    instead: only output columns >= N use them, and the store drops those. With JOIN, w_desc describes W as
+    [2, N, K]: one [2, BLOCK_N, BLOCK_K] tile holds the gate rows and the up rows of the same output columns."""
     if SWIGLU and JOIN:
         # one product of a [BLOCK_M, 2 BLOCK_N] tile: the gate columns, then the up columns of the same outputs
         acc2 = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
@@ -364,9 +370,12 @@ def matmul_with_config(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     [2N, K]. No checks: the caller passes operands `matmul` would accept. A TMA configuration needs `_tma_ok`."""
     M, K = x.shape
     N = out.shape[1]
+    x_desc, w_desc = _tma_descriptors(x, weight) if config.kwargs.get("TMA") else (None, None)
+    _fit_descriptors(dict(config.kwargs, x_desc=x_desc, w_desc=w_desc, N=N, K=K, stride_wn=weight.stride(0),
+                          SWIGLU=swiglu))
     matmul_kernel.fn[matmul_grid(M, N, config.kwargs, x.device)](
-        x, weight, out, M, N, K, triton.next_power_of_2(M), x.stride(0), weight.stride(0), out.stride(0),
-        DOT_PRECISION=dot_precision(x.dtype), SWIGLU=swiglu, num_warps=config.num_warps,
+        x, weight, out, x_desc, w_desc, M, N, K, triton.next_power_of_2(M), x.stride(0), weight.stride(0),
+        out.stride(0), DOT_PRECISION=dot_precision(x.dtype), SWIGLU=swiglu, num_warps=config.num_warps,
         num_stages=config.num_stages, **config.kwargs, **pdl_options(x.device))
     return out
 
@@ -774,9 +783,12 @@ def _matmul(name, x, weight, out, swiglu=False):
     def grid(meta):
         return matmul_grid(M, N, meta, x.device)
 
-    matmul_kernel[grid](x, weight, out, M, N, K, triton.next_power_of_2(min(M, 4096)),
+    tma_ok = _tma_ok(x, weight)
+    # the TMA candidates' descriptors: made here, shaped by each configuration's pre-hook (_fit_descriptors)
+    x_desc, w_desc = _tma_descriptors(x, weight) if tma_ok else (None, None)
+    matmul_kernel[grid](x, weight, out, x_desc, w_desc, M, N, K, triton.next_power_of_2(min(M, 4096)),
                         x.stride(0), weight.stride(0), out.stride(0), DOT_PRECISION=dot_precision(x.dtype),
-                        SWIGLU=bool(swiglu), TMA_OK=_tma_ok(x, weight), **pdl_options(x.device))
+                        SWIGLU=bool(swiglu), TMA_OK=tma_ok, **pdl_options(x.device))
     return out
 
 

@@ -1,0 +1,119 @@
+"""Probe: the prefill GEMM with its TMA descriptors made on the host instead of in every program.
+
+    python benchmarks/probe_gemm_desc.py [--tokens 2048]        (an NVIDIA GPU of compute capability 9.0+)
+
+`matmul_kernel`'s TMA forms build their tensor descriptors on the device: each program writes two 128-byte
+descriptors into global scratch and fences them before its first TMA load, after its PDL wait. A descriptor made on
+the host travels in the launch's parameters instead (in a CUDA Graph, made once at capture). For each prefill
+projection of the 0.8B model and each TMA configuration, this times (inside a CUDA Graph, 20 calls back to back, PDL
+as in the model) the device-descriptor kernel, the same configuration with host descriptors, and cuBLAS; and checks
+that both kernels write the same bits.
+"""
+
+import argparse
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from qwen_lab.kernels.gemm import _grouped_tile, _store_tile, _tma_tile
+
+
+@triton.jit
+def matmul_host_desc_kernel(x_desc, w_desc, out_ptr, M, N, K, stride_om, DOT_PRECISION: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            GROUP_M: tl.constexpr, SWIGLU: tl.constexpr = False, TMA: tl.constexpr = True,
+                            PERSIST: tl.constexpr = False, JOIN: tl.constexpr = False,
+                            USE_PDL: tl.constexpr = False):
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    if PERSIST:
+        for tile in tl.range(pid, num_pid_m * num_pid_n, tl.num_programs(0), flatten=True):
+            pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+            acc = _tma_tile(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, N, K, DOT_PRECISION,
+                            BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU, JOIN)
+            _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
+    else:
+        pid_m, pid_n = _grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M)
+        acc = _tma_tile(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, N, K, DOT_PRECISION,
+                        BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU, JOIN)
+        _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
+
+
+def host_call(x, w, out, config, swiglu):
+    from qwen_lab.kernels import pdl_options
+    from qwen_lab.kernels.gemm import matmul_grid
+    M, K = x.shape
+    N = out.shape[1]
+    kw = config.kwargs
+    bm, bn, bk = kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"]
+    x_desc = TensorDescriptor(x, [M, K], [x.stride(0), 1], [bm, bk])
+    if swiglu and kw.get("JOIN"):
+        w_desc = TensorDescriptor(w, [2, N, K], [N * w.stride(0), w.stride(0), 1], [2, bn, bk])
+    else:
+        w_desc = TensorDescriptor(w, [w.shape[0], K], [w.stride(0), 1], [bn, bk])
+    grid = matmul_grid(M, N, kw, x.device)
+
+    def call():
+        matmul_host_desc_kernel[grid](x_desc, w_desc, out, M, N, K, out.stride(0), DOT_PRECISION="tf32",
+                                      SWIGLU=swiglu, num_warps=config.num_warps, num_stages=config.num_stages,
+                                      **kw, **pdl_options(x.device))
+    return call
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tokens", type=int, default=2048)
+    p.add_argument("--calls", type=int, default=20)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("skipped: the probe times kernels on an NVIDIA GPU")
+        return 0
+    from qwen_lab.config import QWEN35_0_8B as cfg
+    from qwen_lab.kernels import graph_time_us
+    from qwen_lab.kernels import gemm
+
+    T, H, dev, bf = args.tokens, cfg.hidden_size, "cuda", torch.bfloat16
+    shapes = [("in (deltanet)", H, cfg.linear_in_proj_dim, False),
+              ("q/k/v (attention)", H, cfg.attn_q_dim + 2 * cfg.attn_kv_dim, False),
+              ("gate+up (swiglu)", H, cfg.intermediate_size, True),
+              ("down", cfg.intermediate_size, H, False),
+              ("out (deltanet)", cfg.linear_value_dim, H, False),
+              ("o (attention)", cfg.num_attention_heads * cfg.head_dim, H, False)]
+    gen = torch.Generator(device=dev).manual_seed(0)
+    print(f"{'projection':<20} {'config':<44} {'device desc':>11} {'host desc':>10} {'cuBLAS':>8}  same bits")
+    for name, K, N, swiglu in shapes:
+        x = (torch.randn(T, K, device=dev, generator=gen) * 0.5).to(bf)
+        w = (torch.randn(2 * N if swiglu else N, K, device=dev, generator=gen) * K ** -0.5).to(bf)
+        cublas = [lambda: torch.nn.functional.linear(x, w)]  # with SwiGLU: its gate+up product alone
+        us_cublas = graph_time_us(cublas * args.calls, warmup=True)
+        assert gemm._tma_ok(x, w)
+        for config in gemm._matmul_configs(swiglu):
+            if not config.kwargs.get("TMA"):
+                continue
+            out_d = torch.empty(T, N, device=dev, dtype=bf)
+            out_h = torch.empty(T, N, device=dev, dtype=bf)
+            dev_call = [lambda c=config, o=out_d: gemm.matmul_with_config(x, w, o, c, swiglu=swiglu)]
+            host = host_call(x, w, out_h, config, swiglu)
+            try:
+                us_d = graph_time_us(dev_call * args.calls, warmup=True)
+                us_h = graph_time_us([host] * args.calls, warmup=True)
+            except Exception as e:  # a configuration that does not compile or fit: say so, go on
+                print(f"{name:<20} {str(config.kwargs):<44} failed: {type(e).__name__}: {str(e)[:100]}")
+                continue
+            same = torch.equal(out_d, out_h)
+            tag = f"{config.kwargs['BLOCK_M']}x{config.kwargs['BLOCK_N']}x{config.kwargs['BLOCK_K']} " \
+                  f"s{config.num_stages} w{config.num_warps}{' P' if config.kwargs.get('PERSIST') else ''}" \
+                  f"{' J' if config.kwargs.get('JOIN') else ''}"
+            print(f"{name:<20} {tag:<44} {us_d:11.2f} {us_h:10.2f} {us_cublas:8.2f}  {same}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
