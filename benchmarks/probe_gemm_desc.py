@@ -1,13 +1,13 @@
-"""Probe: the prefill GEMM with its TMA descriptors made on the host instead of in every program.
+"""Probe: the prefill GEMM's TMA descriptors made on the host (the library) against made in every program.
 
     python benchmarks/probe_gemm_desc.py [--tokens 2048]        (an NVIDIA GPU of compute capability 9.0+)
 
-`matmul_kernel`'s TMA forms build their tensor descriptors on the device: each program writes two 128-byte
-descriptors into global scratch and fences them before its first TMA load, after its PDL wait. A descriptor made on
-the host travels in the launch's parameters instead (in a CUDA Graph, made once at capture). For each prefill
-projection of the 0.8B model and each TMA configuration, this times (inside a CUDA Graph, 20 calls back to back, PDL
-as in the model) the device-descriptor kernel, the same configuration with host descriptors, and cuBLAS; and checks
-that both kernels write the same bits.
+`gemm.matmul_kernel`'s TMA configurations take host tensor descriptors: the launcher makes them, and they travel in
+the launch's parameters (in a CUDA Graph: made once, at capture). Made in the kernel instead (`tl.make_tensor_descriptor`,
+the form below), each program writes its two 128-byte descriptors into global scratch and fences them after its PDL
+wait, before its first TMA load. For each prefill projection of the 0.8B model and each TMA configuration, this times
+(inside a CUDA Graph, 20 calls back to back, PDL as in the model) the device-descriptor form, the library's, and
+cuBLAS; and checks that both kernels write the same bits (docs/perf-log.md, session 17).
 """
 
 import argparse
@@ -16,20 +16,26 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from qwen_lab.kernels.gemm import _grouped_tile, _store_tile, _tma_tile
 
 
 @triton.jit
-def matmul_host_desc_kernel(x_desc, w_desc, out_ptr, M, N, K, stride_om, DOT_PRECISION: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            GROUP_M: tl.constexpr, SWIGLU: tl.constexpr = False, TMA: tl.constexpr = True,
-                            PERSIST: tl.constexpr = False, JOIN: tl.constexpr = False,
-                            USE_PDL: tl.constexpr = False):
+def matmul_device_desc_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+                              DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SWIGLU: tl.constexpr = False,
+                              TMA: tl.constexpr = True, PERSIST: tl.constexpr = False, JOIN: tl.constexpr = False,
+                              USE_PDL: tl.constexpr = False):
     if USE_PDL:
-        gdc_wait()
+        gdc_wait()  # before the descriptors: their scratch may be memory the previous kernel used
         gdc_launch_dependents()
+    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1], block_shape=[BLOCK_M, BLOCK_K])
+    if SWIGLU and JOIN:
+        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[2, N, K], strides=[N * stride_wn, stride_wn, 1],
+                                           block_shape=[2, BLOCK_N, BLOCK_K])
+    else:
+        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[2 * N if SWIGLU else N, K], strides=[stride_wn, 1],
+                                           block_shape=[BLOCK_N, BLOCK_K])
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -46,24 +52,17 @@ def matmul_host_desc_kernel(x_desc, w_desc, out_ptr, M, N, K, stride_om, DOT_PRE
         _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
 
 
-def host_call(x, w, out, config, swiglu):
+def device_desc_call(x, w, out, config, swiglu):
     from qwen_lab.kernels import pdl_options
     from qwen_lab.kernels.gemm import matmul_grid
     M, K = x.shape
     N = out.shape[1]
-    kw = config.kwargs
-    bm, bn, bk = kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"]
-    x_desc = TensorDescriptor(x, [M, K], [x.stride(0), 1], [bm, bk])
-    if swiglu and kw.get("JOIN"):
-        w_desc = TensorDescriptor(w, [2, N, K], [N * w.stride(0), w.stride(0), 1], [2, bn, bk])
-    else:
-        w_desc = TensorDescriptor(w, [w.shape[0], K], [w.stride(0), 1], [bn, bk])
-    grid = matmul_grid(M, N, kw, x.device)
+    grid = matmul_grid(M, N, config.kwargs, x.device)
 
     def call():
-        matmul_host_desc_kernel[grid](x_desc, w_desc, out, M, N, K, out.stride(0), DOT_PRECISION="tf32",
-                                      SWIGLU=swiglu, num_warps=config.num_warps, num_stages=config.num_stages,
-                                      **kw, **pdl_options(x.device))
+        matmul_device_desc_kernel[grid](x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
+                                        DOT_PRECISION="tf32", SWIGLU=swiglu, num_warps=config.num_warps,
+                                        num_stages=config.num_stages, **config.kwargs, **pdl_options(x.device))
     return call
 
 
@@ -87,6 +86,8 @@ def main() -> int:
               ("out (deltanet)", cfg.linear_value_dim, H, False),
               ("o (attention)", cfg.num_attention_heads * cfg.head_dim, H, False)]
     gen = torch.Generator(device=dev).manual_seed(0)
+    # the device-made descriptors' global scratch, asked for at every launch
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=dev))
     print(f"{'projection':<20} {'config':<44} {'device desc':>11} {'host desc':>10} {'cuBLAS':>8}  same bits")
     for name, K, N, swiglu in shapes:
         x = (torch.randn(T, K, device=dev, generator=gen) * 0.5).to(bf)
@@ -99,11 +100,11 @@ def main() -> int:
                 continue
             out_d = torch.empty(T, N, device=dev, dtype=bf)
             out_h = torch.empty(T, N, device=dev, dtype=bf)
-            dev_call = [lambda c=config, o=out_d: gemm.matmul_with_config(x, w, o, c, swiglu=swiglu)]
-            host = host_call(x, w, out_h, config, swiglu)
+            device = device_desc_call(x, w, out_d, config, swiglu)
+            host = [lambda c=config, o=out_h: gemm.matmul_with_config(x, w, o, c, swiglu=swiglu)]
             try:
-                us_d = graph_time_us(dev_call * args.calls, warmup=True)
-                us_h = graph_time_us([host] * args.calls, warmup=True)
+                us_d = graph_time_us([device] * args.calls, warmup=True)
+                us_h = graph_time_us(host * args.calls, warmup=True)
             except Exception as e:  # a configuration that does not compile or fit: say so, go on
                 print(f"{name:<20} {str(config.kwargs):<44} failed: {type(e).__name__}: {str(e)[:100]}")
                 continue

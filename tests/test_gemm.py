@@ -688,16 +688,18 @@ def test_tma_candidates_only_where_the_call_allows_them(monkeypatch):
 
 @pytest.mark.parametrize("swiglu", [False, True])
 def test_the_tuner_shapes_the_host_descriptors_for_each_config(monkeypatch, swiglu):
-    """The launcher makes the TMA candidates' descriptors once per call; each configuration's pre-hook must give them
-    its tiles before it is timed or launched (a descriptor's tile is part of the kernel's signature; left as made,
-    every TMA kernel failed to compile on the GPU). The autotuner runs here over the GPU's list with a recording
-    launch in place of the kernel."""
+    """The launcher makes the TMA candidates' descriptors once per call; the kernel's pre-run hook must give them each
+    configuration's tiles before it is timed or launched (a descriptor's tile is part of the kernel's signature; left
+    as made, every TMA kernel failed to compile on the GPU). The autotuner runs here over the GPU's list, each
+    launch replaced by what Triton's does first (the kernel's pre-run hooks) and a record of the descriptors."""
     monkeypatch.setattr(gemm, "interpreter_active", lambda: False)  # the GPU's lists
     tuner = gemm.matmul_kernel
-    assert all(c.pre_hook is gemm._fit_descriptors for c in tuner.configs)
+    assert gemm._fit_descriptors in tuner.fn.pre_run_hooks
     seen = []
 
     def launch(*args, grid, warmup, **meta):
+        for hook in tuner.fn.pre_run_hooks:
+            hook(*args, **meta)
         x_desc, w_desc = args[3], args[4]
         seen.append((meta, list(x_desc.block_shape), list(w_desc.block_shape), list(w_desc.shape)))
 

@@ -164,13 +164,11 @@ def _config_id(c: triton.Config) -> tuple:
 
 
 def _matmul_all_configs() -> list:
-    """Every configuration of either mode, once each: the autotuner's list, pruned per call below. Each shapes the
-    call's TMA descriptors for its tiles before it runs (`_fit_descriptors`)."""
+    """Every configuration of either mode, once each: the autotuner's list, pruned per call below."""
     seen, configs = set(), []
     for c in _matmul_configs(False) + _matmul_configs(True):
         if _config_id(c) not in seen:
             seen.add(_config_id(c))
-            c.pre_hook = _fit_descriptors
             configs.append(c)
     return configs
 
@@ -223,12 +221,15 @@ def _tma_descriptors(x: torch.Tensor, weight: torch.Tensor) -> tuple:
             TensorDescriptor(weight, [weight.shape[0], K], [weight.stride(0), 1], [16, 16]))
 
 
-def _fit_descriptors(nargs: dict) -> None:
-    """Every configuration's pre-hook (the autotuner calls it before timing or launching the configuration): shape the
-    call's host descriptors for its tiles. A descriptor's tile shape is part of the compiled kernel's signature, so
-    it must match the configuration's BLOCK sizes. W is [2N, K] ([W_gate; W_up] with SWIGLU), or with JOIN [2, N, K]:
-    one [2, BLOCK_N, BLOCK_K] tile holds the gate rows and the up rows of the same output columns.
-    Calls without TMA pass None for both (the kernel's pointer branch never reads them)."""
+def _fit_descriptors(*args, **meta) -> None:
+    """matmul_kernel's pre-run hook (Triton calls it at every launch, the autotuner's timing runs included, with the
+    launch's arguments and the configuration's meta-parameters): shape the call's host descriptors for its tiles.
+    A descriptor's tile shape is part of the compiled kernel's signature, so it must match the configuration's BLOCK
+    sizes. W is [2N, K] ([W_gate; W_up] with SWIGLU), or with JOIN [2, N, K]: one [2, BLOCK_N, BLOCK_K] tile holds the
+    gate rows and the up rows of the same output columns. Calls without TMA pass None for both (the kernel's pointer
+    branch never reads them). A hook, not a per-configuration pre_hook: those keep Triton from caching its tuning on
+    disk."""
+    nargs = dict(zip(_MATMUL_ARGS, args), **meta)
     x_desc, w_desc = nargs["x_desc"], nargs["w_desc"]
     if x_desc is None:
         return
@@ -308,6 +309,10 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, x_desc, w_desc, M, N, K, M_BUCKET,
     _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
 
 
+_MATMUL_ARGS = matmul_kernel.fn.arg_names
+matmul_kernel.fn.add_pre_run_hook(_fit_descriptors)
+
+
 @triton.jit
 def _tma_tile(x_desc, w_desc, m0, n0, N, K, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, JOIN: tl.constexpr = False):
@@ -371,8 +376,6 @@ def matmul_with_config(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     M, K = x.shape
     N = out.shape[1]
     x_desc, w_desc = _tma_descriptors(x, weight) if config.kwargs.get("TMA") else (None, None)
-    _fit_descriptors(dict(config.kwargs, x_desc=x_desc, w_desc=w_desc, N=N, K=K, stride_wn=weight.stride(0),
-                          SWIGLU=swiglu))
     matmul_kernel.fn[matmul_grid(M, N, config.kwargs, x.device)](
         x, weight, out, x_desc, w_desc, M, N, K, triton.next_power_of_2(M), x.stride(0), weight.stride(0),
         out.stride(0), DOT_PRECISION=dot_precision(x.dtype), SWIGLU=swiglu, num_warps=config.num_warps,
@@ -784,7 +787,7 @@ def _matmul(name, x, weight, out, swiglu=False):
         return matmul_grid(M, N, meta, x.device)
 
     tma_ok = _tma_ok(x, weight)
-    # the TMA candidates' descriptors: made here, shaped by each configuration's pre-hook (_fit_descriptors)
+    # the TMA candidates' descriptors: made here, shaped for each configuration's tiles at its launch (_fit_descriptors)
     x_desc, w_desc = _tma_descriptors(x, weight) if tma_ok else (None, None)
     matmul_kernel[grid](x, weight, out, x_desc, w_desc, M, N, K, triton.next_power_of_2(min(M, 4096)),
                         x.stride(0), weight.stride(0), out.stride(0), DOT_PRECISION=dot_precision(x.dtype),
