@@ -3,7 +3,8 @@
     python benchmarks/probe_attention.py [--tokens 2048]        (an NVIDIA GPU; one line per case and tile)
 
 Each case times `attention.attention` at the 0.8B shapes (8 query heads, 2 KV heads, head_dim 256) inside a
-CUDA Graph, with every tile of the autotuner's list forced in turn, then as the autotuner picks:
+CUDA Graph, with every tile of the autotuner's list forced in turn (pointer loads, then the TMA loads of
+`_PREFILL_TMA_CONFIGS`), then as the autotuner picks:
 
 - `alone`: q [T, 8, 256] contiguous, K and V exactly T rows, no gate (notebook 07's call);
 - `gate`: the same with the sigmoid gate read from a [T, 8, 512] view, as the model's fused projection lays it out;
@@ -68,9 +69,10 @@ def main() -> int:
                        lambda: attention.sigmoid_gate(ungated, mgate, out=out)],
     }
     print(f"T={T} Hq={Hq} Hkv={Hkv} D={D}, cache {args.cache} rows; us per graph replay of the case's calls")
-    for c in attention._PREFILL_CONFIGS + [None]:
+    for c in attention._PREFILL_CONFIGS + attention._PREFILL_TMA_CONFIGS + [None]:
         attention.FORCE_PREFILL_CONFIG = c
-        name = "autotuned" if c is None else f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']} w{c.num_warps} s{c.num_stages}"
+        name = "autotuned" if c is None else f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']} w{c.num_warps} " \
+            f"s{c.num_stages}{' tma' if c.kwargs.get('TMA') else ''}"
         times = []
         for calls in cases.values():
             try:

@@ -139,11 +139,17 @@ def cases():
                 gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages, clears_after_reading)))
     D, G = C.head_dim, C.num_attention_heads // C.num_key_value_heads
     attn_types = {"pos_ptr": "*i64", "qk_scale": "fp32"}
-    for c in attention._PREFILL_CONFIGS:
+    for c in attention._PREFILL_CONFIGS + attention._PREFILL_TMA_CONFIGS:
         meta = dict(c.kwargs, G=G, GP=triton.next_power_of_2(G), D=D, BLOCK_D=triton.next_power_of_2(D),
                     HAS_GATE=True, DOT_PREC=prec, USE_PDL=True)
-        out.append((f"flash_attention {c}", lambda meta=meta, c=c: compile_case(
-            attention.flash_attention_kernel, meta, attn_types, c.num_warps, c.num_stages)))
+        if c.kwargs.get("TMA"):  # K and V's host descriptors, their tile as _fit_kv_descriptors shapes it
+            desc = f"tensordesc<bf16[{c.kwargs['BLOCK_N']}, {triton.next_power_of_2(D)}]>"
+            types = dict(attn_types, k_desc=desc, v_desc=desc)
+        else:
+            types, meta = attn_types, dict(meta, k_desc=None, v_desc=None)
+        out.append((f"flash_attention {c}", lambda meta=meta, c=c, types=types: compile_case(
+            attention.flash_attention_kernel, meta, types, c.num_warps, c.num_stages,
+            tma_descriptor_use if c.kwargs.get("TMA") else None)))
     for c in attention._DECODE_CONFIGS:
         meta = dict(c.kwargs, G=G, ROWS=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
                     NUM_SPLITS=8, DOT_PREC=prec, USE_PDL=True)

@@ -54,12 +54,15 @@ def test_prefill_attention_matches_reference(rt, gen, T, Hq, Hkv, D, L, offset):
 
 
 def _prefill_configs():
-    """The GPU autotuner's prefill configs; under the interpreter (which ignores warps and stages) one per set of
-    block sizes."""
-    configs = A._PREFILL_CONFIGS
+    """The GPU autotuner's prefill configs, pointer and TMA loads; under the interpreter (which ignores warps and
+    stages) one per set of block sizes."""
+    configs = A._PREFILL_CONFIGS + A._PREFILL_TMA_CONFIGS
     if A.runtime.interpreter_active():
         configs = list({str(sorted(c.kwargs.items())): c for c in configs}.values())
     return configs
+
+
+_kv_descriptors = A._kv_descriptors  # the launcher's, wrapped by the test below to see when it runs
 
 
 @pytest.mark.parametrize("config", _prefill_configs(), ids=str)
@@ -67,10 +70,50 @@ def test_prefill_every_gpu_config(rt, gen, monkeypatch, config):
     """Each config forced in turn, with the fused gate: 100 tokens after a cached prefix (7 ragged tiles), 64 tokens
     at GQA ratio 2 and a ratio-3 layout with head_dim 24 (one tile)."""
     monkeypatch.setattr(A, "FORCE_PREFILL_CONFIG", config)
+    described = []
+    monkeypatch.setattr(A, "_kv_descriptors", lambda k, v: described.append(k.shape) or _kv_descriptors(k, v))
     for shape in (PREFILL[2], PREFILL[1], PREFILL[3]):
         q, gate, k, v, pos = _problem(gen, rt, *shape)
         checks.compare(f"flash attention {config} {shape}", A.attention(q, k, v, pos, gate=gate),
                        reference.sigmoid_gate(reference.attention(q, k, v, pos), gate))
+    # a TMA config takes the descriptors where the layout allows them (head_dim a power of two), not for head_dim 24
+    assert len(described) == (2 if config.kwargs.get("TMA") else 0), described
+
+
+def test_prefill_tma_configs_only_where_asked_for_and_allowed(rt, gen, monkeypatch):
+    """The TMA configs are timed only for calls that allow them (TMA_OK), which takes QWEN_LAB_ATTN_TMA=1 and an sm_90+
+    GPU besides the cache's layout; a forced TMA config (tests, probes) needs only the layout."""
+    tma = A._PREFILL_TMA_CONFIGS
+    assert tma and all(c.kwargs["TMA"] for c in tma)
+    every = A._PREFILL_CONFIGS + tma
+    assert A._prune_prefill_configs(every, {}, TMA_OK=False) == A._PREFILL_CONFIGS
+    assert A._prune_prefill_configs(every, {}, TMA_OK=True) == every
+    _, _, k, v, _ = _problem(gen, rt, 7, 4, 2, 32, 40, 0)
+    monkeypatch.setenv("QWEN_LAB_ATTN_TMA", "1")
+    assert A._kv_tma_ok(k, v, 32) == (rt.device.type == "cuda" and not A.runtime.interpreter_active()
+                                      and k.element_size() == 2 and torch.cuda.get_device_capability()[0] >= 9)
+    monkeypatch.setenv("QWEN_LAB_ATTN_TMA", "0")
+    assert not A._kv_tma_ok(k, v, 32)
+    assert A._kv_tma_ok(k, v, 32, forced=True)
+    assert not A._kv_tma_ok(k, v, 64, forced=True)                  # D must fill BLOCK_D
+    assert A._kv_tma_ok(k[:, 1:], v[:, 1:], 32, forced=True)         # one head of two: rows [D] in [L, 2D]
+    assert not A._kv_tma_ok(k[..., :16], v[..., :16], 16, forced=True)  # half of each head: not [L, Hkv D]
+    assert not A._kv_tma_ok(k.transpose(0, 1), v, 32, forced=True)  # heads not side by side
+
+
+def test_the_kv_descriptors_take_each_configs_tile(gen, monkeypatch):
+    """The launcher makes K and V's descriptors once per call; the kernel's pre-run hook gives them each configuration's
+    tile [BLOCK_N, BLOCK_D] before it is timed or launched. The hook runs here on the arguments of a launch."""
+    assert A._fit_kv_descriptors in A.flash_attention_kernel.pre_run_hooks
+    k = torch.zeros(40, 2, 256, dtype=torch.bfloat16)
+    k_desc, v_desc = A._kv_descriptors(k, k.clone())
+    assert k_desc.shape == [40, 512] and k_desc.strides == [512, 1]
+    names = A.flash_attention_kernel.arg_names
+    for config in A._PREFILL_TMA_CONFIGS:
+        args = [None] * len(names)
+        args[names.index("k_desc")], args[names.index("v_desc")] = k_desc, v_desc
+        A._fit_kv_descriptors(*args, BLOCK_D=256, **config.kwargs)
+        assert k_desc.block_shape == v_desc.block_shape == [config.kwargs["BLOCK_N"], 256]
 
 
 def test_prefill_autotuners_time_in_a_graph_after_a_synchronisation(monkeypatch):
@@ -383,7 +426,7 @@ def test_gpu_prefill_every_config_real_shapes(monkeypatch):
     for T in (2048, 300):
         q, gate, k, v, pos = _real(T, T, 0, T + 1)
         ref = reference.sigmoid_gate(reference.attention(q, k, v, pos), gate)
-        for config in A._PREFILL_CONFIGS:
+        for config in A._PREFILL_CONFIGS + A._PREFILL_TMA_CONFIGS:
             monkeypatch.setattr(A, "FORCE_PREFILL_CONFIG", config)
             checks.compare(f"flash attention bf16 {config}, T={T}", A.attention(q, k, v, pos, gate=gate), ref)
 

@@ -20,7 +20,9 @@ Three forms:
       m' = max(m, max_j s_j);  acc = acc 2^(m - m') + sum_j 2^(s_j - m') v_j;  l = l 2^(m - m') + sum_j 2^(s_j - m')
   and o = acc / l at the end: no scores tensor. The G query heads of one KV head sit in the same tile
   (rows = (token, head) pairs), so each K/V block is loaded once for all of them. Key blocks that every
-  row of the tile may see skip the causal mask.
+  row of the tile may see skip the causal mask. K and V blocks come through pointers, or (TMA configs,
+  sm_90+, `QWEN_LAB_ATTN_TMA=1`) from the TMA unit through tensor descriptors the launcher makes, the
+  cache seen as an [L, Hkv D] matrix.
 - decode (T == 1): flash-decoding. One query row per head is too little work for one program per KV head,
   so the keys are split in NUM_SPLITS chunks over programs; each writes a partial (m, l, acc), and a
   combine kernel merges them:  M = max_s m_s,  o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
@@ -190,7 +192,7 @@ def _weighted_sum_step(acc, p_rows, v_rows, start, L, m_ok, offs_n, offs_d, stri
 @triton.jit
 def _flash_step(acc, m_i, l_i, q, k_rows, v_rows, start, pos, L, qk_scale, offs_n, d_ok, stride_kl, stride_vl,
                 CAUSAL_MASK: tl.constexpr, DOT_PREC: tl.constexpr):
-    """One key block of the online softmax (base 2: qk_scale holds log2(e))."""
+    """One key block of the online softmax (base 2: qk_scale holds log2(e)), K and V loaded through pointers."""
     keys = start + offs_n
     if CAUSAL_MASK:
         k_ok = keys < L
@@ -199,9 +201,27 @@ def _flash_step(acc, m_i, l_i, q, k_rows, v_rows, start, pos, L, qk_scale, offs_
     else:  # a block every row sees entirely: no mask on keys
         k = tl.load(k_rows + keys[:, None] * stride_kl, mask=d_ok[None, :], other=0.0)
         v = tl.load(v_rows + keys[:, None] * stride_vl, mask=d_ok[None, :], other=0.0)
+    return _flash_update(acc, m_i, l_i, q, k, v, keys, pos, L, qk_scale, CAUSAL_MASK, DOT_PREC)
+
+
+@triton.jit
+def _flash_step_tma(acc, m_i, l_i, q, k_desc, v_desc, col, start, pos, L, qk_scale, offs_n,
+                    CAUSAL_MASK: tl.constexpr, DOT_PREC: tl.constexpr):
+    """The same block, K and V fetched by the TMA unit: the descriptors see the cache as [L, Hkv D] and a block is
+    [BLOCK_N, D] at (start, col = KV head x D), rows past L filled with zeros (and masked below). No address
+    arithmetic in the threads: on sm_90 the 64 x 64 tile's registers fall from 255 (with spills) to 240."""
+    k = k_desc.load([start, col])
+    v = v_desc.load([start, col])
+    return _flash_update(acc, m_i, l_i, q, k, v, start + offs_n, pos, L, qk_scale, CAUSAL_MASK, DOT_PREC)
+
+
+@triton.jit
+def _flash_update(acc, m_i, l_i, q, k, v, keys, pos, L, qk_scale, CAUSAL_MASK: tl.constexpr,
+                  DOT_PREC: tl.constexpr):
+    """The online softmax over one key block k, v [BLOCK_N, BLOCK_D] at key indices `keys`."""
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
     if CAUSAL_MASK:
-        s = tl.where((keys[None, :] <= pos[:, None]) & k_ok[None, :], s, float("-inf"))
+        s = tl.where((keys[None, :] <= pos[:, None]) & (keys < L)[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     # a row with nothing visible yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -221,16 +241,18 @@ def _gate_epilogue(o, gate_ptr, offs_t, offs_h, offs_d, stride_gt, stride_gh, ma
 
 
 @triton.jit
-def flash_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, gate_ptr, T, L, qk_scale,
+def flash_attention_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, pos_ptr, out_ptr, gate_ptr, T, L, qk_scale,
                            stride_qt, stride_qh, stride_kl, stride_kh, stride_vl, stride_vh,
                            stride_ot, stride_oh, stride_gt, stride_gh,
                            G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                            HAS_GATE: tl.constexpr, DOT_PREC: tl.constexpr, T_BUCKET,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False):
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False,
+                           TMA_OK: tl.constexpr = False, TMA: tl.constexpr = False):
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
         gdc_wait()
         gdc_launch_dependents()
-    # T_BUCKET (T rounded up to a power of two) is only an autotuning key
+    # T_BUCKET (T rounded up to a power of two) is only an autotuning key; so is TMA_OK (whether the TMA configs
+    # may be timed). TMA: K and V through the host tensor descriptors k_desc, v_desc (None otherwise).
     # rows of a tile are (token, query head of this KV head) pairs: BLOCK_T tokens x GP heads (G used)
     BLOCK_T: tl.constexpr = BLOCK_M // GP
     n_tiles = tl.cdiv(T, BLOCK_T)
@@ -256,14 +278,22 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, gate_ptr, T, L
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    k_rows = k_ptr + kvh * stride_kh + offs_d[None, :]
-    v_rows = v_ptr + kvh * stride_vh + offs_d[None, :]
-    for start in range(0, n_full, BLOCK_N):
-        acc, m_i, l_i = _flash_step(acc, m_i, l_i, q, k_rows, v_rows, start, pos, L, qk_scale, offs_n, d_ok,
-                                    stride_kl, stride_vl, False, DOT_PREC)
-    for start in range(n_full, hi, BLOCK_N):
-        acc, m_i, l_i = _flash_step(acc, m_i, l_i, q, k_rows, v_rows, start, pos, L, qk_scale, offs_n, d_ok,
-                                    stride_kl, stride_vl, True, DOT_PREC)
+    if TMA:
+        for start in range(0, n_full, BLOCK_N):
+            acc, m_i, l_i = _flash_step_tma(acc, m_i, l_i, q, k_desc, v_desc, kvh * D, start, pos, L, qk_scale,
+                                            offs_n, False, DOT_PREC)
+        for start in range(n_full, hi, BLOCK_N):
+            acc, m_i, l_i = _flash_step_tma(acc, m_i, l_i, q, k_desc, v_desc, kvh * D, start, pos, L, qk_scale,
+                                            offs_n, True, DOT_PREC)
+    else:
+        k_rows = k_ptr + kvh * stride_kh + offs_d[None, :]
+        v_rows = v_ptr + kvh * stride_vh + offs_d[None, :]
+        for start in range(0, n_full, BLOCK_N):
+            acc, m_i, l_i = _flash_step(acc, m_i, l_i, q, k_rows, v_rows, start, pos, L, qk_scale, offs_n, d_ok,
+                                        stride_kl, stride_vl, False, DOT_PREC)
+        for start in range(n_full, hi, BLOCK_N):
+            acc, m_i, l_i = _flash_step(acc, m_i, l_i, q, k_rows, v_rows, start, pos, L, qk_scale, offs_n, d_ok,
+                                        stride_kl, stride_vl, True, DOT_PREC)
 
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row that saw no key stays 0
     mask = row_ok[:, None] & d_ok[None, :]
@@ -403,6 +433,11 @@ _PREFILL_CONFIGS = [
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=8, num_stages=2),
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=2),
 ]
+# The same tiles with K and V fetched by the TMA unit through host tensor descriptors (sm_90+, a cache whose heads
+# sit side by side in 16-byte-aligned rows, D a power of two). Timed by the autotuner only where
+# QWEN_LAB_ATTN_TMA=1 asks for them: not yet measured against the pointer loads on a GPU (docs/perf-log.md).
+_PREFILL_TMA_CONFIGS = [triton.Config(dict(c.kwargs, TMA=True), num_warps=c.num_warps, num_stages=c.num_stages)
+                        for c in _PREFILL_CONFIGS]
 _DECODE_CONFIGS = [
     triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=2),
     triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=3),
@@ -417,9 +452,57 @@ def _prefill_kernel():
         # of a similar size reuses the tuning instead of re-running it. Timed in a CUDA Graph (graph_bench): in
         # the model a prompt's attention reads the K and V just written, from L2, and do_bench's flushed L2
         # ranked the configurations differently (on the H200 at 2048 tokens it picked one 6% slower in a graph).
-        _tuned["prefill"] = triton.autotune(_PREFILL_CONFIGS, key=["G", "D", "HAS_GATE", "DOT_PREC", "T_BUCKET"],
+        _tuned["prefill"] = triton.autotune(_PREFILL_CONFIGS + _PREFILL_TMA_CONFIGS,
+                                            key=["G", "D", "HAS_GATE", "DOT_PREC", "T_BUCKET", "TMA_OK"],
+                                            prune_configs_by={"early_config_prune": _prune_prefill_configs},
                                             do_bench=graph_bench)(flash_attention_kernel)
     return _tuned["prefill"]
+
+
+def _prune_prefill_configs(configs, named_args, **kwargs):
+    """The TMA configurations only for calls that allow them (TMA_OK)."""
+    return [c for c in configs if kwargs.get("TMA_OK", False) or not c.kwargs.get("TMA", False)]
+
+
+def _kv_tma_ok(k: torch.Tensor, v: torch.Tensor, block_d: int, forced: bool = False) -> bool:
+    """Whether K and V [L, Hkv, D] can be described to the TMA unit as [L, Hkv D] matrices: heads side by side
+    (stride D) with unit stride inside, 16-bit values, 16-byte-aligned starts and rows, D = BLOCK_D. Unless `forced`
+    (a test or probe forcing a TMA configuration), also an sm_90+ GPU, not the interpreter, and QWEN_LAB_ATTN_TMA=1."""
+    import os
+
+    D = k.shape[2]
+    for t in (k, v):
+        if t.stride(2) != 1 or t.stride(1) != D or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+            return False
+    if D != block_d:
+        return False
+    if forced:
+        return True
+    if os.environ.get("QWEN_LAB_ATTN_TMA", "0").strip().lower() not in ("1", "true", "yes", "on"):
+        return False
+    if k.device.type != "cuda" or runtime.interpreter_active() or k.element_size() != 2:
+        return False
+    return torch.cuda.get_device_capability(k.device)[0] >= 9
+
+
+def _kv_descriptors(k: torch.Tensor, v: torch.Tensor) -> tuple:
+    """Host tensor descriptors of K and V as [L, Hkv D] matrices, their tiles still open (_fit_kv_descriptors)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    L, Hkv, D = k.shape
+    return tuple(TensorDescriptor(t, [L, Hkv * D], [t.stride(0), 1], [16, D]) for t in (k, v))
+
+
+def _fit_kv_descriptors(*args, **meta) -> None:
+    """flash_attention_kernel's pre-run hook (every launch, the autotuner's timing runs included): give the K and V
+    descriptors the configuration's tile [BLOCK_N, BLOCK_D], part of the compiled kernel's signature."""
+    nargs = dict(zip(flash_attention_kernel.arg_names, args), **meta)
+    for name in ("k_desc", "v_desc"):
+        if nargs[name] is not None:
+            nargs[name].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_D"]]
+
+
+flash_attention_kernel.add_pre_run_hook(_fit_kv_descriptors)
 
 
 def _decode_kernel():
@@ -604,23 +687,29 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
     if GP > 64:
         raise KernelError(f"k: a group of {G} query heads per KV head is larger than the 64 rows of a tile")
     g = gate if gate is not None else out  # never read when HAS_GATE is False
-    common = (q, k, v, positions, out, g, T, L, qk_scale,
+    BLOCK_D = max(16, triton.next_power_of_2(D))
+    forced = FORCE_PREFILL_CONFIG
+    # a forced TMA configuration uses the descriptors wherever the layout allows them (the pointer loads otherwise)
+    tma_forced = forced is not None and forced.kwargs.get("TMA", False)
+    tma_ok = _kv_tma_ok(k, v, BLOCK_D, forced=tma_forced)
+    k_desc, v_desc = _kv_descriptors(k, v) if tma_ok else (None, None)
+    common = (q, k, v, k_desc, v_desc, positions, out, g, T, L, qk_scale,
               q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
               out.stride(0), out.stride(1), g.stride(0), g.stride(1))
 
     def grid(meta):  # a tile per BLOCK_M // GP tokens (each with the GP heads of its KV head), per KV head
         return (triton.cdiv(T, meta["BLOCK_M"] // GP), Hkv)
 
-    meta = dict(G=G, GP=GP, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)), HAS_GATE=gate is not None,
-                DOT_PREC=dot_precision(q.dtype), T_BUCKET=triton.next_power_of_2(T), **pdl_options(q.device))
-    forced = FORCE_PREFILL_CONFIG
+    meta = dict(G=G, GP=GP, D=D, BLOCK_D=BLOCK_D, HAS_GATE=gate is not None, DOT_PREC=dot_precision(q.dtype),
+                T_BUCKET=triton.next_power_of_2(T), **pdl_options(q.device))
     if forced is not None or runtime.interpreter_active():
         cfg = dict(forced.kwargs, num_warps=forced.num_warps, num_stages=forced.num_stages) \
             if forced is not None else dict(_INTERP_PREFILL)
         cfg["BLOCK_M"] = max(cfg["BLOCK_M"], GP)
+        cfg["TMA"] = tma_ok
         flash_attention_kernel[grid(cfg)](*common, **meta, **cfg)
     else:
-        _prefill_kernel()[grid](*common, **meta)
+        _prefill_kernel()[grid](*common, **meta, TMA_OK=tma_ok)
     return out
 
 
