@@ -12,7 +12,13 @@ it again. Variants timed here, each inside a CUDA Graph on the model's shapes (x
 - `wt2d`: the weights stored [W, C] (channel-contiguous) and loaded as a broadcast 2-D tile, in the x tile's
   layout: vector loads, no shared-memory round trip;
 - `span`: a program loops over SPAN rows in BLOCK_T steps, its weights loaded once (wt2d's loads, amortised);
-- `copy`: the same tiles with one tap and no SiLU: the memory floor of this access pattern.
+- `copy`: the same tiles with one tap and no SiLU: the memory floor of this access pattern;
+- `gather`: each x row of the tile loaded once; the taps' shifted rows taken from the tile in registers
+  (`tl.gather` along the tokens), only the W-1 rows before the tile loaded again. The other forms load every row
+  W times (once per tap), from L1 or L2 (session 10: 23.7 us against the copy's 14.0);
+- `rows`: a program holds SEG + W-1 consecutive rows of BLOCK_C channels as separate vectors (each loaded once, all
+  requested before any is used) and forms each output row from W of them: the taps' shifts are a choice of
+  registers, with no shuffles and no shared memory; W-1 rows per SEG are read twice.
 
 The state (the carried W-1 inputs) is zero here; the variants read rows before 0 as zeros, as the first prefill
 of a sequence does. Each variant's output is checked against `reference.causal_conv1d`.
@@ -52,6 +58,58 @@ def conv_wt2d_kernel(x_ptr, wt_ptr, out_ptr, T, C, stride_xt, stride_ot,
             acc = acc * tl.sigmoid(acc)
         tl.store(out_ptr + offs_t[:, None].to(tl.int64) * stride_ot + offs_c[None, :],
                  acc.to(out_ptr.dtype.element_ty), mask=(offs_t < T)[:, None] & mask_c[None, :])
+
+
+@triton.jit
+def conv_gather_kernel(x_ptr, wt_ptr, out_ptr, T, C, stride_xt, stride_ot,
+                       W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    # program (tile of BLOCK_T rows, block of channels); wt [W, C] contiguous; rows before 0 read as zeros
+    t0 = tl.program_id(0) * BLOCK_T
+    offs_i = tl.arange(0, BLOCK_T)
+    offs_t = t0 + offs_i
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_c = offs_c < C
+    x = tl.load(x_ptr + offs_t[:, None].to(tl.int64) * stride_xt + offs_c[None, :],
+                mask=(offs_t < T)[:, None] & mask_c[None, :], other=0.0)
+    w_last = tl.load(wt_ptr + (W - 1) * C + offs_c, mask=mask_c, other=0.0).to(tl.float32)
+    acc = w_last[None, :] * x.to(tl.float32)
+    rows = offs_i[:, None] + offs_c[None, :] * 0                       # [BLOCK_T, BLOCK_C] row index
+    for j in tl.static_range(W - 1):
+        s = W - 1 - j                                                   # tap j reads row t - s
+        inside = tl.gather(x, tl.maximum(rows - s, 0), axis=0)          # row i - s of the tile, for i >= s
+        src = offs_t - s                                                # the first s rows: before the tile
+        halo = tl.load(x_ptr + src[:, None].to(tl.int64) * stride_xt + offs_c[None, :],
+                       mask=((offs_i < s) & (src >= 0))[:, None] & mask_c[None, :], other=0.0)
+        wj = tl.load(wt_ptr + j * C + offs_c, mask=mask_c, other=0.0).to(tl.float32)
+        acc += wj[None, :] * tl.where(rows >= s, inside, halo).to(tl.float32)
+    acc = acc * tl.sigmoid(acc)
+    tl.store(out_ptr + offs_t[:, None].to(tl.int64) * stride_ot + offs_c[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=(offs_t < T)[:, None] & mask_c[None, :])
+
+
+@triton.jit
+def conv_rows_kernel(x_ptr, wt_ptr, out_ptr, T, C, stride_xt, stride_ot,
+                     W: tl.constexpr, SEG: tl.constexpr, BLOCK_C: tl.constexpr):
+    # program (SEG rows, block of channels); wt [W, C] contiguous; rows before 0 read as zeros
+    t0 = tl.program_id(0) * SEG
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_c = offs_c < C
+    wts = ()
+    for j in tl.static_range(W):
+        wts = wts + (tl.load(wt_ptr + j * C + offs_c, mask=mask_c, other=0.0).to(tl.float32),)
+    xs = ()
+    for r in tl.static_range(SEG + W - 1):  # input rows t0 - (W-1) .. t0 + SEG - 1
+        t = t0 + r - (W - 1)
+        xs = xs + (tl.load(x_ptr + t.to(tl.int64) * stride_xt + offs_c, mask=mask_c & (t >= 0) & (t < T),
+                           other=0.0),)  # kept in x's dtype (half the registers) until used
+    for i in tl.static_range(SEG):
+        acc = wts[0] * xs[i].to(tl.float32)
+        for j in tl.static_range(1, W):
+            acc += wts[j] * xs[i + j].to(tl.float32)
+        y = acc * tl.sigmoid(acc)
+        t = t0 + i
+        tl.store(out_ptr + t.to(tl.int64) * stride_ot + offs_c, y.to(out_ptr.dtype.element_ty),
+                 mask=mask_c & (t < T))
 
 
 def main() -> int:
@@ -104,6 +162,23 @@ def main() -> int:
                 conv_wt2d_kernel[grid](x, wt, out, T, C, x.stride(0), out.stride(0), W=W, BLOCK_T=bt, BLOCK_C=bc,
                                        SPAN=span, TAPS=taps, SILU=silu, num_warps=warps)
             report(f"{name} {bt}x{bc} span {span} w{warps}", run, check=name != "copy")
+    for bt, bc, warps in [(16, 256, 4), (32, 128, 4), (32, 256, 8), (64, 128, 8), (64, 64, 4), (128, 64, 8),
+                          (16, 512, 8)]:
+        def gather(bt=bt, bc=bc, warps=warps):
+            conv_gather_kernel[(triton.cdiv(T, bt), triton.cdiv(C, bc))](
+                x, wt, out, T, C, x.stride(0), out.stride(0), W=W, BLOCK_T=bt, BLOCK_C=bc, num_warps=warps)
+        try:
+            report(f"gather {bt}x{bc} w{warps}", gather)
+        except Exception as e:  # a tile the compiler refuses: say so, go on
+            print(f"gather {bt}x{bc} w{warps}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+    for seg, bc, warps in [(8, 1024, 4), (16, 1024, 4), (8, 2048, 8), (16, 2048, 8), (8, 512, 2), (16, 512, 2)]:
+        def rows(seg=seg, bc=bc, warps=warps):
+            conv_rows_kernel[(triton.cdiv(T, seg), triton.cdiv(C, bc))](
+                x, wt, out, T, C, x.stride(0), out.stride(0), W=W, SEG=seg, BLOCK_C=bc, num_warps=warps)
+        try:
+            report(f"rows {seg}x{bc} w{warps}", rows)
+        except Exception as e:
+            print(f"rows {seg}x{bc} w{warps}: {type(e).__name__}: {str(e)[:120]}", flush=True)
     return 0
 
 
