@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from qwen_lab.kernels.gemm import _grouped_tile, _store_tile, _tma_tile
+from qwen_lab.kernels.gemm import _tma_program
 
 
 @triton.jit
@@ -36,20 +36,8 @@ def matmul_device_desc_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_
     else:
         w_desc = tl.make_tensor_descriptor(w_ptr, shape=[2 * N if SWIGLU else N, K], strides=[stride_wn, 1],
                                            block_shape=[BLOCK_N, BLOCK_K])
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    if PERSIST:
-        for tile in tl.range(pid, num_pid_m * num_pid_n, tl.num_programs(0), flatten=True):
-            pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-            acc = _tma_tile(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, N, K, DOT_PRECISION,
-                            BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU, JOIN)
-            _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
-    else:
-        pid_m, pid_n = _grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M)
-        acc = _tma_tile(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, N, K, DOT_PRECISION,
-                        BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU, JOIN)
-        _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
+    _tma_program(x_desc, w_desc, out_ptr, M, N, K, stride_om, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                 SWIGLU, PERSIST, JOIN)
 
 
 def device_desc_call(x, w, out, config, swiglu):

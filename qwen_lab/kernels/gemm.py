@@ -260,57 +260,67 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, x_desc, w_desc, M, N, K, M_BUCKET,
         # launched early (programmatic dependent launch): wait for the previous kernel's writes (x) first
         gdc_wait()
         gdc_launch_dependents()
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    if PERSIST:
-        # One program per SM (the launcher's grid), program p computing tiles p, p + P, p + 2P, ... (TMA loads
-        # only). Flattening the two loops into one lets the compiler's pipeline run straight across tile
-        # boundaries: the first K steps of the next tile are loading while this one's epilogue runs.
-        for tile in tl.range(pid, num_pid_m * num_pid_n, tl.num_programs(0), flatten=True):
-            pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-            acc = _tma_tile(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, N, K, DOT_PRECISION,
-                            BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU, JOIN)
-            _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
-        return
-    pid_m, pid_n = _grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M)
+    tl.static_assert(TMA or not PERSIST, "the persistent configurations load through TMA")
     if TMA:
-        acc = _tma_tile(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, N, K, DOT_PRECISION,
-                        BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU, JOIN)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        _tma_program(x_desc, w_desc, out_ptr, M, N, K, stride_om, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                     SWIGLU, PERSIST, JOIN)
+        return
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SWIGLU:
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # Rows past M (columns past N) wrap onto valid ones: the loads need no mask along M and N (so they
+    # stay wide), and the store below drops those rows.
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xm + offs_k[None, :]   # [BLOCK_M, BLOCK_K]
+    w_ptrs = w_ptr + cols[None, :].to(tl.int64) * stride_wn + offs_k[:, None]   # [BLOCK_K, BLOCK_N] = W^T tile
+    if SWIGLU:
+        # the up rows of the same output columns sit N rows further down: W = [W_gate; W_up]
+        u_ptrs = w_ptr + (cols + N)[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    for k0 in range(0, K, BLOCK_K):
+        k_left = K - k0  # only the last step is ragged: mask columns k >= K to zero in both operands
+        a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)  # bf16 x bf16 -> fp32 on the tensor cores
         if SWIGLU:
-            acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        # Rows past M (columns past N) wrap onto valid ones: the loads need no mask along M and N (so they
-        # stay wide), and the store below drops those rows.
-        rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-        cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-        offs_k = tl.arange(0, BLOCK_K)
-        x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xm + offs_k[None, :]   # [BLOCK_M, BLOCK_K]
-        w_ptrs = w_ptr + cols[None, :].to(tl.int64) * stride_wn + offs_k[:, None]   # [BLOCK_K, BLOCK_N] = W^T tile
-        if SWIGLU:
-            # the up rows of the same output columns sit N rows further down: W = [W_gate; W_up]
-            u_ptrs = w_ptr + (cols + N)[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
-        for k0 in range(0, K, BLOCK_K):
-            k_left = K - k0  # only the last step is ragged: mask columns k >= K to zero in both operands
-            a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-            b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)  # bf16 x bf16 -> fp32 on the tensor cores
-            if SWIGLU:
-                # the same x tile feeds both products: x is read once for gate and up
-                bu = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-                acc_u = tl.dot(a, bu, acc_u, input_precision=DOT_PRECISION)
-                u_ptrs += BLOCK_K
-            x_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K
-        if SWIGLU:
-            # silu(g) * u on the fp32 sums, rounded once at the store (the unfused path rounds g and u first)
-            acc = acc * tl.sigmoid(acc) * acc_u
+            # the same x tile feeds both products: x is read once for gate and up
+            bu = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            acc_u = tl.dot(a, bu, acc_u, input_precision=DOT_PRECISION)
+            u_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if SWIGLU:
+        # silu(g) * u on the fp32 sums, rounded once at the store (the unfused path rounds g and u first)
+        acc = acc * tl.sigmoid(acc) * acc_u
     _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
 
 
 _MATMUL_ARGS = matmul_kernel.fn.arg_names
 matmul_kernel.fn.add_pre_run_hook(_fit_descriptors)
+
+
+@triton.jit
+def _tma_program(x_desc, w_desc, out_ptr, M, N, K, stride_om, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SWIGLU: tl.constexpr,
+                 PERSIST: tl.constexpr, JOIN: tl.constexpr):
+    """A TMA configuration's program: its one tile, or (PERSIST: one program per SM, the launcher's grid) tiles p,
+    p + P, p + 2P, ... Flattening the two loops into one lets the compiler's pipeline run straight across tile
+    boundaries: the first K steps of the next tile are loading while this one's epilogue runs."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    if PERSIST:
+        for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0), flatten=True):
+            pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+            acc = _tma_tile(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, N, K, DOT_PRECISION,
+                            BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU, JOIN)
+            _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
+    else:
+        pid_m, pid_n = _grouped_tile(tl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
+        acc = _tma_tile(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, N, K, DOT_PRECISION,
+                        BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU, JOIN)
+        _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
