@@ -96,14 +96,18 @@ def cases():
             tma = c.kwargs.get("TMA", False)
             meta = dict(c.kwargs, DOT_PRECISION=prec, SWIGLU=swiglu, TMA=tma, TMA_OK=tma, USE_PDL=True)
             bm, bn, bk = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
-            if tma:  # the host descriptors' types, their tiles as `_fit_descriptors` shapes them
-                w_tile = f"2, {bn}, {bk}" if c.kwargs.get("JOIN") else f"{bn}, {bk}"
-                types = {"x_desc": f"tensordesc<bf16[{bm}, {bk}]>", "w_desc": f"tensordesc<bf16[{w_tile}]>"}
-            else:   # a call without TMA passes None for both
-                types, meta = {}, dict(meta, x_desc=None, w_desc=None)
-            out.append((f"matmul SWIGLU={swiglu} {c}", lambda meta=meta, c=c, types=types, tma=tma: compile_case(
-                gemm.matmul_kernel, meta, types, warps=c.num_warps, stages=c.num_stages,
-                ptx_check=tma_descriptor_use if tma else None)))
+            # the persistent ones also with their last round in half-height slices (TAIL = 2: the probe's form)
+            for tail in (1, 2) if c.kwargs.get("PERSIST") else (1,):
+                if tma:  # the host descriptors' types, their tiles as `_fit_descriptors` shapes them
+                    w_tile = f"2, {bn}, {bk}" if c.kwargs.get("JOIN") else f"{bn}, {bk}"
+                    types = {"x_desc": f"tensordesc<bf16[{bm}, {bk}]>", "w_desc": f"tensordesc<bf16[{w_tile}]>",
+                             "xt_desc": f"tensordesc<bf16[{bm // tail}, {bk}]>"}
+                else:   # a call without TMA passes None for all three
+                    types, meta = {}, dict(meta, x_desc=None, w_desc=None, xt_desc=None)
+                out.append((f"matmul SWIGLU={swiglu} TAIL={tail} {c}",
+                            lambda meta=dict(meta, TAIL=tail), c=c, types=types, tma=tma: compile_case(
+                                gemm.matmul_kernel, meta, types, warps=c.num_warps, stages=c.num_stages,
+                                ptx_check=tma_descriptor_use if tma else None)))
     gemv_types = {"ws_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
     for c in gemm._gemv_configs(gpu=True):
         if c.kwargs.get("PERSIST"):  # the persistent form: one row, one split, its own kernel

@@ -700,7 +700,8 @@ def test_the_tuner_shapes_the_host_descriptors_for_each_config(monkeypatch, swig
     def launch(*args, grid, warmup, **meta):
         for hook in tuner.fn.pre_run_hooks:
             hook(*args, **meta)
-        x_desc, w_desc = args[3], args[4]
+        x_desc, w_desc, xt_desc = args[3], args[4], args[5]
+        assert xt_desc.block_shape == [meta["BLOCK_M"] // meta.get("TAIL", 1), meta["BLOCK_K"]]
         seen.append((meta, list(x_desc.block_shape), list(w_desc.block_shape), list(w_desc.shape)))
 
     monkeypatch.setattr(tuner, "configs", gemm._matmul_all_configs())
@@ -711,9 +712,9 @@ def test_the_tuner_shapes_the_host_descriptors_for_each_config(monkeypatch, swig
     x = torch.zeros(M, K, dtype=torch.bfloat16)
     w = torch.zeros(2 * N if swiglu else N, K, dtype=torch.bfloat16)
     out = torch.zeros(M, N, dtype=torch.bfloat16)
-    x_desc, w_desc = gemm._tma_descriptors(x, w)
-    tuner[lambda meta: (1,)](x, w, out, x_desc, w_desc, M, N, K, M, x.stride(0), w.stride(0), out.stride(0),
-                             DOT_PRECISION="tf32", SWIGLU=swiglu, TMA_OK=True)
+    x_desc, w_desc, xt_desc = gemm._tma_descriptors(x, w)
+    tuner[lambda meta: (1,)](x, w, out, x_desc, w_desc, xt_desc, M, N, K, M, x.stride(0), w.stride(0),
+                             out.stride(0), DOT_PRECISION="tf32", SWIGLU=swiglu, TMA_OK=True)
     timed = {gemm._config_id(c) for c in gemm._matmul_configs(swiglu) if c.kwargs.get("TMA")}
     assert len(seen) == len(timed) + 1  # each TMA candidate timed once, then the pick launched
     for meta, x_tile, w_tile, w_shape in seen:
@@ -742,9 +743,11 @@ def test_tma_path_of_the_kernel_on_ragged_shapes(rt, gen):
     M, K, N = 40, 72, 45  # K: 2 full steps and a partial one (BLOCK_K 32); rows of 144 (bf16) / 288 (fp32) bytes
     x, w = _x(M, K, gen, rt), _w(2 * N, K, gen, rt)
     if gemm.interpreter_active():
-        # the one-tile-per-program form and the persistent one (4 nominal SMs: each program walks several tiles)
+        # the one-tile-per-program form and the persistent one (4 nominal SMs: each program walks several tiles), and
+        # the persistent one whose last round of tiles runs in row slices (TAIL: 6 tiles, the last 2 in 4 slices)
         plain = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "TMA": True,
                                 "PERSIST": persist}, num_warps=4, num_stages=1) for persist in (False, True)]
+        plain += [triton.Config(dict(plain[1].kwargs, TAIL=tail), num_warps=4, num_stages=1) for tail in (2, 4)]
         # and SWIGLU's gate and up rows in one [2, BLOCK_N, BLOCK_K] tile (JOIN): N = 45 leaves the last tile ragged
         swiglu = plain + [triton.Config(dict(c.kwargs, JOIN=True), num_warps=4, num_stages=1) for c in plain]
     elif gemm._tma_ok(x, w):

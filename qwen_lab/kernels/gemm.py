@@ -213,12 +213,14 @@ def _tma_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def _tma_descriptors(x: torch.Tensor, weight: torch.Tensor) -> tuple:
-    """Host tensor descriptors of x [M, K] and W for the TMA candidates, their tile shapes still open:
-    `_fit_descriptors` sets them (and W's layout) for the configuration that runs."""
+    """Host tensor descriptors of x [M, K], W, and x again for a configuration's TAIL slices, for the TMA
+    candidates, their tile shapes still open: `_fit_descriptors` sets them (and W's layout) for the configuration
+    that runs."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     M, K = x.shape
     return (TensorDescriptor(x, [M, K], [x.stride(0), 1], [16, 16]),
-            TensorDescriptor(weight, [weight.shape[0], K], [weight.stride(0), 1], [16, 16]))
+            TensorDescriptor(weight, [weight.shape[0], K], [weight.stride(0), 1], [16, 16]),
+            TensorDescriptor(x, [M, K], [x.stride(0), 1], [16, 16]))
 
 
 def _fit_descriptors(*args, **meta) -> None:
@@ -226,16 +228,18 @@ def _fit_descriptors(*args, **meta) -> None:
     launch's arguments and the configuration's meta-parameters): shape the call's host descriptors for its tiles.
     A descriptor's tile shape is part of the compiled kernel's signature, so it must match the configuration's BLOCK
     sizes. W is [2N, K] ([W_gate; W_up] with SWIGLU), or with JOIN [2, N, K]: one [2, BLOCK_N, BLOCK_K] tile holds the
-    gate rows and the up rows of the same output columns. Calls without TMA pass None for both (the kernel's pointer
-    branch never reads them). A hook, not a per-configuration pre_hook: those keep Triton from caching its tuning on
+    gate rows and the up rows of the same output columns. xt_desc (x again) gets the TAIL slices' tile
+    [BLOCK_M / TAIL, BLOCK_K]. Calls without TMA pass None for all three (the kernel's pointer branch never reads
+    them). A hook, not a per-configuration pre_hook: those keep Triton from caching its tuning on
     disk."""
     nargs = dict(zip(_MATMUL_ARGS, args), **meta)
-    x_desc, w_desc = nargs["x_desc"], nargs["w_desc"]
+    x_desc, w_desc, xt_desc = nargs["x_desc"], nargs["w_desc"], nargs["xt_desc"]
     if x_desc is None:
         return
     bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
     N, K, stride_wn = nargs["N"], nargs["K"], nargs["stride_wn"]
     x_desc.block_shape = [bm, bk]
+    xt_desc.block_shape = [bm // nargs.get("TAIL", 1), bk]
     if nargs.get("SWIGLU") and nargs.get("JOIN"):
         w_desc.shape, w_desc.strides, w_desc.block_shape = [2, N, K], [N * stride_wn, stride_wn, 1], [2, bn, bk]
     else:
@@ -246,16 +250,18 @@ def _fit_descriptors(*args, **meta) -> None:
 @triton.autotune(configs=_matmul_all_configs(), key=["M_BUCKET", "N", "K", "SWIGLU", "TMA_OK"], do_bench=graph_bench,
                  prune_configs_by={"early_config_prune": _prune_matmul_configs})
 @triton.jit
-def matmul_kernel(x_ptr, w_ptr, out_ptr, x_desc, w_desc, M, N, K, M_BUCKET,
+def matmul_kernel(x_ptr, w_ptr, out_ptr, x_desc, w_desc, xt_desc, M, N, K, M_BUCKET,
                   stride_xm, stride_wn, stride_om,
                   DOT_PRECISION: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                   SWIGLU: tl.constexpr = False, TMA_OK: tl.constexpr = False, TMA: tl.constexpr = False,
-                  PERSIST: tl.constexpr = False, JOIN: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+                  PERSIST: tl.constexpr = False, JOIN: tl.constexpr = False, USE_PDL: tl.constexpr = False,
+                  TAIL: tl.constexpr = 1):
     # M_BUCKET (M rounded to a power of two) is only an autotuning key: one tuning per prompt-length
     # bucket, not per prompt length; so is TMA_OK (whether the TMA configurations may be timed for this
-    # call). With SWIGLU, N is I (the output's width) and W has 2N rows. x_desc and w_desc: the TMA
-    # configurations' host tensor descriptors of x and W (`_fit_descriptors`), None for calls without TMA.
+    # call). With SWIGLU, N is I (the output's width) and W has 2N rows. x_desc, w_desc, xt_desc: the TMA
+    # configurations' host tensor descriptors of x, W and x in row slices for TAIL (`_fit_descriptors`), None for
+    # calls without TMA.
     if USE_PDL:
         # launched early (programmatic dependent launch): wait for the previous kernel's writes (x) first
         gdc_wait()
@@ -263,7 +269,7 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, x_desc, w_desc, M, N, K, M_BUCKET,
     tl.static_assert(TMA or not PERSIST, "the persistent configurations load through TMA")
     if TMA:
         _tma_program(x_desc, w_desc, out_ptr, M, N, K, stride_om, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                     SWIGLU, PERSIST, JOIN)
+                     SWIGLU, PERSIST, JOIN, xt_desc, TAIL)
         return
     pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -304,18 +310,35 @@ matmul_kernel.fn.add_pre_run_hook(_fit_descriptors)
 @triton.jit
 def _tma_program(x_desc, w_desc, out_ptr, M, N, K, stride_om, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SWIGLU: tl.constexpr,
-                 PERSIST: tl.constexpr, JOIN: tl.constexpr):
+                 PERSIST: tl.constexpr, JOIN: tl.constexpr, xt_desc=None, TAIL: tl.constexpr = 1):
     """A TMA configuration's program: its one tile, or (PERSIST: one program per SM, the launcher's grid) tiles p,
     p + P, p + 2P, ... Flattening the two loops into one lets the compiler's pipeline run straight across tile
-    boundaries: the first K steps of the next tile are loading while this one's epilogue runs."""
+    boundaries: the first K steps of the next tile are loading while this one's epilogue runs.
+
+    TAIL > 1 (persistent only): when the tiles do not divide evenly among the P programs, the last round would keep
+    only some of them busy (the SwiGLU GEMM at 2048 tokens: 448 tiles, 3.4 rounds on 132 SMs). That round runs
+    instead as TAIL row slices of BLOCK_M / TAIL rows per tile (x through xt_desc), TAIL times as many pieces
+    spread over the programs, each piece ~1/TAIL of a tile's time."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     if PERSIST:
-        for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0), flatten=True):
+        n_tiles = num_pid_m * num_pid_n
+        whole = n_tiles
+        if TAIL > 1:
+            whole = (n_tiles // tl.num_programs(0)) * tl.num_programs(0)  # the rounds every program takes part in
+        for tile in tl.range(tl.program_id(0), whole, tl.num_programs(0), flatten=True):
             pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
             acc = _tma_tile(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, N, K, DOT_PRECISION,
                             BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU, JOIN)
             _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
+        if TAIL > 1:
+            SUB: tl.constexpr = BLOCK_M // TAIL
+            for piece in tl.range(tl.program_id(0), (n_tiles - whole) * TAIL, tl.num_programs(0)):
+                pid_m, pid_n = _grouped_tile(whole + piece // TAIL, num_pid_m, num_pid_n, GROUP_M)
+                sub_m = pid_m * TAIL + piece % TAIL  # the slice's index in units of SUB rows
+                acc = _tma_tile(xt_desc, w_desc, sub_m * SUB, pid_n * BLOCK_N, N, K, DOT_PRECISION,
+                                SUB, BLOCK_N, BLOCK_K, SWIGLU, JOIN)
+                _store_tile(out_ptr, acc, sub_m, pid_n, M, N, stride_om, SUB, BLOCK_N)
     else:
         pid_m, pid_n = _grouped_tile(tl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
         acc = _tma_tile(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, N, K, DOT_PRECISION,
@@ -385,9 +408,9 @@ def matmul_with_config(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     [2N, K]. No checks: the caller passes operands `matmul` would accept. A TMA configuration needs `_tma_ok`."""
     M, K = x.shape
     N = out.shape[1]
-    x_desc, w_desc = _tma_descriptors(x, weight) if config.kwargs.get("TMA") else (None, None)
+    x_desc, w_desc, xt_desc = _tma_descriptors(x, weight) if config.kwargs.get("TMA") else (None, None, None)
     matmul_kernel.fn[matmul_grid(M, N, config.kwargs, x.device)](
-        x, weight, out, x_desc, w_desc, M, N, K, triton.next_power_of_2(M), x.stride(0), weight.stride(0),
+        x, weight, out, x_desc, w_desc, xt_desc, M, N, K, triton.next_power_of_2(M), x.stride(0), weight.stride(0),
         out.stride(0), DOT_PRECISION=dot_precision(x.dtype), SWIGLU=swiglu, num_warps=config.num_warps,
         num_stages=config.num_stages, **config.kwargs, **pdl_options(x.device))
     return out
@@ -798,8 +821,8 @@ def _matmul(name, x, weight, out, swiglu=False):
 
     tma_ok = _tma_ok(x, weight)
     # the TMA candidates' descriptors: made here, shaped for each configuration's tiles at its launch (_fit_descriptors)
-    x_desc, w_desc = _tma_descriptors(x, weight) if tma_ok else (None, None)
-    matmul_kernel[grid](x, weight, out, x_desc, w_desc, M, N, K, triton.next_power_of_2(min(M, 4096)),
+    x_desc, w_desc, xt_desc = _tma_descriptors(x, weight) if tma_ok else (None, None, None)
+    matmul_kernel[grid](x, weight, out, x_desc, w_desc, xt_desc, M, N, K, triton.next_power_of_2(min(M, 4096)),
                         x.stride(0), weight.stride(0), out.stride(0), DOT_PRECISION=dot_precision(x.dtype),
                         SWIGLU=bool(swiglu), TMA_OK=tma_ok, **pdl_options(x.device))
     return out
