@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything a GPU session checks, in one command on the device machine (the lease is short: one call).
-#   bash benchmarks/gpu_session.sh [all] [tests] [bench] [kernels] [profile] [probes] [scanprobes] [notebooks]
+#   bash benchmarks/gpu_session.sh [all] [tests] [bench] [kernels] [profile] [probes] [experiments] [scanprobes]
+#                                  [notebooks]
 #   results under $OUT (or ./gpu_out). `probes` fills most of one call's 10 minutes; `scanprobes` (the DeltaNet scan's
 #   launch forms, then its A/B) may need the limits of two: run its probes in separate calls when time is short
 #   TEST_SHARD=0/2 bash benchmarks/gpu_session.sh tests      (then 1/2 in the next call: half the test files each)
@@ -58,6 +59,14 @@ if want probes; then
   timeout 150 python3 benchmarks/probe_prefill_graphs.py 77 2>&1 | tee "$OUT/probe_prefill.txt"
   timeout 120 python3 benchmarks/probe_conv.py 2>&1 | tee "$OUT/probe_conv.txt"
   timeout 120 python3 benchmarks/probe_attention.py 2>&1 | tee "$OUT/probe_attention.txt"
+fi
+if want experiments; then
+  # the candidate forms written but not yet timed (docs/perf-log.md, session 17): the GEMM's host descriptors and
+  # TAIL slices, flash attention's TMA tiles (forced, then as the autotuner picks with them allowed), the conv
+  # forms that read each row once
+  timeout 200 python3 benchmarks/probe_gemm_desc.py 2>&1 | tee "$OUT/probe_gemm_desc.txt"
+  QWEN_LAB_ATTN_TMA=1 timeout 200 python3 benchmarks/probe_attention.py 2>&1 | tee "$OUT/probe_attention_tma.txt"
+  timeout 150 python3 benchmarks/probe_conv.py 2>&1 | tee "$OUT/probe_conv.txt"
 fi
 if want scanprobes; then
   # the DeltaNet scan beside the chunk prep: every launch form finishes (each in a process with a time limit),
