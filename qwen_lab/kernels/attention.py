@@ -47,6 +47,8 @@ software-pipelines; `qwen_lab.runtime` lets the interpreter run the same loops.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -468,8 +470,6 @@ def _kv_tma_ok(k: torch.Tensor, v: torch.Tensor, block_d: int, forced: bool = Fa
     """Whether K and V [L, Hkv, D] can be described to the TMA unit as [L, Hkv D] matrices: heads side by side
     (stride D) with unit stride inside, 16-bit values, 16-byte-aligned starts and rows, D = BLOCK_D. Unless `forced`
     (a test or probe forcing a TMA configuration), also an sm_90+ GPU, not the interpreter, and QWEN_LAB_ATTN_TMA=1."""
-    import os
-
     D = k.shape[2]
     for t in (k, v):
         if t.stride(2) != 1 or t.stride(1) != D or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:

@@ -230,8 +230,7 @@ def _fit_descriptors(*args, **meta) -> None:
     sizes. W is [2N, K] ([W_gate; W_up] with SWIGLU), or with JOIN [2, N, K]: one [2, BLOCK_N, BLOCK_K] tile holds the
     gate rows and the up rows of the same output columns. xt_desc (x again) gets the TAIL slices' tile
     [BLOCK_M / TAIL, BLOCK_K]. Calls without TMA pass None for all three (the kernel's pointer branch never reads
-    them). A hook, not a per-configuration pre_hook: those keep Triton from caching its tuning on
-    disk."""
+    them). A hook, not a per-configuration pre_hook: those keep Triton from caching its tuning on disk."""
     nargs = dict(zip(_MATMUL_ARGS, args), **meta)
     x_desc, w_desc, xt_desc = nargs["x_desc"], nargs["w_desc"], nargs["xt_desc"]
     if x_desc is None:
