@@ -63,10 +63,11 @@ fi
 if want experiments; then
   # the candidate forms written but not yet timed (docs/perf-log.md, session 17): the GEMM's host descriptors and
   # TAIL slices, flash attention's TMA tiles (forced, then as the autotuner picks with them allowed), the conv
-  # forms that read each row once
+  # forms that read each row once, the decode MLP in one launch
   timeout 200 python3 benchmarks/probe_gemm_desc.py 2>&1 | tee "$OUT/probe_gemm_desc.txt"
   QWEN_LAB_ATTN_TMA=1 timeout 200 python3 benchmarks/probe_attention.py 2>&1 | tee "$OUT/probe_attention_tma.txt"
   timeout 150 python3 benchmarks/probe_conv.py 2>&1 | tee "$OUT/probe_conv.txt"
+  timeout 120 python3 benchmarks/probe_mlp_decode.py 2>&1 | tee "$OUT/probe_mlp_decode.txt"
 fi
 if want scanprobes; then
   # the DeltaNet scan beside the chunk prep: every launch form finishes (each in a process with a time limit),
