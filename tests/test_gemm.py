@@ -763,6 +763,38 @@ def test_tma_path_of_the_kernel_on_ragged_shapes(rt, gen):
                        reference.linear_silu_mul(x, w))
 
 
+def test_the_probes_device_descriptor_kernel_writes_the_librarys_bits(rt, gen):
+    """benchmarks/probe_gemm_desc.py times the library's TMA kernel against a form that makes its descriptors in
+    every program; the comparison means something only if both compute the same tiles: the same bits, plain, SwiGLU
+    and JOIN (under the interpreter with a small persistent tile, on a GPU with the persistent candidates)."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                        "probe_gemm_desc.py")
+    spec = importlib.util.spec_from_file_location("probe_gemm_desc", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    M, K, N = 40, 96, 45
+    x, w = _x(M, K, gen, rt), _w(2 * N, K, gen, rt)
+    if gemm.interpreter_active():
+        small = triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "TMA": True,
+                               "PERSIST": True}, num_warps=4, num_stages=1)
+        cases = [(small, False), (small, True), (triton.Config(dict(small.kwargs, JOIN=True), num_warps=4,
+                                                               num_stages=1), True)]
+    elif gemm._tma_ok(x, w):
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=rt.device))
+        cases = [(c, s) for s in (False, True) for c in gemm._matmul_configs(s) if c.kwargs.get("PERSIST")]
+    else:
+        pytest.skip("this GPU has no TMA unit (sm_90+)")
+    for config, swiglu in cases:
+        n_out = N if swiglu else 2 * N
+        ours, theirs = (torch.empty(M, n_out, dtype=rt.dtype, device=rt.device) for _ in range(2))
+        gemm.matmul_with_config(x, w, ours, config, swiglu=swiglu)
+        probe.device_desc_call(x, w, theirs, config, swiglu)()
+        assert torch.equal(ours, theirs), (config, swiglu)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["mlp_gate_up", "mlp_down", "deltanet_in_proj"])
 def test_gpu_every_tma_config_matches_torch(rt, gen, name):
