@@ -75,12 +75,6 @@ def mlp_decode(h, w_gate_up, w_down_t, ws, count, out, B, warps=8):
     return out
 
 
-def reference_mlp(h, w_gate_up, w_down):
-    gu = h.float() @ w_gate_up.float().T
-    gate, up = gu.chunk(2, dim=-1)
-    return (torch.nn.functional.silu(gate) * up) @ w_down.float().T
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=24)
@@ -88,6 +82,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("skipped: the probe times kernels on an NVIDIA GPU")
         return 0
+    from qwen_lab import reference
     from qwen_lab.config import QWEN35_0_8B as cfg
     from qwen_lab.kernels import activations, gemm, graph_time_us
 
@@ -97,7 +92,7 @@ def main() -> int:
     w_dn = [(torch.randn(H, I, device=dev, generator=gen) * I ** -0.5).to(bf) for _ in range(L)]
     w_dt = [w.t().contiguous() for w in w_dn]
     h = torch.randn(1, H, device=dev, generator=gen).to(bf)
-    ref = reference_mlp(h, w_gu[0], w_dn[0])
+    ref = reference.linear(reference.silu_mul(reference.linear(h.float(), w_gu[0].float())), w_dn[0].float())
     gu = torch.empty(1, 2 * I, device=dev, dtype=bf)
     out = torch.empty(1, H, device=dev, dtype=bf)
     mb = (w_gu[0].numel() + w_dn[0].numel()) * 2 / 1e6

@@ -45,3 +45,19 @@ def gen(request):
 def _threads():
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     yield
+
+
+@pytest.fixture
+def benchmark_module():
+    """load(name) -> a script of benchmarks/ as a module. The probes' kernels are tested beside the library's: their
+    timings only mean something if they compute what the library (or the reference) does."""
+    import importlib.util
+
+    def load(name: str):
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", f"{name}.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

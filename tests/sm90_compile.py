@@ -98,14 +98,18 @@ def cases():
             bm, bn, bk = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
             # the persistent ones also with their last round in half-height slices (TAIL = 2: the probe's form)
             for tail in (1, 2) if c.kwargs.get("PERSIST") else (1,):
+                case = dict(meta, TAIL=tail)
                 if tma:  # the host descriptors' types, their tiles as `_fit_descriptors` shapes them
                     w_tile = f"2, {bn}, {bk}" if c.kwargs.get("JOIN") else f"{bn}, {bk}"
-                    types = {"x_desc": f"tensordesc<bf16[{bm}, {bk}]>", "w_desc": f"tensordesc<bf16[{w_tile}]>",
-                             "xt_desc": f"tensordesc<bf16[{bm // tail}, {bk}]>"}
+                    types = {"x_desc": f"tensordesc<bf16[{bm}, {bk}]>", "w_desc": f"tensordesc<bf16[{w_tile}]>"}
+                    if tail > 1:  # the slices' descriptor; without TAIL the launcher passes None
+                        types["xt_desc"] = f"tensordesc<bf16[{bm // tail}, {bk}]>"
+                    else:
+                        case["xt_desc"] = None
                 else:   # a call without TMA passes None for all three
-                    types, meta = {}, dict(meta, x_desc=None, w_desc=None, xt_desc=None)
+                    types, case = {}, dict(case, x_desc=None, w_desc=None, xt_desc=None)
                 out.append((f"matmul SWIGLU={swiglu} TAIL={tail} {c}",
-                            lambda meta=dict(meta, TAIL=tail), c=c, types=types, tma=tma: compile_case(
+                            lambda meta=case, c=c, types=types, tma=tma: compile_case(
                                 gemm.matmul_kernel, meta, types, warps=c.num_warps, stages=c.num_stages,
                                 ptx_check=tma_descriptor_use if tma else None)))
     gemv_types = {"ws_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}

@@ -260,25 +260,12 @@ def test_gpu_every_swiglu_config_computes_the_same(rt, gen, M):
         checks.compare(f"linear_silu_mul M={M} {c}", out, ref)
 
 
-def _probe(name):
-    """A module of benchmarks/ (the probes' kernels are checked here: their timings only mean something if they
-    compute what the library does)."""
-    import importlib.util
-    import os
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("B", [4, 16])
-def test_the_probes_one_launch_decode_mlp_matches_the_mlp(rt, gen, B):
+def test_the_probes_one_launch_decode_mlp_matches_the_mlp(rt, gen, B, benchmark_module):
     """benchmarks/probe_mlp_decode.py: gate/up, SwiGLU and down of one token in one launch (each program its own
     slice of the intermediate rows, fp32 atomics, the last program rounding and clearing). Ragged sizes (the last
     program's slice runs past I); called twice, to see the sums and the counter left at zero."""
-    probe = _probe("probe_mlp_decode")
+    probe = benchmark_module("probe_mlp_decode")
     H, I = 72, 100
     f = lambda *s, scale: checks.randn(*s, g=gen, dtype=rt.dtype, device=rt.device, scale=scale)  # noqa: E731
     w_gate_up, w_down, h = f(2 * I, H, scale=H ** -0.5), f(H, I, scale=I ** -0.5), f(1, H, scale=1.0)

@@ -231,24 +231,13 @@ def test_gpu_decode_step_captures_in_a_cuda_graph(rt, gen):
     checks.compare("state", state, ref_state)
 
 
-def _probe_conv():
-    import importlib.util
-    import os
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "probe_conv.py")
-    spec = importlib.util.spec_from_file_location("probe_conv", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    return probe
-
-
 @pytest.mark.parametrize("span", [16, 32])
-def test_the_probes_weight_layout_form_matches_reference(span, rt, gen):
+def test_the_probes_weight_layout_form_matches_reference(span, rt, gen, benchmark_module):
     """benchmarks/probe_conv.py times a form of the prefill conv with its weights stored [W, C]; its timings only
     mean something if it computes the same conv (a first prefill: zero state)."""
     import triton
 
-    probe = _probe_conv()
+    probe = benchmark_module("probe_conv")
     T, C, W = 70, 96, 4
     x, weight, _ = _inputs(T, C, W, gen, rt.dtype, rt.device)
     ref = reference.causal_conv1d(x, weight, torch.zeros(C, W - 1, dtype=rt.dtype, device=rt.device))
@@ -260,12 +249,12 @@ def test_the_probes_weight_layout_form_matches_reference(span, rt, gen):
 
 
 @pytest.mark.parametrize("form,tile", [("gather", (16, 64)), ("gather", (4, 32)), ("rows", (8, 64)), ("rows", (4, 32))])
-def test_the_probes_read_once_forms_match_reference(form, tile, rt, gen):
+def test_the_probes_read_once_forms_match_reference(form, tile, rt, gen, benchmark_module):
     """The probe's forms that load each input row once (the taps' shifts by tl.gather, or from a window of row
     vectors), on ragged sizes: the tiles' first rows reach back into the rows before them (zeros before row 0)."""
     import triton
 
-    probe = _probe_conv()
+    probe = benchmark_module("probe_conv")
     T, C, W = 37, 70, 4
     x, weight, _ = _inputs(T, C, W, gen, rt.dtype, rt.device)
     ref = reference.causal_conv1d(x, weight, torch.zeros(C, W - 1, dtype=rt.dtype, device=rt.device))

@@ -701,7 +701,7 @@ def test_the_tuner_shapes_the_host_descriptors_for_each_config(monkeypatch, swig
         for hook in tuner.fn.pre_run_hooks:
             hook(*args, **meta)
         x_desc, w_desc, xt_desc = args[3], args[4], args[5]
-        assert xt_desc.block_shape == [meta["BLOCK_M"] // meta.get("TAIL", 1), meta["BLOCK_K"]]
+        assert xt_desc is None  # no candidate uses TAIL: the tuned calls make no slice descriptor
         seen.append((meta, list(x_desc.block_shape), list(w_desc.block_shape), list(w_desc.shape)))
 
     monkeypatch.setattr(tuner, "configs", gemm._matmul_all_configs())
@@ -724,6 +724,13 @@ def test_the_tuner_shapes_the_host_descriptors_for_each_config(monkeypatch, swig
             assert (w_tile, w_shape) == ([2, bn, bk], [2, N, K]), (meta, w_tile, w_shape)
         else:
             assert (w_tile, w_shape) == ([bn, bk], [w.shape[0], K]), (meta, w_tile, w_shape)
+    # a TAIL configuration's slice descriptor (matmul_with_config makes one for it) gets the slices' tile
+    x_desc, w_desc, xt_desc = gemm._tma_descriptors(x, w, tail=True)
+    for tail in (1, 2, 4):
+        meta = dict(seen[-1][0], TAIL=tail)
+        gemm._fit_descriptors(x, w, out, x_desc, w_desc, xt_desc, M, N, K, M, x.stride(0), w.stride(0),
+                              out.stride(0), **meta)
+        assert xt_desc.block_shape == [meta["BLOCK_M"] // meta.get("TAIL", 1), meta["BLOCK_K"]]
 
 
 def test_tma_not_used_off_hopper(rt, gen):
@@ -763,18 +770,11 @@ def test_tma_path_of_the_kernel_on_ragged_shapes(rt, gen):
                        reference.linear_silu_mul(x, w))
 
 
-def test_the_probes_device_descriptor_kernel_writes_the_librarys_bits(rt, gen):
+def test_the_probes_device_descriptor_kernel_writes_the_librarys_bits(rt, gen, benchmark_module):
     """benchmarks/probe_gemm_desc.py times the library's TMA kernel against a form that makes its descriptors in
     every program; the comparison means something only if both compute the same tiles: the same bits, plain, SwiGLU
     and JOIN (under the interpreter with a small persistent tile, on a GPU with the persistent candidates)."""
-    import importlib.util
-    import os
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
-                        "probe_gemm_desc.py")
-    spec = importlib.util.spec_from_file_location("probe_gemm_desc", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = benchmark_module("probe_gemm_desc")
     M, K, N = 40, 96, 45
     x, w = _x(M, K, gen, rt), _w(2 * N, K, gen, rt)
     if gemm.interpreter_active():

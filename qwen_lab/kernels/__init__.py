@@ -137,9 +137,18 @@ def _capability(index: int) -> tuple:
     return torch.cuda.get_device_capability(index)
 
 
-def pdl_enabled(device) -> bool:
-    """Whether kernels on `device` are launched with programmatic dependent launch: a CUDA GPU of compute
-    capability 9.0 or newer, the Triton interpreter off, and QWEN_LAB_PDL not set to 0."""
+def env_on(name: str, default: bool) -> bool:
+    """Whether the switch `name` (an environment variable) is on: 1, true, yes or on (any case) turn it on, any other
+    value off; unset, `default`."""
+    import os
+
+    value = os.environ.get(name)
+    return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def sm90_or_newer(device) -> bool:
+    """Whether `device` is a CUDA GPU of compute capability 9.0 or newer (Hopper: programmatic dependent launch, the
+    TMA unit) with the Triton interpreter off."""
     import os
 
     import torch
@@ -147,9 +156,13 @@ def pdl_enabled(device) -> bool:
     device = torch.device(device)
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
         return False
-    if os.environ.get("QWEN_LAB_PDL", "1").strip().lower() not in ("1", "true", "yes", "on"):
-        return False
     return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
+
+
+def pdl_enabled(device) -> bool:
+    """Whether kernels on `device` are launched with programmatic dependent launch: a CUDA GPU of compute
+    capability 9.0 or newer, the Triton interpreter off, and QWEN_LAB_PDL not set to 0."""
+    return env_on("QWEN_LAB_PDL", True) and sm90_or_newer(device)
 
 
 def pdl_options(device) -> dict:

@@ -47,8 +47,6 @@ software-pipelines; `qwen_lab.runtime` lets the interpreter run the same loops.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -57,7 +55,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import runtime
 from ..errors import KernelError
-from . import dot_precision, graph_bench, pdl_options
+from . import dot_precision, env_on, graph_bench, pdl_options, sm90_or_newer
 from .rope import _check_qk, _check_rotary, _norm_rope_rows, inv_freq_table
 
 LOG2E = 1.4426950408889634
@@ -478,11 +476,7 @@ def _kv_tma_ok(k: torch.Tensor, v: torch.Tensor, block_d: int, forced: bool = Fa
         return False
     if forced:
         return True
-    if os.environ.get("QWEN_LAB_ATTN_TMA", "0").strip().lower() not in ("1", "true", "yes", "on"):
-        return False
-    if k.device.type != "cuda" or runtime.interpreter_active() or k.element_size() != 2:
-        return False
-    return torch.cuda.get_device_capability(k.device)[0] >= 9
+    return env_on("QWEN_LAB_ATTN_TMA", False) and k.element_size() == 2 and sm90_or_newer(k.device)
 
 
 def _kv_descriptors(k: torch.Tensor, v: torch.Tensor) -> tuple:

@@ -71,7 +71,6 @@ device; calls on concurrent streams must not share a device.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -79,7 +78,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..errors import KernelError
-from . import device_key, dot_precision, graph_bench, graph_time_us, pdl_enabled, pdl_options, uncounted
+from . import (device_key, dot_precision, env_on, graph_bench, graph_time_us, pdl_enabled, pdl_options,
+               sm90_or_newer, uncounted)
 from ..runtime import interpreter_active
 
 # M at or below this is served by the GEMV / split-K path (decode and very short prompts).
@@ -192,19 +192,10 @@ def _prune_matmul_configs(configs, named_args, **kwargs):
     return kept
 
 
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple:
-    return torch.cuda.get_device_capability(index)
-
-
 def _tma_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the TMA candidates may serve this call: a Hopper-or-newer GPU (not the interpreter), 16-bit
     operands with 16-byte-aligned starts and row strides. QWEN_LAB_TMA=0 leaves them out."""
-    if x.device.type != "cuda" or interpreter_active() or x.element_size() != 2:
-        return False
-    if os.environ.get("QWEN_LAB_TMA", "1").strip().lower() not in _TRUE:
-        return False
-    if _capability(x.device.index if x.device.index is not None else torch.cuda.current_device())[0] < 9:
+    if x.element_size() != 2 or not env_on("QWEN_LAB_TMA", True) or not sm90_or_newer(x.device):
         return False
     for t in (x, weight):
         if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
@@ -212,15 +203,15 @@ def _tma_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return True
 
 
-def _tma_descriptors(x: torch.Tensor, weight: torch.Tensor) -> tuple:
-    """Host tensor descriptors of x [M, K], W, and x again for a configuration's TAIL slices, for the TMA
-    candidates, their tile shapes still open: `_fit_descriptors` sets them (and W's layout) for the configuration
-    that runs."""
+def _tma_descriptors(x: torch.Tensor, weight: torch.Tensor, tail: bool = False) -> tuple:
+    """Host tensor descriptors of x [M, K] and W for the TMA candidates, and (`tail`, for a configuration with
+    TAIL > 1) x again for its row slices, else None; their tile shapes still open: `_fit_descriptors` sets them (and
+    W's layout) for the configuration that runs."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     M, K = x.shape
     return (TensorDescriptor(x, [M, K], [x.stride(0), 1], [16, 16]),
             TensorDescriptor(weight, [weight.shape[0], K], [weight.stride(0), 1], [16, 16]),
-            TensorDescriptor(x, [M, K], [x.stride(0), 1], [16, 16]))
+            TensorDescriptor(x, [M, K], [x.stride(0), 1], [16, 16]) if tail else None)
 
 
 def _fit_descriptors(*args, **meta) -> None:
@@ -228,9 +219,9 @@ def _fit_descriptors(*args, **meta) -> None:
     launch's arguments and the configuration's meta-parameters): shape the call's host descriptors for its tiles.
     A descriptor's tile shape is part of the compiled kernel's signature, so it must match the configuration's BLOCK
     sizes. W is [2N, K] ([W_gate; W_up] with SWIGLU), or with JOIN [2, N, K]: one [2, BLOCK_N, BLOCK_K] tile holds the
-    gate rows and the up rows of the same output columns. xt_desc (x again) gets the TAIL slices' tile
-    [BLOCK_M / TAIL, BLOCK_K]. Calls without TMA pass None for all three (the kernel's pointer branch never reads
-    them). A hook, not a per-configuration pre_hook: those keep Triton from caching its tuning on disk."""
+    gate rows and the up rows of the same output columns. xt_desc (x again, only for a TAIL configuration) gets
+    the slices' tile [BLOCK_M / TAIL, BLOCK_K]. Calls without TMA pass None for all three (the kernel's pointer branch
+    never reads them). A hook, not a per-configuration pre_hook: those keep Triton from caching its tuning on disk."""
     nargs = dict(zip(_MATMUL_ARGS, args), **meta)
     x_desc, w_desc, xt_desc = nargs["x_desc"], nargs["w_desc"], nargs["xt_desc"]
     if x_desc is None:
@@ -238,7 +229,8 @@ def _fit_descriptors(*args, **meta) -> None:
     bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
     N, K, stride_wn = nargs["N"], nargs["K"], nargs["stride_wn"]
     x_desc.block_shape = [bm, bk]
-    xt_desc.block_shape = [bm // nargs.get("TAIL", 1), bk]
+    if xt_desc is not None:
+        xt_desc.block_shape = [bm // nargs.get("TAIL", 1), bk]
     if nargs.get("SWIGLU") and nargs.get("JOIN"):
         w_desc.shape, w_desc.strides, w_desc.block_shape = [2, N, K], [N * stride_wn, stride_wn, 1], [2, bn, bk]
     else:
@@ -259,8 +251,8 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, x_desc, w_desc, xt_desc, M, N, K, M_BUC
     # M_BUCKET (M rounded to a power of two) is only an autotuning key: one tuning per prompt-length
     # bucket, not per prompt length; so is TMA_OK (whether the TMA configurations may be timed for this
     # call). With SWIGLU, N is I (the output's width) and W has 2N rows. x_desc, w_desc, xt_desc: the TMA
-    # configurations' host tensor descriptors of x, W and x in row slices for TAIL (`_fit_descriptors`), None for
-    # calls without TMA.
+    # configurations' host tensor descriptors of x, W and (TAIL > 1 only) x in row slices (`_fit_descriptors`),
+    # None for calls without TMA.
     if USE_PDL:
         # launched early (programmatic dependent launch): wait for the previous kernel's writes (x) first
         gdc_wait()
@@ -407,7 +399,8 @@ def matmul_with_config(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     [2N, K]. No checks: the caller passes operands `matmul` would accept. A TMA configuration needs `_tma_ok`."""
     M, K = x.shape
     N = out.shape[1]
-    x_desc, w_desc, xt_desc = _tma_descriptors(x, weight) if config.kwargs.get("TMA") else (None, None, None)
+    tail = config.kwargs.get("TAIL", 1) > 1
+    x_desc, w_desc, xt_desc = _tma_descriptors(x, weight, tail) if config.kwargs.get("TMA") else (None, None, None)
     matmul_kernel.fn[matmul_grid(M, N, config.kwargs, x.device)](
         x, weight, out, x_desc, w_desc, xt_desc, M, N, K, triton.next_power_of_2(M), x.stride(0), weight.stride(0),
         out.stride(0), DOT_PRECISION=dot_precision(x.dtype), SWIGLU=swiglu, num_warps=config.num_warps,
@@ -819,7 +812,8 @@ def _matmul(name, x, weight, out, swiglu=False):
         return matmul_grid(M, N, meta, x.device)
 
     tma_ok = _tma_ok(x, weight)
-    # the TMA candidates' descriptors: made here, shaped for each configuration's tiles at its launch (_fit_descriptors)
+    # the TMA candidates' descriptors: made here, shaped for each configuration's tiles at its launch (_fit_descriptors);
+    # no candidate uses TAIL, so no slice descriptor
     x_desc, w_desc, xt_desc = _tma_descriptors(x, weight) if tma_ok else (None, None, None)
     matmul_kernel[grid](x, weight, out, x_desc, w_desc, xt_desc, M, N, K, triton.next_power_of_2(min(M, 4096)),
                         x.stride(0), weight.stride(0), out.stride(0), DOT_PRECISION=dot_precision(x.dtype),
@@ -858,12 +852,11 @@ def choose_split_k(M: int, N: int, K: int, sms: int) -> int:
     return split
 
 
-_TRUE = ("1", "true", "yes", "on")
 
 
 def deterministic_mode() -> bool:
     """True when QWEN_LAB_DETERMINISTIC is set to 1 (true/yes/on): split-K then reduces in a fixed order."""
-    return os.environ.get("QWEN_LAB_DETERMINISTIC", "0").strip().lower() in _TRUE
+    return env_on("QWEN_LAB_DETERMINISTIC", False)
 
 
 # Per-device workspaces, grown on demand and kept for the life of the process (a CUDA Graph captures
@@ -924,13 +917,13 @@ plan_times: dict = {}
 
 def _persistent_enabled() -> bool:
     """Whether the first-call timing may pick the persistent GEMV (QWEN_LAB_GEMV_PERSIST=0 leaves it out)."""
-    return os.environ.get("QWEN_LAB_GEMV_PERSIST", "1").strip().lower() in _TRUE
+    return env_on("QWEN_LAB_GEMV_PERSIST", True)
 
 
 def tuning_enabled() -> bool:
     """On a GPU the first call of each GEMV shape times its candidate plans (block shapes, and SPLIT_K for the
     narrow shapes) and keeps the fastest; QWEN_LAB_TUNE=0 turns that off (the first fitting plan is used)."""
-    return os.environ.get("QWEN_LAB_TUNE", "1").strip().lower() in _TRUE
+    return env_on("QWEN_LAB_TUNE", True)
 
 
 def _plan_key(prologue, M, N, K, deterministic, dtype, device, split_k, pdl):
