@@ -1,14 +1,13 @@
-"""Probe: why the prefill conv takes ~24 us per layer against a ~12 us floor, and what a faster form looks like.
+"""Probe: the prefill conv's forms against a copy of the same bytes (the floor), on the model's shapes.
 
     python benchmarks/probe_conv.py [--tokens 2048]        (an NVIDIA GPU; prints one line per variant)
 
-The library's `conv1d_prefill_kernel` spends most of its instructions outside the arithmetic: each of the W taps
-loads its weights as a [BLOCK_C] vector whose layout differs from the tile's, so the compiler passes it through
-shared memory (a store, a barrier, loads) once per tap and per program, and ~3000 programs of 32 rows each pay
-it again. Variants timed here, each inside a CUDA Graph on the model's shapes (x a [T, 6144] slice of the
-[T, 8224] in-projection):
+Until session 18 the library's `conv1d_prefill_kernel` computed a [BLOCK_T, BLOCK_C] tile per program and
+loaded every row W times (once per tap): ~25 us per layer against a ~14 us copy. The `rows` form below measured
+18.6 us and became the library's kernel (docs/perf-log.md). Variants timed here, each inside a CUDA Graph on the
+model's shapes (x a [T, 6144] slice of the [T, 8224] in-projection):
 
-- `library`: conv1d.causal_conv1d with each of its PREFILL_CONFIGS tiles;
+- `library`: conv1d.causal_conv1d with each of its PREFILL_CONFIGS segments (the `rows` form, with the state);
 - `wt2d`: the weights stored [W, C] (channel-contiguous) and loaded as a broadcast 2-D tile, in the x tile's
   layout: vector loads, no shared-memory round trip;
 - `span`: a program loops over SPAN rows in BLOCK_T steps, its weights loaded once (wt2d's loads, amortised);

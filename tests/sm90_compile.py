@@ -96,13 +96,17 @@ def cases():
             tma = c.kwargs.get("TMA", False)
             meta = dict(c.kwargs, DOT_PRECISION=prec, SWIGLU=swiglu, TMA=tma, TMA_OK=tma, USE_PDL=True)
             bm, bn, bk = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
-            # the persistent ones also with their last round in half-height slices (TAIL = 2: the probe's form)
-            for tail in (1, 2) if c.kwargs.get("PERSIST") else (1,):
+            # a candidate's own TAIL; the other persistent ones also with their last round in half-height slices
+            # (TAIL = 2: the probe's form)
+            tails = (c.kwargs["TAIL"],) if "TAIL" in c.kwargs else (1, 2) if c.kwargs.get("PERSIST") else (1,)
+            for tail in tails:
                 case = dict(meta, TAIL=tail)
                 if tma:  # the host descriptors' types, their tiles as `_fit_descriptors` shapes them
                     w_tile = f"2, {bn}, {bk}" if c.kwargs.get("JOIN") else f"{bn}, {bk}"
                     types = {"x_desc": f"tensordesc<bf16[{bm}, {bk}]>", "w_desc": f"tensordesc<bf16[{w_tile}]>"}
-                    if tail > 1:  # the slices' descriptor; without TAIL the launcher passes None
+                    # the slices' descriptor: the SwiGLU launches pass one to every candidate (some have TAIL),
+                    # the others only where TAIL > 1 (matmul_with_config); else None
+                    if tail > 1 or swiglu:
                         types["xt_desc"] = f"tensordesc<bf16[{bm // tail}, {bk}]>"
                     else:
                         case["xt_desc"] = None

@@ -28,9 +28,9 @@ def _inputs(T, C, W, g, dtype, device, row_pad=7, state_dtype=None):
     (1, 100, 4),     # decode: one token, the single-step kernel
     (3, 130, 4),     # fewer tokens than the state holds: part of the old state stays in it
     (STEP_MAX_TOKENS, 64, 4),
-    (5, 40, 4),      # the tiled prefill kernel, which also writes the new state
+    (5, 40, 4),      # the segmented prefill kernel, which also writes the new state
     (63, 72, 4),
-    (200, 130, 4),   # several token tiles and a ragged channel tile
+    (200, 130, 4),   # several token segments and a ragged channel block
     (9, 24, 2),      # other filter widths
     (17, 33, 3),
 ])
@@ -47,9 +47,9 @@ def test_causal_conv1d_matches_reference(T, C, W, rt, gen):
     checks.compare("state", state, ref_state)
 
 
-def test_tile_shorter_than_the_state_shifts_it_in_a_second_launch(rt, gen, monkeypatch):
-    """With a first tile of fewer than W-1 tokens a second tile would read the old state too, so the tiled kernel
-    leaves the state alone and the step kernel shifts it afterwards."""
+def test_segment_shorter_than_the_state_shifts_it_in_a_second_launch(rt, gen, monkeypatch):
+    """With a first segment of fewer than W-1 tokens a second segment would read the old state too, so the
+    segmented kernel leaves the state alone and the step kernel shifts it afterwards."""
     import triton
     monkeypatch.setattr(conv1d, "FORCE_PREFILL_CONFIG", triton.Config({"BLOCK_T": 2, "BLOCK_C": 32}, num_warps=1))
     T, C, W = 9, 40, 4
@@ -130,7 +130,7 @@ def test_rejects_bad_arguments(rt, gen):
 # The interpreter reads and writes CPU memory through raw pointers: an access past the end of a tensor lands
 # in a neighbouring allocation and goes unnoticed, where the GPU faults. So every tensor here is a strided view
 # in the middle of a bigger buffer holding NaN around inputs (read, it reaches the output) and a sentinel
-# around outputs; nothing outside the views may change. The GPU's block sizes (8 x 256 tiles, 128-channel
+# around outputs; nothing outside the views may change. The GPU's block sizes (8 x 256 segments, 128-channel
 # steps) run through the interpreter too.
 
 from qwen_lab.checks import GUARD_NAN as NAN, GUARD_SENTINEL as SENTINEL, GuardedTensor as _Guard  # noqa: E402
@@ -146,7 +146,7 @@ def test_conv1d_stays_inside_its_tensors(T, sizes, rt, gen, monkeypatch):
     if sizes == "gpu":  # the block sizes a GPU launch uses, here as well
         real = conv1d.block_sizes
         monkeypatch.setattr(conv1d, "block_sizes", lambda C, interpreter: real(C, False))
-    elif sizes.startswith("prefill-config"):  # each tile the GPU autotuner may pick for the prefill kernel
+    elif sizes.startswith("prefill-config"):  # each segment the GPU autotuner may pick for the prefill kernel
         monkeypatch.setattr(conv1d, "FORCE_PREFILL_CONFIG", conv1d.PREFILL_CONFIGS[int(sizes.rsplit("-", 1)[1])])
     for C, W in [(40, 4), (300, 4), (33, 2), (17, 3)]:
         x, weight, state = _inputs(T, C, W, gen, rt.dtype, rt.device)

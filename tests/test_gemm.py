@@ -701,8 +701,8 @@ def test_the_tuner_shapes_the_host_descriptors_for_each_config(monkeypatch, swig
         for hook in tuner.fn.pre_run_hooks:
             hook(*args, **meta)
         x_desc, w_desc, xt_desc = args[3], args[4], args[5]
-        assert xt_desc is None  # no candidate uses TAIL: the tuned calls make no slice descriptor
-        seen.append((meta, list(x_desc.block_shape), list(w_desc.block_shape), list(w_desc.shape)))
+        xt_tile = None if xt_desc is None else list(xt_desc.block_shape)
+        seen.append((meta, list(x_desc.block_shape), list(w_desc.block_shape), list(w_desc.shape), xt_tile))
 
     monkeypatch.setattr(tuner, "configs", gemm._matmul_all_configs())
     monkeypatch.setattr(tuner, "cache", {})
@@ -712,14 +712,18 @@ def test_the_tuner_shapes_the_host_descriptors_for_each_config(monkeypatch, swig
     x = torch.zeros(M, K, dtype=torch.bfloat16)
     w = torch.zeros(2 * N if swiglu else N, K, dtype=torch.bfloat16)
     out = torch.zeros(M, N, dtype=torch.bfloat16)
-    x_desc, w_desc, xt_desc = gemm._tma_descriptors(x, w)
+    # as `linear` makes them: with the slices' descriptor for SwiGLU, whose candidates are the ones with TAIL
+    tails = {c.kwargs.get("TAIL", 1) for c in gemm._matmul_configs(swiglu)}
+    assert (tails != {1}) == swiglu, tails
+    x_desc, w_desc, xt_desc = gemm._tma_descriptors(x, w, tail=swiglu)
     tuner[lambda meta: (1,)](x, w, out, x_desc, w_desc, xt_desc, M, N, K, M, x.stride(0), w.stride(0),
                              out.stride(0), DOT_PRECISION="tf32", SWIGLU=swiglu, TMA_OK=True)
     timed = {gemm._config_id(c) for c in gemm._matmul_configs(swiglu) if c.kwargs.get("TMA")}
     assert len(seen) == len(timed) + 1  # each TMA candidate timed once, then the pick launched
-    for meta, x_tile, w_tile, w_shape in seen:
+    for meta, x_tile, w_tile, w_shape, xt_tile in seen:
         bm, bn, bk = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
         assert x_tile == [bm, bk], (meta, x_tile)
+        assert xt_tile == ([bm // meta.get("TAIL", 1), bk] if swiglu else None), (meta, xt_tile)
         if meta.get("JOIN"):
             assert (w_tile, w_shape) == ([2, bn, bk], [2, N, K]), (meta, w_tile, w_shape)
         else:

@@ -18,11 +18,13 @@ Two kernels:
 - `conv1d_step_kernel`: one program per block of channels walks the T tokens in order, then shifts the
   state. One launch serves decode (T = 1), where the grid is only C / BLOCK_C programs and every load of x
   is a row of contiguous channels (the state's loads are W-1 elements apart).
-- `conv1d_prefill_kernel`: a [BLOCK_T, BLOCK_C] tile per program, every token in parallel. Only the first
-  tile of tokens reads the old state, so its programs also write the new one (the last W-1 inputs), each
-  for its own channels and only after all of its threads have read the old: no other program reads the
-  state, so nothing races and no second launch is needed. (When the first tile could not hold W-1 tokens,
-  `conv1d_step_kernel` shifts the state afterwards, with no outputs.)
+- `conv1d_prefill_kernel`: a segment of BLOCK_T tokens x BLOCK_C channels per program, every segment in
+  parallel. The program loads its BLOCK_T + W - 1 input rows once each, as separate vectors of channels, and
+  forms each output row from W of them: the taps' shifts cost no loads and no data movement, so the kernel runs
+  close to a copy of x and y. Only the first segment reads the old state, so its programs also write the new
+  one (the last W-1 inputs), each for its own channels and only after all of its threads have read the old: no
+  other program reads the state, so nothing races and no second launch is needed. (When the first segment could
+  not hold W-1 tokens, `conv1d_step_kernel` shifts the state afterwards, with no outputs.)
 """
 
 from __future__ import annotations
@@ -86,37 +88,41 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
         gdc_launch_dependents()
     # T_BUCKET (T rounded up to a power of two) is only the GPU autotuner's key: one tuning per length bucket
     t0 = tl.program_id(0) * BLOCK_T
-    offs_i = tl.arange(0, BLOCK_T)        # token index inside the tile
-    offs_t = t0 + offs_i
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask_t = offs_t < T
     mask_c = offs_c < C
-    # 64-bit base of the tile, 32-bit offsets inside it (a tile spans a few rows)
-    x_tile = x_ptr + t0.to(tl.int64) * stride_xt
-    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    # The W taps' weights, loaded once per program: W vectors of BLOCK_C channels.
+    wts = ()
     for j in tl.static_range(W):
-        p = offs_t + j                    # row of xx
-        from_x = p >= W - 1               # else one of the W-1 carried inputs (state column p)
-        xv = tl.load(x_tile + (offs_i + j - (W - 1))[:, None] * stride_xt + offs_c[None, :],
-                     mask=(mask_t & from_x)[:, None] & mask_c[None, :], other=0.0)
-        wj = tl.load(w_ptr + offs_c * stride_wc + j, mask=mask_c, other=0.0).to(tl.float32)
-        acc += wj[None, :] * xv.to(tl.float32)
-        if t0 < W - 1:
-            # Only the first tile reaches back into the carried state. The state's channels are W-1 apart in
-            # memory, so its loads cannot be vectorised: issued (even masked off) by every tile they would cost
-            # more instructions than the tile's own loads.
-            sv = tl.load(state_ptr + offs_c[None, :] * stride_sc + p[:, None],
-                         mask=(mask_t & ~from_x)[:, None] & mask_c[None, :], other=0.0)
-            acc += wj[None, :] * sv.to(tl.float32)
-    y = acc * tl.sigmoid(acc)
-    out_tile = out_ptr + t0.to(tl.int64) * stride_ot
-    tl.store(out_tile + offs_i[:, None] * stride_ot + offs_c[None, :], y.to(out_ptr.dtype.element_ty),
-             mask=mask_t[:, None] & mask_c[None, :])
+        wts = wts + (tl.load(w_ptr + offs_c * stride_wc + j, mask=mask_c, other=0.0).to(tl.float32),)
+    # The program's inputs as separate row vectors: x rows t0 - (W-1) .. t0 + BLOCK_T - 1 (xx rows t0 ..
+    # t0 + BLOCK_T + W - 2), each loaded once and all requested before any is used. A tap's shift is then only a
+    # choice among these registers: no row is loaded once per tap, and nothing passes through shared memory.
+    # Rows are kept in x's dtype (half the registers in bf16) until they are multiplied.
+    x_seg = x_ptr + t0.to(tl.int64) * stride_xt        # 64-bit base of the segment, 32-bit offsets from it
+    xs = ()
+    for r in tl.static_range(BLOCK_T + W - 1):
+        t = t0 + (r - (W - 1))                          # the input's token; t < 0: state column t + W - 1
+        xv = tl.load(x_seg + (r - (W - 1)) * stride_xt + offs_c, mask=mask_c & (t >= 0) & (t < T), other=0.0)
+        if r < W - 1:
+            # Only the first segment reaches back into the carried state (in its own dtype: added in fp32). Its
+            # channels are W-1 apart in memory, so the other programs skip these loads altogether.
+            xv = xv.to(tl.float32)
+            if t0 < W - 1:
+                sv = tl.load(state_ptr + offs_c * stride_sc + (t + W - 1), mask=mask_c & (t < 0), other=0.0)
+                xv += sv.to(tl.float32)
+        xs = xs + (xv,)
+    out_seg = out_ptr + t0.to(tl.int64) * stride_ot
+    for i in tl.static_range(BLOCK_T):
+        acc = wts[0] * xs[i].to(tl.float32)             # y[t0 + i] = silu(sum_j w[:, j] * xx[t0 + i + j])
+        for j in tl.static_range(1, W):
+            acc += wts[j] * xs[i + j].to(tl.float32)
+        y = acc * tl.sigmoid(acc)
+        tl.store(out_seg + i * stride_ot + offs_c, y.to(out_ptr.dtype.element_ty), mask=mask_c & (t0 + i < T))
     if WRITE_STATE:
-        # The new state is the last W-1 inputs (the launcher asks for this only when T >= W-1). The first tile's
-        # programs are the only readers of the old state (BLOCK_T >= W-1), so they may replace it, once every
-        # thread of the program has read it.
-        tl.static_assert(BLOCK_T >= W - 1, "WRITE_STATE needs the old state read by the first tile alone")
+        # The new state is the last W-1 inputs (the launcher asks for this only when T >= W-1). The first
+        # segment's programs are the only readers of the old state (BLOCK_T >= W-1), so they may replace it, once
+        # every thread of the program has read it.
+        tl.static_assert(BLOCK_T >= W - 1, "WRITE_STATE needs the old state read by the first segment alone")
         if t0 == 0:
             offs_s = tl.arange(0, BLOCK_S)
             keep = offs_s < W - 1
@@ -129,12 +135,15 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
 
 # ---------------------------------------------------------------- launchers
 
-# Tiles of the prefill kernel the GPU autotuner times (per channel count and prompt-length bucket): the kernel
-# only streams x once and y once, and which tile keeps enough bytes in flight depends on the GPU.
+# Segments of the prefill kernel the GPU autotuner times (per channel count and prompt-length bucket): the kernel
+# streams x once (plus W-1 rows per segment) and y once, and which segment keeps enough bytes in flight depends on
+# the GPU. BLOCK_T rows are unrolled (each its own registers), so segments stay short and wide; the narrow ones
+# keep enough programs for short prompts. (H200, 2048 tokens x 6144 channels: 18.6 us for 8 x 1024 against 25.4 for
+# the best [tokens, channels] tile of the earlier form, and a 14.0 us copy floor; docs/perf-log.md session 18.)
 PREFILL_CONFIGS = [triton.Config({"BLOCK_T": bt, "BLOCK_C": bc}, num_warps=w)
-                   for bt, bc, w in ((8, 256, 4), (16, 256, 4), (32, 128, 4), (32, 256, 8), (64, 128, 8),
-                                     (64, 64, 4), (16, 512, 8), (128, 64, 8))]
-# Tests set this to a triton.Config to run the prefill kernel with that tile (on the GPU or the interpreter).
+                   for bt, bc, w in ((8, 1024, 4), (16, 1024, 4), (8, 2048, 8), (16, 2048, 8), (8, 512, 2),
+                                     (16, 512, 2), (8, 256, 2))]
+# Tests set this to a triton.Config to run the prefill kernel with that segment (on the GPU or the interpreter).
 FORCE_PREFILL_CONFIG = None
 _tuned: dict = {}
 
@@ -147,19 +156,19 @@ def _tuned_prefill():
     return _tuned["prefill"]
 
 
-# Up to this many tokens the sequential kernel (one launch) beats the tiled one plus the state shift.
+# Up to this many tokens the sequential kernel (one launch) beats the segmented one plus the state shift.
 STEP_MAX_TOKENS = 4
 
 
 def block_sizes(C: int, interpreter: bool) -> tuple[int, int, int]:
-    """(BLOCK_C of the step kernel, BLOCK_T and BLOCK_C of the tiled prefill kernel) for C channels.
+    """(BLOCK_C of the step kernel, BLOCK_T and BLOCK_C of the prefill kernel's segments) for C channels.
 
-    On a GPU the prefill tile is autotuned over PREFILL_CONFIGS and these BLOCK_T, BLOCK_C only serve a test that
-    runs small tiles through the interpreter (interpreter=False: many programs, ragged edges); the interpreter's
-    own prefill tile is taller (64 tokens), so that it runs few programs.
+    On a GPU the prefill segment is autotuned over PREFILL_CONFIGS and these BLOCK_T, BLOCK_C only serve a test
+    that runs small segments through the interpreter (interpreter=False: many programs, ragged edges); the
+    interpreter's own segment is longer (16 tokens), so that it runs fewer programs.
     """
     if interpreter:
-        return min(256, triton.next_power_of_2(C)), 64, min(128, triton.next_power_of_2(C))
+        return min(256, triton.next_power_of_2(C)), 16, min(128, triton.next_power_of_2(C))
     return min(128, triton.next_power_of_2(C)), 8, 256
 
 
@@ -213,8 +222,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
                                       num_warps=2, **pdl)
         return out
     t_bucket = triton.next_power_of_2(T)
-    # The tiled kernel also writes the new state (the last W-1 inputs, all inside x since T > STEP_MAX_TOKENS)
-    # when its first tile alone reads the old one; otherwise the step kernel shifts the state afterwards.
+    # The segmented kernel also writes the new state (the last W-1 inputs, all inside x since T > STEP_MAX_TOKENS)
+    # when its first segment alone reads the old one; otherwise the step kernel shifts the state afterwards.
     fuse = T >= W - 1 and all(c.kwargs["BLOCK_T"] >= W - 1 for c in PREFILL_CONFIGS)
     if FORCE_PREFILL_CONFIG is not None:
         c = FORCE_PREFILL_CONFIG

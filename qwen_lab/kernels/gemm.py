@@ -153,9 +153,12 @@ def _matmul_configs(swiglu: bool = False):
         # on the H200 the persistent JOIN candidates took the SwiGLU prefill GEMM from 60 to 51 us, the one-tile
         # JOIN form measured the same as the two-product one (docs/perf-log.md). Half-size JOIN tiles (64 x 128,
         # 128 x 64: 6.8 rounds of tiles per SM at 2048 tokens instead of 3.4) were slower there and were removed.
+        # TAIL = 2: at 2048 tokens the 448 tiles are 3.4 rounds on 132 SMs, and the last round, in half-height
+        # slices, ends sooner (H200: 49.6 -> 47.0 us per call, docs/perf-log.md session 18). The SwiGLU candidates
+        # are the only ones with TAIL, so only the SwiGLU launches make the slices' descriptor (`_tma_descriptors`).
         configs += [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "TMA": True,
-                                   "PERSIST": True, "JOIN": True}, num_stages=s, num_warps=w)
-                    for bm, bn, bk, s, w in [(128, 128, 64, 3, 8), (128, 128, 64, 4, 8)]]
+                                   "PERSIST": True, "JOIN": True, "TAIL": tail}, num_stages=s, num_warps=w)
+                    for bm, bn, bk, s, w in [(128, 128, 64, 3, 8), (128, 128, 64, 4, 8)] for tail in (1, 2)]
     return configs
 
 
@@ -813,8 +816,8 @@ def _matmul(name, x, weight, out, swiglu=False):
 
     tma_ok = _tma_ok(x, weight)
     # the TMA candidates' descriptors: made here, shaped for each configuration's tiles at its launch (_fit_descriptors);
-    # no candidate uses TAIL, so no slice descriptor
-    x_desc, w_desc, xt_desc = _tma_descriptors(x, weight) if tma_ok else (None, None, None)
+    # the slice descriptor only for SwiGLU, the one product with TAIL candidates
+    x_desc, w_desc, xt_desc = _tma_descriptors(x, weight, tail=bool(swiglu)) if tma_ok else (None, None, None)
     matmul_kernel[grid](x, weight, out, x_desc, w_desc, xt_desc, M, N, K, triton.next_power_of_2(min(M, 4096)),
                         x.stride(0), weight.stride(0), out.stride(0), DOT_PRECISION=dot_precision(x.dtype),
                         SWIGLU=bool(swiglu), TMA_OK=tma_ok, **pdl_options(x.device))
