@@ -61,13 +61,13 @@ if want probes; then
   timeout 120 python3 benchmarks/probe_attention.py 2>&1 | tee "$OUT/probe_attention.txt"
 fi
 if want experiments; then
-  # the candidate forms written but not yet timed (docs/perf-log.md, session 17): the GEMM's host descriptors and
-  # TAIL slices, flash attention's TMA tiles (forced, then as the autotuner picks with them allowed), the conv
-  # forms that read each row once, the decode MLP in one launch
+  # the forms timed in session 18 (docs/perf-log.md), again: the GEMM's TAIL slices beside TAIL = 1 for every
+  # persistent configuration, the prefill conv's segments against the probe's forms and a copy, and the conv's
+  # weight layout and state read switched one at a time. (probe_attention.py with QWEN_LAB_ATTN_TMA=1 and
+  # probe_mlp_decode.py time the two forms measured and left off.)
   timeout 200 python3 benchmarks/probe_gemm_desc.py 2>&1 | tee "$OUT/probe_gemm_desc.txt"
-  QWEN_LAB_ATTN_TMA=1 timeout 200 python3 benchmarks/probe_attention.py 2>&1 | tee "$OUT/probe_attention_tma.txt"
   timeout 150 python3 benchmarks/probe_conv.py 2>&1 | tee "$OUT/probe_conv.txt"
-  timeout 120 python3 benchmarks/probe_mlp_decode.py 2>&1 | tee "$OUT/probe_mlp_decode.txt"
+  timeout 120 python3 benchmarks/probe_conv_state.py 2>&1 | tee "$OUT/probe_conv_state.txt"
 fi
 if want scanprobes; then
   # the DeltaNet scan beside the chunk prep: every launch form finishes (each in a process with a time limit),

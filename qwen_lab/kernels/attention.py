@@ -435,7 +435,8 @@ _PREFILL_CONFIGS = [
 ]
 # The same tiles with K and V fetched by the TMA unit through host tensor descriptors (sm_90+, a cache whose heads
 # sit side by side in 16-byte-aligned rows, D a power of two). Timed by the autotuner only where
-# QWEN_LAB_ATTN_TMA=1 asks for them: not yet measured against the pointer loads on a GPU (docs/perf-log.md).
+# QWEN_LAB_ATTN_TMA=1 asks for them: on the H200 they measured level with the pointer loads (docs/perf-log.md,
+# session 18), so the default leaves them out of the tuning.
 _PREFILL_TMA_CONFIGS = [triton.Config(dict(c.kwargs, TMA=True), num_warps=c.num_warps, num_stages=c.num_stages)
                         for c in _PREFILL_CONFIGS]
 _DECODE_CONFIGS = [

@@ -104,12 +104,11 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
         t = t0 + (r - (W - 1))                          # the input's token; t < 0: state column t + W - 1
         xv = tl.load(x_seg + (r - (W - 1)) * stride_xt + offs_c, mask=mask_c & (t >= 0) & (t < T), other=0.0)
         if r < W - 1:
-            # Only the first segment reaches back into the carried state (in its own dtype: added in fp32). Its
-            # channels are W-1 apart in memory, so the other programs skip these loads altogether.
-            xv = xv.to(tl.float32)
-            if t0 < W - 1:
-                sv = tl.load(state_ptr + offs_c * stride_sc + (t + W - 1), mask=mask_c & (t < 0), other=0.0)
-                xv += sv.to(tl.float32)
+            # Only the first segment reaches back into the carried state (in its own dtype: added in fp32); every
+            # program issues these W-1 loads, masked off past the first. Behind a branch on t0 instead, the
+            # loads after it waited for the branch: 8 x 1024 segments took 21.7 us instead of 19.3 on the H200.
+            sv = tl.load(state_ptr + offs_c * stride_sc + (t + W - 1), mask=mask_c & (t < 0), other=0.0)
+            xv = xv.to(tl.float32) + sv.to(tl.float32)
         xs = xs + (xv,)
     out_seg = out_ptr + t0.to(tl.int64) * stride_ot
     for i in tl.static_range(BLOCK_T):
@@ -138,11 +137,12 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
 # Segments of the prefill kernel the GPU autotuner times (per channel count and prompt-length bucket): the kernel
 # streams x once (plus W-1 rows per segment) and y once, and which segment keeps enough bytes in flight depends on
 # the GPU. BLOCK_T rows are unrolled (each its own registers), so segments stay short and wide; the narrow ones
-# keep enough programs for short prompts. (H200, 2048 tokens x 6144 channels: 18.6 us for 8 x 1024 against 25.4 for
-# the best [tokens, channels] tile of the earlier form, and a 14.0 us copy floor; docs/perf-log.md session 18.)
+# keep enough programs for short prompts. The weights are read as the model stores them, [C, W]: each tap's vector
+# is strided, so few channels per thread (narrow blocks, few warps) keep those loads few. (H200, 2048 tokens x 6144
+# channels: 18.3 us for 8 x 256 with 2 warps, against 25.4 for the best [tokens, channels] tile of the earlier
+# form and a 14.0 us copy floor; docs/perf-log.md session 18.)
 PREFILL_CONFIGS = [triton.Config({"BLOCK_T": bt, "BLOCK_C": bc}, num_warps=w)
-                   for bt, bc, w in ((8, 1024, 4), (16, 1024, 4), (8, 2048, 8), (16, 2048, 8), (8, 512, 2),
-                                     (16, 512, 2), (8, 256, 2))]
+                   for bt, bc, w in ((8, 256, 2), (8, 256, 1), (8, 128, 1), (16, 256, 2), (8, 512, 2), (8, 1024, 4))]
 # Tests set this to a triton.Config to run the prefill kernel with that segment (on the GPU or the interpreter).
 FORCE_PREFILL_CONFIG = None
 _tuned: dict = {}
