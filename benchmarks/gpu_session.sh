@@ -33,7 +33,9 @@ if want kernels; then
 fi
 if want tests; then
   # every test file in one pytest run spread test by test over worker processes (a worker that faults is replaced,
-  # so a bad kernel cannot take the other tests down with it); the slowest file no longer bounds the wall time
+  # so a bad kernel cannot take the other tests down with it); the slowest file no longer bounds the wall time.
+  # loadgroup: the tests marked xdist_group (the 0.8B graph and parity tests) stay on one worker each, which builds
+  # their module's model and graphs once
   # TRITON_CACHE_AUTOTUNING: the workers share Triton's autotuning results through its disk cache instead of each
   # tuning the same shapes again (only the tests: the benchmarks tune for themselves, on a quiet GPU)
   # (a per-test limit where pytest-timeout is installed: one hung kernel then fails its test, not the whole run)
@@ -45,7 +47,7 @@ if want tests; then
   # (live_report: each failure goes to $OUT/failures.txt as it happens, and each finished test to $OUT/finished.txt,
   # so a run cut short still says what failed and which tests it never reached)
   PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" TRITON_CACHE_AUTOTUNING=1 timeout ${TEST_TIMEOUT:-480} \
-      python3 -m pytest $files -q -p no:cacheprovider -p live_report -n ${TEST_JOBS:-12} --dist load $per_test --tb=short -rfE --durations=15 -k "${TEST_FILTER:-}" > "$OUT/tests.txt" 2>&1
+      python3 -m pytest $files -q -p no:cacheprovider -p live_report -n ${TEST_JOBS:-12} --dist loadgroup $per_test --tb=short -rfE --durations=15 -k "${TEST_FILTER:-}" > "$OUT/tests.txt" 2>&1
   tail -n 3 "$OUT/tests.txt"  # a usage error (an option pytest does not know) shows here too
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | tail -n 40
 fi

@@ -151,6 +151,12 @@ def test_generate_eager_is_one_prefill_then_decode_steps():
 
 # ---------------------------------------------------------------- GPU
 
+# The tests of the 0.8B model share its module-scoped fixtures (the model, its captured buckets, transformers' copy)
+# only on the worker that builds them: spread over several pytest-xdist workers, each built its own, and under
+# twelve workers tuning at once a bucket capture passed the per-test limit. `--dist loadgroup` (gpu_session.sh)
+# keeps this group on one worker.
+ON_ONE_WORKER = pytest.mark.xdist_group("qwen3.5-0.8b graphs")
+
 
 @pytest.fixture(scope="module")
 def deterministic():
@@ -184,6 +190,7 @@ def big_graphs(big):
 
 
 @pytest.mark.gpu
+@ON_ONE_WORKER
 def test_prefill_graphs_capture_the_buckets_that_fit(big, big_graphs):
     graphs, cache = big_graphs
     assert graphs.buckets == PREFILL_BUCKETS and set(graphs.graphs) == set(PREFILL_BUCKETS)
@@ -194,6 +201,7 @@ def test_prefill_graphs_capture_the_buckets_that_fit(big, big_graphs):
 
 
 @pytest.mark.gpu
+@ON_ONE_WORKER
 @pytest.mark.parametrize("T", [1, 77, 300, 2048])
 def test_prefill_graphs_match_the_eager_prefill(big, big_graphs, big_float32, T):
     graphs, cache = big_graphs
@@ -233,6 +241,7 @@ def test_prefill_graphs_match_the_eager_prefill(big, big_graphs, big_float32, T)
 
 
 @pytest.mark.gpu
+@ON_ONE_WORKER
 @pytest.mark.parametrize("T", [77, 300])
 def test_prefill_graphs_with_the_default_atomic_split_k(big, big_float32, T, monkeypatch):
     """The same comparison with the default reduction of the split-K GEMVs (atomic adds), which the pieces of 4 and
@@ -280,6 +289,7 @@ def assert_same_greedy_tokens(model, prompt, graph, eager, top: int = 5):
 
 
 @pytest.mark.gpu
+@ON_ONE_WORKER
 @pytest.mark.parametrize("source, T", [("tiny", 37), ("tiny", 5), ("qwen3.5-0.8b", 77)])
 def test_generate_with_graphs_picks_the_eager_tokens(deterministic, big, source, T):
     model = big if source != "tiny" else qwen_lab.load_model("tiny", device="cuda")

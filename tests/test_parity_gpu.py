@@ -11,7 +11,8 @@ import torch
 import qwen_lab
 from qwen_lab import bench, checks
 
-pytestmark = pytest.mark.gpu
+# one worker builds the models once for every test here (gpu_session.sh runs pytest-xdist with --dist loadgroup)
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("qwen3.5-0.8b parity")]
 
 
 @pytest.fixture(scope="module")
