@@ -216,6 +216,21 @@ def test_attention_with_fused_gate(rt, gen, T):
     checks.compare("attention + gate", out, reference.sigmoid_gate(reference.attention(q, k, v, pos), gate))
 
 
+@pytest.mark.parametrize("T", [6, 7])
+def test_long_prompts_apply_the_gate_apart(rt, gen, T, monkeypatch):
+    """From GATE_APART_FROM_TOKENS tokens the gate runs as its own pass over the output, in place: the same values,
+    one launch more; below it, the epilogue (one launch). The gate is a strided view, as the model's is."""
+    monkeypatch.setattr(A, "GATE_APART_FROM_TOKENS", 7)
+    q, gate, k, v, pos = _problem(gen, rt, T, 8, 2, 32, 40, 30)
+    out = checks.poison_(torch.empty_like(q))
+    with count_launches() as launches:
+        got = A.attention(q, k, v, pos, out=out, gate=gate)
+    assert got is out
+    want = {"flash_attention_kernel": 1, "sigmoid_gate_kernel": 1} if T >= 7 else {"flash_attention_kernel": 1}
+    assert dict(launches) == want, dict(launches)
+    checks.compare(f"attention + gate, T={T}", out, reference.sigmoid_gate(reference.attention(q, k, v, pos), gate))
+
+
 def test_sigmoid_gate_on_a_strided_gate(rt, gen):
     o = _randn(gen, rt, 9, 4, 32)
     fused = _randn(gen, rt, 9, 4, 64, scale=3.0)

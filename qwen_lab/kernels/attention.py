@@ -36,7 +36,9 @@ Three forms:
 The output gate of Qwen3.5 (o * sigmoid(gate), gate a strided view of the fused q projection) is its own
 kernel `sigmoid_gate`, and is also fused into the epilogue of `attention(..., gate=...)`: the attention
 output is rounded to the storage dtype (as the unfused pair would store it), multiplied by sigmoid(gate)
-in fp32, and stored once, saving a launch and a round trip of [T, Hq, D].
+in fp32, and stored once, saving a launch and a round trip of [T, Hq, D]. From GATE_APART_FROM_TOKENS
+query tokens the launcher runs the pair instead (the attention without its gate, then `sigmoid_gate` in
+place over the output): the same values, and on the H200 the faster of the two at 2048 tokens.
 
 Masking: masked scores are -inf, and the row maximum is replaced by 0 when it is -inf, so a row that sees
 no key at all (a padding row, position < 0) gives exp(-inf) = 0 weights and a zero output, never NaN.
@@ -512,6 +514,13 @@ _INTERP_PREFILL = dict(BLOCK_M=32, BLOCK_N=32)
 # Tests set this to a triton.Config to run the prefill kernel with that config instead of the autotuner's pick
 # (on a GPU) or the small fixed one (under the interpreter).
 FORCE_PREFILL_CONFIG = None
+# From this many query tokens the gate is applied apart, by `sigmoid_gate` after an attention without it. Every
+# program of the flash kernel holds a whole SM (its K/V stages fill the shared memory), so the gate's loads in its
+# epilogue leave the SM idle, and the gate's registers change the autotuner's pick: on the H200 at 2048 tokens the
+# gated kernel took 59.6-60.0 us per layer, the ungated one 50.1 plus 6.1 for the separate pass (56.1-56.2;
+# docs/perf-log.md, session 18). Shorter prompts, not measured against it since session 11 (where the epilogue
+# won by 1 us), keep the epilogue and its saved launch.
+GATE_APART_FROM_TOKENS = 2048
 _INTERP_DECODE_BLOCK_N = 16
 _DECODE_BLOCK_N = 64  # the chunk granularity used to choose NUM_SPLITS on the GPU
 MAX_SPLITS = 64
@@ -666,7 +675,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
     q [T, Hq, D]; k, v [L, Hkv, D]; positions [T] int on the device (query t sees keys 0 .. positions[t]).
     T > 1: the fused flash-attention kernel. T == 1: flash-decoding over `num_splits` chunks (default
     `decode_splits(L)`) with an fp32 `workspace` [num_splits, Hq, D + 2] (allocated when None), then the
-    combine kernel. gate: optional [T, Hq, D] (a strided view is fine): returns o * sigmoid(gate).
+    combine kernel. gate: optional [T, Hq, D] (a strided view is fine): returns o * sigmoid(gate), in the
+    kernel's epilogue, or from GATE_APART_FROM_TOKENS tokens by `sigmoid_gate` afterwards.
     -> out [T, Hq, D] in q's dtype.
     """
     T, Hq, D, L, Hkv = _check_qkv(q, k, v, positions)
@@ -677,6 +687,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
     qk_scale = scale * LOG2E
     if T == 1:
         return _decode(q, k, v, positions, qk_scale, out, gate, num_splits, workspace)
+    if gate is not None and T >= GATE_APART_FROM_TOKENS:
+        attention(q, k, v, positions, scale=scale, out=out)   # T > 1: the flash kernel, without its gate
+        return sigmoid_gate(out, gate, out=out)                  # each element read, then written, by one thread
     G = Hq // Hkv
     GP = triton.next_power_of_2(G)
     if GP > 64:
