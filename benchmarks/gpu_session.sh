@@ -59,17 +59,16 @@ if want probes; then
   # the prefill conv's tiles against forms with their weights in the tile's layout, the prefill attention
   # alone against the model's call
   timeout 150 python3 benchmarks/probe_prefill_graphs.py 77 2>&1 | tee "$OUT/probe_prefill.txt"
-  timeout 120 python3 benchmarks/probe_conv.py 2>&1 | tee "$OUT/probe_conv.txt"
+  timeout 180 python3 benchmarks/probe_conv.py 2>&1 | tee "$OUT/probe_conv.txt"
   timeout 120 python3 benchmarks/probe_attention.py 2>&1 | tee "$OUT/probe_attention.txt"
 fi
 if want experiments; then
   # the forms timed in session 18 (docs/perf-log.md), again: the GEMM's TAIL slices beside TAIL = 1 for every
-  # persistent configuration, the prefill conv's segments against the probe's forms and a copy, and the conv's
-  # weight layout and state read switched one at a time. (probe_attention.py with QWEN_LAB_ATTN_TMA=1 and
+  # persistent configuration, the prefill conv's segments against the probe's forms and a copy, then its weight
+  # layout and state read switched one at a time. (probe_attention.py with QWEN_LAB_ATTN_TMA=1 and
   # probe_mlp_decode.py time the two forms measured and left off.)
   timeout 200 python3 benchmarks/probe_gemm_desc.py 2>&1 | tee "$OUT/probe_gemm_desc.txt"
-  timeout 150 python3 benchmarks/probe_conv.py 2>&1 | tee "$OUT/probe_conv.txt"
-  timeout 120 python3 benchmarks/probe_conv_state.py 2>&1 | tee "$OUT/probe_conv_state.txt"
+  timeout 180 python3 benchmarks/probe_conv.py 2>&1 | tee "$OUT/probe_conv.txt"
 fi
 if want scanprobes; then
   # the DeltaNet scan beside the chunk prep: every launch form finishes (each in a process with a time limit),

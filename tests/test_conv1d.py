@@ -270,11 +270,11 @@ def test_the_probes_read_once_forms_match_reference(form, tile, rt, gen, benchma
 @pytest.mark.parametrize("wt_form", [False, True])
 @pytest.mark.parametrize("branch", [False, True])
 def test_the_state_probes_forms_match_reference(wt_form, branch, rt, gen, benchmark_module):
-    """benchmarks/probe_conv_state.py times the library's form beside one reading the weights [W, C] and one reading
-    the carried state behind a branch: with a state that is not zero, each must still be the reference's conv."""
+    """benchmarks/probe_conv.py times the library's form beside one reading the weights [W, C] and one reading the
+    carried state behind a branch: with a state that is not zero, each must still be the reference's conv."""
     import triton
 
-    probe = benchmark_module("probe_conv_state")
+    probe = benchmark_module("probe_conv")
     T, C, W = 21, 70, 4
     x, weight, state = _inputs(T, C, W, gen, rt.dtype, rt.device)
     ref = reference.causal_conv1d(x, weight, state.clone())
