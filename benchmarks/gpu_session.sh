@@ -69,6 +69,8 @@ if want experiments; then
   # probe_mlp_decode.py time the two forms measured and left off.)
   timeout 200 python3 benchmarks/probe_gemm_desc.py 2>&1 | tee "$OUT/probe_gemm_desc.txt"
   timeout 180 python3 benchmarks/probe_conv.py 2>&1 | tee "$OUT/probe_conv.txt"
+  # written in session 18, not yet timed: the prefill's q/k norm, RoPE and cache write with several tokens a program
+  timeout 120 python3 benchmarks/probe_rope.py 2>&1 | tee "$OUT/probe_rope.txt"
 fi
 if want scanprobes; then
   # the DeltaNet scan beside the chunk prep: every launch form finishes (each in a process with a time limit),
