@@ -77,7 +77,8 @@ class LayerWeights:
     down: Tensor                    # [H, I]
     # linear_attention only (None otherwise)
     in_proj: Tensor | None = None   # [cfg.linear_in_proj_dim, H]: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a rows
-    conv: Tensor | None = None      # [cfg.linear_conv_dim, W] (conv1d.weight [C, 1, W] squeezed)
+    conv: Tensor | None = None      # [cfg.linear_conv_dim, W] (conv1d.weight [C, 1, W] squeezed), a view of
+                                    # [W, C] storage: strides (1, C)
     A_log: Tensor | None = None     # [Hv] float32
     dt_bias: Tensor | None = None   # [Hv] float32
     norm: Tensor | None = None      # [Dv] float32 (gated RMSNorm weight, plain w)
@@ -624,7 +625,9 @@ def _assemble(config: Qwen35Config, fetch: Callable[[str], Tensor], device, dtyp
                 a = p + "linear_attn."
                 lw.update(in_proj=mat(a + "in_proj_qkv.weight", a + "in_proj_z.weight", a + "in_proj_b.weight",
                                       a + "in_proj_a.weight"),
-                          conv=mat(a + "conv1d.weight").squeeze(1).contiguous(),
+                          # stored tap by tap ([W, C]) and kept as its [C, W] view: each tap's weights
+                          # are one contiguous vector, which the prefill conv loads once per program
+                          conv=mat(a + "conv1d.weight").squeeze(1).t().contiguous().t(),
                           A_log=vec(a + "A_log"), dt_bias=vec(a + "dt_bias"), norm=vec(a + "norm.weight"),
                           out_proj=mat(a + "out_proj.weight"))
             else:
@@ -739,7 +742,7 @@ def to_hf_state_dict(config: Qwen35Config, weights: ModelWeights, layout: str = 
             qkv, z, b, a_ = lw.in_proj.split([c.linear_conv_dim, c.linear_value_dim, c.linear_num_value_heads,
                                               c.linear_num_value_heads])
             out.update({a + "in_proj_qkv.weight": qkv, a + "in_proj_z.weight": z, a + "in_proj_b.weight": b,
-                        a + "in_proj_a.weight": a_, a + "conv1d.weight": lw.conv.unsqueeze(1),
+                        a + "in_proj_a.weight": a_, a + "conv1d.weight": lw.conv.unsqueeze(1).contiguous(),
                         a + "A_log": lw.A_log, a + "dt_bias": lw.dt_bias, a + "norm.weight": lw.norm,
                         a + "out_proj.weight": lw.out_proj})
         else:

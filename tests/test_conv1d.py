@@ -47,6 +47,20 @@ def test_causal_conv1d_matches_reference(T, C, W, rt, gen):
     checks.compare("state", state, ref_state)
 
 
+@pytest.mark.parametrize("T", [1, 3, 9, 70])
+def test_weight_stored_tap_by_tap(T, rt, gen):
+    """The model stores the weight [W, C] and passes its [C, W] view (strides (1, C)): both kernels read it."""
+    C, W = 40, 4
+    x, weight, state = _inputs(T, C, W, gen, rt.dtype, rt.device)
+    by_tap = weight.t().contiguous().t()
+    assert by_tap.stride() == (1, C)
+    ref_state = state.clone()
+    ref = reference.causal_conv1d(x, weight, ref_state)
+    y = causal_conv1d(x, by_tap, state)
+    checks.compare(f"y, T={T}, weight stored [W, C]", y, ref)
+    checks.compare(f"state, T={T}, weight stored [W, C]", state, ref_state)
+
+
 def test_segment_shorter_than_the_state_shifts_it_in_a_second_launch(rt, gen, monkeypatch):
     """With a first segment of fewer than W-1 tokens a second segment would read the old state too, so the
     segmented kernel leaves the state alone and the step kernel shifts it afterwards."""

@@ -571,6 +571,25 @@ def test_conv_decode_step_equals_conv_then_decode_step(shape, rt, gen):
         _tickets_are_zero(rt.device)
 
 
+def test_conv_decode_step_with_the_models_weight_layout(rt, gen):
+    """The model stores the conv weight [W, C] and passes its [C, W] view (strides (1, C)): the same step."""
+    Hk, Hv, Dk, Dv, W = _CONV_DECODE_SHAPES[2]
+    d = _conv_decode_inputs(1, Hk, Hv, Dk, Dv, W, gen, rt.dtype, rt.device)
+    by_tap = d["conv_weight"].t().contiguous().t()
+    assert by_tap.stride() == (1, d["conv_weight"].shape[0])
+    ref_conv_state, ref_state = d["conv_state"].clone(), d["state"].clone()
+    ref = _two_reference_calls(d["qkv"], d["conv_weight"], ref_conv_state, d["a"], d["b"], d["A_log"],
+                               d["dt_bias"], ref_state, Hk, Dk, Hv, Dv)
+    o = deltanet_conv_decode_step(d["qkv"], by_tap, d["conv_state"], d["a"], d["b"], d["A_log"], d["dt_bias"],
+                                  d["state"], Hk, Dk, Hv, Dv)
+    if rt.dtype == torch.float32:
+        checks.compare("o, weight stored [W, C]", o, ref)
+        checks.compare("state, weight stored [W, C]", d["state"], ref_state)
+    else:
+        _gpu_judge_step("weight stored [W, C]", o, ref, d["conv_state"], ref_conv_state, d["state"], ref_state)
+    assert torch.equal(d["conv_state"], ref_conv_state)
+
+
 def _run_conv_decode_guarded(shape, gen, rt, forced=(), W=4):
     """deltanet_conv_decode_step on guarded inputs of shape (1, Hk, Hv, Dk, Dv) (the layout of the other kernels'
     shapes) with the (kernel name, config) pairs of `forced`, judged against the two reference calls."""

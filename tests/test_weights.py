@@ -39,9 +39,9 @@ def unprefixed(state: dict, prefix: str) -> dict:
 def assert_fused(config: Qwen35Config, w, ref: dict, dtype=torch.float32):
     """Every field of ModelWeights equals the unfused reference tensors (unprefixed names), block of rows by block."""
 
-    def same(t, expected, what, want_dtype=dtype):
+    def same(t, expected, what, want_dtype=dtype, contiguous=True):
         assert t.dtype == want_dtype, f"{what}: dtype {t.dtype}, expected {want_dtype}"
-        assert t.is_contiguous(), f"{what}: not contiguous"
+        assert t.is_contiguous() == contiguous, f"{what}: contiguous is {t.is_contiguous()}, expected {contiguous}"
         assert tuple(t.shape) == tuple(expected.shape), f"{what}: shape {tuple(t.shape)} vs {tuple(expected.shape)}"
         assert torch.equal(t.cpu(), expected.to(want_dtype)), f"{what}: values differ"
 
@@ -73,7 +73,9 @@ def assert_fused(config: Qwen35Config, w, ref: dict, dtype=torch.float32):
             assert layer.in_proj.shape == (config.linear_in_proj_dim, config.hidden_size)
             rows(layer.in_proj, [a + n + ".weight" for n in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")],
                  f"{p}in_proj")
-            same(layer.conv, ref[a + "conv1d.weight"][:, 0, :], f"{p}conv")
+            # stored tap by tap ([W, C]: each tap's channels contiguous); the kernels take its [C, W] view
+            same(layer.conv, ref[a + "conv1d.weight"][:, 0, :], f"{p}conv", contiguous=False)
+            assert layer.conv.stride() == (1, config.linear_conv_dim), f"{p}conv strides {layer.conv.stride()}"
             same(layer.A_log, ref[a + "A_log"], f"{p}A_log", torch.float32)
             same(layer.dt_bias, ref[a + "dt_bias"], f"{p}dt_bias", torch.float32)
             same(layer.norm, ref[a + "norm.weight"], f"{p}norm", torch.float32)

@@ -12,7 +12,9 @@ The state holds *inputs* (before the conv and before SiLU). fp32 accumulation; y
 keeps its own dtype.
 
 Shapes: x [T, C] with any row stride (it is a slice of the fused in-projection's output) and stride 1
-between channels; weight [C, W]; state [C, W-1], both with stride 1 on the last dim.
+between channels; weight [C, W] with any strides (the model stores it [W, C] and passes the transposed view:
+each tap's weights are then one contiguous vector, which the prefill kernel loads once per program); state
+[C, W-1] with stride 1 on the last dim.
 
 Two kernels:
 - `conv1d_step_kernel`: one program per block of channels walks the T tokens in order, then shifts the
@@ -42,7 +44,7 @@ from . import pdl_options
 
 @triton.jit
 def conv1d_step_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
-                       stride_xt, stride_wc, stride_sc, stride_ot,
+                       stride_xt, stride_wc, stride_wj, stride_sc, stride_ot,
                        W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, WRITE_OUT: tl.constexpr,
                        USE_PDL: tl.constexpr = False):
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
@@ -59,7 +61,7 @@ def conv1d_step_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
                 r = p - (W - 1)
                 xv = tl.load(x_ptr + tl.cast(r, tl.int64) * stride_xt + offs_c, mask=mask_c & (r >= 0), other=0.0)
                 sv = tl.load(state_ptr + offs_c * stride_sc + p, mask=mask_c & (p < W - 1), other=0.0)
-                wj = tl.load(w_ptr + offs_c * stride_wc + j, mask=mask_c, other=0.0)
+                wj = tl.load(w_ptr + offs_c * stride_wc + j * stride_wj, mask=mask_c, other=0.0)
                 acc += wj.to(tl.float32) * (xv.to(tl.float32) + sv.to(tl.float32))
             y = acc * tl.sigmoid(acc)
             tl.store(out_ptr + tl.cast(t, tl.int64) * stride_ot + offs_c, y.to(out_ptr.dtype.element_ty), mask=mask_c)
@@ -80,7 +82,7 @@ def conv1d_step_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
 
 @triton.jit
 def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
-                          stride_xt, stride_wc, stride_sc, stride_ot, T_BUCKET,
+                          stride_xt, stride_wc, stride_wj, stride_sc, stride_ot, T_BUCKET,
                           W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
                           USE_PDL: tl.constexpr = False, WRITE_STATE: tl.constexpr = False):
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
@@ -90,10 +92,11 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
     t0 = tl.program_id(0) * BLOCK_T
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
-    # The W taps' weights, loaded once per program: W vectors of BLOCK_C channels.
+    # The W taps' weights, loaded once per program: W vectors of BLOCK_C channels (contiguous ones when the weight
+    # is stored [W, C], as the model stores it: stride_wc = 1).
     wts = ()
     for j in tl.static_range(W):
-        wts = wts + (tl.load(w_ptr + offs_c * stride_wc + j, mask=mask_c, other=0.0).to(tl.float32),)
+        wts = wts + (tl.load(w_ptr + offs_c * stride_wc + j * stride_wj, mask=mask_c, other=0.0).to(tl.float32),)
     # The program's inputs as separate row vectors: x rows t0 - (W-1) .. t0 + BLOCK_T - 1 (xx rows t0 ..
     # t0 + BLOCK_T + W - 2), each loaded once and all requested before any is used. A tap's shift is then only a
     # choice among these registers: no row is loaded once per tap, and nothing passes through shared memory.
@@ -137,10 +140,9 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
 # Segments of the prefill kernel the GPU autotuner times (per channel count and prompt-length bucket): the kernel
 # streams x once (plus W-1 rows per segment) and y once, and which segment keeps enough bytes in flight depends on
 # the GPU. BLOCK_T rows are unrolled (each its own registers), so segments stay short and wide; the narrow ones
-# keep enough programs for short prompts. The weights are read as the model stores them, [C, W]: each tap's vector
-# is strided, so few channels per thread (narrow blocks, few warps) keep those loads few. (H200, 2048 tokens x 6144
-# channels: 18.3 us for 8 x 256 with 2 warps, against 25.4 for the best [tokens, channels] tile of the earlier
-# form and a 14.0 us copy floor; docs/perf-log.md session 18.)
+# keep enough programs for short prompts. (H200, 2048 tokens x 6144 channels, weights stored [C, W]: 18.3 us for
+# 8 x 256 with 2 warps, against 25.4 for the best [tokens, channels] tile of the earlier form and a 14.0 us copy
+# floor; stored [W, C], as the model now does, 17.4; docs/perf-log.md session 18.)
 PREFILL_CONFIGS = [triton.Config({"BLOCK_T": bt, "BLOCK_C": bc}, num_warps=w)
                    for bt, bc, w in ((8, 256, 2), (8, 256, 1), (8, 128, 1), (16, 256, 2), (8, 512, 2), (8, 1024, 4))]
 # Tests set this to a triton.Config to run the prefill kernel with that segment (on the GPU or the interpreter).
@@ -176,14 +178,14 @@ def _shape(t):
     return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
 
 
-def _check_2d(name, t, rows=None, cols=None, what="", device=None):
+def _check_2d(name, t, rows=None, cols=None, what="", device=None, any_strides=False):
     if not isinstance(t, torch.Tensor) or t.dim() != 2:
         raise KernelError(f"{name}: expected a 2-D tensor {what}, got {_shape(t)}")
     if not t.is_floating_point():
         raise KernelError(f"{name}: expected a floating-point tensor, got {t.dtype}")
     if rows is not None and t.shape[0] != rows or cols is not None and t.shape[1] != cols:
         raise KernelError(f"{name}: shape {tuple(t.shape)}, expected {what}")
-    if t.shape[1] > 1 and t.stride(1) != 1:
+    if not any_strides and t.shape[1] > 1 and t.stride(1) != 1:
         raise KernelError(f"{name}: the last dim must be contiguous (stride 1), got strides {tuple(t.stride())}")
     if device is not None and t.device != device:
         raise KernelError(f"{name}: on {t.device}, expected {device} like x")
@@ -197,7 +199,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
     """
     _check_2d("x", x, what="[T, C]")
     T, C = x.shape
-    _check_2d("weight", weight, rows=C, what=f"[C={C}, W]", device=x.device)
+    _check_2d("weight", weight, rows=C, what=f"[C={C}, W]", device=x.device, any_strides=True)
     W = weight.shape[1]
     if W < 1:
         raise KernelError("weight: the filter width W = weight.shape[1] must be at least 1")
@@ -213,7 +215,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
     if T == 0 or C == 0:
         return out
     BLOCK_S = triton.next_power_of_2(max(W - 1, 1))
-    args = (x, weight, state, out, T, C, x.stride(0), weight.stride(0), state.stride(0), out.stride(0))
+    args = (x, weight, state, out, T, C, x.stride(0), weight.stride(0), weight.stride(1), state.stride(0),
+            out.stride(0))
     step_block, BLOCK_T, BLOCK_C = block_sizes(C, runtime.interpreter_active())
     step_grid = (triton.cdiv(C, step_block),)
     pdl = pdl_options(x.device)

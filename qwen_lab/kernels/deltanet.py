@@ -280,7 +280,7 @@ def delta_rule_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr,
 @triton.jit
 def conv_decode_step_kernel(qkv_ptr, conv_w_ptr, conv_state_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr,
                             out_ptr, ticket_ptr, Hv, Dk, Dv, REP, KEY_DIM, scale, eps,
-                            stride_cw, stride_cs, stride_sh, stride_sk, stride_oh,
+                            stride_cw, stride_cwj, stride_cs, stride_sh, stride_sk, stride_oh,
                             W: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                             USE_PDL: tl.constexpr = False, STATE_SETTLED: tl.constexpr = False):
     h = tl.program_id(0)
@@ -298,12 +298,15 @@ def conv_decode_step_kernel(qkv_ptr, conv_w_ptr, conv_state_ptr, a_ptr, b_ptr, A
     m_qk = mask_k[:, None] & mask_w[None, :]
     m_v = mask_v[:, None] & mask_w[None, :]
     # the weights first: no kernel writes them, so under PDL they load while the previous kernel finishes
-    w_q = tl.load(conv_w_ptr + ch_q[:, None] * stride_cw + offs_w[None, :], mask=m_qk, other=0.0).to(tl.float32)
-    w_k = tl.load(conv_w_ptr + ch_k[:, None] * stride_cw + offs_w[None, :], mask=m_qk, other=0.0).to(tl.float32)
-    w_v = tl.load(conv_w_ptr + ch_v[:, None] * stride_cw + offs_w[None, :], mask=m_v, other=0.0).to(tl.float32)
-    wl_q = tl.load(conv_w_ptr + ch_q * stride_cw + (W - 1), mask=mask_k, other=0.0).to(tl.float32)
-    wl_k = tl.load(conv_w_ptr + ch_k * stride_cw + (W - 1), mask=mask_k, other=0.0).to(tl.float32)
-    wl_v = tl.load(conv_w_ptr + ch_v * stride_cw + (W - 1), mask=mask_v, other=0.0).to(tl.float32)
+    w_q = tl.load(conv_w_ptr + ch_q[:, None] * stride_cw + offs_w[None, :] * stride_cwj, mask=m_qk,
+                  other=0.0).to(tl.float32)
+    w_k = tl.load(conv_w_ptr + ch_k[:, None] * stride_cw + offs_w[None, :] * stride_cwj, mask=m_qk,
+                  other=0.0).to(tl.float32)
+    w_v = tl.load(conv_w_ptr + ch_v[:, None] * stride_cw + offs_w[None, :] * stride_cwj, mask=m_v,
+                  other=0.0).to(tl.float32)
+    wl_q = tl.load(conv_w_ptr + ch_q * stride_cw + (W - 1) * stride_cwj, mask=mask_k, other=0.0).to(tl.float32)
+    wl_k = tl.load(conv_w_ptr + ch_k * stride_cw + (W - 1) * stride_cwj, mask=mask_k, other=0.0).to(tl.float32)
+    wl_v = tl.load(conv_w_ptr + ch_v * stride_cw + (W - 1) * stride_cwj, mask=mask_v, other=0.0).to(tl.float32)
     A_log = tl.load(A_log_ptr + h).to(tl.float32)
     dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
     if USE_PDL and not STATE_SETTLED:  # launched early (PDL): wait for the previous kernel's writes first
@@ -567,7 +570,7 @@ def _shape(t):
     return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
 
 
-def _check(name, t, ndim, what, device=None, dtype=None, float_only=True):
+def _check(name, t, ndim, what, device=None, dtype=None, float_only=True, any_strides=False):
     if not isinstance(t, torch.Tensor) or t.dim() != ndim:
         raise KernelError(f"{name}: expected a {ndim}-D tensor {what}, got {_shape(t)}")
     if float_only and not t.is_floating_point():
@@ -576,7 +579,7 @@ def _check(name, t, ndim, what, device=None, dtype=None, float_only=True):
         raise KernelError(f"{name}: dtype {t.dtype}, expected {dtype}")
     if device is not None and t.device != device:
         raise KernelError(f"{name}: on {t.device}, expected {device}")
-    if t.shape[-1] > 1 and t.stride(-1) != 1:
+    if not any_strides and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise KernelError(f"{name}: the last dim must be contiguous (stride 1), got strides {tuple(t.stride())}")
 
 
@@ -750,7 +753,7 @@ def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv
     """causal_conv1d and deltanet_decode_step of one decode token in one launch; = reference.deltanet_conv_decode_step.
 
     qkv [1, C] with C = 2 Hk Dk + Hv Dv (q | k | v channels before the conv; a strided slice allowed), conv_weight
-    [C, W], conv_state [C, W-1] (updated in place), a, b [1, Hv], A_log, dt_bias [Hv], state [Hv, Dk, Dv] fp32
+    [C, W] (any strides: the model's is a view of [W, C] storage), conv_state [C, W-1] (updated in place), a, b [1, Hv], A_log, dt_bias [Hv], state [Hv, Dk, Dv] fp32
     (updated in place). -> o [1, Hv, Dv] in qkv's dtype.
 
     state_settled=True: the caller promises that the kernel launched just before this one writes neither state and
@@ -772,7 +775,7 @@ def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv
         raise KernelError(f"qkv: shape {tuple(qkv.shape)}, expected (1, {C}): one token of 2*{Hk}*{Dk} + {Hv}*{Dv} "
                           f"channels (a decode step)")
     dev = qkv.device
-    _check("conv_weight", conv_weight, 2, f"[C={C}, W]", device=dev)
+    _check("conv_weight", conv_weight, 2, f"[C={C}, W]", device=dev, any_strides=True)  # the model's: [W, C] storage
     W = conv_weight.shape[1]
     if conv_weight.shape[0] != C or W < 1:
         raise KernelError(f"conv_weight: shape {tuple(conv_weight.shape)}, expected ({C}, W) with W >= 1")
@@ -795,7 +798,8 @@ def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv
     _launch(conv_decode_step_kernel, grid, (
         qkv, conv_weight, conv_state, a, b, A_log, dt_bias, state, out, tickets,
         Hv, Dk, Dv, Hv // Hk, Hk * Dk, scale, EPS,
-        conv_weight.stride(0), conv_state.stride(0), state.stride(0), state.stride(1), out.stride(1)),
+        conv_weight.stride(0), conv_weight.stride(1), conv_state.stride(0), state.stride(0), state.stride(1),
+        out.stride(1)),
         dict(W=W, BW=triton.next_power_of_2(max(W - 1, 1)), BK=triton.next_power_of_2(Dk),
              STATE_SETTLED=bool(state_settled), **pdl_options(dev)),
         dict(BV=min(32, triton.next_power_of_2(Dv)), num_warps=4))
