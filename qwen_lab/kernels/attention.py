@@ -409,7 +409,11 @@ def flash_decode_combine_kernel(ws_ptr, out_ptr, gate_ptr, stride_ws, stride_wh,
 
 @triton.jit
 def sigmoid_gate_kernel(o_ptr, gate_ptr, out_ptr, H, stride_ot, stride_oh, stride_gt, stride_gh,
-                        stride_yt, stride_yh, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                        stride_yt, stride_yh, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                        USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -809,7 +813,8 @@ def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor, out: torch.Tensor | None =
     BLOCK_H = min(triton.next_power_of_2(H), max(1, 4096 // BLOCK_D))
     sigmoid_gate_kernel[(T, triton.cdiv(H, BLOCK_H))](o, gate, out, H, o.stride(0), o.stride(1),
                                                       gate.stride(0), gate.stride(1), out.stride(0), out.stride(1),
-                                                      D=D, BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, num_warps=4)
+                                                      D=D, BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, num_warps=4,
+                                                      **pdl_options(o.device))
     return out
 
 
