@@ -5,6 +5,7 @@
 #   results under $OUT (or ./gpu_out). `probes` fills most of one call's 10 minutes; `scanprobes` (the DeltaNet scan's
 #   launch forms, then its A/B) may need the limits of two: run its probes in separate calls when time is short
 #   TEST_SHARD=0/2 bash benchmarks/gpu_session.sh tests      (then 1/2 in the next call: half the test files each)
+#   TEST_FILES="tests/test_conv1d.py tests/test_attention.py" bash benchmarks/gpu_session.sh tests   (chosen files)
 # On a machine with two GPUs, run the timing targets on one and the tests and notebooks on the other:
 #   CUDA_VISIBLE_DEVICES=1 bash benchmarks/gpu_session.sh tests notebooks & CUDA_VISIBLE_DEVICES=0 bash benchmarks/gpu_session.sh bench profile
 set -u
@@ -43,7 +44,8 @@ if want tests; then
   # TEST_SHARD=i/n runs every n-th test file from the i-th (0-based): the whole suite takes ~8 minutes with 12
   # workers, longer than one call's limit leaves beside anything else, so two calls can run it in halves.
   # (More workers than 12 on 16 cores made compilation alone pass the per-test limit.)
-  files=$(ls tests/test_*.py | awk -v s="${TEST_SHARD:-0/1}" 'BEGIN { split(s, a, "/") } (NR - 1) % a[2] == a[1]')
+  # TEST_FILES="tests/test_a.py tests/test_b.py" runs those files instead (the checks of one change)
+  files=${TEST_FILES:-$(ls tests/test_*.py | awk -v s="${TEST_SHARD:-0/1}" 'BEGIN { split(s, a, "/") } (NR - 1) % a[2] == a[1]')}
   # (live_report: each failure goes to $OUT/failures.txt as it happens, and each finished test to $OUT/finished.txt,
   # so a run cut short still says what failed and which tests it never reached)
   PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" TRITON_CACHE_AUTOTUNING=1 timeout ${TEST_TIMEOUT:-480} \
