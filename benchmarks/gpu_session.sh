@@ -65,14 +65,16 @@ if want probes; then
   timeout 120 python3 benchmarks/probe_attention.py 2>&1 | tee "$OUT/probe_attention.txt"
 fi
 if want experiments; then
-  # the forms timed in session 18 (docs/perf-log.md), again: the GEMM's TAIL slices beside TAIL = 1 for every
-  # persistent configuration, the prefill conv's segments against the probe's forms and a copy, then its weight
-  # layout and state read switched one at a time. (probe_attention.py with QWEN_LAB_ATTN_TMA=1 and
-  # probe_mlp_decode.py time the two forms measured and left off.)
-  timeout 200 python3 benchmarks/probe_gemm_desc.py 2>&1 | tee "$OUT/probe_gemm_desc.txt"
+  # the prefill conv's segments with the model's weight layout (session 18: [W, C] storage, timed so far only in
+  # the probe's own kernel) against the probe's forms and a copy. (Session 18's other experiments are settled in
+  # docs/perf-log.md: probe_gemm_desc.py, probe_attention.py with QWEN_LAB_ATTN_TMA=1, probe_mlp_decode.py.)
   timeout 180 python3 benchmarks/probe_conv.py 2>&1 | tee "$OUT/probe_conv.txt"
   # written in session 18, not yet timed: the prefill's q/k norm, RoPE and cache write with several tokens a program
   timeout 120 python3 benchmarks/probe_rope.py 2>&1 | tee "$OUT/probe_rope.txt"
+  # the attention's gate in the epilogue against the pair, at shorter prompts (where GATE_APART_FROM_TOKENS belongs)
+  for t in 1024 512; do
+    timeout 150 python3 benchmarks/probe_attention.py --tokens $t 2>&1 | tee "$OUT/probe_attention_$t.txt"
+  done
 fi
 if want scanprobes; then
   # the DeltaNet scan beside the chunk prep: every launch form finishes (each in a process with a time limit),

@@ -12,7 +12,9 @@ CUDA Graph, with every tile of the autotuner's list forced in turn (pointer load
   than the prompt ([L, 2, 256] of a [layers, L, 2, 256] buffer), the gate a view of the [T, 5120] projection;
 - `model+rope`: the model's q/k norm, RoPE and cache write launched before it in the same graph (PDL as in the model);
 - `gate_apart`: the `model` case with the gate applied by `sigmoid_gate` after an attention without it (session 10
-  measured the epilogue at 10.7 us per call: a separate pass over 12 MB may cost less).
+  measured the epilogue at 10.7 us per call: a separate pass over 12 MB may cost less). Session 18 measured the
+  pair faster at 2048 tokens, and the launcher now runs it from `attention.GATE_APART_FROM_TOKENS` on; `--tokens`
+  at shorter lengths says where that threshold belongs.
 """
 
 import argparse
@@ -32,6 +34,9 @@ def main() -> int:
     from qwen_lab.config import QWEN35_0_8B as cfg
     from qwen_lab.kernels import attention, graph_time_us, rope
 
+    # the cases with a gate time it in the flash kernel's epilogue at every length; `gate_apart` times the pair
+    # that the launcher runs from attention.GATE_APART_FROM_TOKENS tokens
+    attention.GATE_APART_FROM_TOKENS = 1 << 62
     T, Hq, Hkv, D = args.tokens, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     dev, bf = "cuda", torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(0)

@@ -7,7 +7,8 @@ loaded every row W times (once per tap): ~25 us per layer against a ~14 us copy.
 18.6 us and became the library's kernel (docs/perf-log.md). Variants timed here, each inside a CUDA Graph on the
 model's shapes (x a [T, 6144] slice of the [T, 8224] in-projection):
 
-- `library`: conv1d.causal_conv1d with each of its PREFILL_CONFIGS segments (the `rows` form, with the state);
+- `library`: conv1d.causal_conv1d with each of its PREFILL_CONFIGS segments (the `rows` form, with the state),
+  the weight passed as the model keeps it (the [C, W] view of [W, C] storage);
 - `wt2d`: the weights stored [W, C] (channel-contiguous) and loaded as a broadcast 2-D tile, in the x tile's
   layout: vector loads, no shared-memory round trip;
 - `span`: a program loops over SPAN rows in BLOCK_T steps, its weights loaded once (wt2d's loads, amortised);
@@ -184,7 +185,7 @@ def main() -> int:
 
         def lib(c=c):
             state.zero_()
-            conv1d.causal_conv1d(x, weight, state, out=out)
+            conv1d.causal_conv1d(x, wt.t(), state, out=out)  # the weight as the model keeps it: [W, C] storage
         report(f"library {c.kwargs['BLOCK_T']}x{c.kwargs['BLOCK_C']} w{c.num_warps}", lib)
     conv1d.FORCE_PREFILL_CONFIG = None
     for bt, bc, span, warps in [(32, 128, 32, 4), (16, 256, 16, 4), (8, 256, 8, 4), (32, 256, 32, 8),
