@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from qwen_lab.kernels.rope import _rotary_lanes, _rotation
+
 
 @triton.jit
 def _norm_rope_tokens(x_ptr, w_ptr, inv_freq_ptr, offs_t, pos, T, H, stride_xt, stride_xh, eps,
@@ -30,17 +32,9 @@ def _norm_rope_tokens(x_ptr, w_ptr, inv_freq_ptr, offs_t, pos, T, H, stride_xt, 
     """rope(rms_norm(x)) of tokens offs_t (every head), as rope._norm_rope_rows computes one token's:
     -> (y [BLOCK_T, HP, BLOCK_D] in fp32, head offsets, dim offsets, mask)."""
     offs_h = tl.arange(0, HP)
-    offs_d = tl.arange(0, BLOCK_D)
-    ROT: tl.constexpr = 2 * HALF
-    is_first = offs_d < HALF
-    is_rot = offs_d < ROT
-    partner = tl.where(is_first, offs_d + HALF, tl.where(is_rot, offs_d - HALF, offs_d))
-    freq_idx = tl.where(is_first, offs_d, offs_d - HALF)
-    inv_freq = tl.load(inv_freq_ptr + freq_idx, mask=is_rot, other=0.0)
-    phi = pos.to(tl.float32)[:, None] * inv_freq[None, :]            # [BLOCK_T, BLOCK_D]: once per token
-    cos = tl.where(is_rot[None, :], tl.cos(phi), 1.0)
-    sin = tl.sin(phi)
-    sin = tl.where(is_first[None, :], -sin, tl.where(is_rot[None, :], sin, 0.0))
+    offs_d, is_first, is_rot, partner, inv_freq = _rotary_lanes(inv_freq_ptr, HALF, BLOCK_D)
+    # [BLOCK_T, BLOCK_D]: the angles once per token, shared by its heads
+    cos, sin = _rotation(pos.to(tl.float32)[:, None] * inv_freq[None, :], is_first, is_rot)
 
     mask = (offs_t < T)[:, None, None] & (offs_h < H)[None, :, None] & (offs_d < D)[None, None, :]
     rows = x_ptr + offs_t[:, None, None] * stride_xt + offs_h[None, :, None] * stride_xh

@@ -279,22 +279,3 @@ def test_the_probes_read_once_forms_match_reference(form, tile, rt, gen, benchma
     kernel[(triton.cdiv(T, rows), triton.cdiv(C, cols))](x, weight.t().contiguous(), out, T, C, x.stride(0),
                                                           out.stride(0), W=W, BLOCK_C=cols, **sizes)
     checks.compare(f"probe conv {form} {tile}", out, ref)
-
-
-@pytest.mark.parametrize("wt_form", [False, True])
-@pytest.mark.parametrize("branch", [False, True])
-def test_the_state_probes_forms_match_reference(wt_form, branch, rt, gen, benchmark_module):
-    """benchmarks/probe_conv.py times the library's form beside one reading the weights [W, C] and one reading the
-    carried state behind a branch: with a state that is not zero, each must still be the reference's conv."""
-    import triton
-
-    probe = benchmark_module("probe_conv")
-    T, C, W = 21, 70, 4
-    x, weight, state = _inputs(T, C, W, gen, rt.dtype, rt.device)
-    ref = reference.causal_conv1d(x, weight, state.clone())
-    out = torch.empty(T, C, dtype=rt.dtype, device=rt.device)
-    w, stride_wc, stride_wj = (weight.t().contiguous(), 1, C) if wt_form else (weight, weight.stride(0), 1)
-    probe.conv_state_kernel[(triton.cdiv(T, 8), triton.cdiv(C, 32))](
-        x, w, state, out, T, C, x.stride(0), stride_wc, stride_wj, state.stride(0), out.stride(0), W=W, BLOCK_T=8,
-        BLOCK_C=32, BRANCH=branch)
-    checks.compare(f"probe conv state (weights {'[W, C]' if wt_form else '[C, W]'}, branch {branch})", out, ref)

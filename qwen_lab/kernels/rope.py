@@ -41,28 +41,39 @@ from . import pdl_options
 
 
 @triton.jit
+def _rotary_lanes(inv_freq_ptr, HALF: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The lanes d of a head row -> (d, d < HALF, d rotated (d < 2 HALF), d's rotation partner, inv_freq of d)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    is_first = offs_d < HALF
+    is_rot = offs_d < 2 * HALF
+    # the partner of d inside the rotated block; outside it d is its own (ignored) partner
+    partner = tl.where(is_first, offs_d + HALF, tl.where(is_rot, offs_d - HALF, offs_d))
+    freq_idx = tl.where(is_first, offs_d, offs_d - HALF)
+    inv_freq = tl.load(inv_freq_ptr + freq_idx, mask=is_rot, other=0.0)
+    return offs_d, is_first, is_rot, partner, inv_freq
+
+
+@triton.jit
+def _rotation(phi, is_first, is_rot):
+    """(cos, signed sin) of the angles phi (lanes last): out = x cos + x[partner] sin."""
+    # phi reaches 2.6e5 rad at the longest context; on NVIDIA GPUs tl.cos/tl.sin compile to libdevice's
+    # fully range-reduced cosf/sinf (no sin.approx), so they agree with torch.cos/sin to an ulp
+    cos = tl.where(is_rot, tl.cos(phi), 1.0)
+    # rotate-half: the first half subtracts its partner, the second half adds it
+    sin = tl.sin(phi)
+    sin = tl.where(is_first, -sin, tl.where(is_rot, sin, 0.0))
+    return cos, sin
+
+
+@triton.jit
 def _norm_rope_rows(x_ptr, w_ptr, inv_freq_ptr, t, pos, h0, H, stride_xt, stride_xh, eps,
                     D: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     """RoPE (after the zero-centred RMSNorm when HAS_NORM) of heads h0 .. h0 + BLOCK_H - 1 of token t, in fp32
     (the norm's output rounded to x's dtype first); -> (y [BLOCK_H, BLOCK_D], head offsets, dim offsets, mask)."""
     offs_h = h0 + tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    ROT: tl.constexpr = 2 * HALF
-    is_first = offs_d < HALF
-    is_rot = offs_d < ROT
-    # the partner of d inside the rotated block; outside it d is its own (ignored) partner
-    partner = tl.where(is_first, offs_d + HALF, tl.where(is_rot, offs_d - HALF, offs_d))
-    freq_idx = tl.where(is_first, offs_d, offs_d - HALF)
-    inv_freq = tl.load(inv_freq_ptr + freq_idx, mask=is_rot, other=0.0)
-    # phi reaches 2.6e5 rad at the longest context; on NVIDIA GPUs tl.cos/tl.sin compile to libdevice's
-    # fully range-reduced cosf/sinf (no sin.approx), so they agree with torch.cos/sin to an ulp
-    phi = pos.to(tl.float32) * inv_freq
-    cos = tl.cos(phi)
-    sin = tl.sin(phi)
-    cos = tl.where(is_rot, cos, 1.0)
-    # rotate-half: the first half subtracts its partner, the second half adds it
-    sin = tl.where(is_first, -sin, tl.where(is_rot, sin, 0.0))
+    offs_d, is_first, is_rot, partner, inv_freq = _rotary_lanes(inv_freq_ptr, HALF, BLOCK_D)
+    cos, sin = _rotation(pos.to(tl.float32) * inv_freq, is_first, is_rot)
 
     mask = (offs_h < H)[:, None] & (offs_d < D)[None, :]
     rows = x_ptr + t * stride_xt + offs_h[:, None] * stride_xh
