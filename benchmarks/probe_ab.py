@@ -1,4 +1,5 @@
-"""What the A/B probes share: their command line, and the whole model timed with a switch off and on, alternated.
+"""What the probes share: their command line, and (the A/B probes) the whole model timed with a switch off and on,
+alternated.
 
 A probe compares two ways of running the same kernels (a module-level switch), first at the kernel level, then in
 the model's prefill and decode step as `python -m qwen_lab.bench` times its triton + cuda-graph row. Alternating
@@ -11,11 +12,16 @@ import argparse
 import torch
 
 
-def probe_args(doc: str):
-    """The probes' command line (--tokens, --no-model), or None where there is no GPU to time on (said so)."""
+def probe_args(doc: str, *extra, tokens: bool = True, model: bool = True):
+    """A probe's command line, or None where there is no GPU to time on (said so): --tokens (unless tokens=False),
+    --no-model (the A/B probes, model=True), and each (flag, add_argument keywords) pair of `extra`."""
     p = argparse.ArgumentParser(description=doc.split("\n")[0])
-    p.add_argument("--tokens", type=int, default=2048)
-    p.add_argument("--no-model", action="store_true", help="only the kernel timing")
+    if tokens:
+        p.add_argument("--tokens", type=int, default=2048)
+    if model:
+        p.add_argument("--no-model", action="store_true", help="only the kernel timing")
+    for flag, options in extra:
+        p.add_argument(flag, **options)
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("skipped: the probe times kernels on an NVIDIA GPU")

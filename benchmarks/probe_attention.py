@@ -17,19 +17,17 @@ CUDA Graph, with every tile of the autotuner's list forced in turn (pointer load
   at shorter lengths says where that threshold belongs.
 """
 
-import argparse
 import sys
 
 import torch
 
+from probe_ab import probe_args
+
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tokens", type=int, default=2048)
-    p.add_argument("--cache", type=int, default=2048 + 128, help="cache rows (the bench's prefill + decode)")
-    args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("skipped: the probe times kernels on an NVIDIA GPU")
+    args = probe_args(__doc__, ("--cache", dict(type=int, default=2048 + 128,
+                                                help="cache rows (the bench's prefill + decode)")), model=False)
+    if args is None:
         return 0
     from qwen_lab.config import QWEN35_0_8B as cfg
     from qwen_lab.kernels import attention, graph_time_us, rope

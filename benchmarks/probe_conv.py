@@ -27,12 +27,13 @@ Last, the library's segments again with a carried state that is not zero, the we
 and once as the model keeps it ([W, C] storage: each tap's weights one contiguous vector).
 """
 
-import argparse
 import sys
 
 import torch
 import triton
 import triton.language as tl
+
+from probe_ab import probe_args
 
 
 @triton.jit
@@ -116,11 +117,8 @@ def conv_rows_kernel(x_ptr, wt_ptr, out_ptr, T, C, stride_xt, stride_ot,
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tokens", type=int, default=2048)
-    args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("skipped: the probe times kernels on an NVIDIA GPU")
+    args = probe_args(__doc__, model=False)
+    if args is None:
         return 0
     from qwen_lab import reference
     from qwen_lab.config import QWEN35_0_8B as cfg

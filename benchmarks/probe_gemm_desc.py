@@ -3,18 +3,18 @@
     python benchmarks/probe_gemm_desc.py [--tokens 2048]        (an NVIDIA GPU of compute capability 9.0+)
 
 `gemm.matmul_kernel`'s TMA configurations take host tensor descriptors: the launcher makes them, and they travel in
-the launch's parameters (in a CUDA Graph: made once, at capture). Made in the kernel instead (`tl.make_tensor_descriptor`,
-the form below), each program writes its two 128-byte descriptors into global scratch and fences them after its PDL
-wait, before its first TMA load. For each prefill projection of the 0.8B model and each TMA configuration, this times
-(inside a CUDA Graph, 20 calls back to back, PDL as in the model) the device-descriptor form, the library's, and
-cuBLAS; and checks that both kernels write the same bits (docs/perf-log.md, session 17).
+the launch's parameters (in a CUDA Graph: made once, at capture). Made in the kernel instead
+(`tl.make_tensor_descriptor`, the form below), each program writes its two 128-byte descriptors into global scratch
+and fences them after its PDL wait, before its first TMA load. For each prefill projection of the 0.8B model and
+each TMA configuration, this times (inside a CUDA Graph, 20 calls back to back, PDL as in the model) the
+device-descriptor form, the library's, and cuBLAS; and checks that both kernels write the same bits
+(docs/perf-log.md, session 17).
 
 Then, for each persistent configuration, the library's kernel with TAIL = 1 and TAIL = 2: a last round of tiles
 that would keep only some SMs busy (448 SwiGLU tiles on 132 SMs: 3.4 rounds) run as half-height slices instead,
 checked bitwise against TAIL = 1 (the same sums, in the same order, per output).
 """
 
-import argparse
 
 import torch
 import triton
@@ -22,6 +22,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from qwen_lab.kernels.gemm import _tma_program
+
+from probe_ab import probe_args
 
 
 @triton.jit
@@ -59,12 +61,8 @@ def device_desc_call(x, w, out, config, swiglu):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tokens", type=int, default=2048)
-    p.add_argument("--calls", type=int, default=20)
-    args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("skipped: the probe times kernels on an NVIDIA GPU")
+    args = probe_args(__doc__, ("--calls", dict(type=int, default=20)), model=False)
+    if args is None:
         return 0
     from qwen_lab.config import QWEN35_0_8B as cfg
     from qwen_lab.kernels import graph_time_us

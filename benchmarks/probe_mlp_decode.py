@@ -21,13 +21,14 @@ Timed inside a CUDA Graph over 24 layers' weights (more than L2 holds, as in the
 Both are checked against an fp32 reference of the MLP.
 """
 
-import argparse
 import sys
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from probe_ab import probe_args
 
 
 @triton.jit
@@ -76,11 +77,8 @@ def mlp_decode(h, w_gate_up, w_down_t, ws, count, out, B, warps=8):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--layers", type=int, default=24)
-    args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("skipped: the probe times kernels on an NVIDIA GPU")
+    args = probe_args(__doc__, ("--layers", dict(type=int, default=24)), tokens=False, model=False)
+    if args is None:
         return 0
     from qwen_lab import reference
     from qwen_lab.config import QWEN35_0_8B as cfg
@@ -113,7 +111,8 @@ def main() -> int:
     count = torch.zeros(1, device=dev, dtype=torch.int32)
     for B, warps in ((4, 4), (8, 4), (8, 8), (16, 8)):
         try:
-            report(f"fused B={B} w{warps}", lambda i, B=B, w=warps: mlp_decode(h, w_gu[i], w_dt[i], ws, count, out, B, w))
+            report(f"fused B={B} w{warps}",
+                   lambda i, B=B, w=warps: mlp_decode(h, w_gu[i], w_dt[i], ws, count, out, B, w))
         except Exception as e:  # a slice height the compiler refuses: say so, go on
             print(f"fused B={B} w{warps}: {type(e).__name__}: {str(e)[:120]}", flush=True)
     return 0

@@ -16,7 +16,6 @@ projection, the caches one layer of a [layers, L, 2, 256] buffer), and the outpu
 The library's launches use programmatic dependent launch and the probe's do not, which favours the library.
 """
 
-import argparse
 import sys
 
 import torch
@@ -24,6 +23,8 @@ import triton
 import triton.language as tl
 
 from qwen_lab.kernels.rope import _rotary_lanes, _rotation
+
+from probe_ab import probe_args
 
 
 @triton.jit
@@ -96,11 +97,8 @@ def tokens_call(q, k, v, q_weight, k_weight, eps, positions, rotary_dim, theta, 
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tokens", type=int, default=2048)
-    args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("skipped: the probe times kernels on an NVIDIA GPU")
+    args = probe_args(__doc__, model=False)
+    if args is None:
         return 0
     from qwen_lab.config import QWEN35_0_8B as cfg
     from qwen_lab.kernels import graph_time_us, rope

@@ -1,6 +1,7 @@
 """Shared fixtures: the runtime (interpreter + float32 on a CPU, bf16 on a GPU) and seeded inputs."""
 
 import os
+import sys
 
 import pytest
 import torch
@@ -53,9 +54,12 @@ def benchmark_module():
     timings only mean something if they compute what the library (or the reference) does."""
     import importlib.util
 
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
     def load(name: str):
-        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", f"{name}.py")
-        spec = importlib.util.spec_from_file_location(name, path)
+        if folder not in sys.path:  # the probes import what they share from beside them (probe_ab), as when run
+            sys.path.insert(0, folder)
+        spec = importlib.util.spec_from_file_location(name, os.path.join(folder, f"{name}.py"))
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module

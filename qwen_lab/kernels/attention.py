@@ -475,15 +475,13 @@ def _kv_tma_ok(k: torch.Tensor, v: torch.Tensor, block_d: int, forced: bool = Fa
     """Whether K and V [L, Hkv, D] can be described to the TMA unit as [L, Hkv D] matrices: heads side by side
     (stride D) with unit stride inside, 16-bit values, 16-byte-aligned starts and rows, D = BLOCK_D. Unless `forced`
     (a test or probe forcing a TMA configuration), also an sm_90+ GPU, not the interpreter, and QWEN_LAB_ATTN_TMA=1."""
+    if not forced and not (env_on("QWEN_LAB_ATTN_TMA", False) and k.element_size() == 2 and sm90_or_newer(k.device)):
+        return False
     D = k.shape[2]
     for t in (k, v):
         if t.stride(2) != 1 or t.stride(1) != D or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
             return False
-    if D != block_d:
-        return False
-    if forced:
-        return True
-    return env_on("QWEN_LAB_ATTN_TMA", False) and k.element_size() == 2 and sm90_or_newer(k.device)
+    return D == block_d
 
 
 def _kv_descriptors(k: torch.Tensor, v: torch.Tensor) -> tuple:
@@ -691,9 +689,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
     qk_scale = scale * LOG2E
     if T == 1:
         return _decode(q, k, v, positions, qk_scale, out, gate, num_splits, workspace)
-    if gate is not None and T >= GATE_APART_FROM_TOKENS:
-        attention(q, k, v, positions, scale=scale, out=out)   # T > 1: the flash kernel, without its gate
-        return sigmoid_gate(out, gate, out=out)                  # each element read, then written, by one thread
+    # the gate in the flash kernel's epilogue, or (a long prompt) applied after it by sigmoid_gate
+    gate_apart = gate if gate is not None and T >= GATE_APART_FROM_TOKENS else None
+    if gate_apart is not None:
+        gate = None
     G = Hq // Hkv
     GP = triton.next_power_of_2(G)
     if GP > 64:
@@ -722,6 +721,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
         flash_attention_kernel[grid(cfg)](*common, **meta, **cfg)
     else:
         _prefill_kernel()[grid](*common, **meta, TMA_OK=tma_ok)
+    if gate_apart is not None:  # in place: each element read, then written, by the same thread
+        sigmoid_gate(out, gate_apart, out=out)
     return out
 
 

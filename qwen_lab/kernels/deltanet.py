@@ -753,7 +753,8 @@ def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv
     """causal_conv1d and deltanet_decode_step of one decode token in one launch; = reference.deltanet_conv_decode_step.
 
     qkv [1, C] with C = 2 Hk Dk + Hv Dv (q | k | v channels before the conv; a strided slice allowed), conv_weight
-    [C, W] (any strides: the model's is a view of [W, C] storage), conv_state [C, W-1] (updated in place), a, b [1, Hv], A_log, dt_bias [Hv], state [Hv, Dk, Dv] fp32
+    [C, W] (any strides: the model's is a view of [W, C] storage), conv_state [C, W-1] (updated in place),
+    a, b [1, Hv], A_log, dt_bias [Hv], state [Hv, Dk, Dv] fp32
     (updated in place). -> o [1, Hv, Dv] in qkv's dtype.
 
     state_settled=True: the caller promises that the kernel launched just before this one writes neither state and

@@ -815,8 +815,8 @@ def _matmul(name, x, weight, out, swiglu=False):
         return matmul_grid(M, N, meta, x.device)
 
     tma_ok = _tma_ok(x, weight)
-    # the TMA candidates' descriptors: made here, shaped for each configuration's tiles at its launch (_fit_descriptors);
-    # the slice descriptor only for SwiGLU, the one product with TAIL candidates
+    # the TMA candidates' descriptors: made here, shaped for each configuration's tiles at its launch
+    # (_fit_descriptors); the slice descriptor only for SwiGLU, the one product with TAIL candidates
     x_desc, w_desc, xt_desc = _tma_descriptors(x, weight, tail=bool(swiglu)) if tma_ok else (None, None, None)
     matmul_kernel[grid](x, weight, out, x_desc, w_desc, xt_desc, M, N, K, triton.next_power_of_2(min(M, 4096)),
                         x.stride(0), weight.stride(0), out.stride(0), DOT_PRECISION=dot_precision(x.dtype),
@@ -853,8 +853,6 @@ def choose_split_k(M: int, N: int, K: int, sms: int) -> int:
     while blocks * split < want and split < 16 and K // (2 * split) >= 256:
         split *= 2
     return split
-
-
 
 
 def deterministic_mode() -> bool:
