@@ -5,6 +5,9 @@
                       h = norm(x);  x = x + mlp(h)            (SwiGLU)
     logits = norm(x) @ lm_head^T
 
+A step that returns only the last position's logits (a prompt's prefill, a decode step) stops the other rows
+after the last layer's mixer: from there on every operation is row by row.
+
 Every computation goes through a table of named operators, `model.ops`. The same graph therefore runs
 with `backend="torch"` (qwen_lab.reference, the oracle) or `backend="triton"` (qwen_lab.kernels), and a
 learner can put their own kernel in one entry: `model.ops["rms_norm"] = my_rms_norm`.
@@ -158,14 +161,18 @@ class Qwen35Model:
             self.layer_index = i
             w_in = layer.in_proj if layer.kind == LINEAR else layer.qkv_proj
             proj, x = self.norm_linear(i, "input_norm", y, x, layer.input_norm, w_in)   # x += y; norm; project
+            # Only the last position's logits are wanted: past the last layer's token mixing (which still runs over
+            # every token, for the cache and the states) nothing mixes positions, so that layer's mixer output,
+            # residual and MLP are computed for the last row alone.
+            last_row = not all_logits and i == len(W.layers) - 1
             if layer.kind == LINEAR:
-                y = self.gated_deltanet(i, layer, proj, cache)
+                y = self.gated_deltanet(i, layer, proj, cache, last_row)
             else:
-                y = self.gated_attention(i, layer, proj, positions, cache)
+                y = self.gated_attention(i, layer, proj, positions, cache, last_row)
+            if last_row:
+                x = x[-1:]
             y, x = self.mlp(i, layer, y, x)                            # x += y; norm; SwiGLU MLP
         self.layer_index = len(W.layers)
-        if not all_logits:
-            y, x = y[-1:], x[-1:]
         logits, _ = self.norm_linear(len(W.layers), "final_norm", y, x, W.final_norm, W.lm_head, out=logits_out)
         self._t(len(W.layers), "lm_head", logits)
         return logits
@@ -211,9 +218,9 @@ class Qwen35Model:
         """Whether these table entries are still the library's own Triton kernels (so their fusion applies)."""
         return self.backend == "triton" and all(self.ops[n] is self._stock.get(n) for n in names)
 
-    def gated_deltanet(self, i: int, layer, proj: torch.Tensor, cache: Cache) -> torch.Tensor:
+    def gated_deltanet(self, i: int, layer, proj: torch.Tensor, cache: Cache, last_row: bool = False) -> torch.Tensor:
         """Gated DeltaNet mixer, from its fused in-projection: causal conv, gates, the delta rule, gated norm,
-        out-projection."""
+        out-projection (last_row: the gated norm and the out-projection of the last token only)."""
         cfg, ops = self.config, self.ops
         T = proj.shape[0]
         Hk, Hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
@@ -246,18 +253,21 @@ class Qwen35Model:
                 g, beta = ops["deltanet_gates"](a, b, layer.A_log, layer.dt_bias)
                 o = ops["delta_rule_chunked"](q, k, v, g, beta, state)  # [T, Hv, Dv]; l2norm of q, k inside
         self._t(i, "delta_rule", o)
+        if last_row:
+            o, z = o[-1:], z[-1:]
         if self._fused("gated_rms_norm", "linear"):  # the gated norm as the out-projection's prologue
             y = ops["gated_rms_norm_linear"](o, z, layer.norm, cfg.rms_norm_eps, layer.out_proj)
         else:
             o = ops["gated_rms_norm"](o, z, layer.norm, cfg.rms_norm_eps)  # rmsnorm(o) * w * silu(z)
             self._t(i, "gated_norm", o)
-            y = ops["linear"](o.reshape(T, vd), layer.out_proj)
+            y = ops["linear"](o.reshape(o.shape[0], vd), layer.out_proj)
         self._t(i, "out_proj", y)
         return y
 
-    def gated_attention(self, i: int, layer, proj: torch.Tensor, positions: torch.Tensor, cache: Cache) -> torch.Tensor:
+    def gated_attention(self, i: int, layer, proj: torch.Tensor, positions: torch.Tensor, cache: Cache,
+                        last_row: bool = False) -> torch.Tensor:
         """Gated attention mixer, from its fused q/gate/k/v projection: q/k norm, partial RoPE, causal GQA, sigmoid
-        gate, output projection."""
+        gate, output projection (last_row: every key and value goes to the cache, the last query alone attends)."""
         cfg, ops = self.config, self.ops
         T = proj.shape[0]
         Hq, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -284,9 +294,11 @@ class Qwen35Model:
                                            cfg.rotary_dim, cfg.rope_theta)
                 ops["kv_cache_write"](k_cache, v_cache, k, v, positions)
             self._t(i, "qk_norm_rope", q)
+            if last_row:
+                q, gate, positions = q[-1:], gate[-1:], positions[-1:]
             o = ops["attention"](q, k_cache, v_cache, positions, gate=gate)   # softmax(q k^T / sqrt(D)) v * σ(gate)
         self._t(i, "gated_attention", o)
-        y = ops["linear"](o.reshape(T, Hq * D), layer.o_proj)
+        y = ops["linear"](o.reshape(o.shape[0], Hq * D), layer.o_proj)
         self._t(i, "o_proj", y)
         return y
 

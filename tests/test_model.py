@@ -13,6 +13,7 @@ from qwen_lab import checks
 from qwen_lab.config import FULL, LINEAR, TINY
 from qwen_lab.generate import generate
 from qwen_lab.model import Qwen35Model, load_model
+from qwen_lab.weights import random_weights
 
 CONFIGS = {
     # the tiny preset itself: tied head, Hv = 2 Hk
@@ -120,6 +121,50 @@ def test_divergence_report_names_the_broken_operator():
     assert divergence_report(good, good, [5, 6, 7, 8]).startswith("no divergence")
 
 
+@pytest.mark.parametrize("name", ["tiny", "three_to_one"])   # the last layer gated attention; Gated DeltaNet
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_step_runs_the_last_layer_past_its_mixer_for_the_last_row(name, backend, gen):
+    """Only the last position's logits leave a step: the last layer's token mixing sees every row (the cache and
+    the states take them all), everything after it the last row alone; all_logits keeps every row everywhere."""
+    cfg = CONFIGS[name]
+    model = Qwen35Model(cfg, random_weights(cfg, seed=2), device="cpu" if backend == "torch" else None,
+                        dtype=torch.float32, backend=backend)
+    T = 20
+    ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen).to(model.device)
+    last = cfg.num_hidden_layers - 1
+
+    def rows_seen(all_logits):
+        seen = []   # (operator, rows of its output) for the last layer's calls, in order
+
+        def wrap(name, fn):
+            def observed(*args, **kwargs):
+                out = fn(*args, **kwargs)
+                first = out[0] if isinstance(out, tuple) else out
+                if model.layer_index == last and isinstance(first, torch.Tensor):
+                    seen.append((name, first.shape[0]))
+                return out
+            return observed
+
+        cache = model.new_cache(T + 4)
+        with torch.inference_mode(), model.wrapped_ops(wrap):
+            logits = model.step(ids, torch.arange(T, device=model.device), cache, all_logits=all_logits)
+        return seen, logits, cache
+
+    seen, logits, cache = rows_seen(False)
+    full, full_logits, full_cache = rows_seen(True)
+    # the last operator that mixes positions: the delta rule, or the q/k preparation that fills the cache
+    mixing = {"deltanet_chunked", "delta_rule_chunked", "qk_norm_rope_cache", "qk_norm_rope"}
+    cut = max(j for j, (op, _) in enumerate(seen) if op in mixing) + 1
+    assert [rows for _, rows in seen[:cut]] == [T] * cut, seen
+    assert seen[cut:] and [rows for _, rows in seen[cut:]] == [1] * (len(seen) - cut), seen
+    assert {rows for _, rows in full} == {T}, full   # (a prompt's MLP: the GEMM route there, the GEMV route here)
+    assert logits.shape == (1, cfg.vocab_size) and full_logits.shape == (T, cfg.vocab_size)
+    assert checks.relative_error(logits[0].float(), full_logits[-1].float()) <= 1e-5
+    # the caches and states that the last layer leaves are those of the full step
+    for a, b in zip(cache.tensors(), full_cache.tensors()):
+        assert torch.equal(a, b)
+
+
 def test_fused_paths_launch_what_they_should(gen):
     """With the library's kernels, a prompt runs SwiGLU in the gate/up GEMM's epilogue (no silu_mul kernel) and the
     DeltaNet gates in the chunk prep (no gates kernel); each attention layer prepares q/k and fills the cache in one
@@ -141,8 +186,11 @@ def test_fused_paths_launch_what_they_should(gen):
     assert prefill["qk_norm_rope_cache_kernel"] == A, dict(prefill)
     assert decode["qk_norm_rope_cache_kernel"] == 0, dict(decode)  # folded into the decode attention's split kernel
     # per layer: the in-projection, the gate/up GEMM with SwiGLU and the down GEMM; per DeltaNet layer the
-    # out-projection (its gated norm is a kernel apart at prefill); per attention layer the o-projection
-    assert prefill["matmul_kernel"] == 3 * L + L, dict(prefill)
+    # out-projection (its gated norm is a kernel apart at prefill); per attention layer the o-projection. The last
+    # layer's projections after its mixer see the last row alone: GEMVs, not GEMMs (its attention too: the decode
+    # kernels for its one query)
+    assert prefill["matmul_kernel"] == 4 * L - 3, dict(prefill)
+    assert prefill["flash_attention_kernel"] == A - 1 and prefill["flash_decode_split_kernel"] == 1, dict(prefill)
     assert decode["flash_decode_split_kernel"] == A and decode["kv_cache_write_kernel"] == 0, dict(decode)
     # and the fused prompt path still equals the PyTorch operators
     oracle = Qwen35Model(cfg, model.weights, dtype=torch.float32, backend="torch")
