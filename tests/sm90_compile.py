@@ -112,10 +112,19 @@ def cases():
                         case["xt_desc"] = None
                 else:   # a call without TMA passes None for all three
                     types, case = {}, dict(case, x_desc=None, w_desc=None, xt_desc=None)
-                out.append((f"matmul SWIGLU={swiglu} TAIL={tail} {c}",
-                            lambda meta=case, c=c, types=types, tma=tma: compile_case(
-                                gemm.matmul_kernel, meta, types, warps=c.num_warps, stages=c.num_stages,
-                                ptx_check=tma_descriptor_use if tma else None)))
+                types.update(eps="fp32", nw_ptr="*fp32", ss_ptr="*fp32")
+                # the norm split between two GEMMs (linear_add_rms_norm, rms_scaled_linear): the TMA candidates,
+                # which serve the prompts it is for, with each half of it
+                epilogues = [{}]
+                if tma:
+                    slots = gemm.ss_slots(C.hidden_size)
+                    epilogues += [dict(ROW_SCALE=True, SS_SLOTS=slots)] + \
+                        ([] if swiglu else [dict(RES_NORM=True, SS_SLOTS=slots)])
+                for epi in epilogues:
+                    label = f"matmul SWIGLU={swiglu} TAIL={tail} {' '.join(epi) or 'plain'} {c}"
+                    out.append((label, lambda meta=dict(case, **epi), c=c, types=types, tma=tma: compile_case(
+                        gemm.matmul_kernel, meta, types, warps=c.num_warps, stages=c.num_stages,
+                        ptx_check=tma_descriptor_use if tma else None)))
     gemv_types = {"ws_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
     for c in gemm._gemv_configs(gpu=True):
         if c.kwargs.get("PERSIST"):  # the persistent form: one row, one split, its own kernel

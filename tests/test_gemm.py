@@ -888,3 +888,83 @@ def test_every_launcher_takes_one_dot_precision_rule():
     for module in (gemm, attention, deltanet):
         assert module.dot_precision is dot_precision, module.__name__
         assert not hasattr(module, "_dot_precision"), f"{module.__name__} keeps a rule of its own"
+
+
+# ---------------------------------------------------------------- a residual add + RMSNorm split between two GEMMs
+
+
+def _split_norm_case(M, K, H, g, rt):
+    return _x(M, K, g, rt), _w(H, K, g, rt), _x(M, H, g, rt), _norm_w(H, g, rt, torch.float32)
+
+
+@pytest.mark.parametrize("M,K,H", [(17, 70, 72), (33, 64, 100), (20, 40, 32)])
+def test_linear_add_rms_norm_leaves_what_the_next_gemm_needs(rt, gen, M, K, H):
+    """s = residual + x W^T rounded as add_rms_norm rounds it; h = s (1 + w); per-row sums of squares in slots that
+    add up to sum(s^2), the slots past the column tiles zero even where the buffer held something else."""
+    x, w, residual, nw = _split_norm_case(M, K, H, gen, rt)
+    s, h, ss = gemm.linear_add_rms_norm(x, w, residual, nw, 1e-6)
+    s_ref = (residual.float() + reference.linear(x, w).float()).to(rt.dtype)
+    checks.compare("s", s, s_ref)
+    checks.compare("h", h, (s_ref.float() * (1 + nw)).to(rt.dtype))
+    assert ss.shape == (M, gemm.ss_slots(H)) and ss.dtype == torch.float32
+    checks.compare("sum of the slots", ss.sum(1), (s.float() ** 2).sum(1), rtol=1e-4)
+    # a buffer holding something else: every slot is written (those past the column tiles with zeros)
+    again = torch.full_like(ss, 7.0)
+    gemm._matmul("linear_add_rms_norm", x, w, torch.empty_like(s),
+                 epilogue={"residual": residual, "norm_weight": nw, "h": torch.empty_like(h), "ss": again})
+    assert torch.equal(again, ss), "the slots must not depend on what the buffer held"
+
+
+def test_linear_add_rms_norm_in_place(rt, gen):
+    x, w, residual, nw = _split_norm_case(17, 70, 72, gen, rt)
+    want, _, _ = gemm.linear_add_rms_norm(x, w, residual, nw, 1e-6)
+    stream = residual.clone()
+    s, _, _ = gemm.linear_add_rms_norm(x, w, stream, nw, 1e-6, residual_out=stream)
+    assert s.data_ptr() == stream.data_ptr() and torch.equal(s, want)
+
+
+@pytest.mark.parametrize("swiglu", [False, True], ids=["plain", "swiglu"])
+def test_rms_scaled_linear_equals_the_norm_then_the_projection(rt, gen, swiglu):
+    """rms_norm(s) (1 + w) W^T = (s (1 + w) W^T) / rms(s): the row factor moved past the product."""
+    M, K, H, N = 19, 70, 72, 45
+    x, w, residual, nw = _split_norm_case(M, K, H, gen, rt)
+    s, h, ss = gemm.linear_add_rms_norm(x, w, residual, nw, 1e-6)
+    w2 = _w(2 * N if swiglu else N, H, gen, rt)
+    y = gemm.rms_scaled_linear(h, ss, 1e-6, w2, swiglu=swiglu)
+    normed = reference.rms_norm(s, nw, 1e-6)
+    want = reference.linear_silu_mul(normed, w2) if swiglu else reference.linear(normed, w2)
+    checks.compare("rms_scaled_linear", y, want)
+
+
+def test_split_norm_arguments_are_named(rt, gen):
+    x, w, residual, nw = _split_norm_case(17, 70, 72, gen, rt)
+    with pytest.raises(KernelError, match="residual.*must be \\[17, 72\\]"):
+        gemm.linear_add_rms_norm(x, w, residual[:, :70], nw, 1e-6)
+    rows = torch.cat([residual, residual[:1]])   # two views one row apart
+    with pytest.raises(KernelError, match="residual_out.*overlaps residual"):
+        gemm.linear_add_rms_norm(x, w, rows[:17], nw, 1e-6, residual_out=rows[1:])
+    _, h, ss = gemm.linear_add_rms_norm(x, w, residual, nw, 1e-6)
+    with pytest.raises(KernelError, match="ss.*power of two"):
+        gemm.rms_scaled_linear(h, ss[:, :3], 1e-6, _w(45, 72, gen, rt))
+    with pytest.raises(KernelError, match="ss.*float32"):
+        gemm.rms_scaled_linear(h, ss.double(), 1e-6, _w(45, 72, gen, rt))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("first,second", [("out_proj", "mlp_gate_up"), ("mlp_down", "deltanet_in_proj")])
+def test_gpu_split_norm_between_prompt_gemms(rt, gen, first, second):
+    """The model's pairs at 2048 tokens, bf16: the out-projection into the MLP's gate/up (SwiGLU), the MLP's down
+    projection into the next DeltaNet in-projection, against the norm kernel between two GEMMs."""
+    from qwen_lab.kernels import activations, norms
+
+    M = 2048
+    (K, H), (_, N) = REAL[first], REAL[second]
+    x, w, residual, nw = _split_norm_case(M, K, H, gen, rt)
+    w2 = _w(N, H, gen, rt)
+    swiglu = second == "mlp_gate_up"
+    s, h, ss = gemm.linear_add_rms_norm(x, w, residual, nw, C.rms_norm_eps)
+    y = gemm.rms_scaled_linear(h, ss, C.rms_norm_eps, w2, swiglu=swiglu)
+    normed, s_ref = norms.add_rms_norm(gemm.matmul(x, w), residual, nw, C.rms_norm_eps)
+    assert torch.equal(s, s_ref), "s must round as add_rms_norm rounds it"
+    want = activations.linear_silu_mul(normed, w2) if swiglu else gemm.matmul(normed, w2)
+    checks.compare(f"{first} -> {second}", y, want)

@@ -241,21 +241,28 @@ def _fit_descriptors(*args, **meta) -> None:
         w_desc.shape, w_desc.strides, w_desc.block_shape = [rows, K], [stride_wn, 1], [bn, bk]
 
 
-@triton.autotune(configs=_matmul_all_configs(), key=["M_BUCKET", "N", "K", "SWIGLU", "TMA_OK"], do_bench=graph_bench,
+@triton.autotune(configs=_matmul_all_configs(), key=["M_BUCKET", "N", "K", "SWIGLU", "TMA_OK", "RES_NORM", "ROW_SCALE"],
+                 do_bench=graph_bench,
                  prune_configs_by={"early_config_prune": _prune_matmul_configs})
 @triton.jit
 def matmul_kernel(x_ptr, w_ptr, out_ptr, x_desc, w_desc, xt_desc, M, N, K, M_BUCKET,
                   stride_xm, stride_wn, stride_om,
+                  r_ptr, nw_ptr, h_ptr, ss_ptr, stride_rm, stride_hm, eps,
                   DOT_PRECISION: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                   SWIGLU: tl.constexpr = False, TMA_OK: tl.constexpr = False, TMA: tl.constexpr = False,
                   PERSIST: tl.constexpr = False, JOIN: tl.constexpr = False, USE_PDL: tl.constexpr = False,
-                  TAIL: tl.constexpr = 1):
+                  TAIL: tl.constexpr = 1, RES_NORM: tl.constexpr = False, ROW_SCALE: tl.constexpr = False,
+                  SS_SLOTS: tl.constexpr = 1):
     # M_BUCKET (M rounded to a power of two) is only an autotuning key: one tuning per prompt-length
     # bucket, not per prompt length; so is TMA_OK (whether the TMA configurations may be timed for this
     # call). With SWIGLU, N is I (the output's width) and W has 2N rows. x_desc, w_desc, xt_desc: the TMA
     # configurations' host tensor descriptors of x, W and (TAIL > 1 only) x in row slices (`_fit_descriptors`),
     # None for calls without TMA.
+    # RES_NORM and ROW_SCALE split a residual add + RMSNorm between two GEMMs (see linear_add_rms_norm): RES_NORM's
+    # epilogue adds the tile to the residual r (out = r + y), stores h = out (1 + nw) and the tile's share of each
+    # row's sum of squares in ss [M, SS_SLOTS]; ROW_SCALE's multiplies each row by rsqrt(sum(ss[m]) / K + eps).
+    # Their pointers are never read by the calls without them.
     if USE_PDL:
         # launched early (programmatic dependent launch): wait for the previous kernel's writes (x) first
         gdc_wait()
@@ -263,7 +270,8 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, x_desc, w_desc, xt_desc, M, N, K, M_BUC
     tl.static_assert(TMA or not PERSIST, "the persistent configurations load through TMA")
     if TMA:
         _tma_program(x_desc, w_desc, out_ptr, M, N, K, stride_om, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                     SWIGLU, PERSIST, JOIN, xt_desc, TAIL)
+                     SWIGLU, PERSIST, JOIN, xt_desc, TAIL, r_ptr, nw_ptr, h_ptr, ss_ptr, stride_rm, stride_hm, eps,
+                     RES_NORM, ROW_SCALE, SS_SLOTS)
         return
     pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -291,10 +299,16 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, x_desc, w_desc, xt_desc, M, N, K, M_BUC
             u_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if ROW_SCALE:
+        r = _row_scale(ss_ptr, pid_m * BLOCK_M, M, K, eps, BLOCK_M, SS_SLOTS)[:, None]
+        acc = acc * r
+        if SWIGLU:
+            acc_u = acc_u * r
     if SWIGLU:
         # silu(g) * u on the fp32 sums, rounded once at the store (the unfused path rounds g and u first)
         acc = acc * tl.sigmoid(acc) * acc_u
-    _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
+    _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N,
+                RES_NORM, r_ptr, nw_ptr, h_ptr, ss_ptr, stride_rm, stride_hm, SS_SLOTS)
 
 
 _MATMUL_ARGS = matmul_kernel.fn.arg_names
@@ -304,7 +318,9 @@ matmul_kernel.fn.add_pre_run_hook(_fit_descriptors)
 @triton.jit
 def _tma_program(x_desc, w_desc, out_ptr, M, N, K, stride_om, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SWIGLU: tl.constexpr,
-                 PERSIST: tl.constexpr, JOIN: tl.constexpr, xt_desc=None, TAIL: tl.constexpr = 1):
+                 PERSIST: tl.constexpr, JOIN: tl.constexpr, xt_desc=None, TAIL: tl.constexpr = 1,
+                 r_ptr=None, nw_ptr=None, h_ptr=None, ss_ptr=None, stride_rm=0, stride_hm=0, eps=0.0,
+                 RES_NORM: tl.constexpr = False, ROW_SCALE: tl.constexpr = False, SS_SLOTS: tl.constexpr = 1):
     """A TMA configuration's program: its one tile, or (PERSIST: one program per SM, the launcher's grid) tiles p,
     p + P, p + 2P, ... Flattening the two loops into one lets the compiler's pipeline run straight across tile
     boundaries: the first K steps of the next tile are loading while this one's epilogue runs.
@@ -323,37 +339,46 @@ def _tma_program(x_desc, w_desc, out_ptr, M, N, K, stride_om, DOT_PRECISION: tl.
         for tile in tl.range(tl.program_id(0), whole, tl.num_programs(0), flatten=True):
             pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
             acc = _tma_tile(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, N, K, DOT_PRECISION,
-                            BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU, JOIN)
-            _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
+                            BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU, JOIN, ROW_SCALE, ss_ptr, M, eps, SS_SLOTS)
+            _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N,
+                        RES_NORM, r_ptr, nw_ptr, h_ptr, ss_ptr, stride_rm, stride_hm, SS_SLOTS)
         if TAIL > 1:
             SUB: tl.constexpr = BLOCK_M // TAIL
             for piece in tl.range(tl.program_id(0), (n_tiles - whole) * TAIL, tl.num_programs(0)):
                 pid_m, pid_n = _grouped_tile(whole + piece // TAIL, num_pid_m, num_pid_n, GROUP_M)
                 sub_m = pid_m * TAIL + piece % TAIL  # the slice's index in units of SUB rows
                 acc = _tma_tile(xt_desc, w_desc, sub_m * SUB, pid_n * BLOCK_N, N, K, DOT_PRECISION,
-                                SUB, BLOCK_N, BLOCK_K, SWIGLU, JOIN)
-                _store_tile(out_ptr, acc, sub_m, pid_n, M, N, stride_om, SUB, BLOCK_N)
+                                SUB, BLOCK_N, BLOCK_K, SWIGLU, JOIN, ROW_SCALE, ss_ptr, M, eps, SS_SLOTS)
+                _store_tile(out_ptr, acc, sub_m, pid_n, M, N, stride_om, SUB, BLOCK_N,
+                            RES_NORM, r_ptr, nw_ptr, h_ptr, ss_ptr, stride_rm, stride_hm, SS_SLOTS)
     else:
         pid_m, pid_n = _grouped_tile(tl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
         acc = _tma_tile(x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, N, K, DOT_PRECISION,
-                        BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU, JOIN)
-        _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N)
+                        BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU, JOIN, ROW_SCALE, ss_ptr, M, eps, SS_SLOTS)
+        _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M, BLOCK_N,
+                    RES_NORM, r_ptr, nw_ptr, h_ptr, ss_ptr, stride_rm, stride_hm, SS_SLOTS)
 
 
 @triton.jit
 def _tma_tile(x_desc, w_desc, m0, n0, N, K, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, JOIN: tl.constexpr = False):
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, JOIN: tl.constexpr = False,
+              ROW_SCALE: tl.constexpr = False, ss_ptr=None, M=0, eps=0.0, SS_SLOTS: tl.constexpr = 1):
     """The fp32 tile of x W^T at rows m0.., columns n0.., from the tensor descriptors (with SWIGLU: silu(gate) * up,
     the up rows N further down W). The TMA unit fetches whole tiles and fills what lies past the matrix with zeros
     (rows past M or 2N, columns past K), so no masks. With SWIGLU a gate tile that runs past row N reads up rows
     instead: only output columns >= N use them, and the store drops those. With JOIN, w_desc describes W as
-    [2, N, K]: one [2, BLOCK_N, BLOCK_K] tile holds the gate rows and the up rows of the same output columns."""
+    [2, N, K]: one [2, BLOCK_N, BLOCK_K] tile holds the gate rows and the up rows of the same output columns.
+    ROW_SCALE: the sums of each row scaled by its 1 / rms (`_row_scale`) before SwiGLU."""
+    if ROW_SCALE:  # requested before the products, so their latency hides behind them
+        r = _row_scale(ss_ptr, m0, M, K, eps, BLOCK_M, SS_SLOTS)[:, None]
     if SWIGLU and JOIN:
         # one product of a [BLOCK_M, 2 BLOCK_N] tile: the gate columns, then the up columns of the same outputs
         acc2 = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             b = tl.reshape(w_desc.load([0, n0, k0]), [2 * BLOCK_N, BLOCK_K])
             acc2 = tl.dot(x_desc.load([m0, k0]), b.T, acc2, input_precision=DOT_PRECISION)
+        if ROW_SCALE:
+            acc2 = acc2 * r
         gate, up = tl.split(tl.permute(tl.reshape(acc2, [BLOCK_M, 2, BLOCK_N]), [0, 2, 1]))
         acc = gate * tl.sigmoid(gate) * up
     else:
@@ -365,6 +390,10 @@ def _tma_tile(x_desc, w_desc, m0, n0, N, K, DOT_PRECISION: tl.constexpr, BLOCK_M
             acc = tl.dot(a, w_desc.load([n0, k0]).T, acc, input_precision=DOT_PRECISION)  # W rows [BLOCK_N, BLOCK_K]
             if SWIGLU:
                 acc_u = tl.dot(a, w_desc.load([N + n0, k0]).T, acc_u, input_precision=DOT_PRECISION)
+        if ROW_SCALE:
+            acc = acc * r
+            if SWIGLU:
+                acc_u = acc_u * r
         if SWIGLU:
             acc = acc * tl.sigmoid(acc) * acc_u
     return acc
@@ -381,12 +410,46 @@ def _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The fp32 tile rounded to out's dtype and stored, rows past M and columns past N dropped."""
+def _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                RES_NORM: tl.constexpr = False, r_ptr=None, nw_ptr=None, h_ptr=None, ss_ptr=None, stride_rm=0,
+                stride_hm=0, SS_SLOTS: tl.constexpr = 1):
+    """The fp32 tile rounded to out's dtype and stored, rows past M and columns past N dropped.
+
+    RES_NORM: the tile y is a branch's output joining the residual stream r, and what the next RMSNorm can do
+    without the whole row is done here: out = r + y (y rounded first, the sum rounded: as the unfused pair
+    rounds), h = out (1 + nw) in out's dtype, and each row's sum of out^2 over this tile's columns into
+    ss[m, pid_n]. The program of column tile 0 writes zeros into the slots past the last column tile (a call with
+    narrower tiles may have filled them). r may be out itself: each element is read before the same thread
+    writes it."""
     out_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     out_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    o_ptrs = out_ptr + out_m[:, None].to(tl.int64) * stride_om + out_n[None, :]
-    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(out_m[:, None] < M) & (out_n[None, :] < N))
+    mask = (out_m[:, None] < M) & (out_n[None, :] < N)
+    rows = out_m[:, None].to(tl.int64)
+    y = acc.to(out_ptr.dtype.element_ty)
+    if RES_NORM:
+        res = tl.load(r_ptr + rows * stride_rm + out_n[None, :], mask=mask, other=0.0)
+        y = (res.to(tl.float32) + y.to(tl.float32)).to(out_ptr.dtype.element_ty)
+        s = y.to(tl.float32)
+        w1 = 1.0 + tl.load(nw_ptr + out_n, mask=out_n < N, other=0.0).to(tl.float32)
+        tl.store(h_ptr + rows * stride_hm + out_n[None, :], (s * w1[None, :]).to(h_ptr.dtype.element_ty), mask=mask)
+        tl.store(ss_ptr + out_m.to(tl.int64) * SS_SLOTS + pid_n, tl.sum(tl.where(mask, s * s, 0.0), 1),
+                 mask=out_m < M)
+        if pid_n == 0:
+            slot = tl.arange(0, SS_SLOTS)
+            tl.store(ss_ptr + rows * SS_SLOTS + slot[None, :], tl.zeros([BLOCK_M, SS_SLOTS], dtype=tl.float32),
+                     mask=(out_m[:, None] < M) & (slot[None, :] >= tl.cdiv(N, BLOCK_N)))
+    tl.store(out_ptr + rows * stride_om + out_n[None, :], y, mask=mask)
+
+
+@triton.jit
+def _row_scale(ss_ptr, m0, M, K, eps, BLOCK_M: tl.constexpr, SS_SLOTS: tl.constexpr):
+    """[BLOCK_M] 1 / rms of rows m0.. of a K-wide activation whose sums of squares a RES_NORM epilogue left in
+    ss [M, SS_SLOTS]: rsqrt(sum(ss[m]) / K + eps), the slots added in a fixed order (the same bits every call)."""
+    rows = m0 + tl.arange(0, BLOCK_M)
+    slot = tl.arange(0, SS_SLOTS)
+    part = tl.load(ss_ptr + rows[:, None].to(tl.int64) * SS_SLOTS + slot[None, :], mask=(rows < M)[:, None],
+                   other=0.0)
+    return tl.rsqrt(tl.sum(part, 1) / K + eps)
 
 
 def matmul_grid(M: int, N: int, meta: dict, device) -> tuple:
@@ -396,18 +459,20 @@ def matmul_grid(M: int, N: int, meta: dict, device) -> tuple:
 
 
 def matmul_with_config(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, config: "triton.Config",
-                       swiglu: bool = False) -> torch.Tensor:
+                       swiglu: bool = False, epilogue: dict | None = None) -> torch.Tensor:
     """matmul_kernel with one given configuration, past the autotuner (tests and benchmarks time or check each
     candidate this way): out [M, N] = x weight^T, or with swiglu silu(x W_gate^T) * (x W_up^T) [M, N] for weight
-    [2N, K]. No checks: the caller passes operands `matmul` would accept. A TMA configuration needs `_tma_ok`."""
+    [2N, K]. No checks: the caller passes operands `matmul` would accept. A TMA configuration needs `_tma_ok`.
+    epilogue: the norm-splitting arguments `_norm_epilogue` makes (linear_add_rms_norm, rms_scaled_linear)."""
     M, K = x.shape
     N = out.shape[1]
     tail = config.kwargs.get("TAIL", 1) > 1
     x_desc, w_desc, xt_desc = _tma_descriptors(x, weight, tail) if config.kwargs.get("TMA") else (None, None, None)
     matmul_kernel.fn[matmul_grid(M, N, config.kwargs, x.device)](
         x, weight, out, x_desc, w_desc, xt_desc, M, N, K, triton.next_power_of_2(M), x.stride(0), weight.stride(0),
-        out.stride(0), DOT_PRECISION=dot_precision(x.dtype), SWIGLU=swiglu, num_warps=config.num_warps,
-        num_stages=config.num_stages, **config.kwargs, **pdl_options(x.device))
+        out.stride(0), *_norm_epilogue(out, epilogue), DOT_PRECISION=dot_precision(x.dtype), SWIGLU=swiglu,
+        num_warps=config.num_warps, num_stages=config.num_stages, **config.kwargs, **pdl_options(x.device),
+        **_norm_epilogue_meta(epilogue))
     return out
 
 
@@ -799,9 +864,9 @@ def _check_swiglu_operands(name: str, x, weight, out):
     return M, I, K
 
 
-def _matmul(name, x, weight, out, swiglu=False):
+def _matmul(name, x, weight, out, swiglu=False, epilogue=None):
     """The tiled GEMM, one launch: y = x weight^T [M, N], or with swiglu silu(x W_gate^T) * (x W_up^T) [M, I]
-    for weight = [W_gate; W_up] [2I, K]."""
+    for weight = [W_gate; W_up] [2I, K]. epilogue: see `_norm_epilogue`."""
     if swiglu:
         M, N, K = _check_swiglu_operands(name, x, weight, out)
     else:
@@ -819,9 +884,25 @@ def _matmul(name, x, weight, out, swiglu=False):
     # (_fit_descriptors); the slice descriptor only for SwiGLU, the one product with TAIL candidates
     x_desc, w_desc, xt_desc = _tma_descriptors(x, weight, tail=bool(swiglu)) if tma_ok else (None, None, None)
     matmul_kernel[grid](x, weight, out, x_desc, w_desc, xt_desc, M, N, K, triton.next_power_of_2(min(M, 4096)),
-                        x.stride(0), weight.stride(0), out.stride(0), DOT_PRECISION=dot_precision(x.dtype),
-                        SWIGLU=bool(swiglu), TMA_OK=tma_ok, **pdl_options(x.device))
+                        x.stride(0), weight.stride(0), out.stride(0), *_norm_epilogue(out, epilogue),
+                        DOT_PRECISION=dot_precision(x.dtype), SWIGLU=bool(swiglu), TMA_OK=tma_ok,
+                        **pdl_options(x.device), **_norm_epilogue_meta(epilogue))
     return out
+
+
+def _norm_epilogue(out, epilogue):
+    """matmul_kernel's (r, nw, h, ss, stride_rm, stride_hm, eps) for an epilogue dict: {"residual", "norm_weight",
+    "h", "ss"} (RES_NORM) or {"ss", "eps"} (ROW_SCALE); None: placeholders the kernel never reads."""
+    e = epilogue or {}
+    r, h = e.get("residual", out), e.get("h", out)
+    return (r, e.get("norm_weight", out), h, e.get("ss", out), r.stride(0), h.stride(0), float(e.get("eps", 0.0)))
+
+
+def _norm_epilogue_meta(epilogue):
+    if not epilogue:
+        return {}
+    return dict(RES_NORM="residual" in epilogue, ROW_SCALE="residual" not in epilogue,
+                SS_SLOTS=epilogue["ss"].shape[1])
 
 
 @functools.lru_cache(maxsize=None)
@@ -1198,6 +1279,73 @@ def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: to
     overlap x or residual (KernelError): pass a separate buffer, e.g. alternate two between layers.
     """
     return _rms_linear("add_rms_norm_linear", x, residual, norm_weight, eps, weight, out, residual_out)
+
+
+def ss_slots(H: int) -> int:
+    """Slots per row of the partial sums of squares that linear_add_rms_norm writes for an H-wide output: one per
+    column tile at the narrowest tile of any configuration, rounded up to a power of two."""
+    narrowest = min(c.kwargs["BLOCK_N"] for c in _matmul_configs(False))
+    return triton.next_power_of_2(triton.cdiv(H, narrowest))
+
+
+def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                        eps: float, residual_out: torch.Tensor | None = None):
+    """A branch's output projection joining the residual stream, and the part of the next RMSNorm that needs no
+    whole row, in one GEMM's epilogue (the norm kernel between two prompt GEMMs is gone):
+
+        s = residual + x weight^T       (the product rounded to x's dtype, then the sum: as add_rms_norm rounds)
+        h = s (1 + norm_weight)         (x's dtype)
+        ss[m, j] = sum of s[m, n]^2 over the j-th output tile's columns n (fp32; the slots past the tiles: 0)
+
+    x [M, K], weight [H, K], residual [M, H] (rows may be strided), norm_weight [H] -> (s, h, ss), s and h [M, H],
+    ss [M, ss_slots(H)]. residual_out (s) may be `residual` itself, updated in place. The norm's row factor is
+    left to the next product: rms_norm(s) (1 + w) = s (1 + w) / rms(s), and 1 / rms(s) multiplies each of that
+    product's fp32 sums (`rms_scaled_linear`). Always the tiled GEMM."""
+    name = "linear_add_rms_norm"
+    M, H, K = _check_operands(name, x, weight, None)
+    _check_norm_weight(name, norm_weight, H, x)
+    for arg, t in (("residual", residual), ("residual_out", residual_out)):
+        if t is None and arg == "residual_out":
+            continue
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != (M, H) or t.dtype != x.dtype or t.device != x.device:
+            _fail(name, arg, f"must be [{M}, {H}] {x.dtype} on {x.device} (x's rows, weight's outputs), got "
+                  f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
+                  f"{f' {t.dtype} on {t.device}' if isinstance(t, torch.Tensor) else ''}")
+        if H > 1 and t.stride(1) != 1:
+            _fail(name, arg, f"must be contiguous in its last dim (stride 1), got strides {t.stride()}")
+    if residual_out is None:
+        residual_out = torch.empty((M, H), dtype=x.dtype, device=x.device)
+    elif _overlap(residual_out, residual) and (residual_out.data_ptr(), residual_out.stride()) != \
+            (residual.data_ptr(), residual.stride()):
+        _fail(name, "residual_out", "overlaps residual without being it: pass residual itself (in place) or a "
+              "separate buffer")
+    for arg, t in (("residual", residual), ("residual_out", residual_out)):
+        if _overlap(t, x):
+            _fail(name, arg, "overlaps x, which every program of the product reads")
+    h = torch.empty((M, H), dtype=x.dtype, device=x.device)
+    ss = torch.empty((M, ss_slots(H)), dtype=torch.float32, device=x.device)
+    _matmul(name, x, weight, residual_out,
+            epilogue={"residual": residual, "norm_weight": norm_weight, "h": h, "ss": ss})
+    return residual_out, h, ss
+
+
+def rms_scaled_linear(h: torch.Tensor, ss: torch.Tensor, eps: float, weight: torch.Tensor,
+                      out: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
+    """The projection after linear_add_rms_norm, the norm's row factor applied to its fp32 sums:
+
+        y[m] = (h[m] weight^T) / sqrt(sum(ss[m]) / K + eps)        (K: h's width, the norm's)
+
+    h [M, K], ss [M, S] fp32 (S a power of two), weight [N, K] -> y [M, N]; with swiglu, weight = [W_gate; W_up]
+    [2N, K], both sums scaled, then silu(gate) * up. Equals linear(rms_norm(s, w, eps), weight) (or
+    linear_silu_mul of it) up to where the rounding falls. Always the tiled GEMM."""
+    name = "rms_scaled_linear"
+    M, N, K = _check_swiglu_operands(name, h, weight, out) if swiglu else _check_operands(name, h, weight, out)
+    if (not isinstance(ss, torch.Tensor) or ss.dim() != 2 or ss.shape[0] != M or ss.dtype != torch.float32
+            or ss.device != h.device or ss.shape[1] & (ss.shape[1] - 1) or not ss.is_contiguous()):
+        _fail(name, "ss", f"must be a contiguous float32 [{M}, S] on {h.device}, S a power of two (from "
+              f"linear_add_rms_norm), got {tuple(ss.shape) if isinstance(ss, torch.Tensor) else type(ss).__name__}"
+              f"{f' {ss.dtype}' if isinstance(ss, torch.Tensor) else ''}")
+    return _matmul(name, h, weight, out, swiglu=swiglu, epilogue={"ss": ss, "eps": eps})
 
 
 def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
