@@ -70,7 +70,8 @@ if want experiments; then
   # (Settled in docs/perf-log.md: probe_conv.py with the [W, C] weights, probe_rope.py, probe_gemm_desc.py,
   # probe_attention.py with QWEN_LAB_ATTN_TMA=1, probe_mlp_decode.py.)
   # a residual add + RMSNorm split between two prompt GEMMs' epilogues, against the norm kernel between them
-  timeout 240 python3 benchmarks/probe_norm_split.py 2>&1 | tee "$OUT/probe_norm_split.txt"
+  # (the GEMM pairs, then the model's prefill with qwen_lab.model.SPLIT_NORMS off and on)
+  timeout 420 python3 benchmarks/probe_norm_split.py 2>&1 | tee "$OUT/probe_norm_split.txt"
   for t in 256 64; do
     timeout 150 python3 benchmarks/probe_attention.py --tokens $t 2>&1 | tee "$OUT/probe_attention_$t.txt"
   done

@@ -15,18 +15,19 @@ through the registers on its way to the tensor cores). The split here leaves bot
 No norm kernel and no branch output in memory: ~8 of the pair's ~20 MB of traffic and one launch boundary less.
 Each case times `--pairs` pairs (each its own weights, so they come from memory as the model's layers do) in a CUDA
 Graph, both ways alternated twice, and compares the outputs: s bitwise, the second product within bf16 rounding
-(h rounds s (1 + w) where the reference rounds the normed row).
+(h rounds s (1 + w) where the reference rounds the normed row). Then (unless --no-model) the model's prefill with
+`qwen_lab.model.SPLIT_NORMS` off and on, alternated (`probe_ab.model_ab`).
 """
 
 import sys
 
 import torch
 
-from probe_ab import probe_args
+from probe_ab import model_ab, probe_args
 
 
 def main() -> int:
-    args = probe_args(__doc__, ("--pairs", dict(type=int, default=8)), model=False)
+    args = probe_args(__doc__, ("--pairs", dict(type=int, default=8)))
     if args is None:
         return 0
     from qwen_lab import checks
@@ -72,6 +73,10 @@ def main() -> int:
               f"runs {', '.join(f'{t:.2f}' for t in times['norm_kernel'])} / "
               f"{', '.join(f'{t:.2f}' for t in times['split'])})  s bitwise {same_s}, second output "
               f"relative error {err:.2e}", flush=True)
+    if not args.no_model:  # the model's prefill with qwen_lab.model.SPLIT_NORMS off and on, alternated
+        from qwen_lab import model as model_module
+
+        model_ab(lambda on: setattr(model_module, "SPLIT_NORMS", on), "SPLIT_NORMS", T)
     return 0
 
 

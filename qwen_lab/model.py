@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -38,6 +38,8 @@ KERNEL_MODULES = {
     "rms_norm_linear": "gemm",
     "add_rms_norm_linear": "gemm",
     "gated_rms_norm_linear": "gemm",
+    "linear_add_rms_norm": "gemm",
+    "rms_scaled_linear": "gemm",
     "silu_mul": "activations",
     "swiglu_down": "activations",
     "linear_silu_mul": "activations",
@@ -59,6 +61,17 @@ KERNEL_MODULES = {
 }
 OPERATORS = tuple(KERNEL_MODULES)
 BACKENDS = ("torch", "triton")
+# A prompt's residual add + RMSNorm split between the GEMM before it and the GEMM after it (linear_add_rms_norm,
+# rms_scaled_linear; see Pending): no norm kernel between two prompt GEMMs. Off until benchmarks/probe_norm_split.py
+# and the model's A/B have timed it against the norm kernel on a GPU.
+SPLIT_NORMS = False
+
+
+class Pending(NamedTuple):
+    """A branch's output projection x @ weight^T, not yet computed (SPLIT_NORMS): the GEMM that computes it also
+    adds it to the residual stream and does the next norm's per-row part (`norm_linear`, `mlp`)."""
+    x: torch.Tensor
+    weight: torch.Tensor
 
 
 def _check_backend(backend) -> None:
@@ -185,6 +198,9 @@ class Qwen35Model:
         """
         ops, eps = self.ops, self.config.rms_norm_eps
         kw = {} if out is None else {"out": out}
+        if isinstance(y, Pending):  # the branch's projection adds itself to x; its epilogue and the next's do the norm
+            x, h, ss = ops["linear_add_rms_norm"](y.x, y.weight, x, norm_weight, eps)
+            return ops["rms_scaled_linear"](h, ss, eps, weight, **kw), x
         if self._fused("rms_norm", "add_rms_norm", "linear"):
             if y is None:
                 return ops["rms_norm_linear"](x, norm_weight, eps, weight, **kw), x
@@ -217,6 +233,16 @@ class Qwen35Model:
     def _fused(self, *names: str) -> bool:
         """Whether these table entries are still the library's own Triton kernels (so their fusion applies)."""
         return self.backend == "triton" and all(self.ops[n] is self._stock.get(n) for n in names)
+
+    def _splits_norms(self, rows: int) -> bool:
+        """Whether a branch output of `rows` rows is left Pending: SPLIT_NORMS, a prompt's GEMM rows, the library's
+        kernels in the table, nothing traced (a trace wants every norm's output)."""
+        return (SPLIT_NORMS and rows > self._gemv_rows and self.trace is None
+                and self._fused("linear", "linear_add_rms_norm", "rms_scaled_linear"))
+
+    def _branch_output(self, x: torch.Tensor, weight: torch.Tensor):
+        """A branch's output projection: x @ weight^T now, or Pending for the next norm's GEMMs (_splits_norms)."""
+        return Pending(x, weight) if self._splits_norms(x.shape[0]) else self.ops["linear"](x, weight)
 
     def gated_deltanet(self, i: int, layer, proj: torch.Tensor, cache: Cache, last_row: bool = False) -> torch.Tensor:
         """Gated DeltaNet mixer, from its fused in-projection: causal conv, gates, the delta rule, gated norm,
@@ -255,12 +281,12 @@ class Qwen35Model:
         self._t(i, "delta_rule", o)
         if last_row:
             o, z = o[-1:], z[-1:]
-        if self._fused("gated_rms_norm", "linear"):  # the gated norm as the out-projection's prologue
+        if self._fused("gated_rms_norm", "linear") and not self._splits_norms(o.shape[0]):  # the norm as its prologue
             y = ops["gated_rms_norm_linear"](o, z, layer.norm, cfg.rms_norm_eps, layer.out_proj)
         else:
             o = ops["gated_rms_norm"](o, z, layer.norm, cfg.rms_norm_eps)  # rmsnorm(o) * w * silu(z)
             self._t(i, "gated_norm", o)
-            y = ops["linear"](o.reshape(o.shape[0], vd), layer.out_proj)
+            y = self._branch_output(o.reshape(o.shape[0], vd), layer.out_proj)
         self._t(i, "out_proj", y)
         return y
 
@@ -298,21 +324,24 @@ class Qwen35Model:
                 q, gate, positions = q[-1:], gate[-1:], positions[-1:]
             o = ops["attention"](q, k_cache, v_cache, positions, gate=gate)   # softmax(q k^T / sqrt(D)) v * σ(gate)
         self._t(i, "gated_attention", o)
-        y = ops["linear"](o.reshape(o.shape[0], Hq * D), layer.o_proj)
+        y = self._branch_output(o.reshape(o.shape[0], Hq * D), layer.o_proj)
         self._t(i, "o_proj", y)
         return y
 
     def mlp(self, i: int, layer, y: torch.Tensor, x: torch.Tensor):
         """x = x + y, RMSNorm, then SwiGLU from the fused gate/up projection (the input read once):
         down(silu(gate) * up). -> (the MLP's output, the new residual x)."""
-        ops = self.ops
-        if x.shape[0] > self._gemv_rows and self._fused("add_rms_norm", "linear", "swiglu_down", "linear_silu_mul"):
+        ops, eps = self.ops, self.config.rms_norm_eps
+        if isinstance(y, Pending):  # (SPLIT_NORMS) the branch's projection adds itself to x and prepares the norm
+            x, h, ss = ops["linear_add_rms_norm"](y.x, y.weight, x, layer.post_norm, eps)
+            y = self._branch_output(ops["rms_scaled_linear"](h, ss, eps, layer.gate_up, swiglu=True), layer.down)
+        elif x.shape[0] > self._gemv_rows and self._fused("add_rms_norm", "linear", "swiglu_down", "linear_silu_mul"):
             # a prompt: the projections are tiled GEMMs, and SwiGLU runs in the gate/up GEMM's epilogue, so the
             # [T, 2I] projection never goes to memory. (A few rows take the GEMV path below, whose prologues
             # already fuse the norm and SwiGLU.)
-            h, x = ops["add_rms_norm"](y, x, layer.post_norm, self.config.rms_norm_eps)
+            h, x = ops["add_rms_norm"](y, x, layer.post_norm, eps)
             self._t(i, "post_attention_norm", h)
-            y = ops["linear"](ops["linear_silu_mul"](h, layer.gate_up), layer.down)
+            y = self._branch_output(ops["linear_silu_mul"](h, layer.gate_up), layer.down)
         else:
             gate_up, x = self.norm_linear(i, "post_attention_norm", y, x, layer.post_norm, layer.gate_up)
             self._t(i, "gate_up", gate_up)

@@ -96,6 +96,34 @@ def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: to
     return linear(h, weight), s
 
 
+def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                        eps: float, residual_out: torch.Tensor | None = None):
+    """A branch's projection joining the residual stream, and the next norm's part that needs no whole row:
+    s = residual + linear(x, weight) (rounded as add_rms_norm rounds), h = s (1 + norm_weight), ss = each row's
+    sum of s^2 (fp32, one slot: [M, 1]). x [M, K], weight [H, K], residual [M, H] -> (s, h, ss).
+
+    Then rms_scaled_linear(h, ss, eps, W) = linear(rms_norm(s, norm_weight, eps), W) up to rounding: the norm's
+    row factor 1 / rms(s) comes out of the next product. On the GPU both halves are GEMM epilogues (the
+    kernel writes ss as one partial sum per output tile), and no norm kernel runs between the two GEMMs.
+    """
+    s = (residual.float() + linear(x, weight).float()).to(x.dtype)
+    if residual_out is not None:
+        s = residual_out.copy_(s)
+    h = (s.float() * (1.0 + norm_weight.float())).to(x.dtype)
+    return s, h, (s.float() ** 2).sum(-1, keepdim=True)
+
+
+def rms_scaled_linear(h: torch.Tensor, ss: torch.Tensor, eps: float, weight: torch.Tensor,
+                      swiglu: bool = False) -> torch.Tensor:
+    """The projection after linear_add_rms_norm: (h weight^T) / sqrt(sum(ss) / K + eps) per row (K: h's width),
+    the factor applied to the fp32 sums; with swiglu (weight = [W_gate; W_up]) to both, then silu(gate) * up."""
+    y = (h.float() @ weight.float().t()) * torch.rsqrt(ss.sum(-1, keepdim=True) / h.shape[-1] + eps)
+    if swiglu:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    return y.to(h.dtype)
+
+
 def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
     """RMSNorm + projection: linear(rms_norm(x, norm_weight, eps), weight). x [M, H], weight [N, H] -> [M, N]."""
     return linear(rms_norm(x, norm_weight, eps), weight)

@@ -908,6 +908,10 @@ def test_linear_add_rms_norm_leaves_what_the_next_gemm_needs(rt, gen, M, K, H):
     checks.compare("h", h, (s_ref.float() * (1 + nw)).to(rt.dtype))
     assert ss.shape == (M, gemm.ss_slots(H)) and ss.dtype == torch.float32
     checks.compare("sum of the slots", ss.sum(1), (s.float() ** 2).sum(1), rtol=1e-4)
+    s_r, h_r, ss_r = reference.linear_add_rms_norm(x, w, residual, nw, 1e-6)   # the table's oracle: one slot
+    checks.compare("reference s", s_r, s_ref)
+    checks.compare("reference h", h_r, h)
+    checks.compare("reference slot", ss_r[:, 0], ss.sum(1), rtol=1e-4)
     # a buffer holding something else: every slot is written (those past the column tiles with zeros)
     again = torch.full_like(ss, 7.0)
     gemm._matmul("linear_add_rms_norm", x, w, torch.empty_like(s),
@@ -934,6 +938,7 @@ def test_rms_scaled_linear_equals_the_norm_then_the_projection(rt, gen, swiglu):
     normed = reference.rms_norm(s, nw, 1e-6)
     want = reference.linear_silu_mul(normed, w2) if swiglu else reference.linear(normed, w2)
     checks.compare("rms_scaled_linear", y, want)
+    checks.compare("reference rms_scaled_linear", reference.rms_scaled_linear(h, ss, 1e-6, w2, swiglu=swiglu), want)
 
 
 def test_split_norm_arguments_are_named(rt, gen):

@@ -165,6 +165,32 @@ def test_a_step_runs_the_last_layer_past_its_mixer_for_the_last_row(name, backen
         assert torch.equal(a, b)
 
 
+def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
+    """SPLIT_NORMS: a prompt's residual add + RMSNorm split between the GEMMs around it (no add_rms_norm kernel
+    left at prefill), the same logits; decode keeps its fused GEMV route, launch for launch."""
+    from qwen_lab import model as model_module
+    from qwen_lab.kernels import count_launches
+
+    model = load_model("tiny", backend="triton")
+    T = 20
+    ids = torch.randint(0, model.config.vocab_size, (T,), generator=gen).to(model.device)
+    runs = {}
+    for on in (False, True):
+        monkeypatch.setattr(model_module, "SPLIT_NORMS", on)
+        cache = model.new_cache(T + 1)
+        with torch.inference_mode(), count_launches() as prefill:
+            logits = model.step(ids, torch.arange(T, device=model.device), cache, all_logits=True)
+        with torch.inference_mode(), count_launches() as decode:
+            model.step(ids[:1], torch.tensor([T], device=model.device), cache)
+        runs[on] = logits.float(), dict(prefill), dict(decode)
+    (off, prefill_off, decode_off), (on, prefill_on, decode_on) = runs[False], runs[True]
+    assert checks.relative_error(on, off) <= 1e-5
+    assert prefill_off["add_rms_norm_kernel"] == 2 * model.config.num_hidden_layers, prefill_off
+    assert prefill_on.get("add_rms_norm_kernel", 0) == 0 and prefill_on["rms_norm_kernel"] == 1, prefill_on
+    assert prefill_on["matmul_kernel"] == prefill_off["matmul_kernel"], (prefill_on, prefill_off)
+    assert decode_on == decode_off
+
+
 def test_fused_paths_launch_what_they_should(gen):
     """With the library's kernels, a prompt runs SwiGLU in the gate/up GEMM's epilogue (no silu_mul kernel) and the
     DeltaNet gates in the chunk prep (no gates kernel); each attention layer prepares q/k and fills the cache in one
