@@ -27,6 +27,7 @@ from . import reference, runtime
 from .cache import Cache
 from .config import LINEAR, Qwen35Config
 from .errors import ConfigError, DeviceError, GenerationError
+from .kernels import env_on
 
 # operator -> the kernel module that implements it under backend="triton"
 KERNEL_MODULES = {
@@ -62,9 +63,9 @@ KERNEL_MODULES = {
 OPERATORS = tuple(KERNEL_MODULES)
 BACKENDS = ("torch", "triton")
 # A prompt's residual add + RMSNorm split between the GEMM before it and the GEMM after it (linear_add_rms_norm,
-# rms_scaled_linear; see Pending): no norm kernel between two prompt GEMMs. Off until benchmarks/probe_norm_split.py
-# and the model's A/B have timed it against the norm kernel on a GPU.
-SPLIT_NORMS = False
+# rms_scaled_linear; see Pending): no norm kernel between two prompt GEMMs. Off (QWEN_LAB_SPLIT_NORMS=1 turns it on)
+# until benchmarks/probe_norm_split.py and the model's A/B have timed it against the norm kernel on a GPU.
+SPLIT_NORMS = env_on("QWEN_LAB_SPLIT_NORMS", False)
 
 
 class Pending(NamedTuple):
