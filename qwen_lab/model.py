@@ -196,6 +196,7 @@ class Qwen35Model:
 
         With the library's own kernels in the table, the residual add and the norm run as the prologue of the
         projection's kernel (one launch at decode); a table holding anyone else's norm or linear runs them apart.
+        y Pending (SPLIT_NORMS): its projection runs here, adding itself to x in the GEMM's epilogue.
         """
         ops, eps = self.ops, self.config.rms_norm_eps
         kw = {} if out is None else {"out": out}
@@ -329,9 +330,9 @@ class Qwen35Model:
         self._t(i, "o_proj", y)
         return y
 
-    def mlp(self, i: int, layer, y: torch.Tensor, x: torch.Tensor):
+    def mlp(self, i: int, layer, y, x: torch.Tensor):
         """x = x + y, RMSNorm, then SwiGLU from the fused gate/up projection (the input read once):
-        down(silu(gate) * up). -> (the MLP's output, the new residual x)."""
+        down(silu(gate) * up). -> (the MLP's output, the new residual x); y and the output may be Pending."""
         ops, eps = self.ops, self.config.rms_norm_eps
         if isinstance(y, Pending):  # (SPLIT_NORMS) the branch's projection adds itself to x and prepares the norm
             x, h, ss = ops["linear_add_rms_norm"](y.x, y.weight, x, layer.post_norm, eps)
