@@ -184,7 +184,8 @@ def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
             model.step(ids[:1], torch.tensor([T], device=model.device), cache)
         runs[on] = logits.float(), dict(prefill), dict(decode)
     (off, prefill_off, decode_off), (on, prefill_on, decode_on) = runs[False], runs[True]
-    assert checks.relative_error(on, off) <= 1e-5
+    # bf16 on a GPU: h = s (1 + w) is rounded where the norm kernel rounds the normed row
+    assert checks.relative_error(on, off) <= (1e-5 if model.dtype == torch.float32 else 3e-2)
     assert prefill_off["add_rms_norm_kernel"] == 2 * model.config.num_hidden_layers, prefill_off
     assert prefill_on.get("add_rms_norm_kernel", 0) == 0 and prefill_on["rms_norm_kernel"] == 1, prefill_on
     assert prefill_on["matmul_kernel"] == prefill_off["matmul_kernel"], (prefill_on, prefill_off)

@@ -38,6 +38,8 @@ def test_every_gpu_config_compiles_for_sm90(results):
     kinds = {r["label"].split(" ")[0] for r in results}
     assert {"matmul", "gemv", "flash_attention", "flash_decode_split", "chunk_prep", "chunk_scan", "conv_decode_step",
             "conv1d_prefill", "notebook"} <= kinds, kinds
+    # the GEMM epilogues that split a residual add + RMSNorm between two prompt GEMMs, with the TMA candidates
+    assert any("RES_NORM" in r["label"] for r in results) and any("ROW_SCALE" in r["label"] for r in results)
 
 
 def test_every_gpu_config_fits_the_shared_memory_of_sm90(results):
