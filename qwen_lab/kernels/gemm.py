@@ -432,8 +432,10 @@ def _store_tile(out_ptr, acc, pid_m, pid_n, M, N, stride_om, BLOCK_M: tl.constex
         s = y.to(tl.float32)
         w1 = 1.0 + tl.load(nw_ptr + out_n, mask=out_n < N, other=0.0).to(tl.float32)
         tl.store(h_ptr + rows * stride_hm + out_n[None, :], (s * w1[None, :]).to(h_ptr.dtype.element_ty), mask=mask)
+        # (ss_slots sizes SS_SLOTS for the narrowest tile of any configuration; the guard keeps a narrower one
+        # inside the buffer)
         tl.store(ss_ptr + out_m.to(tl.int64) * SS_SLOTS + pid_n, tl.sum(tl.where(mask, s * s, 0.0), 1),
-                 mask=out_m < M)
+                 mask=(out_m < M) & (pid_n < SS_SLOTS))
         if pid_n == 0:
             slot = tl.arange(0, SS_SLOTS)
             tl.store(ss_ptr + rows * SS_SLOTS + slot[None, :], tl.zeros([BLOCK_M, SS_SLOTS], dtype=tl.float32),
@@ -1304,9 +1306,7 @@ def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.T
     name = "linear_add_rms_norm"
     M, H, K = _check_operands(name, x, weight, None)
     _check_norm_weight(name, norm_weight, H, x)
-    for arg, t in (("residual", residual), ("residual_out", residual_out)):
-        if t is None and arg == "residual_out":
-            continue
+    for arg, t in [("residual", residual)] + ([("residual_out", residual_out)] if residual_out is not None else []):
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != (M, H) or t.dtype != x.dtype or t.device != x.device:
             _fail(name, arg, f"must be [{M}, {H}] {x.dtype} on {x.device} (x's rows, weight's outputs), got "
                   f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
