@@ -119,6 +119,7 @@ class Qwen35Model:
         self._gemv_rows = importlib.import_module("qwen_lab.kernels.gemm").GEMV_MAX_M if backend == "triton" else 0
         self.trace: Callable | None = None  # trace(layer, op_name, tensor): see divergence_report
         self.layer_index = -1                # the layer being computed (-1: embedding; num_layers: the head)
+        self.last_row_only = False           # the layer's output is wanted for the last row only (see step)
 
     # ---------------------------------------------------------------- public API
     def new_cache(self, max_len: int) -> Cache:
@@ -177,16 +178,17 @@ class Qwen35Model:
             proj, x = self.norm_linear(i, "input_norm", y, x, layer.input_norm, w_in)   # x += y; norm; project
             # Only the last position's logits are wanted: past the last layer's token mixing (which still runs over
             # every token, for the cache and the states) nothing mixes positions, so that layer's mixer output,
-            # residual and MLP are computed for the last row alone.
-            last_row = not all_logits and i == len(W.layers) - 1
+            # residual and MLP are computed for the last row alone. (The mixers read last_row_only; a mixer put in
+            # their place may compute every row: its output is cut here.)
+            self.last_row_only = not all_logits and i == len(W.layers) - 1
             if layer.kind == LINEAR:
-                y = self.gated_deltanet(i, layer, proj, cache, last_row)
+                y = self.gated_deltanet(i, layer, proj, cache)
             else:
-                y = self.gated_attention(i, layer, proj, positions, cache, last_row)
-            if last_row:
-                x = x[-1:]
+                y = self.gated_attention(i, layer, proj, positions, cache)
+            if self.last_row_only:
+                y, x = y[-1:], x[-1:]
             y, x = self.mlp(i, layer, y, x)                            # x += y; norm; SwiGLU MLP
-        self.layer_index = len(W.layers)
+        self.layer_index, self.last_row_only = len(W.layers), False
         logits, _ = self.norm_linear(len(W.layers), "final_norm", y, x, W.final_norm, W.lm_head, out=logits_out)
         self._t(len(W.layers), "lm_head", logits)
         return logits
@@ -246,9 +248,9 @@ class Qwen35Model:
         """A branch's output projection: x @ weight^T now, or Pending for the next norm's GEMMs (_splits_norms)."""
         return Pending(x, weight) if self._splits_norms(x.shape[0]) else self.ops["linear"](x, weight)
 
-    def gated_deltanet(self, i: int, layer, proj: torch.Tensor, cache: Cache, last_row: bool = False) -> torch.Tensor:
+    def gated_deltanet(self, i: int, layer, proj: torch.Tensor, cache: Cache) -> torch.Tensor:
         """Gated DeltaNet mixer, from its fused in-projection: causal conv, gates, the delta rule, gated norm,
-        out-projection (last_row: the gated norm and the out-projection of the last token only)."""
+        out-projection (last_row_only: the gated norm and the out-projection of the last token alone)."""
         cfg, ops = self.config, self.ops
         T = proj.shape[0]
         Hk, Hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
@@ -281,7 +283,7 @@ class Qwen35Model:
                 g, beta = ops["deltanet_gates"](a, b, layer.A_log, layer.dt_bias)
                 o = ops["delta_rule_chunked"](q, k, v, g, beta, state)  # [T, Hv, Dv]; l2norm of q, k inside
         self._t(i, "delta_rule", o)
-        if last_row:
+        if self.last_row_only:
             o, z = o[-1:], z[-1:]
         if self._fused("gated_rms_norm", "linear") and not self._splits_norms(o.shape[0]):  # the norm as its prologue
             y = ops["gated_rms_norm_linear"](o, z, layer.norm, cfg.rms_norm_eps, layer.out_proj)
@@ -292,10 +294,10 @@ class Qwen35Model:
         self._t(i, "out_proj", y)
         return y
 
-    def gated_attention(self, i: int, layer, proj: torch.Tensor, positions: torch.Tensor, cache: Cache,
-                        last_row: bool = False) -> torch.Tensor:
+    def gated_attention(self, i: int, layer, proj: torch.Tensor, positions: torch.Tensor, cache: Cache) -> torch.Tensor:
         """Gated attention mixer, from its fused q/gate/k/v projection: q/k norm, partial RoPE, causal GQA, sigmoid
-        gate, output projection (last_row: every key and value goes to the cache, the last query alone attends)."""
+        gate, output projection (last_row_only: every key and value goes to the cache, the last query alone
+        attends)."""
         cfg, ops = self.config, self.ops
         T = proj.shape[0]
         Hq, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -322,7 +324,7 @@ class Qwen35Model:
                                            cfg.rotary_dim, cfg.rope_theta)
                 ops["kv_cache_write"](k_cache, v_cache, k, v, positions)
             self._t(i, "qk_norm_rope", q)
-            if last_row:
+            if self.last_row_only:
                 q, gate, positions = q[-1:], gate[-1:], positions[-1:]
             o = ops["attention"](q, k_cache, v_cache, positions, gate=gate)   # softmax(q k^T / sqrt(D)) v * σ(gate)
         self._t(i, "gated_attention", o)

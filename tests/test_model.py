@@ -165,6 +165,27 @@ def test_a_step_runs_the_last_layer_past_its_mixer_for_the_last_row(name, backen
         assert torch.equal(a, b)
 
 
+def test_a_mixer_put_in_place_may_return_every_row(gen):
+    """A learner's block in place of a mixer (chapter 10) keeps the mixer's signature and may compute every row of
+    the last layer: the step cuts its output to the last row, and the logits are those of the model's own mixer."""
+    cfg = CONFIGS["tiny"]
+    weights = random_weights(cfg, seed=2)
+    model, every_row = (Qwen35Model(cfg, weights, device="cpu", dtype=torch.float32, backend="torch")
+                        for _ in range(2))   # every_row never steps: its last_row_only stays False
+    ids = torch.randint(0, cfg.vocab_size, (12,), generator=gen)
+    want = model.step(ids, torch.arange(12), model.new_cache(12))
+    rows = []
+
+    def block(i, layer, proj, positions, cache):
+        out = Qwen35Model.gated_attention(every_row, i, layer, proj, positions, cache)
+        rows.append(out.shape[0])
+        return out
+    model.gated_attention = block
+    got = model.step(ids, torch.arange(12), model.new_cache(12))
+    assert rows == [12] and got.shape == want.shape == (1, cfg.vocab_size)
+    assert checks.relative_error(got.float(), want.float()) <= 1e-5
+
+
 def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
     """SPLIT_NORMS: a prompt's residual add + RMSNorm split between the GEMMs around it (no add_rms_norm kernel
     left at prefill), the same logits; decode keeps its fused GEMV route, launch for launch."""
