@@ -63,9 +63,10 @@ KERNEL_MODULES = {
 OPERATORS = tuple(KERNEL_MODULES)
 BACKENDS = ("torch", "triton")
 # A prompt's residual add + RMSNorm split between the GEMM before it and the GEMM after it (linear_add_rms_norm,
-# rms_scaled_linear; see Pending): no norm kernel between two prompt GEMMs. Off (QWEN_LAB_SPLIT_NORMS=1 turns it on)
-# until benchmarks/probe_norm_split.py and the model's A/B have timed it against the norm kernel on a GPU.
-SPLIT_NORMS = env_on("QWEN_LAB_SPLIT_NORMS", False)
+# rms_scaled_linear; see Pending): no norm kernel between two prompt GEMMs. None: the QWEN_LAB_SPLIT_NORMS switch
+# decides, read at each step like the library's other switches (off unless set); True / False override it. Off until
+# benchmarks/probe_norm_split.py and the model's A/B have timed it against the norm kernel on a GPU.
+SPLIT_NORMS = None
 
 
 class Pending(NamedTuple):
@@ -241,7 +242,8 @@ class Qwen35Model:
     def _splits_norms(self, rows: int) -> bool:
         """Whether a branch output of `rows` rows is left Pending: SPLIT_NORMS, a prompt's GEMM rows, the library's
         kernels in the table, nothing traced (a trace wants every norm's output)."""
-        return (SPLIT_NORMS and rows > self._gemv_rows and self.trace is None
+        on = env_on("QWEN_LAB_SPLIT_NORMS", False) if SPLIT_NORMS is None else SPLIT_NORMS
+        return (on and rows > self._gemv_rows and self.trace is None
                 and self._fused("linear", "linear_add_rms_norm", "rms_scaled_linear"))
 
     def _branch_output(self, x: torch.Tensor, weight: torch.Tensor):

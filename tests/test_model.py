@@ -211,6 +211,12 @@ def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
     assert prefill_on.get("add_rms_norm_kernel", 0) == 0 and prefill_on["rms_norm_kernel"] == 1, prefill_on
     assert prefill_on["matmul_kernel"] == prefill_off["matmul_kernel"], (prefill_on, prefill_off)
     assert decode_on == decode_off
+    # unset (None), the environment switch decides, read at each step
+    monkeypatch.setattr(model_module, "SPLIT_NORMS", None)
+    monkeypatch.setenv("QWEN_LAB_SPLIT_NORMS", "1")
+    assert model._splits_norms(T) and not model._splits_norms(1)
+    monkeypatch.setenv("QWEN_LAB_SPLIT_NORMS", "0")
+    assert not model._splits_norms(T)
 
 
 def test_fused_paths_launch_what_they_should(gen):

@@ -182,7 +182,7 @@ def test_every_pdl_kernel_waits_before_it_reads_what_the_previous_kernel_wrote()
     assert {name for _, name, _ in kernels} >= {
         "gemv_splitk_kernel", "conv_decode_step_kernel", "embedding_kernel", "qk_norm_rope_kernel",
         "flash_decode_split_kernel",
-        # the prefill's kernels: 237 launches in a row, each started while the one before it drains
+        # the prefill's kernels: over 230 launches in a row, each started while the one before it drains
         "matmul_kernel", "chunk_prep_kernel", "chunk_scan_kernel", "conv1d_prefill_kernel", "flash_attention_kernel",
         "sigmoid_gate_kernel", "add_rms_norm_kernel", "gated_rms_norm_kernel"}
     weights = ("tl.load(w_rows", "tl.load(conv_w_ptr", "tl.load(A_log_ptr", "tl.load(dt_bias_ptr")
