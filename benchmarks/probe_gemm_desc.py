@@ -31,7 +31,7 @@ def matmul_device_desc_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_
                               DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SWIGLU: tl.constexpr = False,
                               TMA: tl.constexpr = True, PERSIST: tl.constexpr = False, JOIN: tl.constexpr = False,
-                              USE_PDL: tl.constexpr = False):
+                              TAIL: tl.constexpr = 1, USE_PDL: tl.constexpr = False):
     if USE_PDL:
         gdc_wait()  # before the descriptors: their scratch may be memory the previous kernel used
         gdc_launch_dependents()
@@ -43,7 +43,7 @@ def matmul_device_desc_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_
         w_desc = tl.make_tensor_descriptor(w_ptr, shape=[2 * N if SWIGLU else N, K], strides=[stride_wn, 1],
                                            block_shape=[BLOCK_N, BLOCK_K])
     _tma_program(x_desc, w_desc, out_ptr, M, N, K, stride_om, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                 SWIGLU, PERSIST, JOIN)
+                 SWIGLU, PERSIST, JOIN, TAIL=TAIL)   # TAIL: the SwiGLU configurations' last round in slices
 
 
 def device_desc_call(x, w, out, config, swiglu):

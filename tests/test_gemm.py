@@ -949,8 +949,8 @@ def test_split_norm_arguments_are_named(rt, gen):
     with pytest.raises(KernelError, match="residual_out.*overlaps residual"):
         gemm.linear_add_rms_norm(x, w, rows[:17], nw, 1e-6, residual_out=rows[1:])
     _, h, ss = gemm.linear_add_rms_norm(x, w, residual, nw, 1e-6)
-    with pytest.raises(KernelError, match="ss.*power of two"):
-        gemm.rms_scaled_linear(h, ss[:, :3], 1e-6, _w(45, 72, gen, rt))
+    with pytest.raises(KernelError, match="ss.*power of two"):   # (ss's own width depends on the tile configs)
+        gemm.rms_scaled_linear(h, torch.zeros(17, 3, device=h.device), 1e-6, _w(45, 72, gen, rt))
     with pytest.raises(KernelError, match="ss.*float32"):
         gemm.rms_scaled_linear(h, ss.double(), 1e-6, _w(45, 72, gen, rt))
 
@@ -971,5 +971,15 @@ def test_gpu_split_norm_between_prompt_gemms(rt, gen, first, second):
     y = gemm.rms_scaled_linear(h, ss, C.rms_norm_eps, w2, swiglu=swiglu)
     normed, s_ref = norms.add_rms_norm(gemm.matmul(x, w), residual, nw, C.rms_norm_eps)
     assert torch.equal(s, s_ref), "s must round as add_rms_norm rounds it"
-    want = activations.linear_silu_mul(normed, w2) if swiglu else gemm.matmul(normed, w2)
-    checks.compare(f"{first} -> {second}", y, want)
+    unsplit = activations.linear_silu_mul(normed, w2) if swiglu else gemm.matmul(normed, w2)
+    # Both routes round once before the second product, at different places (h = s (1 + w) against the normed
+    # row), so where a sum cancels the two land a few bf16 steps apart (on the GPU, 55 of 7.3M outputs beyond
+    # 0.016 + 0.016 |y|). The split route must be as close to the fp32 truth as the norm kernel's route is: over
+    # all outputs, and at its worst output.
+    exact = reference.rms_norm(s.float(), nw, C.rms_norm_eps)
+    truth = (reference.linear_silu_mul if swiglu else reference.linear)(exact, w2.float())
+    err, err_unsplit = checks.relative_error(y.float(), truth), checks.relative_error(unsplit.float(), truth)
+    assert err <= 1.1 * err_unsplit, f"{first} -> {second}: relative error {err:.3g}, unsplit {err_unsplit:.3g}"
+    worst, worst_unsplit = ((t.float() - truth).abs().max().item() for t in (y, unsplit))
+    assert worst <= 1.5 * worst_unsplit, f"{first} -> {second}: worst error {worst:.3g}, unsplit {worst_unsplit:.3g}"
+
