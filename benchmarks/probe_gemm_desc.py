@@ -42,8 +42,12 @@ def matmul_device_desc_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_
     else:
         w_desc = tl.make_tensor_descriptor(w_ptr, shape=[2 * N if SWIGLU else N, K], strides=[stride_wn, 1],
                                            block_shape=[BLOCK_N, BLOCK_K])
+    xt_desc = None
+    if TAIL > 1:   # the SwiGLU configurations' last round in row slices: x described in slices of BLOCK_M / TAIL
+        xt_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1],
+                                            block_shape=[BLOCK_M // TAIL, BLOCK_K])
     _tma_program(x_desc, w_desc, out_ptr, M, N, K, stride_om, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                 SWIGLU, PERSIST, JOIN, TAIL=TAIL)   # TAIL: the SwiGLU configurations' last round in slices
+                 SWIGLU, PERSIST, JOIN, xt_desc, TAIL)
 
 
 def device_desc_call(x, w, out, config, swiglu):
