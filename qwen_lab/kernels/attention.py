@@ -38,7 +38,8 @@ kernel `sigmoid_gate`, and is also fused into the epilogue of `attention(..., ga
 output is rounded to the storage dtype (as the unfused pair would store it), multiplied by sigmoid(gate)
 in fp32, and stored once, saving a launch and a round trip of [T, Hq, D]. From GATE_APART_FROM_TOKENS
 query tokens the launcher runs the pair instead (the attention without its gate, then `sigmoid_gate` in
-place over the output): the same values, and on the H200 the faster of the two from 512 tokens up.
+place over the output): the same values, and on the H200 the faster of the two at every length measured
+(64 to 2048 tokens).
 
 Masking: masked scores are -inf, and the row maximum is replaced by 0 when it is -inf, so a row that sees
 no key at all (a padding row, position < 0) gives exp(-inf) = 0 weights and a zero output, never NaN.
@@ -519,10 +520,10 @@ FORCE_PREFILL_CONFIG = None
 # From this many query tokens the gate is applied apart, by `sigmoid_gate` after an attention without it. Every
 # program of the flash kernel holds a whole SM (its K/V stages fill the shared memory), so the gate's loads in its
 # epilogue leave the SM idle, and the gate's registers change the autotuner's pick. On the H200 (docs/perf-log.md,
-# sessions 18 and 19), us per layer, fused against apart: 2048 tokens 59.6-60.0 against 56.1-56.2, 1024 tokens
-# 32.9 against 31.1, 512 tokens 21.8 against 19.6. Shorter prompts (the small prefill buckets), not measured,
-# keep the epilogue and its saved launch: there the launch is a larger share of the time.
-GATE_APART_FROM_TOKENS = 512
+# sessions 18-20), us per layer, fused against apart: 2048 tokens 59.6-60.0 against 56.1-56.2, 1024 tokens
+# 32.9 against 31.1, 512 tokens 21.8 against 19.6, 256 tokens 16.3 against 13.6, 64 tokens 10.2 against 8.7.
+# Shorter prompts (the smallest prefill buckets), not measured, keep the epilogue and its saved launch.
+GATE_APART_FROM_TOKENS = 64
 _INTERP_DECODE_BLOCK_N = 16
 _DECODE_BLOCK_N = 64  # the chunk granularity used to choose NUM_SPLITS on the GPU
 MAX_SPLITS = 64
