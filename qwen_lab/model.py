@@ -58,6 +58,7 @@ KERNEL_MODULES = {
     "deltanet_conv_decode_step": "deltanet",
     "delta_rule_chunked": "deltanet",
     "deltanet_chunked": "deltanet",
+    "deltanet_chunked_gated_norm": "deltanet",
     "sample": "sampling",
 }
 OPERATORS = tuple(KERNEL_MODULES)
@@ -67,6 +68,10 @@ BACKENDS = ("torch", "triton")
 # decides, read at each step like the library's other switches (off unless set); True / False override it. Off until
 # benchmarks/probe_norm_split.py and the model's A/B have timed it against the norm kernel on a GPU.
 SPLIT_NORMS = None
+# A prompt's DeltaNet output norm beside the chunk scan (deltanet_chunked_gated_norm: each group of chunks normalised
+# once the scan has stored it) instead of after it. None: the QWEN_LAB_NORM_BESIDE_SCAN switch decides (off unless
+# set); True / False override it. Off until benchmarks/probe_norm_beside_scan.py has timed it on a GPU.
+NORM_BESIDE_SCAN = None
 
 
 class Pending(NamedTuple):
@@ -246,6 +251,14 @@ class Qwen35Model:
         return (on and rows > self._gemv_rows and self.trace is None
                 and self._fused("linear", "linear_add_rms_norm", "rms_scaled_linear"))
 
+    def _norm_beside_scan(self) -> bool:
+        """Whether a prompt's DeltaNet runs its output norm beside the chunk scan: NORM_BESIDE_SCAN, every row's
+        output wanted, the library's kernels in the table, nothing traced (a trace wants the scan's own output)."""
+        on = env_on("QWEN_LAB_NORM_BESIDE_SCAN", False) if NORM_BESIDE_SCAN is None else NORM_BESIDE_SCAN
+        return (on and not self.last_row_only and self.trace is None
+                and self._fused("deltanet_gates", "delta_rule_chunked", "deltanet_chunked",
+                                "deltanet_chunked_gated_norm", "gated_rms_norm"))
+
     def _branch_output(self, x: torch.Tensor, weight: torch.Tensor):
         """A branch's output projection: x @ weight^T now, or Pending for the next norm's GEMMs (_splits_norms)."""
         return Pending(x, weight) if self._splits_norms(x.shape[0]) else self.ops["linear"](x, weight)
@@ -279,6 +292,12 @@ class Qwen35Model:
             v = qkv[:, 2 * kd:].unflatten(1, (Hv, Dv))
             if T == 1:  # decode: the recurrent form, its gates computed inside the same kernel
                 o = ops["deltanet_decode_step"](q, k, v, a, b, layer.A_log, layer.dt_bias, state)
+            elif self._norm_beside_scan():   # prefill, the gates in the prep and the output norm beside the scan
+                o = ops["deltanet_chunked_gated_norm"](q, k, v, a, b, layer.A_log, layer.dt_bias, state, z,
+                                                       layer.norm, cfg.rms_norm_eps)   # rmsnorm(o) * w * silu(z)
+                y = self._branch_output(o.reshape(T, vd), layer.out_proj)
+                self._t(i, "out_proj", y)
+                return y
             elif self._fused("deltanet_gates", "delta_rule_chunked"):  # prefill, the gates inside the chunk prep
                 o = ops["deltanet_chunked"](q, k, v, a, b, layer.A_log, layer.dt_bias, state)
             else:       # prefill: beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), then the chunked form

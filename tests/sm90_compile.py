@@ -200,6 +200,16 @@ def cases():
         meta = dict(c.kwargs, BT=64, BK=Dk, PREC=prec, GROUP=deltanet.SCAN_GROUP)
         out.append((f"chunk_scan {c}", lambda meta=meta, c=c: compile_case(
             deltanet.chunk_scan_kernel, meta, scan_types, c.num_warps, c.num_stages)))
+        # publishing each group for the gated norm beside it (deltanet_chunked_gated_norm), under PDL
+        meta = dict(meta, PUBLISH=True, USE_PDL=True)
+        out.append((f"chunk_scan PUBLISH {c}", lambda meta=meta, c=c: compile_case(
+            deltanet.chunk_scan_kernel, meta, dict(scan_types, out_ready_ptr="*i32"), c.num_warps, c.num_stages)))
+    from qwen_lab.kernels import norms
+
+    block_r, block_d, warps = norms._config(2048 * C.linear_num_value_heads, Dv)
+    out.append(("gated_norm_beside_scan", lambda: compile_case(
+        deltanet.gated_norm_beside_scan_kernel, dict(BLOCK_R=block_r, BLOCK_D=block_d, USE_PDL=True),
+        {"w_ptr": "*fp32", "ready_ptr": "*i32", "eps": "fp32"}, warps)))
     conv_types = {"state_ptr": "*fp32", "A_log_ptr": "*fp32", "dt_bias_ptr": "*bf16", "ticket_ptr": "*i32",
                   "scale": "fp32", "eps": "fp32"}
     for c in deltanet.autotune_configs("conv_decode_step_kernel", Dv=Dv):

@@ -221,6 +221,47 @@ def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
     assert not model._splits_norms(T)
 
 
+def test_norm_beside_scan_route_equals_the_norm_after_it(gen, monkeypatch):
+    """NORM_BESIDE_SCAN: a prompt's DeltaNet output norm runs beside the chunk scan (deltanet_chunked_gated_norm),
+    the same logits bit for bit and the same launches less nothing; decode and traced steps keep their routes."""
+    from qwen_lab import model as model_module
+    from qwen_lab.kernels import count_launches, deltanet
+
+    model = load_model("tiny", backend="triton")
+    cfg = model.config
+    T = 20
+    ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen).to(model.device)
+    runs = {}
+    for on in (False, True):
+        monkeypatch.setattr(model_module, "NORM_BESIDE_SCAN", on)
+        cache = model.new_cache(T + 1)
+        with torch.inference_mode(), count_launches() as prefill:
+            logits = model.step(ids, torch.arange(T, device=model.device), cache, all_logits=True)
+        with torch.inference_mode(), count_launches() as decode:
+            model.step(ids[:1], torch.tensor([T], device=model.device), cache)
+        runs[on] = logits, dict(prefill), dict(decode), [t.clone() for t in cache.tensors()]
+    (off, prefill_off, decode_off, cache_off), (on, prefill_on, decode_on, cache_on) = runs[False], runs[True]
+    assert torch.equal(on, off), "the norm beside the scan changed the logits"
+    assert all(torch.equal(a, b) for a, b in zip(cache_on, cache_off))
+    L = cfg.num_linear_layers
+    # on a GPU the tiny model's narrow heads take the recurrent kernel: no scan to run beside, the norm after it
+    scans = deltanet.INTERPRET or min(cfg.linear_key_head_dim, cfg.linear_value_head_dim) >= \
+        deltanet.CHUNKED_MIN_HEAD_DIM
+    assert prefill_on.get("gated_norm_beside_scan_kernel", 0) == (L if scans else 0), prefill_on
+    assert prefill_on.get("gated_rms_norm_kernel", 0) == (0 if scans else L), prefill_on
+    assert prefill_off["gated_rms_norm_kernel"] == L and sum(prefill_on.values()) == sum(prefill_off.values())
+    assert decode_on == decode_off
+    # unset (None), the environment switch decides, read at each step; a trace sees the scan's own output
+    monkeypatch.setattr(model_module, "NORM_BESIDE_SCAN", None)
+    monkeypatch.setenv("QWEN_LAB_NORM_BESIDE_SCAN", "1")
+    assert model._norm_beside_scan()
+    model.trace = lambda *args: None
+    assert not model._norm_beside_scan()
+    model.trace = None
+    monkeypatch.setenv("QWEN_LAB_NORM_BESIDE_SCAN", "0")
+    assert not model._norm_beside_scan()
+
+
 def test_fused_paths_launch_what_they_should(gen):
     """With the library's kernels, a prompt runs SwiGLU in the gate/up GEMM's epilogue (no silu_mul kernel) and the
     DeltaNet gates in the chunk prep (no gates kernel); each attention layer prepares q/k and fills the cache in one

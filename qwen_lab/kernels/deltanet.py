@@ -76,6 +76,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from .. import runtime
 from ..errors import KernelError
 from . import device_key, dot_precision, pdl_options
+from .norms import _inv_rms, _row_offsets
 
 EPS = 1e-6  # l2norm epsilon of q and k inside the delta rule (as in the reference and transformers)
 INTERPRET = runtime.interpreter_active()  # fixed at import: the kernels below are defined for one mode
@@ -86,6 +87,10 @@ SCAN_GROUP = 8
 # Under PDL the scan is launched beside the prep's last programs; False launches it after the whole prep (the
 # form before, kept for benchmarks/probe_scan_overlap.py)
 SCAN_BESIDE_PREP = True
+# Programs per SM of `deltanet_chunked_gated_norm`'s norm beside the scan. Each holds a few KB of registers and no
+# shared memory, so they share SMs with the scan's programs. After the scan's last group they must still move the
+# group's rows (6 MB at 2048 tokens) at the memory's rate: about 4 MB in flight, or four 8 KB loads per SM.
+NORM_BESIDE_SCAN_PROGRAMS_PER_SM = 4
 
 
 _CONFIGS = {}   # kernel name -> (its GPU autotuning configs, their pruning function)
@@ -510,7 +515,8 @@ _SCAN_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
 def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr, state_ptr, out_ptr,
                       T, Tp, n_chunks, Hv, Dk, Dv, stride_sh, stride_sk, stride_ot, stride_oh,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                      GROUP: tl.constexpr, USE_PDL: tl.constexpr = False):
+                      GROUP: tl.constexpr, USE_PDL: tl.constexpr = False, out_ready_ptr=None,
+                      PUBLISH: tl.constexpr = False):
     # Under PDL the scan starts once every prep program has started, not once they have all finished. So there
     # is no gdc_wait here (everything before the prep is complete by then: each prep program waited for it);
     # the scan waits for the prep's chunks through the `ready` counters instead, and runs beside the prep's last
@@ -554,6 +560,12 @@ def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr
                      o.to(out_ptr.dtype.element_ty), mask=(rows < T)[:, None] & mask_v[None, :])
             # S1 = exp(G_C) S0 + (k exp(G_C - G))^T V'
             S = tl.dot(tl.trans(kd), v_new.to(kd.dtype), S * tl.exp(G_last), input_precision=PREC)
+        if PUBLISH:
+            # this program's columns of the group's rows are stored: count them for the gated norm beside the scan
+            # (a release after a barrier, as the prep publishes its chunks; once per group, outside the pipeline)
+            tl.debug_barrier()
+            tl.atomic_add(out_ready_ptr + 1 + c0 // GROUP, tl.minimum(BV, Dv - tl.program_id(1) * BV),
+                          sem="release", scope="gpu")
     tl.store(s_ptrs, S, mask=s_mask)
     # the last of the head's Dv / BV programs to finish clears its counters for the next call (every program of
     # the head has passed every wait by then)
@@ -561,6 +573,49 @@ def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr
     last = done == tl.num_programs(1) - 1
     for g in range(0, tl.cdiv(n_chunks, GROUP) + 1):
         tl.store(counters + g, 0, mask=last)
+
+
+@triton.jit
+def gated_norm_beside_scan_kernel(x_ptr, z_ptr, w_ptr, out_ptr, ready_ptr, R, H, D, sx0, sx1, sz0, sz1, so0, so1,
+                                  eps, group_tokens, need, n_groups,
+                                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr = False):
+    # norms.gated_rms_norm_kernel over the scan's output x [T, H, D] (R = T H rows of one head each), launched while
+    # the scan still runs: a fixed grid of programs walks the row blocks in order, and before the first block of
+    # each group of scan chunks polls that group's counter (an acquire) until every column of the group's rows is
+    # stored (`need` = H D). No gdc_wait before the work: the counters say which rows are final, and z and the
+    # weight were written before the scan started (the prep it runs beside waited for them).
+    if USE_PDL:
+        gdc_launch_dependents()   # the out-projection after it may launch; it waits for this grid to complete
+    counters = ready_ptr   # [programs done, columns stored in group 0, in group 1, ...]
+    cols = tl.arange(0, BLOCK_D)
+    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+    seen = tl.full([], -1, tl.int32)   # the last group this program has seen complete (published in order)
+    for block in range(tl.program_id(0), tl.cdiv(R, BLOCK_R), tl.num_programs(0)):
+        rows = block * BLOCK_R + tl.arange(0, BLOCK_R)
+        group = (tl.minimum(block * BLOCK_R + BLOCK_R, R) - 1) // H // group_tokens   # of the block's last row
+        if group > seen:
+            ready = tl.atomic_add(counters + 1 + group, 0, sem="acquire", scope="gpu")
+            while ready < need:
+                ready = tl.atomic_add(counters + 1 + group, 0, sem="acquire", scope="gpu")
+            seen = group
+        mask = (rows < R)[:, None] & (cols < D)[None, :]
+        x = tl.load(x_ptr + _row_offsets(rows, H, sx0, sx1)[:, None] + cols[None, :], mask=mask, other=0.0)
+        z = tl.load(z_ptr + _row_offsets(rows, H, sz0, sz1)[:, None] + cols[None, :], mask=mask, other=0.0)
+        x = x.to(tl.float32)
+        z = z.to(tl.float32)
+        y = ((x * _inv_rms(x, D, eps)[:, None]) * w[None, :]) * (z * tl.sigmoid(z))
+        tl.store(out_ptr + _row_offsets(rows, H, so0, so1)[:, None] + cols[None, :],
+                 y.to(out_ptr.dtype.element_ty), mask=mask)
+    # the last program to finish clears the counters for the next call (every group was polled full by then:
+    # every scan program has published its last group)
+    done = tl.atomic_add(counters, 1, sem="acq_rel", scope="gpu")
+    last = done == tl.num_programs(0) - 1
+    for g in range(0, n_groups + 1):
+        tl.store(counters + g, 0, mask=last)
+    if USE_PDL:
+        # complete only after the scan has (its final state stored, its own counters cleared): the kernels after
+        # this one wait for this grid, and the next DeltaNet layer reuses the workspace and the counters
+        gdc_wait()
 
 
 # ---------------------------------------------------------------- launchers
@@ -720,6 +775,15 @@ _TICKETS: dict = {}  # device -> int32 counters (conv_decode_step_kernel, chunk_
 _TICKETS_KEPT: list = []  # buffers outgrown, which a captured graph may still read
 
 
+def _sm_count(device) -> int:
+    """Streaming multiprocessors of a CUDA device (1 under the interpreter, which runs programs one by one)."""
+    if INTERPRET:
+        return 1
+    from .gemm import sm_count
+
+    return sm_count(device)
+
+
 def _tickets(device, n: int) -> torch.Tensor:
     """At least n zeroed int32 counters on `device`, allocated once (each launch leaves them at zero again): the
     tickets of the fused decode step and the chunk scan's `ready` counters, which never run at the same time.
@@ -855,15 +919,50 @@ def deltanet_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch
     return _chunked_launch(q, k, v, a, b, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused=True)
 
 
-def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused):
-    """delta_rule_chunked (fused=False: g, beta are the gates) or deltanet_chunked (fused: g, beta are a and b)."""
+def deltanet_chunked_gated_norm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                                A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, z: torch.Tensor,
+                                norm_weight: torch.Tensor, eps: float, scale: float | None = None,
+                                chunk_size: int = 64, out: torch.Tensor | None = None,
+                                workspace: ChunkWorkspace | None = None) -> torch.Tensor:
+    """deltanet_chunked, then the DeltaNet's output norm of its result: gated_rms_norm(o, z, norm_weight, eps) =
+    rmsnorm(o) * norm_weight * silu(z) per value head; = reference.deltanet_chunked_gated_norm.
+
+    The norm runs beside the scan instead of after it: the scan counts each group of SCAN_GROUP chunks it has
+    stored, and a fixed grid of norm programs (`gated_norm_beside_scan_kernel`) normalises a group's rows as soon
+    as its count is full, on the SMs the scan's Hv * Dv / BV programs leave idle. Only the last group's rows are
+    left when the scan ends. z [T, Hv, Dv] (a strided view of the in-projection, last dim contiguous), norm_weight
+    [Dv]; the rest as in `deltanet_chunked`. Returns the normed output [T, Hv, Dv] in v's dtype (or `out`); the
+    un-normed output never leaves the call.
+    """
+    fn = "deltanet_chunked_gated_norm"
+    if not isinstance(v, torch.Tensor) or v.dim() != 3:
+        raise KernelError(f"{fn}: v must be a [T, Hv, Dv] tensor, got {_shape(v)}")
+    if (not isinstance(z, torch.Tensor) or z.shape != v.shape or z.dtype != v.dtype or z.device != v.device
+            or z.stride(-1) != 1):
+        raise KernelError(f"{fn}: z must be a {v.dtype} tensor of v's shape {tuple(v.shape)} on {v.device}, its last "
+                          f"dim contiguous, got {_shape(z)}" + (f" {z.dtype} with strides {z.stride()}"
+                                                                 if isinstance(z, torch.Tensor) else ""))
+    Dv = v.shape[-1]
+    if (not isinstance(norm_weight, torch.Tensor) or norm_weight.shape != (Dv,) or norm_weight.device != v.device
+            or not norm_weight.is_floating_point() or not norm_weight.is_contiguous()):
+        raise KernelError(f"{fn}: norm_weight must be a contiguous float tensor [Dv] = [{Dv}] on {v.device}, got "
+                          f"{_shape(norm_weight)}")
+    out = _check_out("out", out, tuple(v.shape), v.dtype, v.device)
+    _check_gate_params(A_log, dt_bias, v.shape[1], getattr(q, "device", None))
+    return _chunked_launch(q, k, v, a, b, A_log, dt_bias, state, scale, chunk_size, None, workspace, fused=True,
+                           norm=(z, norm_weight, float(eps), out))
+
+
+def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused, norm=None):
+    """delta_rule_chunked (fused=False: g, beta are the gates) or deltanet_chunked (fused: g, beta are a and b);
+    with norm = (z, weight, eps, normed_out), the gated norm of the output beside the scan (returns normed_out)."""
     T, Hk, Dk, Hv, Dv = _check_delta(q, k, v, g, beta, state, ("a", "b") if fused else ("g", "beta"))
     if chunk_size not in (64, 128):
         raise KernelError(f"chunk_size={chunk_size!r}: expected 64 or 128 (a power of two of at least "
                           f"16 rows, the smallest tl.dot)")
     out = _check_out("out", out, (T, Hv, Dv), v.dtype, v.device)
     if T == 0:
-        return out
+        return out if norm is None else norm[3]
     n_chunks = triton.cdiv(T, chunk_size)
     Tp = n_chunks * chunk_size
     if workspace is not None:
@@ -880,7 +979,13 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
         # Compiled for sm_90 by Triton 3.6, the chunked kernels fault (or return garbage) when a head dim is below
         # 64, while 64 and 128 (every released Qwen3.5) are right: benchmarks/probe_deltanet.py, docs/perf-log.md.
         # Such small heads only occur in test models, where the recurrent kernel computes the same function.
-        return _recurrent_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, out, fused)
+        out = _recurrent_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, out, fused)
+        if norm is not None:   # no scan to run beside: the norm after it
+            from .norms import gated_rms_norm
+
+            z, weight, eps, normed = norm
+            return gated_rms_norm(out, z, weight, eps, out=normed)
+        return out
     if workspace is None:
         workspace = chunk_workspace(T, Hv, Dk, Dv, q.dtype, q.device, chunk_size)
     ws = workspace
@@ -891,8 +996,11 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
     # fp32 operands: exact fp32 products ("ieee"). bf16 operands ignore the setting, except in the inverse's
     # merges, whose fp32 tiles then use tf32 (10-bit mantissa; the result is rounded to bf16 right after).
     prec = dot_precision(ws.qg.dtype)
-    # the counters through which the scan waits for the prep, [Hv, chunks + 1] at the workspace's pitch
-    ready = _tickets(q.device, Hv * (Tw // chunk_size + 1))
+    # the counters through which the scan waits for the prep, [Hv, chunks + 1] at the workspace's pitch; then,
+    # with the norm beside the scan, those through which the norm waits for the scan: [1 + groups]
+    n_ready = Hv * (Tw // chunk_size + 1)
+    n_groups = triton.cdiv(n_chunks, SCAN_GROUP)
+    ready = _tickets(q.device, n_ready + (n_groups + 1 if norm is not None else 0))
     _launch(chunk_prep_kernel, (Hv, n_chunks), (
         q, k, v, g, beta, A_log, dt_bias, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, T, Tw, Dk, Dv, Hv // Hk,
         scale, EPS,
@@ -902,14 +1010,30 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
              GROUP=SCAN_GROUP, FUSED_GATES=fused, **pdl_options(q.device)),
         dict(num_warps=4))
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
+    # (the norm's counters are part of `ready`, which the autotuner restores after each trial)
+    publish = dict(out_ready_ptr=ready[n_ready:], PUBLISH=True) if norm is not None else {}
     _launch(chunk_scan_kernel, grid, (
         ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, state, out, T, Tw, n_chunks, Hv, Dk, Dv,
         state.stride(0), state.stride(1), out.stride(0), out.stride(1)),
-        dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=SCAN_GROUP, **(pdl_options(q.device) if SCAN_BESIDE_PREP else {})),
+        dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=SCAN_GROUP, **publish,
+             **(pdl_options(q.device) if SCAN_BESIDE_PREP else {})),
         dict(BV=min(32, BDV), num_warps=4))
-    return out
+    if norm is None:
+        return out
+    from .norms import _config as norm_config
+
+    z, weight, eps, normed = norm
+    R = T * Hv
+    block_r, block_d, warps = norm_config(R, Dv)
+    # a fixed grid, resident beside the scan: programs that poll instead of each waiting block by block
+    programs = min(triton.cdiv(R, block_r), NORM_BESIDE_SCAN_PROGRAMS_PER_SM * _sm_count(q.device))
+    gated_norm_beside_scan_kernel[(programs,)](
+        out, z, weight, normed, ready[n_ready:], R, Hv, Dv, out.stride(0), out.stride(1), z.stride(0), z.stride(1),
+        normed.stride(0), normed.stride(1), eps, SCAN_GROUP * chunk_size, Hv * Dv, n_groups,
+        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, **pdl_options(q.device))
+    return normed
 
 
 __all__ = ["ChunkWorkspace", "autotune_configs", "chunk_workspace", "delta_rule_chunked", "delta_rule_recurrent",
-           "deltanet_chunked", "deltanet_conv_decode_step", "deltanet_decode_step", "deltanet_gates", "force_config",
-           "l2norm"]
+           "deltanet_chunked", "deltanet_chunked_gated_norm", "deltanet_conv_decode_step", "deltanet_decode_step",
+           "deltanet_gates", "force_config", "l2norm"]
