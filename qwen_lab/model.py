@@ -65,8 +65,8 @@ OPERATORS = tuple(KERNEL_MODULES)
 BACKENDS = ("torch", "triton")
 # A prompt's residual add + RMSNorm split between the GEMM before it and the GEMM after it (linear_add_rms_norm,
 # rms_scaled_linear; see Pending): no norm kernel between two prompt GEMMs. None: the QWEN_LAB_SPLIT_NORMS switch
-# decides, read at each step like the library's other switches (off unless set); True / False override it. Off until
-# benchmarks/probe_norm_split.py and the model's A/B have timed it against the norm kernel on a GPU.
+# decides, read at each step like the library's other switches (off unless set); True / False override it. Off: on
+# the H200 the model's prefill measured the same both ways (benchmarks/probe_norm_split.py, docs/perf-log.md).
 SPLIT_NORMS = None
 # A prompt's DeltaNet output norm beside the chunk scan (deltanet_chunked_gated_norm: each group of chunks normalised
 # once the scan has stored it) instead of after it. None: the QWEN_LAB_NORM_BESIDE_SCAN switch decides (off unless

@@ -225,6 +225,17 @@ def test_gpu_norm_beside_the_scan_reads_only_finished_groups(rt, gen, monkeypatc
         assert torch.equal(o, want[i][0]) and torch.equal(state, want[i][1]), (
             f"call {rep} (prompt {i}) differs from the same call without PDL: the norm read a row too early")
     _tickets_are_zero(rt.device)
+    # and replayed from a CUDA Graph, as the model's prefill runs it: both prompts in one graph, five replays
+    graph, outs = torch.cuda.CUDAGraph(), []
+    with torch.cuda.graph(graph):
+        for i in (0, 1):
+            outs.append(run(i))
+    for replay in range(5):
+        graph.replay()
+        for i in (0, 1):
+            assert torch.equal(outs[i][0], want[i][0]) and torch.equal(outs[i][1], want[i][1]), (
+                f"replay {replay}, prompt {i}: differs from the call without PDL")
+    _tickets_are_zero(rt.device)
 
 
 def _hf_inputs(d, rep):

@@ -52,6 +52,12 @@ Chunked kernels (two launches; on a GPU, heads narrower than CHUNKED_MIN_HEAD_DI
   program adds its chunk to a counter per head and group of SCAN_GROUP chunks (a release, after a barrier), and
   the scan polls that counter (an acquire) before each group, so it runs beside the end of the prep. The last
   scan program of a head clears its counters, which live in a small zeroed buffer kept per device.
+- With the output norm (`deltanet_chunked_gated_norm`, the model's prefill under NORM_BESIDE_SCAN): the scan also
+  counts, per group of SCAN_GROUP chunks, the value columns it has stored (a release after a barrier), and
+  `gated_norm_beside_scan_kernel` runs beside it, launched at the scan's start: a fixed grid of programs walks the
+  output's row blocks in order, polls each new group's counter (an acquire) until all Hv Dv columns are counted,
+  and applies rmsnorm(o) * w * silu(z) to the block. The last program clears the counters, and each program ends
+  with the PDL wait, so the norm's grid completes after the scan's (the kernels after it wait for that grid).
 The tail of the last chunk is padded with k = v = 0, beta = 0 and g = 0, so it changes neither O nor S.
 `deltanet_chunked` (the model's prefill) passes the raw projections a, b instead of g, beta: the prep computes the
 gates of its rows itself (FUSED_GATES), and no gates kernel runs before it.
@@ -786,7 +792,8 @@ def _sm_count(device) -> int:
 
 def _tickets(device, n: int) -> torch.Tensor:
     """At least n zeroed int32 counters on `device`, allocated once (each launch leaves them at zero again): the
-    tickets of the fused decode step and the chunk scan's `ready` counters, which never run at the same time.
+    tickets of the fused decode step, the chunk scan's `ready` counters and after them those of the norm beside
+    the scan; the decode step and the prefill never run at the same time.
 
     Allocated on the first call, which must not be inside a CUDA Graph capture: memory allocated there would
     belong to the graph's pool (graph.capture warms every kernel up outside the capture first). A longer prompt
