@@ -65,16 +65,12 @@ if want probes; then
   timeout 120 python3 benchmarks/probe_attention.py 2>&1 | tee "$OUT/probe_attention.txt"
 fi
 if want experiments; then
-  # where the attention's gate apart stops paying (sessions 18-19: the pair won at 2048, 1024 and 512 tokens, and
-  # attention.GATE_APART_FROM_TOKENS = 512); the small prefill buckets keep the epilogue, not yet timed against it.
   # (Settled in docs/perf-log.md: probe_conv.py with the [W, C] weights, probe_rope.py, probe_gemm_desc.py,
-  # probe_attention.py with QWEN_LAB_ATTN_TMA=1, probe_mlp_decode.py.)
-  # a residual add + RMSNorm split between two prompt GEMMs' epilogues, against the norm kernel between them
-  # (the GEMM pairs, then the model's prefill with qwen_lab.model.SPLIT_NORMS off and on)
-  timeout 420 python3 benchmarks/probe_norm_split.py 2>&1 | tee "$OUT/probe_norm_split.txt"
-  for t in 256 64; do
-    timeout 150 python3 benchmarks/probe_attention.py --tokens $t 2>&1 | tee "$OUT/probe_attention_$t.txt"
-  done
+  # probe_attention.py with QWEN_LAB_ATTN_TMA=1 and at 2048-64 tokens (the gate apart from 64 tokens),
+  # probe_mlp_decode.py, probe_norm_split.py (the model the same both ways).)
+  # the DeltaNet's output norm beside the chunk scan, against the norm kernel after it (18 layers in a graph, then
+  # the model's prefill with qwen_lab.model.NORM_BESIDE_SCAN off and on)
+  timeout 420 python3 benchmarks/probe_norm_beside_scan.py 2>&1 | tee "$OUT/probe_norm_beside_scan.txt"
 fi
 if want scanprobes; then
   # the DeltaNet scan beside the chunk prep: every launch form finishes (each in a process with a time limit),
