@@ -187,6 +187,12 @@ def test_gpu_scan_beside_the_prep_reads_only_finished_chunks(rt, gen, monkeypatc
         cases[i]["state"].copy_(start[i])
         return deltanet_chunked(**cases[i], workspace=ws).clone(), cases[i]["state"].clone()
 
+    _alternate_with_pdl(run, monkeypatch, "the scan read a chunk too early")
+
+
+def _alternate_with_pdl(run, monkeypatch, too_early: str):
+    """run(0) and run(1) (two prompts through one workspace -> (output, state)) without PDL, then 20 calls
+    alternating with PDL, each equal bit for bit to its call without; returns the calls without PDL."""
     monkeypatch.setenv("QWEN_LAB_PDL", "0")
     want = [run(0), run(1)]
     monkeypatch.setenv("QWEN_LAB_PDL", "1")
@@ -194,7 +200,8 @@ def test_gpu_scan_beside_the_prep_reads_only_finished_chunks(rt, gen, monkeypatc
         i = rep % 2
         o, state = run(i)
         assert torch.equal(o, want[i][0]) and torch.equal(state, want[i][1]), (
-            f"call {rep} (prompt {i}) differs from the same call without PDL: the scan read a chunk too early")
+            f"call {rep} (prompt {i}) differs from the same call without PDL: {too_early}")
+    return want
 
 
 @pytest.mark.gpu
@@ -216,14 +223,7 @@ def test_gpu_norm_beside_the_scan_reads_only_finished_groups(rt, gen, monkeypatc
         o = deltanet.deltanet_chunked_gated_norm(**cases[i], workspace=ws, out=shared)
         return o.clone(), cases[i]["state"].clone()
 
-    monkeypatch.setenv("QWEN_LAB_PDL", "0")
-    want = [run(0), run(1)]
-    monkeypatch.setenv("QWEN_LAB_PDL", "1")
-    for rep in range(20):
-        i = rep % 2
-        o, state = run(i)
-        assert torch.equal(o, want[i][0]) and torch.equal(state, want[i][1]), (
-            f"call {rep} (prompt {i}) differs from the same call without PDL: the norm read a row too early")
+    want = _alternate_with_pdl(run, monkeypatch, "the norm read a row too early")
     _tickets_are_zero(rt.device)
     # and replayed from a CUDA Graph, as the model's prefill runs it: both prompts in one graph, five replays
     graph, outs = torch.cuda.CUDAGraph(), []

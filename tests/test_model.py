@@ -188,27 +188,35 @@ def test_a_mixer_put_in_place_may_return_every_row(gen):
     assert checks.relative_error(got.float(), want.float()) <= 1e-5
 
 
-def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
-    """SPLIT_NORMS: a prompt's residual add + RMSNorm split between the GEMMs around it (no add_rms_norm kernel
-    left at prefill), the same logits; decode keeps its fused GEMV route, launch for launch."""
-    from qwen_lab import model as model_module
+def _switched_steps(model, ids, switch):
+    """For switch(False), then switch(True): a prompt's step with every row's logits, then one decode step, each
+    under count_launches. -> [(logits, prefill launches, decode launches, the cache after both)] off, on."""
     from qwen_lab.kernels import count_launches
 
-    model = load_model("tiny", backend="triton")
-    T = 20
-    ids = torch.randint(0, model.config.vocab_size, (T,), generator=gen).to(model.device)
-    runs = {}
+    T, runs = ids.numel(), []
     for on in (False, True):
-        monkeypatch.setattr(model_module, "SPLIT_NORMS", on)
+        switch(on)
         cache = model.new_cache(T + 1)
         with torch.inference_mode(), count_launches() as prefill:
             logits = model.step(ids, torch.arange(T, device=model.device), cache, all_logits=True)
         with torch.inference_mode(), count_launches() as decode:
             model.step(ids[:1], torch.tensor([T], device=model.device), cache)
-        runs[on] = logits.float(), dict(prefill), dict(decode)
-    (off, prefill_off, decode_off), (on, prefill_on, decode_on) = runs[False], runs[True]
+        runs.append((logits, dict(prefill), dict(decode), [t.clone() for t in cache.tensors()]))
+    return runs
+
+
+def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
+    """SPLIT_NORMS: a prompt's residual add + RMSNorm split between the GEMMs around it (no add_rms_norm kernel
+    left at prefill), the same logits; decode keeps its fused GEMV route, launch for launch."""
+    from qwen_lab import model as model_module
+
+    model = load_model("tiny", backend="triton")
+    T = 20
+    ids = torch.randint(0, model.config.vocab_size, (T,), generator=gen).to(model.device)
+    (off, prefill_off, decode_off, _), (on, prefill_on, decode_on, _) = _switched_steps(
+        model, ids, lambda on: monkeypatch.setattr(model_module, "SPLIT_NORMS", on))
     # bf16 on a GPU: h = s (1 + w) is rounded where the norm kernel rounds the normed row
-    assert checks.relative_error(on, off) <= (1e-5 if model.dtype == torch.float32 else 3e-2)
+    assert checks.relative_error(on.float(), off.float()) <= (1e-5 if model.dtype == torch.float32 else 3e-2)
     assert prefill_off["add_rms_norm_kernel"] == 2 * model.config.num_hidden_layers, prefill_off
     assert prefill_on.get("add_rms_norm_kernel", 0) == 0 and prefill_on["rms_norm_kernel"] == 1, prefill_on
     assert prefill_on["matmul_kernel"] == prefill_off["matmul_kernel"], (prefill_on, prefill_off)
@@ -223,24 +231,16 @@ def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
 
 def test_norm_beside_scan_route_equals_the_norm_after_it(gen, monkeypatch):
     """NORM_BESIDE_SCAN: a prompt's DeltaNet output norm runs beside the chunk scan (deltanet_chunked_gated_norm),
-    the same logits bit for bit and the same launches less nothing; decode and traced steps keep their routes."""
+    the same logits and caches bit for bit and as many launches; decode and traced steps keep their routes."""
     from qwen_lab import model as model_module
-    from qwen_lab.kernels import count_launches, deltanet
+    from qwen_lab.kernels import deltanet
 
     model = load_model("tiny", backend="triton")
     cfg = model.config
     T = 20
     ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen).to(model.device)
-    runs = {}
-    for on in (False, True):
-        monkeypatch.setattr(model_module, "NORM_BESIDE_SCAN", on)
-        cache = model.new_cache(T + 1)
-        with torch.inference_mode(), count_launches() as prefill:
-            logits = model.step(ids, torch.arange(T, device=model.device), cache, all_logits=True)
-        with torch.inference_mode(), count_launches() as decode:
-            model.step(ids[:1], torch.tensor([T], device=model.device), cache)
-        runs[on] = logits, dict(prefill), dict(decode), [t.clone() for t in cache.tensors()]
-    (off, prefill_off, decode_off, cache_off), (on, prefill_on, decode_on, cache_on) = runs[False], runs[True]
+    (off, prefill_off, decode_off, cache_off), (on, prefill_on, decode_on, cache_on) = _switched_steps(
+        model, ids, lambda on: monkeypatch.setattr(model_module, "NORM_BESIDE_SCAN", on))
     assert torch.equal(on, off), "the norm beside the scan changed the logits"
     assert all(torch.equal(a, b) for a, b in zip(cache_on, cache_off))
     L = cfg.num_linear_layers
