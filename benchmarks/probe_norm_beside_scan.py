@@ -1,4 +1,4 @@
-"""Probe: the DeltaNet's gated output norm beside the chunk scan, against the norm kernel after it.
+"""Probe: the DeltaNet's gated output norm (and its out-projection) beside the chunk scan, against both after it.
 
     python benchmarks/probe_norm_beside_scan.py [--tokens 2048] [--layers 18]   (an NVIDIA GPU; one line per case)
 
@@ -7,11 +7,16 @@ so most of the H200's 132 SMs wait; then `gated_rms_norm` (~7.7 us) and the out-
 `deltanet.deltanet_chunked_gated_norm` the scan counts each group of SCAN_GROUP chunks it has stored, and a fixed
 grid of norm programs normalises a group as soon as its count is full: only the last group's rows (a quarter at
 2048 tokens) are left when the scan ends, and the out-projection is launched beside them.
+`deltanet.deltanet_chunked_gated_norm_linear` goes one step further: the programs beside the scan compute output
+tiles of the out-projection, each step of their K loop one value head normed in registers, so that only the last
+group's tiles follow the scan (no norm kernel, no GEMM launch).
 
 Each way runs `--layers` DeltaNet layers' prep, scan, norm and out-projection (each layer its own inputs and
-weights, so they come from memory as in the model) in one CUDA Graph, alternated twice; the normed outputs are
-compared bit for bit. Then (unless --no-model) the model's prefill with `qwen_lab.model.NORM_BESIDE_SCAN` off and on,
-alternated (`probe_ab.model_ab`).
+weights, so they come from memory as in the model) in one CUDA Graph, alternated twice, and compares the projection
+with the norm kernel's route (bitwise for the norm beside the scan, the relative error for the fused tiles, whose
+products sum in another order). The fused tiles are timed with each (BLOCK_M, BLOCK_N, warps, stages) of `--tiles`.
+Then (unless --no-model) the model's prefill with `qwen_lab.model.NORM_BESIDE_SCAN`, then
+`NORM_LINEAR_BESIDE_SCAN`, off and on, alternated (`probe_ab.model_ab`).
 """
 
 import sys
@@ -22,10 +27,12 @@ from probe_ab import model_ab, probe_args
 
 
 def main() -> int:
-    args = probe_args(__doc__, ("--layers", dict(type=int, default=18)))
+    args = probe_args(__doc__, ("--layers", dict(type=int, default=18)),
+                      ("--tiles", dict(default="32x128x4x2,32x128x4x1,64x128x4x2,32x64x4x2,64x64x4x2")))
     if args is None:
         return 0
     from qwen_lab.config import QWEN35_0_8B as cfg
+    from qwen_lab import checks
     from qwen_lab.kernels import deltanet, gemm, graph_time_us, norms
 
     T = args.tokens
@@ -63,26 +70,43 @@ def main() -> int:
                                                       workspace=ws)
         return normed, gemm.matmul(normed.reshape(T, -1), d["out_proj"])
 
-    # compile and tune each way, and compare their outputs for the first layer (the same state before each)
-    outs = []
-    for way in (after, beside):
+    def fused(d):    # the norm and the out-projection beside the scan
+        return None, deltanet.deltanet_chunked_gated_norm_linear(**gates(d), z=d["z"], norm_weight=d["norm"],
+                                                                 eps=eps, weight=d["out_proj"], workspace=ws)
+
+    def first_layer(way):   # the first layer's outputs from the same state
         layers[0]["state"].zero_()
-        outs.append(tuple(t.clone() for t in way(layers[0])))
-    same = torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-    times = {}
-    for _ in range(2):
-        for way in (after, beside):
-            calls = [lambda way=way, d=d: way(d) for d in layers]
-            times.setdefault(way.__name__, []).append(graph_time_us(calls))
-    a, b = min(times["after"]), min(times["beside"])
-    print(f"T={T}, {args.layers} DeltaNet layers (prep, scan, gated norm, out-projection), us per layer: norm after "
-          f"{a:.2f}, beside {b:.2f} ({a - b:+.2f}; runs {', '.join(f'{t:.2f}' for t in times['after'])} / "
-          f"{', '.join(f'{t:.2f}' for t in times['beside'])}); outputs bitwise equal: {same}", flush=True)
-    if not args.no_model:  # the model's prefill with qwen_lab.model.NORM_BESIDE_SCAN off and on, alternated
+        return tuple(None if t is None else t.clone() for t in way(layers[0]))
+
+    def timed(ways, label):
+        times = {}
+        for _ in range(2):
+            for name, way in ways:
+                calls = [lambda way=way, d=d: way(d) for d in layers]
+                times.setdefault(name, []).append(graph_time_us(calls))
+        print(f"{label}: " + "; ".join(f"{name} {min(t):.2f} (runs {', '.join(f'{x:.2f}' for x in t)})"
+                                         for name, t in times.items()), flush=True)
+        return {name: min(t) for name, t in times.items()}
+
+    want = first_layer(after)   # (compiles and tunes each way before its timing)
+    got = first_layer(beside)
+    same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    print(f"T={T}, {args.layers} DeltaNet layers (prep, scan, gated norm, out-projection), us per layer; the norm "
+          f"beside the scan bitwise equal to the norm after it: {same}", flush=True)
+    timed([("norm after", after), ("norm beside", beside)], "norm kernel after the scan / beside it")
+    ok = same
+    for tile in args.tiles.split(","):
+        deltanet.NORM_LINEAR_BESIDE_SCAN_CONFIG = tuple(int(n) for n in tile.split("x"))
+        err = checks.relative_error(first_layer(fused)[1].float(), want[1].float())
+        ok = ok and err < 1e-2
+        timed([("norm after", after), (f"norm + projection beside {tile}", fused)],
+              f"fused tiles {tile} (relative error {err:.2e} against the norm kernel's route)")
+    if not args.no_model:  # the model's prefill with each switch off and on, alternated
         from qwen_lab import model as model_module
 
         model_ab(lambda on: setattr(model_module, "NORM_BESIDE_SCAN", on), "NORM_BESIDE_SCAN", T)
-    return 0 if same else 1
+        model_ab(lambda on: setattr(model_module, "NORM_LINEAR_BESIDE_SCAN", on), "NORM_LINEAR_BESIDE_SCAN", T)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

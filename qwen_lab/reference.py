@@ -398,6 +398,14 @@ def deltanet_chunked_gated_norm(q, k, v, a, b, A_log, dt_bias, state, z, norm_we
     return gated_rms_norm(o, z, norm_weight, eps)
 
 
+def deltanet_chunked_gated_norm_linear(q, k, v, a, b, A_log, dt_bias, state, z, norm_weight, eps: float, weight,
+                                       scale: float | None = None, chunk_size: int = 64) -> torch.Tensor:
+    """The DeltaNet's prefill, its output norm and its out-projection: linear(deltanet_chunked_gated_norm(...)
+    .reshape(T, Hv * Dv), weight). weight [N, Hv * Dv] -> [T, N]."""
+    o = deltanet_chunked_gated_norm(q, k, v, a, b, A_log, dt_bias, state, z, norm_weight, eps, scale, chunk_size)
+    return linear(o.reshape(o.shape[0], -1), weight)
+
+
 # ---------------------------------------------------------------- sampling
 
 

@@ -211,6 +211,11 @@ def cases():
     out.append(("gated_norm_beside_scan", lambda: compile_case(
         deltanet.gated_norm_beside_scan_kernel, dict(BLOCK_R=block_r, BLOCK_D=block_d, USE_PDL=True),
         {"w_ptr": "*fp32", "ready_ptr": "*i32", "eps": "fp32"}, warps, ptx_check=_beside_order)))
+    bm, bn, warps, stages = deltanet.NORM_LINEAR_BESIDE_SCAN_CONFIG
+    out.append(("gated_norm_linear_beside_scan", lambda: compile_case(
+        deltanet.gated_norm_linear_beside_scan_kernel,
+        dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=Dv, PREC=prec, USE_PDL=True),
+        {"nw_ptr": "*fp32", "ready_ptr": "*i32", "eps": "fp32"}, warps, stages, ptx_check=_beside_order)))
     conv_types = {"state_ptr": "*fp32", "A_log_ptr": "*fp32", "dt_bias_ptr": "*bf16", "ticket_ptr": "*i32",
                   "scale": "fp32", "eps": "fp32"}
     for c in deltanet.autotune_configs("conv_decode_step_kernel", Dv=Dv):

@@ -205,22 +205,28 @@ def _alternate_with_pdl(run, monkeypatch, too_early: str):
 
 
 @pytest.mark.gpu
-def test_gpu_norm_beside_the_scan_reads_only_finished_groups(rt, gen, monkeypatch):
-    """Under PDL the gated norm runs beside the scan and waits for each group of chunks it stores. Two prompts of
-    the model's shapes alternate through one workspace and one output buffer (the scan's own output comes from the
-    caching allocator, the same memory each call), so a row normalised before the scan stored it holds the other
-    prompt's values: every output must equal, bit for bit, the same call without PDL."""
+@pytest.mark.parametrize("linear", [False, True], ids=["norm", "norm+linear"])
+def test_gpu_norm_beside_the_scan_reads_only_finished_groups(linear, rt, gen, monkeypatch):
+    """Under PDL the gated norm (and the out-projection) runs beside the scan and waits for each group of chunks it
+    stores. Two prompts of the model's shapes alternate through one workspace and one output buffer (the scan's own
+    output comes from the caching allocator, the same memory each call), so a row read before the scan stored it
+    holds the other prompt's values: every output must equal, bit for bit, the same call without PDL."""
     Hk = Hv = QWEN35_0_8B.linear_num_value_heads
     Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
     T = 2048
     cases = [_gated_norm_case(T, Hk, Hv, Dk, Dv, gen, rt) for _ in range(2)]
     ws = deltanet.chunk_workspace(T, Hv, Dk, Dv, rt.dtype, rt.device)
     start = [c["state"].clone() for c in cases]
-    shared = torch.empty(T, Hv, Dv, dtype=rt.dtype, device=rt.device)
+    H = QWEN35_0_8B.hidden_size
+    weight = checks.randn(H, Hv * Dv, g=gen, dtype=rt.dtype, device=rt.device, scale=(Hv * Dv) ** -0.5)
+    shared = torch.empty((T, H) if linear else (T, Hv, Dv), dtype=rt.dtype, device=rt.device)
 
     def run(i):
         cases[i]["state"].copy_(start[i])
-        o = deltanet.deltanet_chunked_gated_norm(**cases[i], workspace=ws, out=shared)
+        if linear:
+            o = deltanet.deltanet_chunked_gated_norm_linear(**cases[i], weight=weight, workspace=ws, out=shared)
+        else:
+            o = deltanet.deltanet_chunked_gated_norm(**cases[i], workspace=ws, out=shared)
         return o.clone(), cases[i]["state"].clone()
 
     want = _alternate_with_pdl(run, monkeypatch, "the norm read a row too early")
@@ -236,6 +242,26 @@ def test_gpu_norm_beside_the_scan_reads_only_finished_groups(rt, gen, monkeypatc
             assert torch.equal(outs[i][0], want[i][0]) and torch.equal(outs[i][1], want[i][1]), (
                 f"replay {replay}, prompt {i}: differs from the call without PDL")
     _tickets_are_zero(rt.device)
+
+
+@pytest.mark.gpu
+def test_gpu_chunked_gated_norm_linear_at_the_models_shapes(rt, gen):
+    """The norm and out-projection beside the scan at 2048 tokens of Qwen3.5-0.8B's shapes (bf16, the last group's
+    tiles ragged in nothing): the library's route (the scan, the norm kernel, the GEMM) within bf16 rounding."""
+    from qwen_lab.kernels import gemm, norms
+
+    Hk = Hv = QWEN35_0_8B.linear_num_value_heads
+    Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
+    T, H = 2048, QWEN35_0_8B.hidden_size
+    case = _gated_norm_case(T, Hk, Hv, Dk, Dv, gen, rt)
+    weight = checks.randn(H, Hv * Dv, g=gen, dtype=rt.dtype, device=rt.device, scale=(Hv * Dv) ** -0.5)
+    start = case["state"].clone()
+    o = deltanet_chunked(**{k: v for k, v in case.items() if k not in ("z", "norm_weight", "eps")})
+    want = gemm.matmul(norms.gated_rms_norm(o, case["z"], case["norm_weight"], case["eps"]).reshape(T, -1), weight)
+    want_state = case["state"].clone()
+    case["state"].copy_(start)
+    _close("y", deltanet.deltanet_chunked_gated_norm_linear(**case, weight=weight), want)
+    assert torch.equal(case["state"], want_state)
 
 
 def _hf_inputs(d, rep):
@@ -356,6 +382,37 @@ def test_chunked_gated_norm_equals_the_scan_then_the_norm(T, rt, gen):
     ref = reference.deltanet_chunked_gated_norm(**{**case, "state": ref_state})
     _judge("normed o", got, ref)
     _judge("state", case["state"], ref_state)
+
+
+# N: one column tile and a ragged one (the interpreter's tiles are 16 wide); T as above
+@pytest.mark.parametrize("T, N", [(40, 16), (130, 40), (2 * 8 * 64 + 70, 24)])
+def test_chunked_gated_norm_linear_equals_the_norm_then_the_projection(T, N, rt, gen):
+    """The norm and the out-projection beside the scan, tile by tile with a head per K step: the product of the
+    normed output (as the norm kernel rounds it) and the weight, the same final state, three launches, the
+    counters back at zero; against the reference within the float32 (interpreter) or bf16 (GPU) rounding."""
+    from qwen_lab.kernels import gemm, norms
+
+    case = _gated_norm_case(T, 1, 2, 64, 64, gen, rt)
+    weight = checks.randn(N, 2 * 64, g=gen, dtype=rt.dtype, device=rt.device, scale=0.1)
+    start = case["state"].clone()
+    normed = norms.gated_rms_norm(deltanet_chunked(**{k: v for k, v in case.items()
+                                                      if k not in ("z", "norm_weight", "eps")}),
+                                  case["z"], case["norm_weight"], case["eps"])
+    want, want_state = gemm.linear(normed.reshape(T, -1), weight), case["state"].clone()
+    for _ in range(2):   # the second call counts from the zeros the first one left
+        case["state"].copy_(start)
+        with count_launches() as launches:
+            got = deltanet.deltanet_chunked_gated_norm_linear(**case, weight=weight)
+        expected = {"chunk_prep_kernel": 1, "chunk_scan_kernel": 1, "gated_norm_linear_beside_scan_kernel": 1}
+        assert dict(launches) == expected, dict(launches)
+        checks.compare("norm + out-projection beside the scan", got, want,
+                       **({"atol": 1e-5, "rtol": 1e-5} if rt.dtype == torch.float32 else {}))
+        assert torch.equal(case["state"], want_state)
+        _tickets_are_zero(rt.device)
+    ref_state = start.clone()
+    _judge("y", got, reference.deltanet_chunked_gated_norm_linear(**{**case, "state": ref_state}, weight=weight))
+    with pytest.raises(KernelError, match="weight must be .* \\[N, Hv \\* Dv\\] = \\[N, 128\\]"):
+        deltanet.deltanet_chunked_gated_norm_linear(**case, weight=weight[:, :64])
 
 
 def test_chunked_gated_norm_rejects_bad_arguments(rt, gen):

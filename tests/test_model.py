@@ -254,12 +254,44 @@ def test_norm_beside_scan_route_equals_the_norm_after_it(gen, monkeypatch):
     # unset (None), the environment switch decides, read at each step; a trace sees the scan's own output
     monkeypatch.setattr(model_module, "NORM_BESIDE_SCAN", None)
     monkeypatch.setenv("QWEN_LAB_NORM_BESIDE_SCAN", "1")
-    assert model._norm_beside_scan()
+    assert model._beside_scan(T) == "norm"
     model.trace = lambda *args: None
-    assert not model._norm_beside_scan()
+    assert model._beside_scan(T) is None
     model.trace = None
     monkeypatch.setenv("QWEN_LAB_NORM_BESIDE_SCAN", "0")
-    assert not model._norm_beside_scan()
+    assert model._beside_scan(T) is None
+
+
+def test_norm_linear_beside_scan_route_equals_the_norm_then_the_projection(gen, monkeypatch):
+    """NORM_LINEAR_BESIDE_SCAN: a prompt's DeltaNet norm and out-projection run beside the chunk scan
+    (deltanet_chunked_gated_norm_linear), with no norm kernel and no GEMM after it; the logits as the model's own
+    route gives them (another kernel sums the projection), the caches bit for bit, decode unchanged. It gives way
+    to SPLIT_NORMS, whose out-projection adds itself to the residual stream."""
+    from qwen_lab import model as model_module
+    from qwen_lab.kernels import deltanet
+
+    model = load_model("tiny", backend="triton")
+    cfg = model.config
+    T = 20
+    ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen).to(model.device)
+    (off, prefill_off, decode_off, cache_off), (on, prefill_on, decode_on, cache_on) = _switched_steps(
+        model, ids, lambda on: monkeypatch.setattr(model_module, "NORM_LINEAR_BESIDE_SCAN", on))
+    bound = 1e-5 if model.dtype == torch.float32 else 2e-2   # bf16 on a GPU: two products' rounding orders
+    assert checks.relative_error(on.float(), off.float()) <= bound
+    L = cfg.num_linear_layers
+    scans = deltanet.INTERPRET or min(cfg.linear_key_head_dim, cfg.linear_value_head_dim) >= \
+        deltanet.CHUNKED_MIN_HEAD_DIM   # (the tiny model's heads on a GPU: the recurrent kernel, then the pair)
+    if scans:
+        assert prefill_on.get("gated_norm_linear_beside_scan_kernel", 0) == L, prefill_on
+        assert prefill_on.get("gated_rms_norm_kernel", 0) == 0, prefill_on
+        assert prefill_on["matmul_kernel"] == prefill_off["matmul_kernel"] - L, (prefill_on, prefill_off)
+        assert all(torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5) for a, b in zip(cache_on, cache_off))
+    assert decode_on == decode_off
+    monkeypatch.setattr(model_module, "NORM_LINEAR_BESIDE_SCAN", True)
+    assert model._beside_scan(T) == "norm+linear"
+    monkeypatch.setattr(model_module, "SPLIT_NORMS", True)
+    monkeypatch.setattr(model_module, "NORM_BESIDE_SCAN", True)
+    assert model._beside_scan(T) == "norm"
 
 
 def test_fused_paths_launch_what_they_should(gen):

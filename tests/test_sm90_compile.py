@@ -47,7 +47,8 @@ def test_the_scan_and_the_norm_beside_it_keep_their_order(results):
     thread's stores counted), and the norm beside the scan launches its dependents in its entry block and waits for
     the scan in its exit block, after every store (its grid completes after the scan's)."""
     published = [r for r in results if r["label"].startswith("chunk_scan PUBLISH")]
-    beside = [r for r in results if r["label"].startswith("gated_norm_beside_scan")]
+    beside = [r for r in results if r["label"].startswith(("gated_norm_beside_scan", "gated_norm_linear_beside"))]
+    assert len(beside) == 2
     assert published and beside and all(r["ok"] for r in published + beside)
     assert all(r["barrier_before_release"] for r in published), [r["label"] for r in published]
     assert all(r["launch_first"] and r["wait_last"] for r in beside), beside
