@@ -68,9 +68,9 @@ if want experiments; then
   # (Settled in docs/perf-log.md: probe_conv.py with the [W, C] weights, probe_rope.py, probe_gemm_desc.py,
   # probe_attention.py with QWEN_LAB_ATTN_TMA=1 and at 2048-64 tokens (the gate apart from 64 tokens),
   # probe_mlp_decode.py, probe_norm_split.py (the model the same both ways).)
-  # the DeltaNet's output norm beside the chunk scan, against the norm kernel after it (18 layers in a graph, then
-  # the model's prefill with qwen_lab.model.NORM_BESIDE_SCAN off and on)
-  timeout 420 python3 benchmarks/probe_norm_beside_scan.py 2>&1 | tee "$OUT/probe_norm_beside_scan.txt"
+  # the DeltaNet's output norm (and out-projection) beside the chunk scan, against both after it (18 layers in a
+  # graph, the fused tiles in five configs, then the model's prefill with each switch off and on)
+  timeout 540 python3 benchmarks/probe_norm_beside_scan.py 2>&1 | tee "$OUT/probe_norm_beside_scan.txt"
 fi
 if want scanprobes; then
   # the DeltaNet scan beside the chunk prep: every launch form finishes (each in a process with a time limit),
