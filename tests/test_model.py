@@ -188,21 +188,25 @@ def test_a_mixer_put_in_place_may_return_every_row(gen):
     assert checks.relative_error(got.float(), want.float()) <= 1e-5
 
 
-def _switched_steps(model, ids, switch):
-    """For switch(False), then switch(True): a prompt's step with every row's logits, then one decode step, each
-    under count_launches. -> [(logits, prefill launches, decode launches, the cache after both)] off, on."""
+def _switched_steps(flag: str, monkeypatch, gen, T: int = 20):
+    """The tiny model with qwen_lab.model.<flag> False, then True: a prompt of T tokens with every row's logits,
+    then one decode step, each under count_launches.
+    -> (model, [(logits, prefill launches, decode launches, the cache after both)] off, on)."""
+    from qwen_lab import model as model_module
     from qwen_lab.kernels import count_launches
 
-    T, runs = ids.numel(), []
+    model = load_model("tiny", backend="triton")
+    ids = torch.randint(0, model.config.vocab_size, (T,), generator=gen).to(model.device)
+    runs = []
     for on in (False, True):
-        switch(on)
+        monkeypatch.setattr(model_module, flag, on)
         cache = model.new_cache(T + 1)
         with torch.inference_mode(), count_launches() as prefill:
             logits = model.step(ids, torch.arange(T, device=model.device), cache, all_logits=True)
         with torch.inference_mode(), count_launches() as decode:
             model.step(ids[:1], torch.tensor([T], device=model.device), cache)
         runs.append((logits, dict(prefill), dict(decode), [t.clone() for t in cache.tensors()]))
-    return runs
+    return model, runs
 
 
 def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
@@ -210,11 +214,9 @@ def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
     left at prefill), the same logits; decode keeps its fused GEMV route, launch for launch."""
     from qwen_lab import model as model_module
 
-    model = load_model("tiny", backend="triton")
     T = 20
-    ids = torch.randint(0, model.config.vocab_size, (T,), generator=gen).to(model.device)
-    (off, prefill_off, decode_off, _), (on, prefill_on, decode_on, _) = _switched_steps(
-        model, ids, lambda on: monkeypatch.setattr(model_module, "SPLIT_NORMS", on))
+    model, ((off, prefill_off, decode_off, _), (on, prefill_on, decode_on, _)) = _switched_steps(
+        "SPLIT_NORMS", monkeypatch, gen, T)
     # bf16 on a GPU: h = s (1 + w) is rounded where the norm kernel rounds the normed row
     assert checks.relative_error(on.float(), off.float()) <= (1e-5 if model.dtype == torch.float32 else 3e-2)
     assert prefill_off["add_rms_norm_kernel"] == 2 * model.config.num_hidden_layers, prefill_off
@@ -229,24 +231,28 @@ def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
     assert not model._splits_norms(T)
 
 
+def _prefill_scans(cfg) -> bool:
+    """Whether a prompt's DeltaNet runs the chunk scan: always under the interpreter; on a GPU heads narrower than
+    deltanet.CHUNKED_MIN_HEAD_DIM (the tiny model's) take the recurrent kernel instead."""
+    from qwen_lab.kernels import deltanet
+
+    return deltanet.INTERPRET or min(cfg.linear_key_head_dim, cfg.linear_value_head_dim) >= \
+        deltanet.CHUNKED_MIN_HEAD_DIM
+
+
 def test_norm_beside_scan_route_equals_the_norm_after_it(gen, monkeypatch):
     """NORM_BESIDE_SCAN: a prompt's DeltaNet output norm runs beside the chunk scan (deltanet_chunked_gated_norm),
     the same logits and caches bit for bit and as many launches; decode and traced steps keep their routes."""
     from qwen_lab import model as model_module
-    from qwen_lab.kernels import deltanet
 
-    model = load_model("tiny", backend="triton")
-    cfg = model.config
     T = 20
-    ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen).to(model.device)
-    (off, prefill_off, decode_off, cache_off), (on, prefill_on, decode_on, cache_on) = _switched_steps(
-        model, ids, lambda on: monkeypatch.setattr(model_module, "NORM_BESIDE_SCAN", on))
+    model, ((off, prefill_off, decode_off, cache_off), (on, prefill_on, decode_on, cache_on)) = _switched_steps(
+        "NORM_BESIDE_SCAN", monkeypatch, gen, T)
+    cfg = model.config
     assert torch.equal(on, off), "the norm beside the scan changed the logits"
     assert all(torch.equal(a, b) for a, b in zip(cache_on, cache_off))
     L = cfg.num_linear_layers
-    # on a GPU the tiny model's narrow heads take the recurrent kernel: no scan to run beside, the norm after it
-    scans = deltanet.INTERPRET or min(cfg.linear_key_head_dim, cfg.linear_value_head_dim) >= \
-        deltanet.CHUNKED_MIN_HEAD_DIM
+    scans = _prefill_scans(cfg)   # (if not, no scan to run beside: the norm after the recurrent kernel)
     assert prefill_on.get("gated_norm_beside_scan_kernel", 0) == (L if scans else 0), prefill_on
     assert prefill_on.get("gated_rms_norm_kernel", 0) == (0 if scans else L), prefill_on
     assert prefill_off["gated_rms_norm_kernel"] == L and sum(prefill_on.values()) == sum(prefill_off.values())
@@ -268,20 +274,15 @@ def test_norm_linear_beside_scan_route_equals_the_norm_then_the_projection(gen, 
     route gives them (another kernel sums the projection), the caches bit for bit, decode unchanged. It gives way
     to SPLIT_NORMS, whose out-projection adds itself to the residual stream."""
     from qwen_lab import model as model_module
-    from qwen_lab.kernels import deltanet
 
-    model = load_model("tiny", backend="triton")
-    cfg = model.config
     T = 20
-    ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen).to(model.device)
-    (off, prefill_off, decode_off, cache_off), (on, prefill_on, decode_on, cache_on) = _switched_steps(
-        model, ids, lambda on: monkeypatch.setattr(model_module, "NORM_LINEAR_BESIDE_SCAN", on))
+    model, ((off, prefill_off, decode_off, cache_off), (on, prefill_on, decode_on, cache_on)) = _switched_steps(
+        "NORM_LINEAR_BESIDE_SCAN", monkeypatch, gen, T)
+    cfg = model.config
     bound = 1e-5 if model.dtype == torch.float32 else 2e-2   # bf16 on a GPU: two products' rounding orders
     assert checks.relative_error(on.float(), off.float()) <= bound
     L = cfg.num_linear_layers
-    scans = deltanet.INTERPRET or min(cfg.linear_key_head_dim, cfg.linear_value_head_dim) >= \
-        deltanet.CHUNKED_MIN_HEAD_DIM   # (the tiny model's heads on a GPU: the recurrent kernel, then the pair)
-    if scans:
+    if _prefill_scans(cfg):   # (if not: the recurrent kernel, then the norm and the projection after it)
         assert prefill_on.get("gated_norm_linear_beside_scan_kernel", 0) == L, prefill_on
         assert prefill_on.get("gated_rms_norm_kernel", 0) == 0, prefill_on
         assert prefill_on["matmul_kernel"] == prefill_off["matmul_kernel"] - L, (prefill_on, prefill_off)

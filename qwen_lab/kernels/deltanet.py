@@ -589,6 +589,17 @@ def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr
 
 
 @triton.jit
+def _clear_when_last(counters, n):
+    """The last program of the grid to get here sets counters[0 .. n) back to zero for the next call (counters[0]
+    counts the programs done). By then every group was polled full, so every scan program has published its last
+    group, and every program has drawn past the last piece of work."""
+    done = tl.atomic_add(counters, 1, sem="acq_rel", scope="gpu")
+    last = done == tl.num_programs(0) - 1
+    for g in range(0, n):
+        tl.store(counters + g, 0, mask=last)
+
+
+@triton.jit
 def gated_norm_beside_scan_kernel(x_ptr, z_ptr, w_ptr, out_ptr, ready_ptr, R, H, D, sx0, sx1, sz0, sz1, so0, so1,
                                   eps, group_tokens, need, n_groups,
                                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr = False):
@@ -623,12 +634,7 @@ def gated_norm_beside_scan_kernel(x_ptr, z_ptr, w_ptr, out_ptr, ready_ptr, R, H,
         tl.store(out_ptr + _row_offsets(rows, H, so0, so1)[:, None] + cols[None, :],
                  y.to(out_ptr.dtype.element_ty), mask=mask)
         block = tl.atomic_add(counters + n_groups + 1, 1, sem="relaxed", scope="gpu")
-    # the last program to finish clears the counters for the next call (every group was polled full by then:
-    # every scan program has published its last group; and every program has drawn past the last block)
-    done = tl.atomic_add(counters, 1, sem="acq_rel", scope="gpu")
-    last = done == tl.num_programs(0) - 1
-    for g in range(0, n_groups + 2):
-        tl.store(counters + g, 0, mask=last)
+    _clear_when_last(counters, n_groups + 2)
     if USE_PDL:
         # complete only after the scan has (its final state stored, its own counters cleared): the kernels after
         # this one wait for this grid, and the next DeltaNet layer reuses the workspace and the counters
@@ -682,11 +688,7 @@ def gated_norm_linear_beside_scan_kernel(x_ptr, z_ptr, nw_ptr, w_ptr, out_ptr, r
         tl.store(out_ptr + rows[:, None].to(tl.int64) * so + cols[None, :], acc.to(out_ptr.dtype.element_ty),
                  mask=(rows < T)[:, None] & (cols < N)[None, :])
         tile = tl.atomic_add(counters + n_groups + 1, 1, sem="relaxed", scope="gpu")
-    # the last program to finish clears the counters (every group was polled full by then)
-    done = tl.atomic_add(counters, 1, sem="acq_rel", scope="gpu")
-    last = done == tl.num_programs(0) - 1
-    for g in range(0, n_groups + 2):
-        tl.store(counters + g, 0, mask=last)
+    _clear_when_last(counters, n_groups + 2)
     if USE_PDL:
         gdc_wait()   # complete only after the scan has (see gated_norm_beside_scan_kernel)
 
