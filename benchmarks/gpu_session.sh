@@ -69,7 +69,7 @@ if want experiments; then
   # probe_attention.py with QWEN_LAB_ATTN_TMA=1 and at 2048-64 tokens (the gate apart from 64 tokens),
   # probe_mlp_decode.py, probe_norm_split.py (the model the same both ways).)
   # the DeltaNet's output norm (and out-projection) beside the chunk scan, against both after it (18 layers in a
-  # graph, the fused tiles in five configs, then the model's prefill with each switch off and on)
+  # graph, the fused tiles in three configs, then the model's prefill with each switch off and on)
   timeout 540 python3 benchmarks/probe_norm_beside_scan.py 2>&1 | tee "$OUT/probe_norm_beside_scan.txt"
 fi
 if want scanprobes; then
