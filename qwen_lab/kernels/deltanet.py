@@ -84,7 +84,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from .. import runtime
 from ..errors import KernelError
 from . import device_key, dot_precision, pdl_options
-from .norms import _inv_rms, _row_offsets
+from .gemm import linear, sm_count
+from .norms import _config as norm_config
+from .norms import _inv_rms, _row_offsets, gated_rms_norm
 
 EPS = 1e-6  # l2norm epsilon of q and k inside the delta rule (as in the reference and transformers)
 INTERPRET = runtime.interpreter_active()  # fixed at import: the kernels below are defined for one mode
@@ -850,15 +852,6 @@ _TICKETS: dict = {}  # device -> int32 counters (conv_decode_step_kernel, chunk_
 _TICKETS_KEPT: list = []  # buffers outgrown, which a captured graph may still read
 
 
-def _sm_count(device) -> int:
-    """Streaming multiprocessors of a CUDA device (1 under the interpreter, which runs programs one by one)."""
-    if INTERPRET:
-        return 1
-    from .gemm import sm_count
-
-    return sm_count(device)
-
-
 def _tickets(device, n: int) -> torch.Tensor:
     """At least n zeroed int32 counters on `device`, allocated once (each launch leaves them at zero again): the
     tickets of the fused decode step, the chunk scan's `ready` counters and after them those of the norm beside
@@ -1091,9 +1084,6 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
         # Such small heads only occur in test models, where the recurrent kernel computes the same function.
         out = _recurrent_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, out, fused)
         if norm is not None:   # no scan to run beside: the norm (and the projection) after it
-            from .gemm import linear
-            from .norms import gated_rms_norm
-
             z, weight, eps, result, out_weight = norm
             if out_weight is None:
                 return gated_rms_norm(out, z, weight, eps, out=result)
@@ -1140,18 +1130,16 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
         bm, bn, warps, stages = NORM_LINEAR_BESIDE_SCAN_CONFIG if not INTERPRET else (16, 16, 4, 1)
         # one program per SM (each holds half an SM's registers), drawing the tiles row tile by row tile
         tiles = triton.cdiv(T, bm) * triton.cdiv(N, bn)
-        gated_norm_linear_beside_scan_kernel[(min(tiles, _sm_count(q.device)),)](
+        gated_norm_linear_beside_scan_kernel[(min(tiles, sm_count(q.device)),)](
             out, z, weight, out_weight, result, ready[n_ready:], T, N, Hv, Dv, out.stride(0), out.stride(1),
             z.stride(0), z.stride(1), out_weight.stride(0), result.stride(0), eps, **group,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BDV, PREC=prec, num_warps=warps, num_stages=stages,
             **pdl_options(q.device))
         return result
-    from .norms import _config as norm_config
-
     R = T * Hv
     block_r, block_d, warps = norm_config(R, Dv)
     # a fixed grid, resident beside the scan, its programs drawing the row blocks in order
-    programs = min(triton.cdiv(R, block_r), NORM_BESIDE_SCAN_PROGRAMS_PER_SM * _sm_count(q.device))
+    programs = min(triton.cdiv(R, block_r), NORM_BESIDE_SCAN_PROGRAMS_PER_SM * sm_count(q.device))
     gated_norm_beside_scan_kernel[(programs,)](
         out, z, weight, result, ready[n_ready:], R, Hv, Dv, out.stride(0), out.stride(1), z.stride(0), z.stride(1),
         result.stride(0), result.stride(1), eps, **group,
