@@ -58,8 +58,6 @@ KERNEL_MODULES = {
     "deltanet_conv_decode_step": "deltanet",
     "delta_rule_chunked": "deltanet",
     "deltanet_chunked": "deltanet",
-    "deltanet_chunked_gated_norm": "deltanet",
-    "deltanet_chunked_gated_norm_linear": "deltanet",
     "sample": "sampling",
 }
 OPERATORS = tuple(KERNEL_MODULES)
@@ -69,15 +67,6 @@ BACKENDS = ("torch", "triton")
 # decides, read at each step like the library's other switches (off unless set); True / False override it. Off: on
 # the H200 the model's prefill measured the same both ways (benchmarks/probe_norm_split.py, docs/perf-log.md).
 SPLIT_NORMS = None
-# A prompt's DeltaNet output norm beside the chunk scan (deltanet_chunked_gated_norm: each group of chunks normalised
-# once the scan has stored it) instead of after it. None: the QWEN_LAB_NORM_BESIDE_SCAN switch decides (off unless
-# set); True / False override it. Off until benchmarks/probe_norm_beside_scan.py has timed it on a GPU.
-NORM_BESIDE_SCAN = None
-# The same with the out-projection too (deltanet_chunked_gated_norm_linear: output tiles of the projection, each head
-# normed in registers before its product, beside the scan; no norm kernel or GEMM launch after it). Before
-# NORM_BESIDE_SCAN where both are on; not with SPLIT_NORMS (whose projection adds itself to the residual stream).
-# None: the QWEN_LAB_NORM_LINEAR_BESIDE_SCAN switch decides (off unless set). Off until the probe has timed it.
-NORM_LINEAR_BESIDE_SCAN = None
 
 
 class Pending(NamedTuple):
@@ -257,21 +246,6 @@ class Qwen35Model:
         return (on and rows > self._gemv_rows and self.trace is None
                 and self._fused("linear", "linear_add_rms_norm", "rms_scaled_linear"))
 
-    def _beside_scan(self, rows: int) -> str | None:
-        """What of a prompt's DeltaNet output runs beside the chunk scan: "norm+linear" (NORM_LINEAR_BESIDE_SCAN, the
-        projection not left Pending), "norm" (NORM_BESIDE_SCAN) or None; only with every row's output wanted, the
-        library's kernels in the table and nothing traced (a trace wants the scan's own output)."""
-        if self.last_row_only or self.trace is not None or not self._fused(
-                "deltanet_gates", "delta_rule_chunked", "deltanet_chunked", "gated_rms_norm", "linear",
-                "deltanet_chunked_gated_norm", "deltanet_chunked_gated_norm_linear"):
-            return None
-        on = (env_on("QWEN_LAB_NORM_LINEAR_BESIDE_SCAN", False) if NORM_LINEAR_BESIDE_SCAN is None
-              else NORM_LINEAR_BESIDE_SCAN)
-        if on and not self._splits_norms(rows):
-            return "norm+linear"
-        on = env_on("QWEN_LAB_NORM_BESIDE_SCAN", False) if NORM_BESIDE_SCAN is None else NORM_BESIDE_SCAN
-        return "norm" if on else None
-
     def _branch_output(self, x: torch.Tensor, weight: torch.Tensor):
         """A branch's output projection: x @ weight^T now, or Pending for the next norm's GEMMs (_splits_norms)."""
         return Pending(x, weight) if self._splits_norms(x.shape[0]) else self.ops["linear"](x, weight)
@@ -305,16 +279,6 @@ class Qwen35Model:
             v = qkv[:, 2 * kd:].unflatten(1, (Hv, Dv))
             if T == 1:  # decode: the recurrent form, its gates computed inside the same kernel
                 o = ops["deltanet_decode_step"](q, k, v, a, b, layer.A_log, layer.dt_bias, state)
-            elif beside := self._beside_scan(T):   # prefill, the gates in the prep, what follows beside the scan
-                if beside == "norm+linear":           # rmsnorm(o) * w * silu(z), then the out-projection
-                    y = ops["deltanet_chunked_gated_norm_linear"](q, k, v, a, b, layer.A_log, layer.dt_bias, state,
-                                                                  z, layer.norm, cfg.rms_norm_eps, layer.out_proj)
-                else:                                 # rmsnorm(o) * w * silu(z)
-                    o = ops["deltanet_chunked_gated_norm"](q, k, v, a, b, layer.A_log, layer.dt_bias, state, z,
-                                                           layer.norm, cfg.rms_norm_eps)
-                    y = self._branch_output(o.reshape(T, vd), layer.out_proj)
-                self._t(i, "out_proj", y)
-                return y
             elif self._fused("deltanet_gates", "delta_rule_chunked"):  # prefill, the gates inside the chunk prep
                 o = ops["deltanet_chunked"](q, k, v, a, b, layer.A_log, layer.dt_bias, state)
             else:       # prefill: beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), then the chunked form

@@ -387,25 +387,6 @@ def deltanet_chunked(q, k, v, a, b, A_log, dt_bias, state, scale: float | None =
     return delta_rule_chunked(q, k, v, g, beta, state, scale, chunk_size)
 
 
-def deltanet_chunked_gated_norm(q, k, v, a, b, A_log, dt_bias, state, z, norm_weight, eps: float,
-                                scale: float | None = None, chunk_size: int = 64) -> torch.Tensor:
-    """The DeltaNet's prefill and its output norm: gated_rms_norm(deltanet_chunked(...), z, norm_weight, eps).
-
-    (On the GPU the norm runs beside the chunk scan, normalising each group of chunks once the scan has stored it.)
-    z [T, Hv, Dv]; norm_weight [Dv]; the rest as in deltanet_chunked. -> [T, Hv, Dv].
-    """
-    o = deltanet_chunked(q, k, v, a, b, A_log, dt_bias, state, scale, chunk_size)
-    return gated_rms_norm(o, z, norm_weight, eps)
-
-
-def deltanet_chunked_gated_norm_linear(q, k, v, a, b, A_log, dt_bias, state, z, norm_weight, eps: float, weight,
-                                       scale: float | None = None, chunk_size: int = 64) -> torch.Tensor:
-    """The DeltaNet's prefill, its output norm and its out-projection: linear(deltanet_chunked_gated_norm(...)
-    .reshape(T, Hv * Dv), weight). weight [N, Hv * Dv] -> [T, N]."""
-    o = deltanet_chunked_gated_norm(q, k, v, a, b, A_log, dt_bias, state, z, norm_weight, eps, scale, chunk_size)
-    return linear(o.reshape(o.shape[0], -1), weight)
-
-
 # ---------------------------------------------------------------- sampling
 
 

@@ -200,22 +200,6 @@ def cases():
         meta = dict(c.kwargs, BT=64, BK=Dk, PREC=prec, GROUP=deltanet.SCAN_GROUP)
         out.append((f"chunk_scan {c}", lambda meta=meta, c=c: compile_case(
             deltanet.chunk_scan_kernel, meta, scan_types, c.num_warps, c.num_stages)))
-        # publishing each group for the gated norm beside it (deltanet_chunked_gated_norm), under PDL
-        meta = dict(meta, PUBLISH=True, USE_PDL=True)
-        out.append((f"chunk_scan PUBLISH {c}", lambda meta=meta, c=c: compile_case(
-            deltanet.chunk_scan_kernel, meta, dict(scan_types, out_ready_ptr="*i32"), c.num_warps, c.num_stages,
-            ptx_check=_publish_order)))
-    from qwen_lab.kernels import norms
-
-    block_r, block_d, warps = norms._config(2048 * C.linear_num_value_heads, Dv)
-    out.append(("gated_norm_beside_scan", lambda: compile_case(
-        deltanet.gated_norm_beside_scan_kernel, dict(BLOCK_R=block_r, BLOCK_D=block_d, USE_PDL=True),
-        {"w_ptr": "*fp32", "ready_ptr": "*i32", "eps": "fp32"}, warps, ptx_check=_beside_order)))
-    bm, bn, warps, stages = deltanet.NORM_LINEAR_BESIDE_SCAN_CONFIG
-    out.append(("gated_norm_linear_beside_scan", lambda: compile_case(
-        deltanet.gated_norm_linear_beside_scan_kernel,
-        dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=Dv, PREC=prec, USE_PDL=True),
-        {"nw_ptr": "*fp32", "ready_ptr": "*i32", "eps": "fp32"}, warps, stages, ptx_check=_beside_order)))
     conv_types = {"state_ptr": "*fp32", "A_log_ptr": "*fp32", "dt_bias_ptr": "*bf16", "ticket_ptr": "*i32",
                   "scale": "fp32", "eps": "fp32"}
     for c in deltanet.autotune_configs("conv_decode_step_kernel", Dv=Dv):
@@ -230,34 +214,6 @@ def cases():
             conv1d.conv1d_prefill_kernel, meta, warps=c.num_warps, stages=c.num_stages)))
     out.append(("notebook 09 exercise chunk_scan_kernel, as its launcher runs it", _notebook_09_scan))
     return out
-
-
-def _block_of(lines: list[str], i: int) -> list[str]:
-    """The instructions of the basic block holding line i, up to it (PTX lays blocks out in any order, so only an
-    order inside one block can be read from the text)."""
-    start = max((j for j in range(i) if lines[j].startswith("$L__BB")), default=0)
-    return lines[start:i]
-
-
-def _publish_order(ptx: str) -> dict:
-    """The scan's release of a group: a barrier just before the atomic, in its block (so every thread's stores of
-    the group's rows precede the count)."""
-    lines = [line.strip() for line in ptx.splitlines()]
-    release = next(i for i, line in enumerate(lines) if "atom.global.gpu.release" in line)
-    return {"barrier_before_release": any(line.startswith("bar.sync") for line in _block_of(lines, release))}
-
-
-def _beside_order(ptx: str) -> dict:
-    """The norm beside the scan: the dependents launched in the entry block (before any poll or load) and the PDL
-    wait in the exit block (after every store)."""
-    lines = [line.strip() for line in ptx.splitlines()]
-    labels = [i for i, line in enumerate(lines) if line.startswith("$L__BB")]
-    launch = next(i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line)
-    wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
-    exit_block = lines[labels[-1]:]
-    return {"launch_first": launch < labels[0],
-            "wait_last": wait > labels[-1] and not any("st.global" in line or "ld.global" in line
-                                                        for line in exit_block[exit_block.index(lines[wait]):])}
 
 
 def _notebook_09_scan(stages: int | None = None) -> dict:

@@ -187,12 +187,6 @@ def test_gpu_scan_beside_the_prep_reads_only_finished_chunks(rt, gen, monkeypatc
         cases[i]["state"].copy_(start[i])
         return deltanet_chunked(**cases[i], workspace=ws).clone(), cases[i]["state"].clone()
 
-    _alternate_with_pdl(run, monkeypatch, "the scan read a chunk too early")
-
-
-def _alternate_with_pdl(run, monkeypatch, too_early: str):
-    """run(0) and run(1) (two prompts through one workspace -> (output, state)) without PDL, then 20 calls
-    alternating with PDL, each equal bit for bit to its call without; returns the calls without PDL."""
     monkeypatch.setenv("QWEN_LAB_PDL", "0")
     want = [run(0), run(1)]
     monkeypatch.setenv("QWEN_LAB_PDL", "1")
@@ -200,68 +194,7 @@ def _alternate_with_pdl(run, monkeypatch, too_early: str):
         i = rep % 2
         o, state = run(i)
         assert torch.equal(o, want[i][0]) and torch.equal(state, want[i][1]), (
-            f"call {rep} (prompt {i}) differs from the same call without PDL: {too_early}")
-    return want
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("linear", [False, True], ids=["norm", "norm+linear"])
-def test_gpu_norm_beside_the_scan_reads_only_finished_groups(linear, rt, gen, monkeypatch):
-    """Under PDL the gated norm (and the out-projection) runs beside the scan and waits for each group of chunks it
-    stores. Two prompts of the model's shapes alternate through one workspace and one output buffer (the scan's own
-    output comes from the caching allocator, the same memory each call), so a row read before the scan stored it
-    holds the other prompt's values: every output must equal, bit for bit, the same call without PDL."""
-    Hk = Hv = QWEN35_0_8B.linear_num_value_heads
-    Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
-    T = 2048
-    cases = [_gated_norm_case(T, Hk, Hv, Dk, Dv, gen, rt) for _ in range(2)]
-    ws = deltanet.chunk_workspace(T, Hv, Dk, Dv, rt.dtype, rt.device)
-    start = [c["state"].clone() for c in cases]
-    H = QWEN35_0_8B.hidden_size
-    weight = checks.randn(H, Hv * Dv, g=gen, dtype=rt.dtype, device=rt.device, scale=(Hv * Dv) ** -0.5)
-    shared = torch.empty((T, H) if linear else (T, Hv, Dv), dtype=rt.dtype, device=rt.device)
-
-    def run(i):
-        cases[i]["state"].copy_(start[i])
-        if linear:
-            o = deltanet.deltanet_chunked_gated_norm_linear(**cases[i], weight=weight, workspace=ws, out=shared)
-        else:
-            o = deltanet.deltanet_chunked_gated_norm(**cases[i], workspace=ws, out=shared)
-        return o.clone(), cases[i]["state"].clone()
-
-    want = _alternate_with_pdl(run, monkeypatch, "the norm read a row too early")
-    _tickets_are_zero(rt.device)
-    # and replayed from a CUDA Graph, as the model's prefill runs it: both prompts in one graph, five replays
-    graph, outs = torch.cuda.CUDAGraph(), []
-    with torch.cuda.graph(graph):
-        for i in (0, 1):
-            outs.append(run(i))
-    for replay in range(5):
-        graph.replay()
-        for i in (0, 1):
-            assert torch.equal(outs[i][0], want[i][0]) and torch.equal(outs[i][1], want[i][1]), (
-                f"replay {replay}, prompt {i}: differs from the call without PDL")
-    _tickets_are_zero(rt.device)
-
-
-@pytest.mark.gpu
-def test_gpu_chunked_gated_norm_linear_at_the_models_shapes(rt, gen):
-    """The norm and out-projection beside the scan at 2048 tokens of Qwen3.5-0.8B's shapes (bf16, the last group's
-    tiles ragged in nothing): the library's route (the scan, the norm kernel, the GEMM) within bf16 rounding."""
-    from qwen_lab.kernels import gemm, norms
-
-    Hk = Hv = QWEN35_0_8B.linear_num_value_heads
-    Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
-    T, H = 2048, QWEN35_0_8B.hidden_size
-    case = _gated_norm_case(T, Hk, Hv, Dk, Dv, gen, rt)
-    weight = checks.randn(H, Hv * Dv, g=gen, dtype=rt.dtype, device=rt.device, scale=(Hv * Dv) ** -0.5)
-    start = case["state"].clone()
-    o = deltanet_chunked(**{k: v for k, v in case.items() if k not in ("z", "norm_weight", "eps")})
-    want = gemm.matmul(norms.gated_rms_norm(o, case["z"], case["norm_weight"], case["eps"]).reshape(T, -1), weight)
-    want_state = case["state"].clone()
-    case["state"].copy_(start)
-    _close("y", deltanet.deltanet_chunked_gated_norm_linear(**case, weight=weight), want)
-    assert torch.equal(case["state"], want_state)
+            f"call {rep} (prompt {i}) differs from the same call without PDL: the scan read a chunk too early")
 
 
 def _hf_inputs(d, rep):
@@ -344,85 +277,6 @@ def test_chunked_fuses_the_gates(T, rt, gen):
     _judge("state", args["state"], ref_state)
     with pytest.raises(KernelError, match="dt_bias"):
         deltanet_chunked(**{**args, "dt_bias": args["dt_bias"][:2]})
-
-
-def _gated_norm_case(T, Hk, Hv, Dk, Dv, gen, rt):
-    """deltanet_chunked_gated_norm's arguments: deltanet_chunked's, with z a strided view of a wider projection."""
-    args, _, _ = _fused_gates_case(T, Hk, Hv, Dk, Dv, gen, rt)
-    proj = checks.randn(T, Hv * Dv + 8, g=gen, dtype=rt.dtype, device=rt.device)
-    z = proj[:, 8:].unflatten(1, (Hv, Dv))
-    norm_weight = 1.0 + 0.1 * checks.randn(Dv, g=gen, device=rt.device)
-    return dict(args, z=z, norm_weight=norm_weight, eps=1e-6)
-
-
-# T: one chunk; a ragged tail; more chunks than one group of SCAN_GROUP (three groups, the last ragged)
-@pytest.mark.parametrize("T", [40, 130, 2 * 8 * 64 + 70])
-def test_chunked_gated_norm_equals_the_scan_then_the_norm(T, rt, gen):
-    """The norm beside the scan normalises each group of chunks once the scan has counted it: the same bits as
-    deltanet_chunked then gated_rms_norm, the same final state, three launches, and the counters back at zero.
-    (Heads of 64: on a GPU narrower ones take the recurrent kernel, and the norm runs after it.)"""
-    from qwen_lab.kernels import norms
-
-    case = _gated_norm_case(T, 1, 2, 64, 64, gen, rt)
-    start = case["state"].clone()
-    want = norms.gated_rms_norm(deltanet_chunked(**{k: v for k, v in case.items()
-                                                    if k not in ("z", "norm_weight", "eps")}),
-                                case["z"], case["norm_weight"], case["eps"])
-    want_state = case["state"].clone()
-    for _ in range(2):   # the second call counts from the zeros the first one left
-        case["state"].copy_(start)
-        with count_launches() as launches:
-            got = deltanet.deltanet_chunked_gated_norm(**case)
-        assert dict(launches) == {"chunk_prep_kernel": 1, "chunk_scan_kernel": 1,
-                                  "gated_norm_beside_scan_kernel": 1}, dict(launches)
-        assert torch.equal(got, want), "the norm beside the scan differs from the norm after it"
-        assert torch.equal(case["state"], want_state)
-        _tickets_are_zero(rt.device)
-    ref_state = start.clone()
-    ref = reference.deltanet_chunked_gated_norm(**{**case, "state": ref_state})
-    _judge("normed o", got, ref)
-    _judge("state", case["state"], ref_state)
-
-
-# N: one column tile and a ragged one (the interpreter's tiles are 16 wide); T as above
-@pytest.mark.parametrize("T, N", [(40, 16), (130, 40), (2 * 8 * 64 + 70, 24)])
-def test_chunked_gated_norm_linear_equals_the_norm_then_the_projection(T, N, rt, gen):
-    """The norm and the out-projection beside the scan, tile by tile with a head per K step: the product of the
-    normed output (as the norm kernel rounds it) and the weight, the same final state, three launches, the
-    counters back at zero; against the reference within the float32 (interpreter) or bf16 (GPU) rounding."""
-    from qwen_lab.kernels import gemm, norms
-
-    case = _gated_norm_case(T, 1, 2, 64, 64, gen, rt)
-    weight = checks.randn(N, 2 * 64, g=gen, dtype=rt.dtype, device=rt.device, scale=0.1)
-    start = case["state"].clone()
-    normed = norms.gated_rms_norm(deltanet_chunked(**{k: v for k, v in case.items()
-                                                      if k not in ("z", "norm_weight", "eps")}),
-                                  case["z"], case["norm_weight"], case["eps"])
-    want, want_state = gemm.linear(normed.reshape(T, -1), weight), case["state"].clone()
-    for _ in range(2):   # the second call counts from the zeros the first one left
-        case["state"].copy_(start)
-        with count_launches() as launches:
-            got = deltanet.deltanet_chunked_gated_norm_linear(**case, weight=weight)
-        expected = {"chunk_prep_kernel": 1, "chunk_scan_kernel": 1, "gated_norm_linear_beside_scan_kernel": 1}
-        assert dict(launches) == expected, dict(launches)
-        checks.compare("norm + out-projection beside the scan", got, want,
-                       **({"atol": 1e-5, "rtol": 1e-5} if rt.dtype == torch.float32 else {}))
-        assert torch.equal(case["state"], want_state)
-        _tickets_are_zero(rt.device)
-    ref_state = start.clone()
-    _judge("y", got, reference.deltanet_chunked_gated_norm_linear(**{**case, "state": ref_state}, weight=weight))
-    with pytest.raises(KernelError, match="weight must be .* \\[N, Hv \\* Dv\\] = \\[N, 128\\]"):
-        deltanet.deltanet_chunked_gated_norm_linear(**case, weight=weight[:, :64])
-
-
-def test_chunked_gated_norm_rejects_bad_arguments(rt, gen):
-    case = _gated_norm_case(70, 1, 2, 64, 64, gen, rt)
-    with pytest.raises(KernelError, match="z must be .* of v's shape \\(70, 2, 64\\)"):
-        deltanet.deltanet_chunked_gated_norm(**{**case, "z": case["z"][:, :1]})
-    with pytest.raises(KernelError, match="norm_weight must be .* \\[Dv\\] = \\[64\\]"):
-        deltanet.deltanet_chunked_gated_norm(**{**case, "norm_weight": case["norm_weight"][:32]})
-    with pytest.raises(KernelError, match="out"):
-        deltanet.deltanet_chunked_gated_norm(**case, out=torch.empty(70, 2, 32, device=rt.device, dtype=rt.dtype))
 
 
 def test_padding_never_reaches_the_state(rt, gen):

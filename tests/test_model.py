@@ -188,37 +188,27 @@ def test_a_mixer_put_in_place_may_return_every_row(gen):
     assert checks.relative_error(got.float(), want.float()) <= 1e-5
 
 
-def _switched_steps(flag: str, monkeypatch, gen, T: int = 20):
-    """The tiny model with qwen_lab.model.<flag> False, then True: a prompt of T tokens with every row's logits,
-    then one decode step, each under count_launches.
-    -> (model, [(logits, prefill launches, decode launches, the cache after both)] off, on)."""
+def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
+    """SPLIT_NORMS: a prompt's residual add + RMSNorm split between the GEMMs around it (no add_rms_norm kernel
+    left at prefill), the same logits; decode keeps its fused GEMV route, launch for launch."""
     from qwen_lab import model as model_module
     from qwen_lab.kernels import count_launches
 
     model = load_model("tiny", backend="triton")
+    T = 20
     ids = torch.randint(0, model.config.vocab_size, (T,), generator=gen).to(model.device)
-    runs = []
+    runs = {}
     for on in (False, True):
-        monkeypatch.setattr(model_module, flag, on)
+        monkeypatch.setattr(model_module, "SPLIT_NORMS", on)
         cache = model.new_cache(T + 1)
         with torch.inference_mode(), count_launches() as prefill:
             logits = model.step(ids, torch.arange(T, device=model.device), cache, all_logits=True)
         with torch.inference_mode(), count_launches() as decode:
             model.step(ids[:1], torch.tensor([T], device=model.device), cache)
-        runs.append((logits, dict(prefill), dict(decode), [t.clone() for t in cache.tensors()]))
-    return model, runs
-
-
-def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
-    """SPLIT_NORMS: a prompt's residual add + RMSNorm split between the GEMMs around it (no add_rms_norm kernel
-    left at prefill), the same logits; decode keeps its fused GEMV route, launch for launch."""
-    from qwen_lab import model as model_module
-
-    T = 20
-    model, ((off, prefill_off, decode_off, _), (on, prefill_on, decode_on, _)) = _switched_steps(
-        "SPLIT_NORMS", monkeypatch, gen, T)
+        runs[on] = logits.float(), dict(prefill), dict(decode)
+    (off, prefill_off, decode_off), (on, prefill_on, decode_on) = runs[False], runs[True]
     # bf16 on a GPU: h = s (1 + w) is rounded where the norm kernel rounds the normed row
-    assert checks.relative_error(on.float(), off.float()) <= (1e-5 if model.dtype == torch.float32 else 3e-2)
+    assert checks.relative_error(on, off) <= (1e-5 if model.dtype == torch.float32 else 3e-2)
     assert prefill_off["add_rms_norm_kernel"] == 2 * model.config.num_hidden_layers, prefill_off
     assert prefill_on.get("add_rms_norm_kernel", 0) == 0 and prefill_on["rms_norm_kernel"] == 1, prefill_on
     assert prefill_on["matmul_kernel"] == prefill_off["matmul_kernel"], (prefill_on, prefill_off)
@@ -229,70 +219,6 @@ def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
     assert model._splits_norms(T) and not model._splits_norms(1)
     monkeypatch.setenv("QWEN_LAB_SPLIT_NORMS", "0")
     assert not model._splits_norms(T)
-
-
-def _prefill_scans(cfg) -> bool:
-    """Whether a prompt's DeltaNet runs the chunk scan: always under the interpreter; on a GPU heads narrower than
-    deltanet.CHUNKED_MIN_HEAD_DIM (the tiny model's) take the recurrent kernel instead."""
-    from qwen_lab.kernels import deltanet
-
-    return deltanet.INTERPRET or min(cfg.linear_key_head_dim, cfg.linear_value_head_dim) >= \
-        deltanet.CHUNKED_MIN_HEAD_DIM
-
-
-def test_norm_beside_scan_route_equals_the_norm_after_it(gen, monkeypatch):
-    """NORM_BESIDE_SCAN: a prompt's DeltaNet output norm runs beside the chunk scan (deltanet_chunked_gated_norm),
-    the same logits and caches bit for bit and as many launches; decode and traced steps keep their routes."""
-    from qwen_lab import model as model_module
-
-    T = 20
-    model, ((off, prefill_off, decode_off, cache_off), (on, prefill_on, decode_on, cache_on)) = _switched_steps(
-        "NORM_BESIDE_SCAN", monkeypatch, gen, T)
-    cfg = model.config
-    assert torch.equal(on, off), "the norm beside the scan changed the logits"
-    assert all(torch.equal(a, b) for a, b in zip(cache_on, cache_off))
-    L = cfg.num_linear_layers
-    scans = _prefill_scans(cfg)   # (if not, no scan to run beside: the norm after the recurrent kernel)
-    assert prefill_on.get("gated_norm_beside_scan_kernel", 0) == (L if scans else 0), prefill_on
-    assert prefill_on.get("gated_rms_norm_kernel", 0) == (0 if scans else L), prefill_on
-    assert prefill_off["gated_rms_norm_kernel"] == L and sum(prefill_on.values()) == sum(prefill_off.values())
-    assert decode_on == decode_off
-    # unset (None), the environment switch decides, read at each step; a trace sees the scan's own output
-    monkeypatch.setattr(model_module, "NORM_BESIDE_SCAN", None)
-    monkeypatch.setenv("QWEN_LAB_NORM_BESIDE_SCAN", "1")
-    assert model._beside_scan(T) == "norm"
-    model.trace = lambda *args: None
-    assert model._beside_scan(T) is None
-    model.trace = None
-    monkeypatch.setenv("QWEN_LAB_NORM_BESIDE_SCAN", "0")
-    assert model._beside_scan(T) is None
-
-
-def test_norm_linear_beside_scan_route_equals_the_norm_then_the_projection(gen, monkeypatch):
-    """NORM_LINEAR_BESIDE_SCAN: a prompt's DeltaNet norm and out-projection run beside the chunk scan
-    (deltanet_chunked_gated_norm_linear), with no norm kernel and no GEMM after it; the logits as the model's own
-    route gives them (another kernel sums the projection), the caches bit for bit, decode unchanged. It gives way
-    to SPLIT_NORMS, whose out-projection adds itself to the residual stream."""
-    from qwen_lab import model as model_module
-
-    T = 20
-    model, ((off, prefill_off, decode_off, cache_off), (on, prefill_on, decode_on, cache_on)) = _switched_steps(
-        "NORM_LINEAR_BESIDE_SCAN", monkeypatch, gen, T)
-    cfg = model.config
-    bound = 1e-5 if model.dtype == torch.float32 else 2e-2   # bf16 on a GPU: two products' rounding orders
-    assert checks.relative_error(on.float(), off.float()) <= bound
-    L = cfg.num_linear_layers
-    if _prefill_scans(cfg):   # (if not: the recurrent kernel, then the norm and the projection after it)
-        assert prefill_on.get("gated_norm_linear_beside_scan_kernel", 0) == L, prefill_on
-        assert prefill_on.get("gated_rms_norm_kernel", 0) == 0, prefill_on
-        assert prefill_on["matmul_kernel"] == prefill_off["matmul_kernel"] - L, (prefill_on, prefill_off)
-        assert all(torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5) for a, b in zip(cache_on, cache_off))
-    assert decode_on == decode_off
-    monkeypatch.setattr(model_module, "NORM_LINEAR_BESIDE_SCAN", True)
-    assert model._beside_scan(T) == "norm+linear"
-    monkeypatch.setattr(model_module, "SPLIT_NORMS", True)
-    monkeypatch.setattr(model_module, "NORM_BESIDE_SCAN", True)
-    assert model._beside_scan(T) == "norm"
 
 
 def test_fused_paths_launch_what_they_should(gen):

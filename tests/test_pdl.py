@@ -144,62 +144,31 @@ def _memory_calls(node):
 
 # Kernels that do not wait for the whole previous kernel but for its pieces, through counters it releases:
 # name -> (the counters' pointer, the loads allowed before the first wait: what older kernels wrote)
-_WAITS_ON_COUNTERS = {"chunk_scan_kernel": ("ready_ptr", ("tl.load(s_ptrs",)),
-                      "gated_norm_beside_scan_kernel": ("ready_ptr", ("tl.load(w_ptr",)),
-                      "gated_norm_linear_beside_scan_kernel": ("ready_ptr", ("tl.load(nw_ptr",))}
-
-
-def _polls(st) -> bool:
-    """Whether the statement is (or holds) a `while` polling counters with an acquire."""
-    import ast
-
-    return any(isinstance(sub, ast.While) and "sem='acquire'" in ast.unparse(sub) and "atomic" in ast.unparse(sub)
-               for sub in ast.walk(st))
+_WAITS_ON_COUNTERS = {"chunk_scan_kernel": ("ready_ptr", ("tl.load(s_ptrs",))}
 
 
 def _check_counter_wait(mod_name, name, body, counters, allowed):
-    """The kernel waits on gdc_wait only after its loop, if at all (so that it completes after the kernel whose
-    counters it polls); before its loop it only reads `allowed`; in the loop every load comes after a `while` that
-    polls the counters with an acquire (so the producer's stores are visible to it)."""
+    """The kernel has no gdc_wait; before its chunk loop it only reads `allowed`; in the loop every load comes after
+    a `while` that polls the counters with an acquire (so the producer's stores are visible to it)."""
     import ast
 
     where = f"{mod_name}.{name}"
-    loop = next(i for i, st in enumerate(body) if isinstance(st, (ast.For, ast.While)))
-    assert not any("gdc_wait" in ast.unparse(st) for st in body[:loop + 1]), (
-        f"{where} waits on counters and on gdc_wait before its work")
+    assert not any("gdc_wait" in ast.unparse(st) for st in body), f"{where} waits on counters and on gdc_wait"
+    loop = next(i for i, st in enumerate(body) if isinstance(st, ast.For))
     for st in body[:loop]:
         for call in _memory_calls(st):
-            # (an atomic on the kernel's own counters: drawing the first piece of work)
-            drawn = call.func.attr.startswith("atomic") and ast.unparse(call.args[0]).startswith("counters")
-            assert drawn or call.func.attr == "load" and ast.unparse(call).startswith(allowed), (
+            assert call.func.attr == "load" and ast.unparse(call).startswith(allowed), (
                 f"{where}: `{ast.unparse(call)}` runs before the first wait on {counters}")
     inner = body[loop].body
-    polls = [i for i, st in enumerate(inner) if _polls(st)]
-    assert polls, f"{where}: no `while` polling the counters with sem='acquire' in its loop"
+    polls = [i for i, st in enumerate(inner) if isinstance(st, ast.While)
+             and "sem='acquire'" in ast.unparse(st) and "atomic" in ast.unparse(st)]
+    assert polls, f"{where}: no `while` polling the counters with sem='acquire' in its chunk loop"
     assert any(counters in ast.unparse(st) for st in body[:loop]) and "counters" in ast.unparse(inner[polls[0]]), (
         f"{where}: its poll does not read {counters}")
     for st in inner[:polls[0]]:
         for call in _memory_calls(st):
             assert call.func.attr.startswith("atomic") and "sem='acquire'" in ast.unparse(call), (
                 f"{where}: `{ast.unparse(call)}` runs before its poll of the counters")
-
-
-@pytest.mark.parametrize("kernel", ["gated_norm_beside_scan_kernel", "gated_norm_linear_beside_scan_kernel"])
-def test_the_norm_beside_the_scan_completes_after_the_scan(kernel):
-    """The kernels beside the scan let the next kernel launch at their start and poll the scan's counters, never
-    waiting for the scan itself; their last statement must be that wait, so that their grid completes only after
-    the scan's (the kernels after them wait for their grid alone, and the next DeltaNet layer reuses the scan's
-    workspace, state and counters)."""
-    import ast
-    import inspect
-    import textwrap
-
-    from qwen_lab.kernels import deltanet
-
-    body = ast.parse(textwrap.dedent(inspect.getsource(getattr(deltanet, kernel).fn))).body[0].body
-    last = body[-1]
-    assert isinstance(last, ast.If) and ast.unparse(last.test) == "USE_PDL" and \
-        [ast.unparse(st) for st in last.body] == ["gdc_wait()"], ast.unparse(last)
 
 
 def test_every_pdl_kernel_waits_before_it_reads_what_the_previous_kernel_wrote():

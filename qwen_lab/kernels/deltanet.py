@@ -52,14 +52,6 @@ Chunked kernels (two launches; on a GPU, heads narrower than CHUNKED_MIN_HEAD_DI
   program adds its chunk to a counter per head and group of SCAN_GROUP chunks (a release, after a barrier), and
   the scan polls that counter (an acquire) before each group, so it runs beside the end of the prep. The last
   scan program of a head clears its counters, which live in a small zeroed buffer kept per device.
-- With the output norm (`deltanet_chunked_gated_norm`, the model's prefill under NORM_BESIDE_SCAN): the scan also
-  counts, per group of SCAN_GROUP chunks, the value columns it has stored (a release after a barrier), and
-  `gated_norm_beside_scan_kernel` runs beside it, launched at the scan's start: a fixed grid of programs draws the
-  output's row blocks in order from a counter, polls each new group's counter (an acquire) until all Hv Dv columns
-  are counted, and applies rmsnorm(o) * w * silu(z) to the block. The last program clears the counters, and each
-  program ends with the PDL wait, so the norm's grid completes after the scan's (the kernels after it wait for that
-  grid). `deltanet_chunked_gated_norm_linear` does the same with output tiles of the out-projection
-  (`gated_norm_linear_beside_scan_kernel`), each K step one value head normed in registers.
 The tail of the last chunk is padded with k = v = 0, beta = 0 and g = 0, so it changes neither O nor S.
 `deltanet_chunked` (the model's prefill) passes the raw projections a, b instead of g, beta: the prep computes the
 gates of its rows itself (FUSED_GATES), and no gates kernel runs before it.
@@ -84,9 +76,6 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from .. import runtime
 from ..errors import KernelError
 from . import device_key, dot_precision, pdl_options
-from .gemm import linear, sm_count
-from .norms import _config as norm_config
-from .norms import _inv_rms, _row_offsets, gated_rms_norm
 
 EPS = 1e-6  # l2norm epsilon of q and k inside the delta rule (as in the reference and transformers)
 INTERPRET = runtime.interpreter_active()  # fixed at import: the kernels below are defined for one mode
@@ -97,15 +86,6 @@ SCAN_GROUP = 8
 # Under PDL the scan is launched beside the prep's last programs; False launches it after the whole prep (the
 # form before, kept for benchmarks/probe_scan_overlap.py)
 SCAN_BESIDE_PREP = True
-# Programs per SM of `deltanet_chunked_gated_norm`'s norm beside the scan. Each holds a few KB of registers and no
-# shared memory, so they share SMs with the scan's programs. After the scan's last group they must still move the
-# group's rows (6 MB at 2048 tokens) at the memory's rate: about 4 MB in flight, or four 8 KB loads per SM.
-NORM_BESIDE_SCAN_PROGRAMS_PER_SM = 4
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) of `deltanet_chunked_gated_norm_linear`'s norm + out-projection beside
-# the scan: 32 rows, so that the last group's rows (512 at SCAN_GROUP 8) still make 16 row tiles, 128 tiles at
-# N = 1024, about one per SM. Offline sm_90 compile: 255 registers, 56 KB of shared memory (beside a scan program of
-# 2 stages, 124 KB; of 3 stages, 184 KB, it does not fit, and takes the SMs the scan leaves free).
-NORM_LINEAR_BESIDE_SCAN_CONFIG = (32, 128, 4, 2)
 
 
 _CONFIGS = {}   # kernel name -> (its GPU autotuning configs, their pruning function)
@@ -530,8 +510,7 @@ _SCAN_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
 def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr, state_ptr, out_ptr,
                       T, Tp, n_chunks, Hv, Dk, Dv, stride_sh, stride_sk, stride_ot, stride_oh,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                      GROUP: tl.constexpr, USE_PDL: tl.constexpr = False, out_ready_ptr=None,
-                      PUBLISH: tl.constexpr = False):
+                      GROUP: tl.constexpr, USE_PDL: tl.constexpr = False):
     # Under PDL the scan starts once every prep program has started, not once they have all finished. So there
     # is no gdc_wait here (everything before the prep is complete by then: each prep program waited for it);
     # the scan waits for the prep's chunks through the `ready` counters instead, and runs beside the prep's last
@@ -575,12 +554,6 @@ def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr
                      o.to(out_ptr.dtype.element_ty), mask=(rows < T)[:, None] & mask_v[None, :])
             # S1 = exp(G_C) S0 + (k exp(G_C - G))^T V'
             S = tl.dot(tl.trans(kd), v_new.to(kd.dtype), S * tl.exp(G_last), input_precision=PREC)
-        if PUBLISH:
-            # this program's columns of the group's rows are stored: count them for the gated norm beside the scan
-            # (a release after a barrier, as the prep publishes its chunks; once per group, outside the pipeline)
-            tl.debug_barrier()
-            tl.atomic_add(out_ready_ptr + 1 + c0 // GROUP, tl.minimum(BV, Dv - tl.program_id(1) * BV),
-                          sem="release", scope="gpu")
     tl.store(s_ptrs, S, mask=s_mask)
     # the last of the head's Dv / BV programs to finish clears its counters for the next call (every program of
     # the head has passed every wait by then)
@@ -588,111 +561,6 @@ def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr
     last = done == tl.num_programs(1) - 1
     for g in range(0, tl.cdiv(n_chunks, GROUP) + 1):
         tl.store(counters + g, 0, mask=last)
-
-
-@triton.jit
-def _clear_when_last(counters, n):
-    """The last program of the grid to get here sets counters[0 .. n) back to zero for the next call (counters[0]
-    counts the programs done). By then every group was polled full, so every scan program has published its last
-    group, and every program has drawn past the last piece of work."""
-    done = tl.atomic_add(counters, 1, sem="acq_rel", scope="gpu")
-    last = done == tl.num_programs(0) - 1
-    for g in range(0, n):
-        tl.store(counters + g, 0, mask=last)
-
-
-@triton.jit
-def gated_norm_beside_scan_kernel(x_ptr, z_ptr, w_ptr, out_ptr, ready_ptr, R, H, D, sx0, sx1, sz0, sz1, so0, so1,
-                                  eps, group_tokens, need, n_groups,
-                                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr = False):
-    # norms.gated_rms_norm_kernel over the scan's output x [T, H, D] (R = T H rows of one head each), launched while
-    # the scan still runs: a fixed grid of programs draws the row blocks in order, and before the first block of
-    # each group of scan chunks polls that group's counter (an acquire) until every column of the group's rows is
-    # stored (`need` = H D). No gdc_wait before the work: the counters say which rows are final, and z and the
-    # weight were written before the scan started (the prep it runs beside waited for them).
-    if USE_PDL:
-        gdc_launch_dependents()   # the out-projection after it may launch; it waits for this grid to complete
-    counters = ready_ptr   # [programs done, columns stored in group 0, in group 1, ..., the next row block]
-    cols = tl.arange(0, BLOCK_D)
-    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
-    seen = tl.full([], -1, tl.int32)   # the last group this program has seen complete (published in order)
-    # Row blocks are handed out in order by a counter, not by program id: a program that only finds room on an SM
-    # once the scan has ended takes whatever is left then, instead of holding early blocks back.
-    block = tl.atomic_add(counters + n_groups + 1, 1, sem="relaxed", scope="gpu")
-    while block < tl.cdiv(R, BLOCK_R):
-        rows = block * BLOCK_R + tl.arange(0, BLOCK_R)
-        group = (tl.minimum(block * BLOCK_R + BLOCK_R, R) - 1) // H // group_tokens   # of the block's last row
-        if group > seen:
-            ready = tl.atomic_add(counters + 1 + group, 0, sem="acquire", scope="gpu")
-            while ready < need:
-                ready = tl.atomic_add(counters + 1 + group, 0, sem="acquire", scope="gpu")
-            seen = group
-        mask = (rows < R)[:, None] & (cols < D)[None, :]
-        x = tl.load(x_ptr + _row_offsets(rows, H, sx0, sx1)[:, None] + cols[None, :], mask=mask, other=0.0)
-        z = tl.load(z_ptr + _row_offsets(rows, H, sz0, sz1)[:, None] + cols[None, :], mask=mask, other=0.0)
-        x = x.to(tl.float32)
-        z = z.to(tl.float32)
-        y = ((x * _inv_rms(x, D, eps)[:, None]) * w[None, :]) * (z * tl.sigmoid(z))
-        tl.store(out_ptr + _row_offsets(rows, H, so0, so1)[:, None] + cols[None, :],
-                 y.to(out_ptr.dtype.element_ty), mask=mask)
-        block = tl.atomic_add(counters + n_groups + 1, 1, sem="relaxed", scope="gpu")
-    _clear_when_last(counters, n_groups + 2)
-    if USE_PDL:
-        # complete only after the scan has (its final state stored, its own counters cleared): the kernels after
-        # this one wait for this grid, and the next DeltaNet layer reuses the workspace and the counters
-        gdc_wait()
-
-
-@triton.jit
-def gated_norm_linear_beside_scan_kernel(x_ptr, z_ptr, nw_ptr, w_ptr, out_ptr, ready_ptr, T, N, H, D,
-                                         sx0, sx1, sz0, sz1, sw, so, eps, group_tokens, need, n_groups,
-                                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                                         PREC: tl.constexpr, USE_PDL: tl.constexpr = False):
-    # The DeltaNet's output norm and out-projection, beside the scan: y = gated_norm(x) W^T with x [T, H, D] the
-    # scan's output, W [N, H D]. The norm is per head, and a head is D consecutive columns of the product's K = H D,
-    # so each step of the K loop takes one head: x and z [BLOCK_M, D] normed in registers, then multiplied by
-    # W's [BLOCK_N, D] slice. A fixed grid draws the [BLOCK_M, BLOCK_N] output tiles row tile by row tile, polling
-    # the scan's group counters (an acquire) as in gated_norm_beside_scan_kernel before a tile of a new group.
-    if USE_PDL:
-        gdc_launch_dependents()   # what follows may launch; it waits for this grid, which waits for the scan
-    counters = ready_ptr   # [programs done, columns stored in group 0, in group 1, ..., the next tile]
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-    nw = tl.load(nw_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-    n_tiles_n = tl.cdiv(N, BLOCK_N)
-    seen = tl.full([], -1, tl.int32)   # the last group this program has seen complete (published in order)
-    # tiles handed out in order by a counter (see gated_norm_beside_scan_kernel): a program whose shared memory
-    # does not fit beside a scan program may only start once the scan ends
-    tile = tl.atomic_add(counters + n_groups + 1, 1, sem="relaxed", scope="gpu")
-    while tile < tl.cdiv(T, BLOCK_M) * n_tiles_n:
-        m0 = (tile // n_tiles_n) * BLOCK_M
-        n0 = (tile % n_tiles_n) * BLOCK_N
-        group = (tl.minimum(m0 + BLOCK_M, T) - 1) // group_tokens   # of the tile's last row
-        if group > seen:
-            ready = tl.atomic_add(counters + 1 + group, 0, sem="acquire", scope="gpu")
-            while ready < need:
-                ready = tl.atomic_add(counters + 1 + group, 0, sem="acquire", scope="gpu")
-            seen = group
-        rows = m0 + tl.arange(0, BLOCK_M)
-        cols = n0 + tl.arange(0, BLOCK_N)
-        mask_x = (rows < T)[:, None] & mask_d[None, :]
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for h in range(0, H):
-            x = tl.load(x_ptr + rows[:, None].to(tl.int64) * sx0 + h * sx1 + offs_d[None, :], mask=mask_x,
-                        other=0.0).to(tl.float32)
-            z = tl.load(z_ptr + rows[:, None].to(tl.int64) * sz0 + h * sz1 + offs_d[None, :], mask=mask_x,
-                        other=0.0).to(tl.float32)
-            # the norm rounds to the storage dtype as gated_rms_norm's output would be stored
-            xn = ((x * _inv_rms(x, D, eps)[:, None]) * nw[None, :]) * (z * tl.sigmoid(z))
-            w = tl.load(w_ptr + cols[:, None].to(tl.int64) * sw + h * D + offs_d[None, :],
-                        mask=(cols < N)[:, None] & mask_d[None, :], other=0.0)
-            acc = tl.dot(xn.to(w.dtype), tl.trans(w), acc, input_precision=PREC)
-        tl.store(out_ptr + rows[:, None].to(tl.int64) * so + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=(rows < T)[:, None] & (cols < N)[None, :])
-        tile = tl.atomic_add(counters + n_groups + 1, 1, sem="relaxed", scope="gpu")
-    _clear_when_last(counters, n_groups + 2)
-    if USE_PDL:
-        gdc_wait()   # complete only after the scan has (see gated_norm_beside_scan_kernel)
 
 
 # ---------------------------------------------------------------- launchers
@@ -854,8 +722,7 @@ _TICKETS_KEPT: list = []  # buffers outgrown, which a captured graph may still r
 
 def _tickets(device, n: int) -> torch.Tensor:
     """At least n zeroed int32 counters on `device`, allocated once (each launch leaves them at zero again): the
-    tickets of the fused decode step, the chunk scan's `ready` counters and after them those of the norm beside
-    the scan; the decode step and the prefill never run at the same time.
+    tickets of the fused decode step and the chunk scan's `ready` counters, which never run at the same time.
 
     Allocated on the first call, which must not be inside a CUDA Graph capture: memory allocated there would
     belong to the graph's pool (graph.capture warms every kernel up outside the capture first). A longer prompt
@@ -988,84 +855,15 @@ def deltanet_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch
     return _chunked_launch(q, k, v, a, b, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused=True)
 
 
-def deltanet_chunked_gated_norm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                                A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, z: torch.Tensor,
-                                norm_weight: torch.Tensor, eps: float, scale: float | None = None,
-                                chunk_size: int = 64, out: torch.Tensor | None = None,
-                                workspace: ChunkWorkspace | None = None) -> torch.Tensor:
-    """deltanet_chunked, then the DeltaNet's output norm of its result: gated_rms_norm(o, z, norm_weight, eps) =
-    rmsnorm(o) * norm_weight * silu(z) per value head; = reference.deltanet_chunked_gated_norm.
-
-    The norm runs beside the scan instead of after it: the scan counts each group of SCAN_GROUP chunks it has
-    stored, and a fixed grid of norm programs (`gated_norm_beside_scan_kernel`) normalises a group's rows as soon
-    as its count is full, on the SMs the scan's Hv * Dv / BV programs leave idle. Only the last group's rows are
-    left when the scan ends. z [T, Hv, Dv] (a strided view of the in-projection, last dim contiguous), norm_weight
-    [Dv]; the rest as in `deltanet_chunked`. Returns the normed output [T, Hv, Dv] in v's dtype (or `out`); the
-    un-normed output never leaves the call.
-    """
-    _check_norm_args("deltanet_chunked_gated_norm", v, z, norm_weight)
-    out = _check_out("out", out, tuple(v.shape), v.dtype, v.device)
-    _check_gate_params(A_log, dt_bias, v.shape[1], getattr(q, "device", None))
-    return _chunked_launch(q, k, v, a, b, A_log, dt_bias, state, scale, chunk_size, None, workspace, fused=True,
-                           norm=(z, norm_weight, float(eps), out, None))
-
-
-def deltanet_chunked_gated_norm_linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
-                                       b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-                                       state: torch.Tensor, z: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                                       weight: torch.Tensor, scale: float | None = None, chunk_size: int = 64,
-                                       out: torch.Tensor | None = None,
-                                       workspace: ChunkWorkspace | None = None) -> torch.Tensor:
-    """deltanet_chunked, its output norm and the out-projection: linear(gated_rms_norm(o, z, norm_weight, eps)
-    .reshape(T, Hv Dv), weight); = reference.deltanet_chunked_gated_norm_linear.
-
-    As `deltanet_chunked_gated_norm`, but the programs beside the scan compute output tiles of the projection
-    (`gated_norm_linear_beside_scan_kernel`): each step of their K loop is one value head, normed in registers
-    before its product, so neither the scan's output normed nor a GEMM launch follows the scan; only the last
-    group's tiles are left when it ends. weight [N, Hv Dv] (contiguous rows) -> [T, N] in v's dtype (or `out`).
-    """
-    fn = "deltanet_chunked_gated_norm_linear"
-    _check_norm_args(fn, v, z, norm_weight)
-    T, Hv, Dv = v.shape
-    if (not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != Hv * Dv
-            or weight.dtype != v.dtype or weight.device != v.device or weight.stride(1) != 1):
-        raise KernelError(f"{fn}: weight must be a {v.dtype} [N, Hv * Dv] = [N, {Hv * Dv}] matrix on {v.device} with "
-                          f"contiguous rows, got {_shape(weight)}")
-    out = _check_out("out", out, (T, weight.shape[0]), v.dtype, v.device)
-    if out.stride(1) != 1:
-        raise KernelError(f"{fn}: out's rows must be contiguous, got strides {out.stride()}")
-    _check_gate_params(A_log, dt_bias, Hv, getattr(q, "device", None))
-    return _chunked_launch(q, k, v, a, b, A_log, dt_bias, state, scale, chunk_size, None, workspace, fused=True,
-                           norm=(z, norm_weight, float(eps), out, weight))
-
-
-def _check_norm_args(fn, v, z, norm_weight):
-    """The output norm's z [T, Hv, Dv] (like v, last dim contiguous) and norm_weight [Dv]."""
-    if not isinstance(v, torch.Tensor) or v.dim() != 3:
-        raise KernelError(f"{fn}: v must be a [T, Hv, Dv] tensor, got {_shape(v)}")
-    if (not isinstance(z, torch.Tensor) or z.shape != v.shape or z.dtype != v.dtype or z.device != v.device
-            or z.stride(-1) != 1):
-        raise KernelError(f"{fn}: z must be a {v.dtype} tensor of v's shape {tuple(v.shape)} on {v.device}, its last "
-                          f"dim contiguous, got {_shape(z)}" + (f" {z.dtype} with strides {z.stride()}"
-                                                                 if isinstance(z, torch.Tensor) else ""))
-    Dv = v.shape[-1]
-    if (not isinstance(norm_weight, torch.Tensor) or norm_weight.shape != (Dv,) or norm_weight.device != v.device
-            or not norm_weight.is_floating_point() or not norm_weight.is_contiguous()):
-        raise KernelError(f"{fn}: norm_weight must be a contiguous float tensor [Dv] = [{Dv}] on {v.device}, got "
-                          f"{_shape(norm_weight)}")
-
-
-def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused, norm=None):
-    """delta_rule_chunked (fused=False: g, beta are the gates) or deltanet_chunked (fused: g, beta are a and b);
-    with norm = (z, norm weight, eps, result, out-projection weight or None), the gated norm of the output beside
-    the scan, and the out-projection with it when its weight is given (returns the result)."""
+def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused):
+    """delta_rule_chunked (fused=False: g, beta are the gates) or deltanet_chunked (fused: g, beta are a and b)."""
     T, Hk, Dk, Hv, Dv = _check_delta(q, k, v, g, beta, state, ("a", "b") if fused else ("g", "beta"))
     if chunk_size not in (64, 128):
         raise KernelError(f"chunk_size={chunk_size!r}: expected 64 or 128 (a power of two of at least "
                           f"16 rows, the smallest tl.dot)")
     out = _check_out("out", out, (T, Hv, Dv), v.dtype, v.device)
     if T == 0:
-        return out if norm is None else norm[3]
+        return out
     n_chunks = triton.cdiv(T, chunk_size)
     Tp = n_chunks * chunk_size
     if workspace is not None:
@@ -1082,13 +880,7 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
         # Compiled for sm_90 by Triton 3.6, the chunked kernels fault (or return garbage) when a head dim is below
         # 64, while 64 and 128 (every released Qwen3.5) are right: benchmarks/probe_deltanet.py, docs/perf-log.md.
         # Such small heads only occur in test models, where the recurrent kernel computes the same function.
-        out = _recurrent_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, out, fused)
-        if norm is not None:   # no scan to run beside: the norm (and the projection) after it
-            z, weight, eps, result, out_weight = norm
-            if out_weight is None:
-                return gated_rms_norm(out, z, weight, eps, out=result)
-            return linear(gated_rms_norm(out, z, weight, eps).reshape(T, Hv * Dv), out_weight, out=result)
-        return out
+        return _recurrent_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, out, fused)
     if workspace is None:
         workspace = chunk_workspace(T, Hv, Dk, Dv, q.dtype, q.device, chunk_size)
     ws = workspace
@@ -1099,11 +891,8 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
     # fp32 operands: exact fp32 products ("ieee"). bf16 operands ignore the setting, except in the inverse's
     # merges, whose fp32 tiles then use tf32 (10-bit mantissa; the result is rounded to bf16 right after).
     prec = dot_precision(ws.qg.dtype)
-    # the counters through which the scan waits for the prep, [Hv, chunks + 1] at the workspace's pitch; then,
-    # with the norm beside the scan, those through which the norm waits for the scan: [1 + groups + 1]
-    n_ready = Hv * (Tw // chunk_size + 1)
-    n_groups = triton.cdiv(n_chunks, SCAN_GROUP)
-    ready = _tickets(q.device, n_ready + (n_groups + 2 if norm is not None else 0))
+    # the counters through which the scan waits for the prep, [Hv, chunks + 1] at the workspace's pitch
+    ready = _tickets(q.device, Hv * (Tw // chunk_size + 1))
     _launch(chunk_prep_kernel, (Hv, n_chunks), (
         q, k, v, g, beta, A_log, dt_bias, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, T, Tw, Dk, Dv, Hv // Hk,
         scale, EPS,
@@ -1113,41 +902,14 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
              GROUP=SCAN_GROUP, FUSED_GATES=fused, **pdl_options(q.device)),
         dict(num_warps=4))
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
-    # (the norm's counters are part of `ready`, which the autotuner restores after each trial)
-    publish = dict(out_ready_ptr=ready[n_ready:], PUBLISH=True) if norm is not None else {}
     _launch(chunk_scan_kernel, grid, (
         ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, state, out, T, Tw, n_chunks, Hv, Dk, Dv,
         state.stride(0), state.stride(1), out.stride(0), out.stride(1)),
-        dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=SCAN_GROUP, **publish,
-             **(pdl_options(q.device) if SCAN_BESIDE_PREP else {})),
+        dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=SCAN_GROUP, **(pdl_options(q.device) if SCAN_BESIDE_PREP else {})),
         dict(BV=min(32, BDV), num_warps=4))
-    if norm is None:
-        return out
-    z, weight, eps, result, out_weight = norm
-    group = dict(group_tokens=SCAN_GROUP * chunk_size, need=Hv * Dv, n_groups=n_groups)
-    if out_weight is not None:   # the norm and the out-projection, output tile by output tile
-        N = out_weight.shape[0]
-        bm, bn, warps, stages = NORM_LINEAR_BESIDE_SCAN_CONFIG if not INTERPRET else (16, 16, 4, 1)
-        # one program per SM (each holds half an SM's registers), drawing the tiles row tile by row tile
-        tiles = triton.cdiv(T, bm) * triton.cdiv(N, bn)
-        gated_norm_linear_beside_scan_kernel[(min(tiles, sm_count(q.device)),)](
-            out, z, weight, out_weight, result, ready[n_ready:], T, N, Hv, Dv, out.stride(0), out.stride(1),
-            z.stride(0), z.stride(1), out_weight.stride(0), result.stride(0), eps, **group,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=BDV, PREC=prec, num_warps=warps, num_stages=stages,
-            **pdl_options(q.device))
-        return result
-    R = T * Hv
-    block_r, block_d, warps = norm_config(R, Dv)
-    # a fixed grid, resident beside the scan, its programs drawing the row blocks in order
-    programs = min(triton.cdiv(R, block_r), NORM_BESIDE_SCAN_PROGRAMS_PER_SM * sm_count(q.device))
-    gated_norm_beside_scan_kernel[(programs,)](
-        out, z, weight, result, ready[n_ready:], R, Hv, Dv, out.stride(0), out.stride(1), z.stride(0), z.stride(1),
-        result.stride(0), result.stride(1), eps, **group,
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, **pdl_options(q.device))
-    return result
+    return out
 
 
 __all__ = ["ChunkWorkspace", "autotune_configs", "chunk_workspace", "delta_rule_chunked", "delta_rule_recurrent",
-           "deltanet_chunked", "deltanet_chunked_gated_norm", "deltanet_chunked_gated_norm_linear",
-           "deltanet_conv_decode_step", "deltanet_decode_step",
-           "deltanet_gates", "force_config", "l2norm"]
+           "deltanet_chunked", "deltanet_conv_decode_step", "deltanet_decode_step", "deltanet_gates", "force_config",
+           "l2norm"]
