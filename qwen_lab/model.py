@@ -197,8 +197,10 @@ class Qwen35Model:
     def norm_linear(self, i: int, name: str, y, x, norm_weight, weight, out=None):
         """x = x + y (y None: x as is), then RMSNorm (1 + w), then the projection: -> (h @ weight^T, x).
 
-        With the library's own kernels in the table, the residual add and the norm run as the prologue of the
-        projection's kernel (one launch at decode); a table holding anyone else's norm or linear runs them apart.
+        With the library's own kernels in the table, a decode token (or a prompt of up to 16 rows) runs the residual
+        add and the norm as the prologue of the projection's GEMV (one launch; not before the LM head, too wide for
+        it); a longer prompt runs the norm kernel, then the GEMM; a table holding anyone else's norm or linear runs
+        them apart.
         y Pending (SPLIT_NORMS): its projection runs here, adding itself to x in the GEMM's epilogue.
         """
         ops, eps = self.ops, self.config.rms_norm_eps

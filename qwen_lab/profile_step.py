@@ -173,7 +173,7 @@ def main(argv=None) -> int:
             result[name] = {"wall_us": wall, "busy_us": busy, "kernels": kernels, "order": order}
             lines += table(f"{name} ({T} tokens)" if name == "prefill" else "decode (1 token)", kernels, wall,
                            busy) + [""]
-            if name == "decode":  # layers 0-3: three DeltaNet layers and the first attention layer
+            if name == "decode":  # the embedding, layers 0-4 (3: the first attention layer) and the start of 5
                 lines += sequence(order, 30) + [""]
     lines += decode_plans() + tuned_picks()
     print("\n".join(lines))

@@ -206,7 +206,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
     q [T, Hq, D]; k, v [L, Hkv, D] (L >= positions.max() + 1: the cache, or the prompt's own k, v);
     query t (at absolute position positions[t]) sees keys 0..positions[t]. Query head h reads KV head
     h // (Hq // Hkv). softmax(q k^T * scale) v with scale = D^-0.5 by default. -> [T, Hq, D].
-    With `gate` ([T, Hq, D]), returns the gated output sigmoid_gate(o, gate) (fused on the GPU).
+    With `gate` ([T, Hq, D]), returns the gated output sigmoid_gate(o, gate) (the library's kernels: in the
+    flash epilogue or the decode combine, or from attention.GATE_APART_FROM_TOKENS query tokens as a pass of its own).
     """
     T, Hq, D = q.shape
     Hkv = k.shape[1]

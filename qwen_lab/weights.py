@@ -2,7 +2,7 @@
 
 A snapshot is a directory holding `config.json`, the weights in safetensors files (one
 `model.safetensors`, or shards listed by `model.safetensors.index.json`) and the tokenizer files.
-Two key layouts occur (see QWEN35.md, "Checkpoint layout"):
+Two key layouts occur:
 
 - causal LM (`Qwen3_5ForCausalLM`):             `model.layers.N....`, `model.embed_tokens.weight`, ...
 - multimodal (`Qwen3_5ForConditionalGeneration`): `model.language_model.layers.N....`, ...; the vision tower

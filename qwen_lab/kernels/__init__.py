@@ -175,9 +175,10 @@ def graph_bench(kernel_call, quantiles):
     """The timer of two prefill autotuners (matmul, flash attention): the candidate's calls captured in a CUDA Graph and
     replayed, as the model runs them. `do_bench` times calls launched one by one from Python, so a kernel shorter
     than its launch (a TMA candidate's launch also encodes its tensor descriptors on the host) is timed
-    at the host's pace: on the H200 it ranked the out-projection's persistent TMA tile at 54.7 us, which takes
-    15.7 us in a graph, and picked a tile taking 21.5. It also flushes L2 between calls, while in the model the
-    input a prefill kernel reads was just written and sits in L2.
+    at the host's pace: on the H200 (session 7, descriptors then made on the device at every launch) it ranked the
+    out-projection's persistent TMA tile at 54.7 us, which took 15.7 us in a graph, and picked a tile taking 21.5.
+    It also flushes L2 between calls, while in the model the input a prefill kernel reads was just written and sits
+    in L2.
 
     do_bench_cudagraph runs on a stream of its own, unordered with the caller's, so the caller's work is finished
     first: the output the timed calls write may sit in memory that the caller's pending kernels still use (the

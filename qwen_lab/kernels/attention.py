@@ -431,7 +431,8 @@ def sigmoid_gate_kernel(o_ptr, gate_ptr, out_ptr, H, stride_ot, stride_oh, strid
 # GPU: head_dim 256 in one tile. A [BLOCK_M, 256] bf16 q tile and, per pipeline stage, one [BLOCK_N, 256]
 # K and V block live in shared memory (32 + 2 x 32 KB per stage at 64/64: 160 KB with two stages, under the
 # H200's 227 KB); the fp32 accumulator [BLOCK_M, 256] lives in registers, hence 8 warps for 128 rows.
-# Compiled for sm_90 these configs use 212-255 registers per thread with at most 56 bytes of spills.
+# Compiled for sm_90 these configs use 212-255 registers per thread; the 4-warp 64 x 64 tile spills 64-72 bytes
+# (docs/perf-log.md, sessions 10 and 17).
 _PREFILL_CONFIGS = [
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=2),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=3),

@@ -158,7 +158,8 @@ def _tuned_prefill():
     return _tuned["prefill"]
 
 
-# Up to this many tokens the sequential kernel (one launch) beats the segmented one plus the state shift.
+# Up to this many tokens the sequential kernel serves the call: set when the segmented kernel still needed a
+# separate state-shift launch, and not re-measured since it writes the state itself (docs/perf-log.md, session 7).
 STEP_MAX_TOKENS = 4
 
 

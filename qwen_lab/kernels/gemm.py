@@ -24,7 +24,7 @@ Two regimes need different kernels:
   and they travel in the launch's parameters (in a CUDA Graph: made once, at capture). Made on the
   device instead (`tl.make_tensor_descriptor`), every program wrote and fenced its own copy in global
   memory before its first load: 2-3.5 us more per call on the H200, a sixth of a narrow projection.
-  The autotuner times them with the others and keeps the fastest. They
+  The autotuner times them with the others (from TMA_ONLY_FROM_ROWS rows, alone) and keeps the fastest. They
   need 16-byte-aligned rows (bf16/fp16, row strides a multiple of 8 elements), which the launcher
   checks (`_tma_ok`, part of the autotuning key); never under the interpreter. Some of them are
   persistent (PERSIST: one program per SM walks the tiles), and SWIGLU's persistent ones describe W as
@@ -139,9 +139,9 @@ def _matmul_configs(swiglu: bool = False):
                               num_stages=s, num_warps=w) for bm, bn, bk, s, w in tma]
     # The persistent TMA candidates: one program per SM walks the tiles (PERSIST in the kernel), so the loads of a
     # program's next tile are issued while it still multiplies and stores the current one, and no SM waits for a
-    # new program between tiles. On the H200 they are the fastest candidates of the wide prefill projections, level
-    # with cuBLAS (docs/perf-log.md). With SWIGLU's two products per K step they measured slower than the
-    # one-tile-per-program form; SWIGLU's persistent candidates join the two into one (JOIN).
+    # new program between tiles. On the H200 they are the fastest candidates of every prefill projection, the narrow
+    # N = 1024 ones included, level with cuBLAS (docs/perf-log.md). With SWIGLU's two products per K step they
+    # measured slower than the one-tile-per-program form; SWIGLU's persistent candidates join the two into one (JOIN).
     if not swiglu:
         configs += [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "TMA": True,
                                    "PERSIST": True}, num_stages=s, num_warps=w)

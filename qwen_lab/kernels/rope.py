@@ -21,8 +21,9 @@ rope(rms_norm(q, w_q)), rope(rms_norm(k, w_k)) in one read and one write of each
 
 `qk_norm_rope_cache` adds the attention layer's KV-cache write to that kernel: the programs of the k heads
 store the prepared k and the v rows of their heads straight into k_cache, v_cache [L, Hk, D] at row
-positions[t] (read on the device; a position outside [0, L) writes nothing), and only q comes back. At decode
-this saves a launch and a round trip of k per attention layer.
+positions[t] (read on the device; a position outside [0, L) writes nothing), and only q comes back. For a
+prompt this saves the cache write's launch and a round trip of k per attention layer; a decode token does all of
+it inside the attention's split kernel instead (attention.qk_norm_rope_cache_attention).
 
 Kernel layout: one program per (token, block of heads); a head row [D] is one tile. Each element also
 loads its rotation partner (i + half for the first half, i - half for the second), so no shuffles are
