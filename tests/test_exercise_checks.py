@@ -1,0 +1,78 @@
+"""The notebooks' exercise checks catch the mistakes they are written for.
+
+nbval runs each solution notebook, so it proves that a check passes a right answer. These tests prove the other
+half: each runs a solution notebook's code cells in order, as a Jupyter kernel would, with one mistake written
+into an exercise's solution, and expects the exercise's check cell to fail with `checks.CheckFailed` naming what
+is wrong (the case, or the property, the mistake breaks). A check that stopped looking at strides, at eps or at
+the order of a sum would pass these mistakes and fail here.
+"""
+
+import json
+import linecache
+import os
+
+import pytest
+
+from qwen_lab import checks, exercises
+
+SOLUTIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "solutions")
+
+
+def run_with_mistake(notebook: str, exercise: str, wrong: str, right: str) -> None:
+    """Run `notebook`'s code cells up to the first check cell after the exercise titled `exercise`, with `right`
+    replaced by `wrong` in that exercise's cell. Returns when every cell ran; raises what a cell raised."""
+    path = os.path.join(SOLUTIONS, notebook)
+    nb = json.load(open(path))
+    (index,) = [i for title, i in exercises.list_exercises(path) if title.startswith(exercise)]
+    source = "".join(nb["cells"][index]["source"])
+    assert source.count(right) == 1, f"{notebook}, cell {index}: {right!r} is not in the solution once"
+    check = next(i for i in range(index + 1, len(nb["cells"]))
+                 if exercises.CHECK_TAG in nb["cells"][i].get("metadata", {}).get("tags", []))
+    namespace = {"__name__": "__main__"}
+    for i, cell in enumerate(nb["cells"][:check + 1]):
+        if cell["cell_type"] != "code":
+            continue
+        code = "".join(cell["source"])
+        if i == index:
+            code = code.replace(right, wrong)
+        code = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in code.splitlines())
+        name = f"<{notebook} cell {i}>"
+        # Triton reads a kernel's source through linecache, as it would read a notebook cell's
+        linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+        exec(compile(code, name, "exec"), namespace)
+
+
+MISTAKES = [
+    # (notebook, exercise, the right line, the mistake, what the failure must say)
+    ("01_triton_basics_embedding.ipynb", "Exercise 01.2",
+     "ids.to(tl.int64)[:, None] * stride_w", "ids.to(tl.int64)[:, None] * H", "case 4"),   # the strided table
+    ("02_rmsnorm.ipynb", "Exercise 02.1",
+     "y = (x * inv_rms[:, None]) * (1.0 + w)[None, :]", "y = (x * inv_rms[:, None]) * w[None, :]", "rms_norm"),
+    ("02_rmsnorm.ipynb", "Exercise 02.1",
+     "tl.sum(x * x, axis=1) / D + eps", "tl.sum(x * x, axis=1) / D", "case 3"),   # the tiny rows, where eps matters
+    ("04_split_k.ipynb", "Exercise 04.1",
+     "tl.atomic_add(acc_ptr + m * N + offs_n, total, mask=offs_n < N)",
+     "tl.store(acc_ptr + m * N + offs_n, total, mask=offs_n < N)", "split-K linear"),
+    ("04_split_k.ipynb", "Exercise 04.1",
+     "k_ok = (k < K) & (k < k_lo + K_PER_SPLIT)", "k_ok = k < K", "split-K linear"),   # a slice read past its end
+    ("04_split_k.ipynb", "Exercise 04.2",
+     "    for s in range(S):         # a fixed order", "    for s in range(S - 1, -1, -1):  # reversed", "bit for bit"),
+]
+
+
+@pytest.mark.parametrize("notebook, exercise, right, wrong, says", MISTAKES,
+                         ids=[f"{m[1].split()[-1]}-{j}" for j, m in enumerate(MISTAKES)])
+def test_the_check_fails_the_mistake(notebook, exercise, right, wrong, says, monkeypatch):
+    monkeypatch.chdir(SOLUTIONS)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    with pytest.raises(checks.CheckFailed) as failed:
+        run_with_mistake(notebook, exercise, wrong, right)
+    assert says in str(failed.value), str(failed.value)
+
+
+def test_the_right_solution_passes_its_check(monkeypatch):
+    """The control: the same runner with no mistake reaches the end of Exercise 04.2's check."""
+    monkeypatch.chdir(SOLUTIONS)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    right = "    for s in range(S):         # a fixed order"
+    run_with_mistake("04_split_k.ipynb", "Exercise 04.2", right, right)
