@@ -57,6 +57,18 @@ MISTAKES = [
      "k_ok = (k < K) & (k < k_lo + K_PER_SPLIT)", "k_ok = k < K", "split-K linear"),   # a slice read past its end
     ("04_split_k.ipynb", "Exercise 04.2",
      "    for s in range(S):         # a fixed order", "    for s in range(S - 1, -1, -1):  # reversed", "bit for bit"),
+    ("05_swiglu_mlp.ipynb", "Exercise 05.1",
+     "y = gate * tl.sigmoid(gate) * up", "y = up * tl.sigmoid(up) * gate", "silu_mul"),   # gate and up swapped
+    ("06_rope.ipynb", "Exercise 06.1",
+     "sin = tl.where(is_first, -tl.sin(phi),", "sin = tl.where(is_first, tl.sin(phi),", "rope"),   # rotated backwards
+    ("07_gated_attention.ipynb", "Exercise 07.2",
+     'm = tl.where(m == float("-inf"), 0.0, m)', "m = m", "NaN"),   # a fully masked row: -inf - (-inf)
+    ("08_gated_deltanet_recurrent.ipynb", "Exercise 08.3",
+     "S = S * tl.exp(g)  ", "S = S  ", "in-place 'state'"),   # the state never forgets
+    ("09_gated_deltanet_chunked.ipynb", "Exercise 09.1",
+     "row = (r == i).to(tl.float32) - tl.sum(", "row = (r == i).to(tl.float32) + tl.sum(", "tril_inverse"),
+    ("11_decode_and_sampling.ipynb", "Exercise 11.1",
+     "keep &= n_greater < top_k", "keep &= n_greater <= top_k", "outside the kept set"),   # top-k keeps k + 1
 ]
 
 
