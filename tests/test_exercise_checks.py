@@ -69,6 +69,18 @@ MISTAKES = [
      "row = (r == i).to(tl.float32) - tl.sum(", "row = (r == i).to(tl.float32) + tl.sum(", "tril_inverse"),
     ("11_decode_and_sampling.ipynb", "Exercise 11.1",
      "keep &= n_greater < top_k", "keep &= n_greater <= top_k", "outside the kept set"),   # top-k keeps k + 1
+    ("03_gemm.ipynb", "Exercise 03.1",   # the last K step reads past the row: the guard's NaN comes in
+     "mask=(offs_m[:, None] < M) & (k[None, :] < K), other=0.0)", "mask=offs_m[:, None] < M, other=0.0)", "NaN"),
+    ("07_gated_attention.ipynb", "Exercise 07.3",
+     "(h // G) * stride_vh", "(h % G) * stride_vh", "weighted sum"),   # GQA: the wrong KV head
+    ("08_gated_deltanet_recurrent.ipynb", "Exercise 08.1",   # a short input drops the old state's columns
+     "new = tl.where((r >= 0)[None, :], xv.to(state_ptr.dtype.element_ty), sv)",
+     "new = xv.to(state_ptr.dtype.element_ty)", "in-place 'state'"),
+    ("09_gated_deltanet_chunked.ipynb", "Exercise 09.2",
+     "o = tl.dot(qg, S) + tl.dot(aqk, u_new)", "o = tl.dot(qg, S) + tl.dot(aqk, u)", "delta_rule_chunked"),
+    ("10_whole_forward.ipynb", "Exercise 10.1",
+     'o = ops["attention"](q, k_cache, v_cache, positions, gate=gate)',
+     'o = ops["attention"](q, k_cache, v_cache, positions)', "attention_block"),   # the output gate forgotten
 ]
 
 
