@@ -81,6 +81,17 @@ MISTAKES = [
     ("10_whole_forward.ipynb", "Exercise 10.1",
      'o = ops["attention"](q, k_cache, v_cache, positions, gate=gate)',
      'o = ops["attention"](q, k_cache, v_cache, positions)', "attention_block"),   # the output gate forgotten
+    ("02_rmsnorm.ipynb", "Exercise 02.3",   # the gated norm's weight is plain w, not 1 + w
+     "* w[None, :]) * (z * tl.sigmoid(z))", "* (1.0 + w)[None, :]) * (z * tl.sigmoid(z))", "gated_rms_norm"),
+    ("07_gated_attention.ipynb", "Exercise 07.1",
+     "s = tl.dot(q, tl.trans(k)) * scale ", "s = tl.dot(q, tl.trans(k)) ", "missing or extra scale factor"),
+    ("08_gated_deltanet_recurrent.ipynb", "Exercise 08.2",
+     "x = a + tl.load(dt_bias_ptr", "x = a - tl.load(dt_bias_ptr", "deltanet_gates"),
+    ("12_cuda_graph.ipynb", "Exercise 12.1",   # every replay would draw with the same uniform
+     "    s.counter.add_(1)\n", "\n", "s.counter ends at 1 after 2 steps"),
+    ("13_generation_and_benchmark.ipynb", "Exercise 13.2:",   # the LM head counted for every prompt token
+     "flops = 2 * per_token * T + 2 * c.hidden_size * c.vocab_size",
+     "flops = 2 * per_token * T + 2 * c.hidden_size * c.vocab_size * T", "the LM head counted per token"),
 ]
 
 
