@@ -15,6 +15,15 @@ import time
 import traceback
 
 
+def run_cell(src: str, name: str, namespace: dict) -> None:
+    """Execute one code cell's source in `namespace` as a Jupyter kernel would: IPython magics and shell lines
+    (`%...`, `!...`) skipped, the text registered under `name` in linecache, where Triton reads a kernel's source
+    (inspect.getsource)."""
+    src = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith(("%", "!")))
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    exec(compile(src, name, "exec"), namespace)
+
+
 def run(path: str) -> tuple[bool, str]:
     nb = json.load(open(path))
     ns = {"__name__": "__main__"}
@@ -25,15 +34,10 @@ def run(path: str) -> tuple[bool, str]:
         for i, cell in enumerate(nb["cells"]):
             if cell["cell_type"] != "code":
                 continue
-            src = "".join(cell["source"])
-            src = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith(("%", "!")))
             tags = cell.get("metadata", {}).get("tags", [])
-            name = f"<{os.path.basename(path)} cell {i}>"
-            # Triton reads a kernel's source through linecache (inspect.getsource): register the cell's text
-            linecache.cache[name] = (len(src), None, src.splitlines(True), name)
             t0 = time.time()
             try:
-                exec(compile(src, name, "exec"), ns)
+                run_cell("".join(cell["source"]), f"<{os.path.basename(path)} cell {i}>", ns)
             except Exception as e:
                 if "raises-exception" in tags:
                     continue

@@ -8,7 +8,6 @@ the order of a sum would pass these mistakes and fail here.
 """
 
 import json
-import linecache
 import os
 
 import pytest
@@ -18,9 +17,10 @@ from qwen_lab import checks, exercises
 SOLUTIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "solutions")
 
 
-def run_with_mistake(notebook: str, exercise: str, wrong: str, right: str) -> None:
-    """Run `notebook`'s code cells up to the first check cell after the exercise titled `exercise`, with `right`
-    replaced by `wrong` in that exercise's cell. Returns when every cell ran; raises what a cell raised."""
+def run_with_mistake(run_cell, notebook: str, exercise: str, wrong: str, right: str) -> None:
+    """Run `notebook`'s code cells (each through `run_cell`, benchmarks/run_notebooks.py's) up to the first check
+    cell after the exercise titled `exercise`, with `right` replaced by `wrong` in that exercise's cell. Returns
+    when every cell ran; raises what a cell raised."""
     path = os.path.join(SOLUTIONS, notebook)
     nb = json.load(open(path))
     (index,) = [i for title, i in exercises.list_exercises(path) if title.startswith(exercise)]
@@ -35,11 +35,7 @@ def run_with_mistake(notebook: str, exercise: str, wrong: str, right: str) -> No
         code = "".join(cell["source"])
         if i == index:
             code = code.replace(right, wrong)
-        code = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in code.splitlines())
-        name = f"<{notebook} cell {i}>"
-        # Triton reads a kernel's source through linecache, as it would read a notebook cell's
-        linecache.cache[name] = (len(code), None, code.splitlines(True), name)
-        exec(compile(code, name, "exec"), namespace)
+        run_cell(code, f"<{notebook} cell {i}>", namespace)
 
 
 MISTAKES = [
@@ -50,6 +46,10 @@ MISTAKES = [
      "y = (x * inv_rms[:, None]) * (1.0 + w)[None, :]", "y = (x * inv_rms[:, None]) * w[None, :]", "rms_norm"),
     ("02_rmsnorm.ipynb", "Exercise 02.1",
      "tl.sum(x * x, axis=1) / D + eps", "tl.sum(x * x, axis=1) / D", "case 3"),   # the tiny rows, where eps matters
+    ("02_rmsnorm.ipynb", "Exercise 02.3",   # the gated norm's weight is plain w, not 1 + w
+     "* w[None, :]) * (z * tl.sigmoid(z))", "* (1.0 + w)[None, :]) * (z * tl.sigmoid(z))", "gated_rms_norm"),
+    ("03_gemm.ipynb", "Exercise 03.1",   # the last K step reads past the row: the guard's NaN comes in
+     "mask=(offs_m[:, None] < M) & (k[None, :] < K), other=0.0)", "mask=offs_m[:, None] < M, other=0.0)", "NaN"),
     ("04_split_k.ipynb", "Exercise 04.1",
      "tl.atomic_add(acc_ptr + m * N + offs_n, total, mask=offs_n < N)",
      "tl.store(acc_ptr + m * N + offs_n, total, mask=offs_n < N)", "split-K linear"),
@@ -61,32 +61,28 @@ MISTAKES = [
      "y = gate * tl.sigmoid(gate) * up", "y = up * tl.sigmoid(up) * gate", "silu_mul"),   # gate and up swapped
     ("06_rope.ipynb", "Exercise 06.1",
      "sin = tl.where(is_first, -tl.sin(phi),", "sin = tl.where(is_first, tl.sin(phi),", "rope"),   # rotated backwards
+    ("07_gated_attention.ipynb", "Exercise 07.1",
+     "s = tl.dot(q, tl.trans(k)) * scale ", "s = tl.dot(q, tl.trans(k)) ", "missing or extra scale factor"),
     ("07_gated_attention.ipynb", "Exercise 07.2",
      'm = tl.where(m == float("-inf"), 0.0, m)', "m = m", "NaN"),   # a fully masked row: -inf - (-inf)
-    ("08_gated_deltanet_recurrent.ipynb", "Exercise 08.3",
-     "S = S * tl.exp(g)  ", "S = S  ", "in-place 'state'"),   # the state never forgets
-    ("09_gated_deltanet_chunked.ipynb", "Exercise 09.1",
-     "row = (r == i).to(tl.float32) - tl.sum(", "row = (r == i).to(tl.float32) + tl.sum(", "tril_inverse"),
-    ("11_decode_and_sampling.ipynb", "Exercise 11.1",
-     "keep &= n_greater < top_k", "keep &= n_greater <= top_k", "outside the kept set"),   # top-k keeps k + 1
-    ("03_gemm.ipynb", "Exercise 03.1",   # the last K step reads past the row: the guard's NaN comes in
-     "mask=(offs_m[:, None] < M) & (k[None, :] < K), other=0.0)", "mask=offs_m[:, None] < M, other=0.0)", "NaN"),
     ("07_gated_attention.ipynb", "Exercise 07.3",
      "(h // G) * stride_vh", "(h % G) * stride_vh", "weighted sum"),   # GQA: the wrong KV head
     ("08_gated_deltanet_recurrent.ipynb", "Exercise 08.1",   # a short input drops the old state's columns
      "new = tl.where((r >= 0)[None, :], xv.to(state_ptr.dtype.element_ty), sv)",
      "new = xv.to(state_ptr.dtype.element_ty)", "in-place 'state'"),
+    ("08_gated_deltanet_recurrent.ipynb", "Exercise 08.2",
+     "x = a + tl.load(dt_bias_ptr", "x = a - tl.load(dt_bias_ptr", "deltanet_gates"),
+    ("08_gated_deltanet_recurrent.ipynb", "Exercise 08.3",
+     "S = S * tl.exp(g)  ", "S = S  ", "in-place 'state'"),   # the state never forgets
+    ("09_gated_deltanet_chunked.ipynb", "Exercise 09.1",
+     "row = (r == i).to(tl.float32) - tl.sum(", "row = (r == i).to(tl.float32) + tl.sum(", "tril_inverse"),
     ("09_gated_deltanet_chunked.ipynb", "Exercise 09.2",
      "o = tl.dot(qg, S) + tl.dot(aqk, u_new)", "o = tl.dot(qg, S) + tl.dot(aqk, u)", "delta_rule_chunked"),
     ("10_whole_forward.ipynb", "Exercise 10.1",
      'o = ops["attention"](q, k_cache, v_cache, positions, gate=gate)',
      'o = ops["attention"](q, k_cache, v_cache, positions)', "attention_block"),   # the output gate forgotten
-    ("02_rmsnorm.ipynb", "Exercise 02.3",   # the gated norm's weight is plain w, not 1 + w
-     "* w[None, :]) * (z * tl.sigmoid(z))", "* (1.0 + w)[None, :]) * (z * tl.sigmoid(z))", "gated_rms_norm"),
-    ("07_gated_attention.ipynb", "Exercise 07.1",
-     "s = tl.dot(q, tl.trans(k)) * scale ", "s = tl.dot(q, tl.trans(k)) ", "missing or extra scale factor"),
-    ("08_gated_deltanet_recurrent.ipynb", "Exercise 08.2",
-     "x = a + tl.load(dt_bias_ptr", "x = a - tl.load(dt_bias_ptr", "deltanet_gates"),
+    ("11_decode_and_sampling.ipynb", "Exercise 11.1",
+     "keep &= n_greater < top_k", "keep &= n_greater <= top_k", "outside the kept set"),   # top-k keeps k + 1
     ("12_cuda_graph.ipynb", "Exercise 12.1",   # every replay would draw with the same uniform
      "    s.counter.add_(1)\n", "\n", "s.counter ends at 1 after 2 steps"),
     ("13_generation_and_benchmark.ipynb", "Exercise 13.2:",   # the LM head counted for every prompt token
@@ -97,17 +93,18 @@ MISTAKES = [
 
 @pytest.mark.parametrize("notebook, exercise, right, wrong, says", MISTAKES,
                          ids=[f"{m[1].split()[-1]}-{j}" for j, m in enumerate(MISTAKES)])
-def test_the_check_fails_the_mistake(notebook, exercise, right, wrong, says, monkeypatch):
+def test_the_check_fails_the_mistake(notebook, exercise, right, wrong, says, monkeypatch, benchmark_module):
     monkeypatch.chdir(SOLUTIONS)
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    run_cell = benchmark_module("run_notebooks").run_cell
     with pytest.raises(checks.CheckFailed) as failed:
-        run_with_mistake(notebook, exercise, wrong, right)
+        run_with_mistake(run_cell, notebook, exercise, wrong, right)
     assert says in str(failed.value), str(failed.value)
 
 
-def test_the_right_solution_passes_its_check(monkeypatch):
+def test_the_right_solution_passes_its_check(monkeypatch, benchmark_module):
     """The control: the same runner with no mistake reaches the end of Exercise 04.2's check."""
     monkeypatch.chdir(SOLUTIONS)
     monkeypatch.setenv("MPLBACKEND", "Agg")
     right = "    for s in range(S):         # a fixed order"
-    run_with_mistake("04_split_k.ipynb", "Exercise 04.2", right, right)
+    run_with_mistake(benchmark_module("run_notebooks").run_cell, "04_split_k.ipynb", "Exercise 04.2", right, right)
