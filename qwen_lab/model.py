@@ -6,7 +6,8 @@
     logits = norm(x) @ lm_head^T
 
 A step that returns only the last position's logits (a prompt's prefill, a decode step) stops the other rows
-after the last layer's mixer: from there on every operation is row by row.
+after the last layer's mixer: from there on every operation is row by row. (If that layer is attention, only the
+last row's query is projected: the other rows give it their keys and values.)
 
 Every computation goes through a table of named operators, `model.ops`. The same graph therefore runs
 with `backend="torch"` (qwen_lab.reference, the oracle) or `backend="triton"` (qwen_lab.kernels), and a
@@ -67,6 +68,14 @@ BACKENDS = ("torch", "triton")
 # decides, read at each step like the library's other switches (off unless set); True / False override it. Off: on
 # the H200 the model's prefill measured the same both ways (benchmarks/probe_norm_split.py, docs/perf-log.md).
 SPLIT_NORMS = None
+
+
+class LastQuery(NamedTuple):
+    """The last attention layer's projection in a step that wants the last row's output alone (a prompt's
+    prefill): every row's k and v, which go to the cache, and q and the gate of the last row only (the other
+    rows' queries would feed nothing). See Qwen35Model.project_last_query."""
+    kv: torch.Tensor           # [T, 2 * attn_kv_dim]: k | v
+    q_and_gate: torch.Tensor   # [1, attn_q_dim]: (q_h | gate_h) per head
 
 
 class Pending(NamedTuple):
@@ -175,13 +184,16 @@ class Qwen35Model:
         y = None                                                       # the last branch output, not yet in x
         for i, layer in enumerate(W.layers):
             self.layer_index = i
-            w_in = layer.in_proj if layer.kind == LINEAR else layer.qkv_proj
-            proj, x = self.norm_linear(i, "input_norm", y, x, layer.input_norm, w_in)   # x += y; norm; project
             # Only the last position's logits are wanted: past the last layer's token mixing (which still runs over
             # every token, for the cache and the states) nothing mixes positions, so that layer's mixer output,
             # residual and MLP are computed for the last row alone. (The mixers read last_row_only; a mixer put in
             # their place may compute every row: its output is cut here.)
             self.last_row_only = not all_logits and i == len(W.layers) - 1
+            w_in = layer.in_proj if layer.kind == LINEAR else layer.qkv_proj
+            if self._projects_last_query(layer, y, x):   # the last attention layer of a prompt: q for one row
+                proj, x = self.project_last_query(i, layer, y, x)
+            else:
+                proj, x = self.norm_linear(i, "input_norm", y, x, layer.input_norm, w_in)  # x += y; norm; project
             if layer.kind == LINEAR:
                 y = self.gated_deltanet(i, layer, proj, cache)
             else:
@@ -218,6 +230,28 @@ class Qwen35Model:
             h, x = ops["add_rms_norm"](y, x, norm_weight, eps)
         self._t(i, name, h)
         return ops["linear"](h, weight, **kw), x
+
+    def _projects_last_query(self, layer, y, x: torch.Tensor) -> bool:
+        """Whether this layer's attention projection is split (project_last_query): the last layer of a step that
+        wants the last row alone, an attention layer, a prompt of GEMM rows (for a few rows the split saves
+        nothing), the library's kernels in the table and the model's own attention block (a block put in its place
+        gets the whole projection), nothing traced or Pending."""
+        return (self.last_row_only and layer.kind != LINEAR and x.shape[0] > self._gemv_rows
+                and self.trace is None and not isinstance(y, Pending) and "gated_attention" not in vars(self)
+                and self._fused("rms_norm", "add_rms_norm", "linear", "qk_norm_rope", "kv_cache_write",
+                                "attention"))
+
+    def project_last_query(self, i: int, layer, y, x: torch.Tensor):
+        """x = x + y, RMSNorm, then the fused q/gate/k/v projection split in two: k and v for every row (the cache
+        needs them), q and the gate for the last row alone (the only query whose output is wanted). At 2048
+        tokens, four fifths of the layer's projection GEMM become a one-row GEMV. -> (LastQuery, x)."""
+        ops, eps, qd = self.ops, self.config.rms_norm_eps, self.config.attn_q_dim
+        if y is None:
+            h = ops["rms_norm"](x, layer.input_norm, eps)
+        else:
+            h, x = ops["add_rms_norm"](y, x, layer.input_norm, eps)
+        w = layer.qkv_proj                               # [q_and_gate | k | v] rows: two row slices, no copy
+        return LastQuery(ops["linear"](h, w[qd:]), ops["linear"](h[-1:], w[:qd])), x
 
     @contextlib.contextmanager
     def wrapped_ops(self, wrap: Callable):
@@ -303,14 +337,18 @@ class Qwen35Model:
         gate, output projection (last_row_only: every key and value goes to the cache, the last query alone
         attends)."""
         cfg, ops = self.config, self.ops
-        T = proj.shape[0]
         Hq, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         qd, kvd = cfg.attn_q_dim, cfg.attn_kv_dim
-        self._t(i, "qkv_proj", proj)                                   # [T, (q_h | gate_h) per head | k | v]
-        q_and_gate = proj[:, :qd].unflatten(1, (Hq, 2 * D))
+        if isinstance(proj, LastQuery):   # (a prompt's last layer: q and the gate of the last row alone)
+            q_and_gate, kv = proj.q_and_gate, proj.kv
+        else:
+            self._t(i, "qkv_proj", proj)                               # [T, (q_h | gate_h) per head | k | v]
+            q_and_gate, kv = proj[:, :qd], proj[:, qd:]
+        T = kv.shape[0]
+        q_and_gate = q_and_gate.unflatten(1, (Hq, 2 * D))
         q, gate = q_and_gate[..., :D], q_and_gate[..., D:]
-        k = proj[:, qd:qd + kvd].unflatten(1, (Hkv, D))
-        v = proj[:, qd + kvd:].unflatten(1, (Hkv, D))
+        k = kv[:, :kvd].unflatten(1, (Hkv, D))
+        v = kv[:, kvd:].unflatten(1, (Hkv, D))
         # per-head RMSNorm (1 + w) of q and k, then RoPE on their first rotary_dim dims; k and v into the cache
         k_cache, v_cache = cache.key[i], cache.value[i]
         if T == 1 and self._fused("qk_norm_rope", "kv_cache_write", "attention"):

@@ -181,10 +181,13 @@ def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
                        k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
     """qk_norm_rope, then kv_cache_write of the prepared k and of v, in one kernel on the GPU.
 
-    q [T, Hq, D], k, v [T, Hkv, D], caches [L, Hkv, D] (updated in place at `positions`) -> the prepared q.
-    The attention that follows reads k and v from the cache, so only q comes back.
+    q [Tq, Hq, D] for the last Tq of the T tokens (Tq <= T; Tq < T when only the last queries attend, as in a
+    prompt's last layer), k, v [T, Hkv, D], caches [L, Hkv, D] (updated in place at `positions` [T]) -> the
+    prepared q [Tq, Hq, D]. The attention that follows reads k and v from the cache, so only q comes back.
     """
-    q, k = qk_norm_rope(q, k, q_weight, k_weight, eps, positions, rotary_dim, theta)
+    Tq = q.shape[0]
+    q = rope(rms_norm(q, q_weight, eps), positions[positions.shape[0] - Tq:], rotary_dim, theta)
+    k = rope(rms_norm(k, k_weight, eps), positions, rotary_dim, theta)
     kv_cache_write(k_cache, v_cache, k, v, positions)
     return q
 

@@ -156,7 +156,12 @@ def test_a_step_runs_the_last_layer_past_its_mixer_for_the_last_row(name, backen
     # the last operator that mixes positions: the delta rule, or the q/k preparation that fills the cache
     mixing = {"deltanet_chunked", "delta_rule_chunked", "qk_norm_rope_cache", "qk_norm_rope"}
     cut = max(j for j, (op, _) in enumerate(seen) if op in mixing) + 1
-    assert [rows for _, rows in seen[:cut]] == [T] * cut, seen
+    if backend == "triton" and cfg.layer_types[last] == FULL:
+        # the library's route (a prompt of GEMM rows): k and v projected for every row, q and its gate for the last
+        # row alone, which is the one query that attends
+        assert seen[:cut] == [("add_rms_norm", T), ("linear", T), ("linear", 1), ("qk_norm_rope_cache", 1)], seen
+    else:
+        assert [rows for _, rows in seen[:cut]] == [T] * cut, seen
     assert seen[cut:] and [rows for _, rows in seen[cut:]] == [1] * (len(seen) - cut), seen
     assert {rows for _, rows in full} == {T}, full   # (a prompt's MLP: the GEMM route there, the GEMV route here)
     assert logits.shape == (1, cfg.vocab_size) and full_logits.shape == (T, cfg.vocab_size)
@@ -167,24 +172,31 @@ def test_a_step_runs_the_last_layer_past_its_mixer_for_the_last_row(name, backen
         assert torch.equal(a, b)
 
 
-def test_a_mixer_put_in_place_may_return_every_row(gen):
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_mixer_put_in_place_may_return_every_row(backend, gen):
     """A learner's block in place of a mixer (chapter 10) keeps the mixer's signature and may compute every row of
-    the last layer: the step cuts its output to the last row, and the logits are those of the model's own mixer."""
+    the last layer: the step cuts its output to the last row, and the logits are those of the model's own mixer.
+    The block gets the whole projection, every row's q included (the library's own block takes the last row's q
+    alone on a prompt of GEMM rows)."""
     cfg = CONFIGS["tiny"]
-    weights = random_weights(cfg, device="cpu", dtype=torch.float32, seed=2)
-    model, every_row = (Qwen35Model(cfg, weights, device="cpu", dtype=torch.float32, backend="torch")
+    device = "cpu" if backend == "torch" else runtime.choose(None, torch.float32).device
+    weights = random_weights(cfg, device=device, dtype=torch.float32, seed=2)
+    model, every_row = (Qwen35Model(cfg, weights, device=device, dtype=torch.float32, backend=backend)
                         for _ in range(2))   # every_row never steps: its last_row_only stays False
-    ids = torch.randint(0, cfg.vocab_size, (12,), generator=gen)
-    want = model.step(ids, torch.arange(12), model.new_cache(12))
-    rows = []
+    T = 20                                   # past the GEMV rows
+    ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen).to(model.device)
+    positions = torch.arange(T, device=model.device)
+    want = model.step(ids, positions, model.new_cache(T))
+    widths = []
 
     def block(i, layer, proj, positions, cache):
         out = Qwen35Model.gated_attention(every_row, i, layer, proj, positions, cache)
-        rows.append(out.shape[0])
+        widths.append((tuple(proj.shape), out.shape[0]))
         return out
     model.gated_attention = block
-    got = model.step(ids, torch.arange(12), model.new_cache(12))
-    assert rows == [12] and got.shape == want.shape == (1, cfg.vocab_size)
+    got = model.step(ids, positions, model.new_cache(T))
+    assert widths == [((T, cfg.attn_q_dim + 2 * cfg.attn_kv_dim), T)], widths
+    assert got.shape == want.shape == (1, cfg.vocab_size)
     assert checks.relative_error(got.float(), want.float()) <= 1e-5
 
 

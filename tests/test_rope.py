@@ -156,6 +156,28 @@ def test_qk_norm_rope_cache_matches_reference(rt, gen, T, Hq, Hk, D, rot, L, pos
     assert torch.equal(v_cache[~written], ref_v[~written]), "v_cache rows away from positions changed"
 
 
+@pytest.mark.parametrize("T,Tq", [(5, 1), (20, 1), (20, 3), (33, 32)])
+def test_qk_norm_rope_cache_prepares_the_last_queries_only(rt, gen, T, Tq):
+    """q for the last Tq of T tokens (a prompt's last layer, where only the last row's query is wanted): every
+    token's k and v go to the cache as in the full call, and q equals the full call's last Tq rows."""
+    Hq, Hk, D, rot, L = 8, 2, 48, 16, 40
+    q, _, k, v = _fused_qkv(gen, rt, T, Hq, Hk, D, scale=2.0)
+    wq, wk = _randn(gen, rt, D, scale=0.1), _randn(gen, rt, D, scale=0.1)
+    pos = _positions(rt, T, 3)
+    caches = [(torch.zeros(L, Hk, D, dtype=rt.dtype, device=rt.device),
+               torch.zeros(L, Hk, D, dtype=rt.dtype, device=rt.device)) for _ in range(3)]
+    full = K.qk_norm_rope_cache(q, k, v, wq, wk, 1e-6, pos, rot, 1e7, *caches[0])
+    last = K.qk_norm_rope_cache(q[T - Tq:], k, v, wq, wk, 1e-6, pos, rot, 1e7, *caches[1])
+    ref = reference.qk_norm_rope_cache(q[T - Tq:], k, v, wq, wk, 1e-6, pos, rot, 1e7, *caches[2])
+    assert last.shape == (Tq, Hq, D)
+    assert torch.equal(last, full[T - Tq:]), "the last queries differ from the full call's"
+    checks.compare("q of the last tokens", last, ref)
+    (k_full, v_full), (k_last, v_last), (k_ref, v_ref) = caches
+    assert torch.equal(k_last, k_full) and torch.equal(v_last, v_full), "the caches differ from the full call's"
+    checks.compare("k_cache", k_last, k_ref)
+    assert torch.equal(v_last, v_ref)
+
+
 def test_qk_norm_rope_cache_reads_positions_from_device_memory(rt, gen):
     """One decode token, the same tensors every step with `positions` rewritten in place (a graph replay), into an
     out buffer: q and the cache rows follow the position; a position outside the cache writes no row."""
@@ -199,6 +221,8 @@ def test_qk_norm_rope_cache_rejects_bad_arguments(rt, gen):
         K.qk_norm_rope_cache(q, k, v, w, w, 1e-6, pos[:1], 8, 1e7, kc, kc.clone())
     with pytest.raises(KernelError, match="out"):
         K.qk_norm_rope_cache(q, k, v, w, w, 1e-6, pos, 8, 1e7, kc, kc.clone(), out=torch.empty_like(k))
+    with pytest.raises(KernelError, match="q: 3 tokens, expected at most k's 2"):
+        K.qk_norm_rope_cache(q, k[:2], v[:2], w, w, 1e-6, pos[:2], 8, 1e7, kc, kc.clone())
 
 
 def test_rope_rejects_bad_arguments(rt, gen):

@@ -143,7 +143,7 @@ def qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, q_out_ptr, k_out_ptr, pos_
 
 @triton.jit
 def qk_norm_rope_cache_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, pos_ptr,
-                              inv_freq_ptr, Hq, Hk, L, eps,
+                              inv_freq_ptr, Hq, Hk, L, q0, eps,
                               stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                               stride_qot, stride_qoh, stride_kct, stride_kch, stride_vct, stride_vch,
                               D: tl.constexpr, HALF: tl.constexpr,
@@ -153,15 +153,18 @@ def qk_norm_rope_cache_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, q_out_ptr, k_
         gdc_launch_dependents()
     # grid (T, blocks of q heads + blocks of k heads), as qk_norm_rope_kernel; a k program stores its prepared
     # k rows and the v rows of the same heads straight into the caches at row positions[t] (read on the device),
-    # so the prepared k never goes through memory and the separate cache-write launch disappears
+    # so the prepared k never goes through memory and the separate cache-write launch disappears.
+    # q holds the queries of tokens q0 .. T-1 only (q0 > 0: only the last tokens attend): the q programs of the
+    # tokens before q0 have nothing to do.
     t = tl.program_id(0)
     j = tl.program_id(1)
     n_q_blocks = tl.cdiv(Hq, BLOCK_H)
     pos = tl.load(pos_ptr + t)
     if j < n_q_blocks:
-        _norm_rope_tile(q_ptr, q_out_ptr, qw_ptr, inv_freq_ptr, t, pos, j * BLOCK_H, Hq,
-                        stride_qt, stride_qh, stride_qot, stride_qoh, eps,
-                        D, HALF, True, BLOCK_H, BLOCK_D)
+        if t >= q0:
+            _norm_rope_tile(q_ptr, q_out_ptr, qw_ptr, inv_freq_ptr, t - q0, pos, j * BLOCK_H, Hq,
+                            stride_qt, stride_qh, stride_qot, stride_qoh, eps,
+                            D, HALF, True, BLOCK_H, BLOCK_D)
     else:
         h0 = (j - n_q_blocks) * BLOCK_H
         y, offs_h, offs_d, mask = _norm_rope_rows(k_ptr, kw_ptr, inv_freq_ptr, t, pos, h0, Hk, stride_kt,
@@ -239,12 +242,16 @@ def _check_rotary(rotary_dim, D):
         raise KernelError(f"rotary_dim: expected an even int in (0, head_dim={D}], got {rotary_dim!r}")
 
 
-def _check_qk(q, k, q_weight, k_weight):
-    """The checks qk_norm_rope and qk_norm_rope_cache share: q [T, Hq, D], k [T, Hk, D] of q's dtype and device,
-    contiguous weights [D] on that device. -> (T, Hq, Hk, D)."""
+def _check_qk(q, k, q_weight, k_weight, last_queries=False):
+    """The checks qk_norm_rope and qk_norm_rope_cache share: q [T, Hq, D] (last_queries: [Tq <= T, Hq, D], the
+    queries of the last Tq tokens), k [T, Hk, D] of q's dtype and device, contiguous weights [D] on that device.
+    -> (T, Hq, Hk, D)."""
     _check_rows("q", q)
-    T, Hq, D = q.shape
-    _check_rows("k", k, T=T, D=D)
+    Tq, Hq, D = q.shape
+    _check_rows("k", k, T=None if last_queries else Tq, D=D)
+    T = k.shape[0]
+    if Tq > T:
+        raise KernelError(f"q: {Tq} tokens, expected at most k's {T} (the queries of k's last tokens)")
     if k.dtype != q.dtype or k.device != q.device:
         raise KernelError(f"k: expected {q.dtype} on {q.device} like q, got {k.dtype} on {k.device}")
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
@@ -322,11 +329,12 @@ def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
                        k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """qk_norm_rope, then the cache write of the prepared k and of v, in one launch; = reference.qk_norm_rope_cache.
 
-    q [T, Hq, D], k, v [T, Hk, D] (strided views of one fused projection allowed), weights [D], positions [T],
+    q [Tq, Hq, D], the queries of the last Tq <= T tokens (Tq < T: a prompt's last layer, where only the last
+    token attends), k, v [T, Hk, D] (strided views of one fused projection allowed), weights [D], positions [T],
     k_cache, v_cache [L, Hk, D] (updated in place at rows `positions`; a position outside [0, L) writes nothing)
-    -> the prepared q [T, Hq, D] (in `out` when given).
+    -> the prepared q [Tq, Hq, D] (in `out` when given).
     """
-    T, Hq, Hk, D = _check_qk(q, k, q_weight, k_weight)
+    T, Hq, Hk, D = _check_qk(q, k, q_weight, k_weight, last_queries=True)
     _check_rows("v", v, T=T, D=D)
     if v.shape[1] != Hk or v.device != q.device:
         raise KernelError(f"v: expected [{T}, {Hk}, {D}] on {q.device} like k, got {tuple(v.shape)} on {v.device}")
@@ -350,7 +358,7 @@ def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
     BLOCK_H, BLOCK_D = _blocks(max(Hq, Hk), D)
     grid = (T, triton.cdiv(Hq, BLOCK_H) + triton.cdiv(Hk, BLOCK_H))
     qk_norm_rope_cache_kernel[grid](q, k, v, q_weight, k_weight, out, k_cache, v_cache, positions, inv_freq,
-                                    Hq, Hk, L, float(eps),
+                                    Hq, Hk, L, T - q.shape[0], float(eps),
                                     q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                                     out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
                                     v_cache.stride(0), v_cache.stride(1),
