@@ -84,7 +84,7 @@ MISTAKES = [
     ("11_decode_and_sampling.ipynb", "Exercise 11.1",
      "keep &= n_greater < top_k", "keep &= n_greater <= top_k", "outside the kept set"),   # top-k keeps k + 1
     ("12_cuda_graph.ipynb", "Exercise 12.1",   # every replay would draw with the same uniform
-     "    s.counter.add_(1)\n", "\n", "s.counter ends at 1 after 2 steps"),
+     "    s.counter.add_(1)\n", "\n", "s.counter ends at 1 after"),
     ("13_generation_and_benchmark.ipynb", "Exercise 13.2:",   # the LM head counted for every prompt token
      "flops = 2 * per_token * T + 2 * c.hidden_size * c.vocab_size",
      "flops = 2 * per_token * T + 2 * c.hidden_size * c.vocab_size * T", "the LM head counted per token"),
