@@ -1,0 +1,88 @@
+"""Probe: the DeltaNet scan in segments (deltanet.SCAN_SEGMENTS) against the one-chain scan.
+
+    python benchmarks/probe_scan_segments.py [--tokens 2048] [--no-model]      (an NVIDIA GPU)
+
+The chunk scan is a chain of 32 dependent steps (2048 tokens) on 64 programs: ~47 us per layer while most SMs
+wait. In segments of deltanet.SCAN_GROUP chunks, every segment's state map (M, B) is computed at once, then every
+segment's chunks at once from the state it composes (see chunk_segment_kernel): chains of 8 + 2 + 8 steps on
+four to eight times the programs.
+
+1. `deltanet_chunked` at Qwen3.5-0.8B's shapes, 18 calls (one per DeltaNet layer) in one CUDA Graph, each way,
+   alternated twice; the outputs and final states of the two ways compared (bf16 operands: equal within rounding,
+   not bit for bit), and the configurations the autotuner picked.
+2. The whole model's prefill and decode step (random weights of the real shapes) each way, as
+   `python -m qwen_lab.bench` times its triton + cuda-graph row; then the last position's logits of a 512-token
+   prompt both ways against transformers in float32 on the same weights.
+"""
+
+import torch
+from probe_ab import model_ab, probe_args
+
+
+def main() -> int:
+    args = probe_args(__doc__)
+    if args is None:
+        return 0
+    from bench_deltanet import layer_inputs  # a DeltaNet layer's inputs at 0.8B's shapes, as the model passes them
+
+    from qwen_lab import checks
+    from qwen_lab.config import QWEN35_0_8B as cfg
+    from qwen_lab.kernels import deltanet, graph_time_us
+
+    T, H, D = args.tokens, cfg.linear_num_value_heads, cfg.linear_key_head_dim
+    dev, bf = "cuda", torch.bfloat16
+    d = layer_inputs(T, torch.Generator(device=dev).manual_seed(0))
+    q, k, v, a, b, A_log, dt_bias = (d[n] for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias"))
+    layers = sum(t == "linear_attention" for t in cfg.layer_types)
+    states = [d["state"].clone() for _ in range(layers)]
+    outs = [torch.empty(T, H, D, device=dev, dtype=bf) for _ in states]
+    ws = deltanet.chunk_workspace(T, H, D, D, bf, dev)
+    calls = [lambda i=i: deltanet.deltanet_chunked(q, k, v, a, b, A_log, dt_bias, states[i], out=outs[i],
+                                                   workspace=ws) for i in range(layers)]
+    results = {}
+    for on in (False, True, False, True):
+        deltanet.SCAN_SEGMENTS = on
+        start = [s.clone() for s in states]
+        us = graph_time_us(calls, warmup=True, replays=10)
+        for s, s0 in zip(states, start):
+            s.copy_(s0)
+        calls[0]()
+        torch.cuda.synchronize()
+        results.setdefault(on, []).append((us, outs[0].clone(), states[0].clone()))
+        for s, s0 in zip(states, start):
+            s.copy_(s0)
+        print(f"deltanet_chunked, T={T}, {layers} calls in a graph, scan in segments={on}: {us:.2f} us per call",
+              flush=True)
+    (_, o_off, s_off), (_, o_on, s_on) = results[False][0], results[True][0]
+    print(f"segments against one chain: output relative error {checks.relative_error(o_on, o_off):.2e}, final "
+          f"state {checks.relative_error(s_on, s_off):.2e}", flush=True)
+    for kernel in ("chunk_scan_kernel", "chunk_segment_kernel", "chunk_segment_scan_kernel"):
+        tuned = getattr(getattr(deltanet, kernel), "cache", {})
+        print(f"tuned {kernel}:", {str(k_): str(v_) for k_, v_ in tuned.items()}, flush=True)
+    deltanet.SCAN_SEGMENTS = False
+    if args.no_model:
+        return 0
+
+    from qwen_lab import bench
+    from qwen_lab.model import load_model
+
+    model = load_model("qwen3.5-0.8b", device=dev, dtype=bf)
+    model_ab(lambda on: setattr(deltanet, "SCAN_SEGMENTS", on), "scan in segments", T, model=model)
+    n = 512
+    ids = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(1)).to(dev)
+    hf32 = bench.transformers_model(model.config, model.weights, dev, torch.float32)
+    with torch.inference_mode():
+        truth = hf32(input_ids=ids[None]).logits[0, -1].float()
+    del hf32
+    for on in (False, True):
+        deltanet.SCAN_SEGMENTS = on
+        with torch.inference_mode():
+            got = model.step(ids, torch.arange(n, device=dev), model.new_cache(n))[0].float()
+        print(f"last logits, scan in segments={on}, against transformers float32: relative error "
+              f"{checks.relative_error(got, truth):.2e}", flush=True)
+    deltanet.SCAN_SEGMENTS = False
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
