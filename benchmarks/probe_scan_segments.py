@@ -16,43 +16,19 @@ four to eight times the programs.
 """
 
 import torch
-from probe_ab import model_ab, probe_args
+from probe_ab import deltanet_layers_ab, model_ab, probe_args
 
 
 def main() -> int:
     args = probe_args(__doc__)
     if args is None:
         return 0
-    from bench_deltanet import layer_inputs  # a DeltaNet layer's inputs at 0.8B's shapes, as the model passes them
-
     from qwen_lab import checks
     from qwen_lab.config import QWEN35_0_8B as cfg
-    from qwen_lab.kernels import deltanet, graph_time_us
+    from qwen_lab.kernels import deltanet
 
-    T, H, D = args.tokens, cfg.linear_num_value_heads, cfg.linear_key_head_dim
-    dev, bf = "cuda", torch.bfloat16
-    d = layer_inputs(T, torch.Generator(device=dev).manual_seed(0))
-    q, k, v, a, b, A_log, dt_bias = (d[n] for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias"))
-    layers = sum(t == "linear_attention" for t in cfg.layer_types)
-    states = [d["state"].clone() for _ in range(layers)]
-    outs = [torch.empty(T, H, D, device=dev, dtype=bf) for _ in states]
-    ws = deltanet.chunk_workspace(T, H, D, D, bf, dev)
-    calls = [lambda i=i: deltanet.deltanet_chunked(q, k, v, a, b, A_log, dt_bias, states[i], out=outs[i],
-                                                   workspace=ws) for i in range(layers)]
-    results = {}
-    for on in (False, True, False, True):
-        deltanet.SCAN_SEGMENTS = on
-        start = [s.clone() for s in states]
-        us = graph_time_us(calls, warmup=True, replays=10)
-        for s, s0 in zip(states, start):
-            s.copy_(s0)
-        calls[0]()
-        torch.cuda.synchronize()
-        results.setdefault(on, []).append((us, outs[0].clone(), states[0].clone()))
-        for s, s0 in zip(states, start):
-            s.copy_(s0)
-        print(f"deltanet_chunked, T={T}, {layers} calls in a graph, scan in segments={on}: {us:.2f} us per call",
-              flush=True)
+    T, dev = args.tokens, "cuda"
+    results = deltanet_layers_ab(lambda on: setattr(deltanet, "SCAN_SEGMENTS", on), "scan in segments", T)
     (_, o_off, s_off), (_, o_on, s_on) = results[False][0], results[True][0]
     print(f"segments against one chain: output relative error {checks.relative_error(o_on, o_off):.2e}, final "
           f"state {checks.relative_error(s_on, s_off):.2e}", flush=True)
@@ -66,7 +42,7 @@ def main() -> int:
     from qwen_lab import bench
     from qwen_lab.model import load_model
 
-    model = load_model("qwen3.5-0.8b", device=dev, dtype=bf)
+    model = load_model("qwen3.5-0.8b", device=dev, dtype=torch.bfloat16)
     model_ab(lambda on: setattr(deltanet, "SCAN_SEGMENTS", on), "scan in segments", T, model=model)
     n = 512
     ids = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(1)).to(dev)

@@ -201,14 +201,12 @@ def test_scan_counters_are_not_inference_tensors(rt, monkeypatch):
     counters.copy_(torch.zeros_like(counters))  # what the autotuner's restore does, outside inference mode
 
 
-@pytest.mark.gpu
-def test_gpu_scan_beside_the_prep_reads_only_finished_chunks(rt, gen, monkeypatch):
-    """Under PDL the scan runs beside the prep's last programs and waits for each group of chunks. Two prompts
-    alternate through one workspace, so a chunk read before its prep wrote it holds the other prompt's values:
-    every output must equal, bit for bit, the same call without PDL (no overlap)."""
+def _two_prompts_one_workspace(T, gen, rt):
+    """run(i) -> (output, final state) of deltanet_chunked on prompt i of two (Qwen3.5-0.8B's shapes), each call
+    from the prompt's own starting state, both prompts through one workspace: a chunk read before the prep wrote
+    it holds the other prompt's values."""
     Hk = Hv = QWEN35_0_8B.linear_num_value_heads
     Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
-    T = 2048
     cases = [_fused_gates_case(T, Hk, Hv, Dk, Dv, gen, rt)[0] for _ in range(2)]
     ws = deltanet.chunk_workspace(T, Hv, Dk, Dv, rt.dtype, rt.device)
     start = [c["state"].clone() for c in cases]
@@ -216,7 +214,15 @@ def test_gpu_scan_beside_the_prep_reads_only_finished_chunks(rt, gen, monkeypatc
     def run(i):
         cases[i]["state"].copy_(start[i])
         return deltanet_chunked(**cases[i], workspace=ws).clone(), cases[i]["state"].clone()
+    return run
 
+
+@pytest.mark.gpu
+def test_gpu_scan_beside_the_prep_reads_only_finished_chunks(rt, gen, monkeypatch):
+    """Under PDL the scan runs beside the prep's last programs and waits for each group of chunks. Two prompts
+    alternate through one workspace, so a chunk read before its prep wrote it holds the other prompt's values:
+    every output must equal, bit for bit, the same call without PDL (no overlap)."""
+    run = _two_prompts_one_workspace(2048, gen, rt)
     monkeypatch.setenv("QWEN_LAB_PDL", "0")
     want = [run(0), run(1)]
     monkeypatch.setenv("QWEN_LAB_PDL", "1")
@@ -234,16 +240,7 @@ def test_gpu_segmented_scan_equals_the_scan(T, rt, gen, monkeypatch):
     two prompts alternate through one workspace, and every call's output and final state must equal the one-chain
     scan's within bf16 rounding. A segment that read a chunk before the prep wrote it, a scan program that ran
     before the maps were complete, or a final state written by any segment but the last would be off by O(1)."""
-    Hk = Hv = QWEN35_0_8B.linear_num_value_heads
-    Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
-    cases = [_fused_gates_case(T, Hk, Hv, Dk, Dv, gen, rt)[0] for _ in range(2)]
-    ws = deltanet.chunk_workspace(T, Hv, Dk, Dv, rt.dtype, rt.device)
-    start = [c["state"].clone() for c in cases]
-
-    def run(i):
-        cases[i]["state"].copy_(start[i])
-        return deltanet_chunked(**cases[i], workspace=ws).clone(), cases[i]["state"].clone()
-
+    run = _two_prompts_one_workspace(T, gen, rt)
     monkeypatch.setattr(deltanet, "SCAN_SEGMENTS", False)
     want = [run(0), run(1)]
     monkeypatch.setattr(deltanet, "SCAN_SEGMENTS", True)

@@ -502,6 +502,30 @@ def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_p
     tl.atomic_add(ready_ptr + h * (Tp // BT + 1) + 1 + c // GROUP, 1, sem="release", scope="gpu")
 
 
+@triton.jit
+def _scan_step(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, S, h, c, i, offs_k, offs_v, mask_k, mask_v,
+               T, Tp, Dk, Dv, stride_ot, stride_oh, BT: tl.constexpr, PREC: tl.constexpr):
+    """One chunk of the scan for head h and the value columns offs_v: writes chunk c's O, returns the state S
+    leaving it (S: the [Dk, BV] fp32 slice entering it)."""
+    ws = h.to(tl.int64) * Tp + c * BT + i                  # workspace rows of chunk c
+    k_tile = ws[:, None] * Dk + offs_k[None, :]
+    w = tl.load(w_ptr + k_tile, mask=mask_k[None, :], other=0.0)
+    u = tl.load(u_ptr + ws[:, None] * Dv + offs_v[None, :], mask=mask_v[None, :], other=0.0).to(tl.float32)
+    qg = tl.load(qg_ptr + k_tile, mask=mask_k[None, :], other=0.0)
+    aqk = tl.load(aqk_ptr + ws[:, None] * BT + i[None, :])
+    kd = tl.load(kd_ptr + k_tile, mask=mask_k[None, :], other=0.0)
+    G_last = tl.load(gcum_ptr + h.to(tl.int64) * Tp + c * BT + BT - 1)
+    S_op = S.to(w.dtype)
+    v_new = u - tl.dot(w, S_op, input_precision=PREC)                 # V' = U - W S0
+    o = tl.dot(qg, S_op, input_precision=PREC)                        # (q exp(G)) S0
+    o = tl.dot(aqk, v_new.to(aqk.dtype), o, input_precision=PREC)     # + tril(q k^T exp(G_i - G_j)) V'
+    rows = (c * BT + i).to(tl.int64)
+    tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_v[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=(rows < T)[:, None] & mask_v[None, :])
+    # S1 = exp(G_C) S0 + (k exp(G_C - G))^T V'
+    return tl.dot(tl.trans(kd), v_new.to(kd.dtype), S * tl.exp(G_last), input_precision=PREC)
+
+
 # (BV, warps, stages): narrow BV gives more programs, wide BV reads each W, q, k tile fewer times
 _SCAN_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
                  for bv, w, s in ((16, 4, 2), (32, 4, 2), (32, 8, 2), (32, 4, 3), (64, 4, 2), (64, 8, 2))]
@@ -542,26 +566,11 @@ def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr
         while ready < c1 - c0:
             ready = tl.atomic_add(counters + 1 + c0 // GROUP, 0, sem="acquire", scope="gpu")
         # A group of chunks per wait: inside it the software pipeline (num_stages) loads the next chunks' tiles
-        # while this chunk's matmuls run; only the last line depends on the previous chunk. (A wait inside this
-        # loop would keep the pipeline from issuing any load before it.)
+        # while this chunk's matmuls run; only the step's state update depends on the previous chunk. (A wait
+        # inside this loop would keep the pipeline from issuing any load before it.)
         for c in range(c0, c1):
-            ws = h.to(tl.int64) * Tp + c * BT + i                  # workspace rows of chunk c
-            k_tile = ws[:, None] * Dk + offs_k[None, :]
-            w = tl.load(w_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-            u = tl.load(u_ptr + ws[:, None] * Dv + offs_v[None, :], mask=mask_v[None, :], other=0.0).to(tl.float32)
-            qg = tl.load(qg_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-            aqk = tl.load(aqk_ptr + ws[:, None] * BT + i[None, :])
-            kd = tl.load(kd_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-            G_last = tl.load(gcum_ptr + h.to(tl.int64) * Tp + c * BT + BT - 1)
-            S_op = S.to(w.dtype)
-            v_new = u - tl.dot(w, S_op, input_precision=PREC)                 # V' = U - W S0
-            o = tl.dot(qg, S_op, input_precision=PREC)                        # (q exp(G)) S0
-            o = tl.dot(aqk, v_new.to(aqk.dtype), o, input_precision=PREC)     # + tril(q k^T exp(G_i - G_j)) V'
-            rows = (c * BT + i).to(tl.int64)
-            tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_v[None, :],
-                     o.to(out_ptr.dtype.element_ty), mask=(rows < T)[:, None] & mask_v[None, :])
-            # S1 = exp(G_C) S0 + (k exp(G_C - G))^T V'
-            S = tl.dot(tl.trans(kd), v_new.to(kd.dtype), S * tl.exp(G_last), input_precision=PREC)
+            S = _scan_step(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, S, h, c, i, offs_k, offs_v,
+                           mask_k, mask_v, T, Tp, Dk, Dv, stride_ot, stride_oh, BT, PREC)
     tl.store(s_ptrs, S, mask=s_mask)
     # the last of the head's Dv / BV programs to finish clears its counters for the next call (every program of
     # the head has passed every wait by then)
@@ -678,23 +687,9 @@ def chunk_segment_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, m
         B = tl.load(slots + (t + 1) * Dk * Dv, mask=s_mask, other=0.0)
         S = tl.dot(M.to(w_ptr.dtype.element_ty), S.to(w_ptr.dtype.element_ty), B, input_precision=PREC)
     i = tl.arange(0, BT)
-    for c in range(seg * GROUP, tl.minimum(seg * GROUP + GROUP, n_chunks)):   # chunk_scan_kernel's step
-        ws = h.to(tl.int64) * Tp + c * BT + i
-        k_tile = ws[:, None] * Dk + offs_k[None, :]
-        w = tl.load(w_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-        u = tl.load(u_ptr + ws[:, None] * Dv + offs_v[None, :], mask=mask_v[None, :], other=0.0).to(tl.float32)
-        qg = tl.load(qg_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-        aqk = tl.load(aqk_ptr + ws[:, None] * BT + i[None, :])
-        kd = tl.load(kd_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-        G_last = tl.load(gcum_ptr + h.to(tl.int64) * Tp + c * BT + BT - 1)
-        S_op = S.to(w.dtype)
-        v_new = u - tl.dot(w, S_op, input_precision=PREC)
-        o = tl.dot(qg, S_op, input_precision=PREC)
-        o = tl.dot(aqk, v_new.to(aqk.dtype), o, input_precision=PREC)
-        rows = (c * BT + i).to(tl.int64)
-        tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_v[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=(rows < T)[:, None] & mask_v[None, :])
-        S = tl.dot(tl.trans(kd), v_new.to(kd.dtype), S * tl.exp(G_last), input_precision=PREC)
+    for c in range(seg * GROUP, tl.minimum(seg * GROUP + GROUP, n_chunks)):
+        S = _scan_step(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, S, h, c, i, offs_k, offs_v,
+                       mask_k, mask_v, T, Tp, Dk, Dv, stride_ot, stride_oh, BT, PREC)
     s_ptrs = state_ptr + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
     tl.store(s_ptrs, S, mask=s_mask & (seg == n_seg - 1))
 
