@@ -603,7 +603,13 @@ def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr
 # (from zero, but for s = 0); M through `mats` [Hv, segments, Dk, Dk] fp32.
 
 
-@_tuned(_SCAN_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK"], restore=("ready_ptr",), prune=_prune_bv)
+# The scan's configs, and single-stage ones: a segment kernel's grid is 4-8 times the scan's, and with less shared
+# memory per program (no prefetched next chunk) two or three of its programs fit an SM at once.
+_SEGMENT_CONFIGS = _SCAN_CONFIGS + [triton.Config({"BV": bv}, num_warps=w, num_stages=1)
+                                    for bv, w in ((32, 4), (64, 4), (64, 8))]
+
+
+@_tuned(_SEGMENT_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK"], restore=("ready_ptr",), prune=_prune_bv)
 @triton.jit(do_not_specialize=["Tp", "n_chunks"])
 def chunk_segment_kernel(kd_ptr, w_ptr, u_ptr, gcum_ptr, ready_ptr, state_ptr, mats_ptr, states_ptr,
                          Tp, n_chunks, Dk, Dv, stride_sh, stride_sk,
@@ -660,7 +666,7 @@ def chunk_segment_kernel(kd_ptr, w_ptr, u_ptr, gcum_ptr, ready_ptr, state_ptr, m
         tl.store(counters + g, 0, mask=last)
 
 
-@_tuned(_SCAN_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK"], restore=("state_ptr",), prune=_prune_bv)
+@_tuned(_SEGMENT_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK"], restore=("state_ptr",), prune=_prune_bv)
 @triton.jit(do_not_specialize=["T", "Tp", "n_chunks"])
 def chunk_segment_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, mats_ptr, states_ptr, state_ptr,
                               out_ptr, T, Tp, n_chunks, Dk, Dv, stride_sh, stride_sk, stride_ot, stride_oh,
