@@ -78,6 +78,12 @@ MISTAKES = [
      "row = (r == i).to(tl.float32) - tl.sum(", "row = (r == i).to(tl.float32) + tl.sum(", "tril_inverse"),
     ("09_gated_deltanet_chunked.ipynb", "Exercise 09.2",
      "o = tl.dot(qg, S) + tl.dot(aqk, u_new)", "o = tl.dot(qg, S) + tl.dot(aqk, u)", "delta_rule_chunked"),
+    ("09_gated_deltanet_chunked.ipynb", "Exercise 09.3",   # each new chunk's A multiplied on the right
+     "M, B = A_c @ M, A_c @ B + b_c", "M, B = M @ A_c, A_c @ B + b_c", "opposite order"),
+    ("09_gated_deltanet_chunked.ipynb", "Exercise 09.3",   # B from the entering state instead of zero
+     "    B = torch.zeros_like(b[0])\n", "    B = S0.clone()\n", "from a zero state"),
+    ("09_gated_deltanet_chunked.ipynb", "Exercise 09.3",   # the segments applied last to first
+     "    for M, B in maps:\n", "    for M, B in maps[::-1]:\n", "reverse order"),
     ("10_whole_forward.ipynb", "Exercise 10.1",
      'o = ops["attention"](q, k_cache, v_cache, positions, gate=gate)',
      'o = ops["attention"](q, k_cache, v_cache, positions)', "attention_block"),   # the output gate forgotten
