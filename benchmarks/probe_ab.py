@@ -84,3 +84,27 @@ def deltanet_layers_ab(switch, label: str, tokens: int, rounds: int = 2) -> dict
         print(f"deltanet_chunked, T={tokens}, {layers} calls in a graph, {label}={on}: {us:.2f} us per call",
               flush=True)
     return results
+
+
+def last_logits_ab(model, switch, label: str, tokens: int = 512) -> None:
+    """The last position's logits of a `tokens`-token prompt (model.step, as a prefill computes them) with
+    switch(False) and switch(True), each against transformers in float32 on the same weights, and the two ways
+    against each other; printed. Leaves the switch off."""
+    from qwen_lab import bench, checks
+
+    ids = torch.randint(0, model.config.vocab_size, (tokens,), generator=torch.Generator().manual_seed(1))
+    ids = ids.to(model.device)
+    hf32 = bench.transformers_model(model.config, model.weights, model.device, torch.float32)
+    with torch.inference_mode():
+        truth = hf32(input_ids=ids[None]).logits[0, -1].float()
+    del hf32
+    got = {}
+    for on in (False, True):
+        switch(on)
+        with torch.inference_mode():
+            got[on] = model.step(ids, torch.arange(tokens, device=model.device), model.new_cache(tokens))[0].float()
+        print(f"last logits, {label}={on}, against transformers float32: relative error "
+              f"{checks.relative_error(got[on], truth):.2e}, argmax "
+              f"{'same' if got[on].argmax() == truth.argmax() else 'differs'}", flush=True)
+    print(f"{label}: on against off, relative error {checks.relative_error(got[True], got[False]):.2e}", flush=True)
+    switch(False)

@@ -18,14 +18,13 @@ import sys
 
 import torch
 
-from probe_ab import model_ab, probe_args
+from probe_ab import last_logits_ab, model_ab, probe_args
 
 
 def main() -> int:
     args = probe_args(__doc__, ("--rounds", dict(type=int, default=3)), model=False)
     if args is None:
         return 0
-    from qwen_lab import bench, checks
     from qwen_lab.model import load_model
 
     model = load_model("qwen3.5-0.8b", device="cuda", dtype=torch.bfloat16)
@@ -37,21 +36,7 @@ def main() -> int:
             model._projects_last_query = lambda *a: False
 
     model_ab(switch, "last query apart", args.tokens, rounds=args.rounds, model=model)
-    T = 512
-    ids = torch.randint(0, model.config.vocab_size, (T,), generator=torch.Generator().manual_seed(1)).cuda()
-    hf32 = bench.transformers_model(model.config, model.weights, "cuda", torch.float32)
-    with torch.inference_mode():
-        truth = hf32(input_ids=ids[None]).logits[0, -1].float()
-    del hf32
-    got = {}
-    for on in (False, True):
-        switch(on)
-        with torch.inference_mode():
-            got[on] = model.step(ids, torch.arange(T, device="cuda"), model.new_cache(T))[0].float()
-        print(f"last logits, last query apart={on}, against transformers float32: relative error "
-              f"{checks.relative_error(got[on], truth):.2e}, argmax {'same' if got[on].argmax() == truth.argmax() else 'differs'}",
-              flush=True)
-    print(f"on against off: relative error {checks.relative_error(got[True], got[False]):.2e}", flush=True)
+    last_logits_ab(model, switch, "last query apart")
     switch(True)
     return 0
 

@@ -16,7 +16,7 @@ four to eight times the programs.
 """
 
 import torch
-from probe_ab import deltanet_layers_ab, model_ab, probe_args
+from probe_ab import deltanet_layers_ab, last_logits_ab, model_ab, probe_args
 
 
 def main() -> int:
@@ -24,11 +24,14 @@ def main() -> int:
     if args is None:
         return 0
     from qwen_lab import checks
-    from qwen_lab.config import QWEN35_0_8B as cfg
     from qwen_lab.kernels import deltanet
 
-    T, dev = args.tokens, "cuda"
-    results = deltanet_layers_ab(lambda on: setattr(deltanet, "SCAN_SEGMENTS", on), "scan in segments", T)
+    T = args.tokens
+
+    def switch(on: bool) -> None:
+        deltanet.SCAN_SEGMENTS = on
+
+    results = deltanet_layers_ab(switch, "scan in segments", T)
     (_, o_off, s_off), (_, o_on, s_on) = results[False][0], results[True][0]
     print(f"segments against one chain: output relative error {checks.relative_error(o_on, o_off):.2e}, final "
           f"state {checks.relative_error(s_on, s_off):.2e}", flush=True)
@@ -39,24 +42,11 @@ def main() -> int:
     if args.no_model:
         return 0
 
-    from qwen_lab import bench
     from qwen_lab.model import load_model
 
-    model = load_model("qwen3.5-0.8b", device=dev, dtype=torch.bfloat16)
-    model_ab(lambda on: setattr(deltanet, "SCAN_SEGMENTS", on), "scan in segments", T, model=model)
-    n = 512
-    ids = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(1)).to(dev)
-    hf32 = bench.transformers_model(model.config, model.weights, dev, torch.float32)
-    with torch.inference_mode():
-        truth = hf32(input_ids=ids[None]).logits[0, -1].float()
-    del hf32
-    for on in (False, True):
-        deltanet.SCAN_SEGMENTS = on
-        with torch.inference_mode():
-            got = model.step(ids, torch.arange(n, device=dev), model.new_cache(n))[0].float()
-        print(f"last logits, scan in segments={on}, against transformers float32: relative error "
-              f"{checks.relative_error(got, truth):.2e}", flush=True)
-    deltanet.SCAN_SEGMENTS = False
+    model = load_model("qwen3.5-0.8b", device="cuda", dtype=torch.bfloat16)
+    model_ab(switch, "scan in segments", T, model=model)
+    last_logits_ab(model, switch, "scan in segments")
     return 0
 
 

@@ -189,11 +189,11 @@ class Qwen35Model:
             # residual and MLP are computed for the last row alone. (The mixers read last_row_only; a mixer put in
             # their place may compute every row: its output is cut here.)
             self.last_row_only = not all_logits and i == len(W.layers) - 1
-            w_in = layer.in_proj if layer.kind == LINEAR else layer.qkv_proj
             if self._projects_last_query(layer, y, x):   # the last attention layer of a prompt: q for one row
                 proj, x = self.project_last_query(i, layer, y, x)
-            else:
-                proj, x = self.norm_linear(i, "input_norm", y, x, layer.input_norm, w_in)  # x += y; norm; project
+            else:                                          # x += y; norm; project
+                w_in = layer.in_proj if layer.kind == LINEAR else layer.qkv_proj
+                proj, x = self.norm_linear(i, "input_norm", y, x, layer.input_norm, w_in)
             if layer.kind == LINEAR:
                 y = self.gated_deltanet(i, layer, proj, cache)
             else:

@@ -177,8 +177,8 @@ def test_segmented_scan_equals_the_scan(T, group, rt, gen, monkeypatch):
             o = delta_rule_chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"])
         runs[on] = o, d["state"].clone(), dict(launches)
     (o_off, s_off, l_off), (o_on, s_on, l_on) = runs[False], runs[True]
-    n_seg = -(-T // 64) // group + (-(-T // 64) % group > 0)
-    assert n_seg > 1 and l_on.get("chunk_segment_kernel") == 1 and l_on.get("chunk_segment_scan_kernel") == 1, l_on
+    n_chunks = -(-T // 64)
+    assert -(-n_chunks // group) > 1 and l_on.get("chunk_segment_kernel") == 1 and l_on.get("chunk_segment_scan_kernel") == 1, l_on
     assert "chunk_scan_kernel" not in l_on and l_off.get("chunk_scan_kernel") == 1, (l_on, l_off)
     checks.compare("o, segments against one chain", o_on, o_off, **_chunked_tol(rt))
     checks.compare("final state, segments against one chain", s_on, s_off, **_chunked_tol(rt))
