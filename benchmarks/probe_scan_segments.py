@@ -11,7 +11,7 @@ four to eight times the programs.
    alternated twice; the outputs and final states of the two ways compared (bf16 operands: equal within rounding,
    not bit for bit), and the configurations the autotuner picked.
 2. The whole model's prefill and decode step (random weights of the real shapes) each way, as
-   `python -m qwen_lab.bench` times its triton + cuda-graph row; then the last position's logits of a 512-token
+   `python -m qwen_lab.bench` times its triton + cuda-graph row; then the last position's logits of a --tokens
    prompt both ways against transformers in float32 on the same weights.
 """
 
@@ -46,7 +46,7 @@ def main() -> int:
 
     model = load_model("qwen3.5-0.8b", device="cuda", dtype=torch.bfloat16)
     model_ab(switch, "scan in segments", T, model=model)
-    last_logits_ab(model, switch, "scan in segments")
+    last_logits_ab(model, switch, "scan in segments", tokens=T)   # (at 512 tokens there is one segment)
     return 0
 
 

@@ -63,6 +63,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--jobs", type=int, default=8)
     p.add_argument("--good", type=int, default=0, help="the config index the other kernel runs with")
+    p.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=sorted(SHAPES))
+    p.add_argument("--min-bv", type=int, default=0, help="only the configs of at least this BV")
     p.add_argument("--case", nargs=4, metavar=("KERNEL", "INDEX", "PDL", "SHAPE"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -74,8 +76,9 @@ def main() -> int:
         return 0
     from qwen_lab.kernels import deltanet
 
-    cases = [(kn, i, pdl, shape) for shape in SHAPES for kn in KERNELS
-             for i in range(len(deltanet.autotune_configs(kn, Dv=SHAPES[shape][4]))) for pdl in ("0", "1")]
+    cases = [(kn, i, pdl, shape) for shape in args.shapes for kn in KERNELS
+             for i, c in enumerate(deltanet.autotune_configs(kn, Dv=SHAPES[shape][4])) if c.kwargs["BV"] >= args.min_bv
+             for pdl in ("0", "1")]
 
     def launch(case):
         cmd = [sys.executable, __file__, "--good", str(args.good), "--case", *map(str, case)]

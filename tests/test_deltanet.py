@@ -452,6 +452,17 @@ def test_segmented_scan_every_gpu_config_guarded(i, shape, rt, gen, monkeypatch)
                  forced=(("chunk_segment_kernel", c), ("chunk_segment_scan_kernel", c)))
 
 
+@pytest.mark.parametrize("c", [c for c in autotune_configs("chunk_segment_kernel", Dv=128) if c.kwargs["BV"] > 64],
+                         ids=str)
+def test_segmented_scan_wide_gpu_configs_guarded(c, rt, gen, monkeypatch):
+    """The configs whose BV only heads of 128 keep (one program for all of M's columns, one for B's), forced on both
+    kernels, on guarded inputs: four chunks in segments of two."""
+    monkeypatch.setattr(deltanet, "SCAN_GROUP", 2)
+    monkeypatch.setattr(deltanet, "SCAN_SEGMENTS", True)
+    _run_guarded(delta_rule_chunked, (200, 1, 1, 128, 128), gen, rt,
+                 forced=(("chunk_segment_kernel", c), ("chunk_segment_scan_kernel", c)))
+
+
 def _pick(configs, i):
     return configs[i % len(configs)]
 

@@ -608,8 +608,8 @@ def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr
 # (Not BV=32 with 4 warps and one stage: compiled for sm_90 by Triton 3.6, both kernels return garbage with it,
 # every call alike, with or without PDL, while every other config is right and the interpreter is right with it
 # too; benchmarks/probe_segment_configs.py, docs/perf-log.md. Offered to the autotuner, it also faulted.)
-_SEGMENT_CONFIGS = _SCAN_CONFIGS + [triton.Config({"BV": bv}, num_warps=w, num_stages=1)
-                                    for bv, w in ((64, 4), (64, 8))]
+_SEGMENT_CONFIGS = _SCAN_CONFIGS + [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
+                                    for bv, w, s in ((64, 4, 1), (64, 8, 1), (128, 8, 1), (128, 8, 2))]
 
 
 @_tuned(_SEGMENT_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK"], restore=("ready_ptr",), prune=_prune_bv)
