@@ -2,12 +2,11 @@
 
     python benchmarks/probe_scan_breakdown.py [--tokens 2048]            (an NVIDIA GPU)
 
-`deltanet_chunked` at Qwen3.5-0.8B's shapes, 18 calls (one per DeltaNet layer) in one CUDA Graph, timed with
-kernels left out of each call: the prep alone, the prep and the one-chain scan, the prep and the segments' maps
-(chunk_segment_kernel), the prep and the whole scan in segments. With PDL (the scan and the maps beside the prep,
-as the model runs) and without (each kernel after the one before has finished, so the differences are each
-kernel's own time). The segments also at 4 chunks (the library's SCAN_GROUP is 8). A kernel left out leaves its
+`deltanet_chunked` at Qwen3.5-0.8B's shapes, 18 calls (one per DeltaNet layer) in one CUDA Graph, timed whole and
+with the scan left out (the prep alone). With PDL (the scan beside the prep's last programs, as the model runs) and
+without (the scan after the whole prep, so the difference is the scan's own time). A scan left out leaves its
 counters as the prep filled them; they are zeroed after. Last, the configs the autotuner picked.
+(docs/perf-log.md, session 23: the prep ~38 us, the scan ~64 us alone and ~54 us beside the prep.)
 """
 
 import os
@@ -15,14 +14,7 @@ import os
 import torch
 from probe_ab import probe_args
 
-VARIANTS = (  # (label, SCAN_SEGMENTS, SCAN_GROUP (None: the library's), the kernels left out)
-    ("prep alone", False, None, {"chunk_scan_kernel"}),
-    ("prep + one-chain scan", False, None, set()),
-    ("prep + segment maps", True, None, {"chunk_segment_scan_kernel"}),
-    ("prep + scan in segments", True, None, set()),
-    ("prep + segment maps, segments of 4 chunks", True, 4, {"chunk_segment_scan_kernel"}),
-    ("prep + scan in segments of 4 chunks", True, 4, set()),
-)
+VARIANTS = (("prep alone", {"chunk_scan_kernel"}), ("prep + scan", set()))  # (label, the kernels left out)
 
 
 def main() -> int:
@@ -43,7 +35,7 @@ def main() -> int:
     ws = deltanet.chunk_workspace(T, H, D, D, torch.bfloat16, "cuda")
     calls = [lambda i=i: deltanet.deltanet_chunked(q, k, v, a, b, A_log, dt_bias, states[i], out=outs[i],
                                                    workspace=ws) for i in range(layers)]
-    launch, dropped, library_group = deltanet._launch, set(), deltanet.SCAN_GROUP
+    launch, dropped, pdl_before = deltanet._launch, set(), os.environ.get("QWEN_LAB_PDL")
 
     def some_kernels(kernel, *rest):
         fn = kernel.fn if isinstance(kernel, deltanet.triton.runtime.Autotuner) else kernel
@@ -54,18 +46,21 @@ def main() -> int:
         for pdl in ("1", "0"):
             os.environ["QWEN_LAB_PDL"] = pdl
             for rnd in range(2):
-                for label, segments, group, drop in VARIANTS:
-                    deltanet.SCAN_SEGMENTS, deltanet.SCAN_GROUP, dropped = segments, group or library_group, drop
+                for label, drop in VARIANTS:
+                    dropped = drop
                     us = graph_time_us(calls, warmup=True, replays=10)
                     torch.cuda.synchronize()
                     deltanet._tickets(torch.device("cuda"), 1).zero_()   # what a left-out scan would have cleared
                     print(f"PDL {pdl}, round {rnd + 1}: {label}: {us:.2f} us per layer", flush=True)
-        for kernel in ("chunk_scan_kernel", "chunk_segment_kernel", "chunk_segment_scan_kernel"):
+        for kernel in ("chunk_prep_kernel", "chunk_scan_kernel"):
             tuned = getattr(getattr(deltanet, kernel), "cache", {})
             print(f"tuned {kernel}:", sorted(str(c) for c in tuned.values()), flush=True)
     finally:
-        deltanet._launch, deltanet.SCAN_SEGMENTS, deltanet.SCAN_GROUP = launch, False, library_group
-        os.environ.pop("QWEN_LAB_PDL", None)
+        deltanet._launch = launch
+        if pdl_before is None:
+            os.environ.pop("QWEN_LAB_PDL", None)
+        else:
+            os.environ["QWEN_LAB_PDL"] = pdl_before
     return 0
 
 

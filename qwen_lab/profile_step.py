@@ -125,8 +125,7 @@ def tuned_picks() -> list[str]:
     tuners = {"matmul_kernel": gemm.matmul_kernel, "flash_attention_kernel": attention._tuned.get("prefill"),
               "flash_decode_split_kernel": attention._tuned.get("decode"),
               "conv1d_prefill_kernel": conv1d._tuned.get("prefill"), "chunk_prep_kernel": deltanet.chunk_prep_kernel,
-              "chunk_scan_kernel": deltanet.chunk_scan_kernel, "chunk_segment_kernel": deltanet.chunk_segment_kernel,
-              "chunk_segment_scan_kernel": deltanet.chunk_segment_scan_kernel,
+              "chunk_scan_kernel": deltanet.chunk_scan_kernel,
               "conv_decode_step_kernel": deltanet.conv_decode_step_kernel}
     lines = ["autotuned kernels: the configuration chosen for each key (the key's values in the autotuner's order)"]
     for name, tuner in tuners.items():

@@ -200,14 +200,6 @@ def cases():
         meta = dict(c.kwargs, BT=64, BK=Dk, PREC=prec, GROUP=deltanet.SCAN_GROUP)
         out.append((f"chunk_scan {c}", lambda meta=meta, c=c: compile_case(
             deltanet.chunk_scan_kernel, meta, scan_types, c.num_warps, c.num_stages)))
-    # the scan in segments (SCAN_SEGMENTS): the segments' maps beside the prep, then their chunks
-    seg_types = dict(scan_types, mats_ptr="*fp32", states_ptr="*fp32")
-    for c in deltanet.autotune_configs("chunk_segment_kernel", Dv=Dv):
-        meta = dict(c.kwargs, BT=64, BK=Dk, PREC=prec, GROUP=deltanet.SCAN_GROUP, USE_PDL=True)
-        for label, kernel in (("chunk_segment", deltanet.chunk_segment_kernel),
-                              ("chunk_segment_scan", deltanet.chunk_segment_scan_kernel)):
-            out.append((f"{label} {c}", lambda meta=meta, c=c, kernel=kernel: compile_case(
-                kernel, meta, seg_types, c.num_warps, c.num_stages)))
     conv_types = {"state_ptr": "*fp32", "A_log_ptr": "*fp32", "dt_bias_ptr": "*bf16", "ticket_ptr": "*i32",
                   "scale": "fp32", "eps": "fp32"}
     for c in deltanet.autotune_configs("conv_decode_step_kernel", Dv=Dv):

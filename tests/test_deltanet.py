@@ -160,36 +160,6 @@ def test_chunked_leaves_the_scan_counters_at_zero(rt, gen):
         assert not left, f"the scan left counters {left} non-zero"
 
 
-@pytest.mark.parametrize("T, group", [(300, 2), (5 * 64, 2), (9 * 64 + 5, 8), (700, 3)])
-def test_segmented_scan_equals_the_scan(T, group, rt, gen, monkeypatch):
-    """SCAN_SEGMENTS: every segment's state map (M, B) at once, then the segments' chunks at once from the states
-    they compose. The same output and final state as the one-chain scan (and the reference), with segments of
-    `group` chunks: two segments, three (the composition M_1 B_0 + B_1 runs), a last segment cut short; every
-    counter back at zero. (Heads of 64: on a GPU narrower ones take the recurrent kernel.)"""
-    monkeypatch.setattr(deltanet, "SCAN_GROUP", group)
-    d = _delta_inputs(T, 1, 2, 64, 64, gen, rt.dtype, rt.device)
-    start = d["state"].clone()
-    runs = {}
-    for on in (False, True):
-        monkeypatch.setattr(deltanet, "SCAN_SEGMENTS", on)
-        d["state"].copy_(start)
-        with count_launches() as launches:
-            o = delta_rule_chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"])
-        runs[on] = o, d["state"].clone(), dict(launches)
-    (o_off, s_off, l_off), (o_on, s_on, l_on) = runs[False], runs[True]
-    n_chunks = -(-T // 64)
-    assert -(-n_chunks // group) > 1 and l_on.get("chunk_segment_kernel") == 1 and l_on.get("chunk_segment_scan_kernel") == 1, l_on
-    assert "chunk_scan_kernel" not in l_on and l_off.get("chunk_scan_kernel") == 1, (l_on, l_off)
-    checks.compare("o, segments against one chain", o_on, o_off, **_chunked_tol(rt))
-    checks.compare("final state, segments against one chain", s_on, s_off, **_chunked_tol(rt))
-    ref_state = start.clone()
-    ref = reference.delta_rule_chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], ref_state)
-    checks.compare("o against the reference", o_on, ref, **_chunked_tol(rt))
-    checks.compare("final state against the reference", s_on, ref_state, **_chunked_tol(rt))
-    counters = deltanet._tickets(rt.device, 1)
-    assert not counters.nonzero().numel(), "the segmented scan left counters non-zero"
-
-
 def test_scan_counters_are_not_inference_tensors(rt, monkeypatch):
     """The first call may come under torch.inference_mode() (the model's generation does); the counters it
     allocates are later restored with copy_ by the scan's GPU autotuner, perhaps outside that mode, which PyTorch
@@ -201,12 +171,14 @@ def test_scan_counters_are_not_inference_tensors(rt, monkeypatch):
     counters.copy_(torch.zeros_like(counters))  # what the autotuner's restore does, outside inference mode
 
 
-def _two_prompts_one_workspace(T, gen, rt):
-    """run(i) -> (output, final state) of deltanet_chunked on prompt i of two (Qwen3.5-0.8B's shapes), each call
-    from the prompt's own starting state, both prompts through one workspace: a chunk read before the prep wrote
-    it holds the other prompt's values."""
+@pytest.mark.gpu
+def test_gpu_scan_beside_the_prep_reads_only_finished_chunks(rt, gen, monkeypatch):
+    """Under PDL the scan runs beside the prep's last programs and waits for each group of chunks. Two prompts
+    alternate through one workspace, so a chunk read before its prep wrote it holds the other prompt's values:
+    every output must equal, bit for bit, the same call without PDL (no overlap)."""
     Hk = Hv = QWEN35_0_8B.linear_num_value_heads
     Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
+    T = 2048
     cases = [_fused_gates_case(T, Hk, Hv, Dk, Dv, gen, rt)[0] for _ in range(2)]
     ws = deltanet.chunk_workspace(T, Hv, Dk, Dv, rt.dtype, rt.device)
     start = [c["state"].clone() for c in cases]
@@ -214,15 +186,7 @@ def _two_prompts_one_workspace(T, gen, rt):
     def run(i):
         cases[i]["state"].copy_(start[i])
         return deltanet_chunked(**cases[i], workspace=ws).clone(), cases[i]["state"].clone()
-    return run
 
-
-@pytest.mark.gpu
-def test_gpu_scan_beside_the_prep_reads_only_finished_chunks(rt, gen, monkeypatch):
-    """Under PDL the scan runs beside the prep's last programs and waits for each group of chunks. Two prompts
-    alternate through one workspace, so a chunk read before its prep wrote it holds the other prompt's values:
-    every output must equal, bit for bit, the same call without PDL (no overlap)."""
-    run = _two_prompts_one_workspace(2048, gen, rt)
     monkeypatch.setenv("QWEN_LAB_PDL", "0")
     want = [run(0), run(1)]
     monkeypatch.setenv("QWEN_LAB_PDL", "1")
@@ -231,24 +195,6 @@ def test_gpu_scan_beside_the_prep_reads_only_finished_chunks(rt, gen, monkeypatc
         o, state = run(i)
         assert torch.equal(o, want[i][0]) and torch.equal(state, want[i][1]), (
             f"call {rep} (prompt {i}) differs from the same call without PDL: the scan read a chunk too early")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("T", [2048, 600])
-def test_gpu_segmented_scan_equals_the_scan(T, rt, gen, monkeypatch):
-    """SCAN_SEGMENTS at the model's shapes, in bf16, under PDL (the segments' maps beside the prep's last programs):
-    two prompts alternate through one workspace, and every call's output and final state must equal the one-chain
-    scan's within bf16 rounding. A segment that read a chunk before the prep wrote it, a scan program that ran
-    before the maps were complete, or a final state written by any segment but the last would be off by O(1)."""
-    run = _two_prompts_one_workspace(T, gen, rt)
-    monkeypatch.setattr(deltanet, "SCAN_SEGMENTS", False)
-    want = [run(0), run(1)]
-    monkeypatch.setattr(deltanet, "SCAN_SEGMENTS", True)
-    for rep in range(10):
-        i = rep % 2
-        o, state = run(i)
-        _close(f"call {rep}: o, segments against one chain", o, want[i][0])
-        _close(f"call {rep}: final state, segments against one chain", state, want[i][1])
 
 
 def _hf_inputs(d, rep):
@@ -437,30 +383,6 @@ def _run_guarded(kernel, shape, gen, rt, forced=()):
     where = f"{kernel.__name__}{shape} with {[f'{n}: {c}' for n, c in forced]}"
     _judge(f"{where}: o", got["out"], ref)
     _judge(f"{where}: state", got["state"], ref_state)
-
-
-@pytest.mark.parametrize("shape", [(300, 1, 2, 64, 64), (300, 2, 2, 40, 48)])
-@pytest.mark.parametrize("i", range(len(autotune_configs("chunk_segment_kernel", Dv=64))))
-def test_segmented_scan_every_gpu_config_guarded(i, shape, rt, gen, monkeypatch):
-    """The scan in segments with each GPU config forced on both of its kernels, on guarded inputs and workspace:
-    five chunks in segments of two (three segments, the last cut short), M's and B's column blocks with ragged
-    Dk != Dv. (On a GPU the 40/48-wide heads take the recurrent kernel.)"""
-    monkeypatch.setattr(deltanet, "SCAN_GROUP", 2)
-    monkeypatch.setattr(deltanet, "SCAN_SEGMENTS", True)
-    c = autotune_configs("chunk_segment_kernel", Dv=64)[i]
-    _run_guarded(delta_rule_chunked, shape, gen, rt,
-                 forced=(("chunk_segment_kernel", c), ("chunk_segment_scan_kernel", c)))
-
-
-@pytest.mark.parametrize("c", [c for c in autotune_configs("chunk_segment_kernel", Dv=128) if c.kwargs["BV"] > 64],
-                         ids=str)
-def test_segmented_scan_wide_gpu_configs_guarded(c, rt, gen, monkeypatch):
-    """The configs whose BV only heads of 128 keep (one program for all of M's columns, one for B's), forced on both
-    kernels, on guarded inputs: four chunks in segments of two."""
-    monkeypatch.setattr(deltanet, "SCAN_GROUP", 2)
-    monkeypatch.setattr(deltanet, "SCAN_SEGMENTS", True)
-    _run_guarded(delta_rule_chunked, (200, 1, 1, 128, 128), gen, rt,
-                 forced=(("chunk_segment_kernel", c), ("chunk_segment_scan_kernel", c)))
 
 
 def _pick(configs, i):

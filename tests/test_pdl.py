@@ -143,42 +143,32 @@ def _memory_calls(node):
 
 
 # Kernels that do not wait for the whole previous kernel but for its pieces, through counters it releases:
-# name -> (the counters' pointer, the memory calls allowed before the first wait: what older kernels wrote, or
-# buffers of the call itself)
-_WAITS_ON_COUNTERS = {
-    "chunk_scan_kernel": ("ready_ptr", ("tl.load(s_ptrs",)),
-    # the entering state, and its copy into the call's own buffer of states
-    "chunk_segment_kernel": ("ready_ptr", ("tl.load(state_ptr", "tl.store(slots")),
-}
+# name -> (the counters' pointer, the loads allowed before the first wait: what older kernels wrote)
+_WAITS_ON_COUNTERS = {"chunk_scan_kernel": ("ready_ptr", ("tl.load(s_ptrs",))}
 
 
 def _check_counter_wait(mod_name, name, body, counters, allowed):
-    """The kernel has no gdc_wait; until it polls the counters (a `while` reading them with an acquire, before its
-    chunk loop or inside it) it only makes the memory calls `allowed` and acquire atomics, so every load of what
-    the producer wrote comes after the producer's stores are visible to it."""
+    """The kernel has no gdc_wait; before its chunk loop it only reads `allowed`; in the loop every load comes after
+    a `while` that polls the counters with an acquire (so the producer's stores are visible to it)."""
     import ast
 
     where = f"{mod_name}.{name}"
     assert not any("gdc_wait" in ast.unparse(st) for st in body), f"{where} waits on counters and on gdc_wait"
-    assert any(counters in ast.unparse(st) for st in body), f"{where} never reads {counters}"
-
-    def is_poll(st):
-        return (isinstance(st, ast.While) and "sem='acquire'" in ast.unparse(st) and "atomic" in ast.unparse(st)
-                and "counters" in ast.unparse(st))
-
     loop = next(i for i, st in enumerate(body) if isinstance(st, ast.For))
-    top = [i for i, st in enumerate(body[:loop]) if is_poll(st)]
-    before = body[:top[0]] if top else body[:loop]
-    if not top:
-        inner = body[loop].body
-        polls = [i for i, st in enumerate(inner) if is_poll(st)]
-        assert polls, f"{where}: no `while` polling the counters with sem='acquire' before or in its chunk loop"
-        before = before + inner[:polls[0]]
-    for st in before:
+    for st in body[:loop]:
         for call in _memory_calls(st):
-            text = ast.unparse(call)
-            assert text.startswith(allowed) or (call.func.attr.startswith("atomic") and "sem='acquire'" in text), (
-                f"{where}: `{text}` runs before its poll of the counters")
+            assert call.func.attr == "load" and ast.unparse(call).startswith(allowed), (
+                f"{where}: `{ast.unparse(call)}` runs before the first wait on {counters}")
+    inner = body[loop].body
+    polls = [i for i, st in enumerate(inner) if isinstance(st, ast.While)
+             and "sem='acquire'" in ast.unparse(st) and "atomic" in ast.unparse(st)]
+    assert polls, f"{where}: no `while` polling the counters with sem='acquire' in its chunk loop"
+    assert any(counters in ast.unparse(st) for st in body[:loop]) and "counters" in ast.unparse(inner[polls[0]]), (
+        f"{where}: its poll does not read {counters}")
+    for st in inner[:polls[0]]:
+        for call in _memory_calls(st):
+            assert call.func.attr.startswith("atomic") and "sem='acquire'" in ast.unparse(call), (
+                f"{where}: `{ast.unparse(call)}` runs before its poll of the counters")
 
 
 def test_every_pdl_kernel_waits_before_it_reads_what_the_previous_kernel_wrote():

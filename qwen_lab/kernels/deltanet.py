@@ -52,10 +52,6 @@ Chunked kernels (two launches; on a GPU, heads narrower than CHUNKED_MIN_HEAD_DI
   program adds its chunk to a counter per head and group of SCAN_GROUP chunks (a release, after a barrier), and
   the scan polls that counter (an acquire) before each group, so it runs beside the end of the prep. The last
   scan program of a head clears its counters, which live in a small zeroed buffer kept per device.
-- With SCAN_SEGMENTS (off until measured), a prompt of more than one group runs the scan in segments of
-  SCAN_GROUP chunks instead: `chunk_segment_kernel` computes every segment's state map at once (beside the prep,
-  polling the counters), then `chunk_segment_scan_kernel` runs every segment's chunks at once from the state it
-  composes. Shorter chains on more programs; see the comment above chunk_segment_kernel.
 The tail of the last chunk is padded with k = v = 0, beta = 0 and g = 0, so it changes neither O nor S.
 `deltanet_chunked` (the model's prefill) passes the raw projections a, b instead of g, beta: the prep computes the
 gates of its rows itself (FUSED_GATES), and no gates kernel runs before it.
@@ -90,10 +86,6 @@ SCAN_GROUP = 8
 # Under PDL the scan is launched beside the prep's last programs; False launches it after the whole prep (the
 # form before, kept for benchmarks/probe_scan_overlap.py)
 SCAN_BESIDE_PREP = True
-# The scan in segments of SCAN_GROUP chunks (chunk_segment_kernel, then chunk_segment_scan_kernel) for prompts of
-# more than one segment: shorter chains on more programs. Off: not yet measured on a GPU
-# (benchmarks/probe_scan_segments.py).
-SCAN_SEGMENTS = False
 
 
 _CONFIGS = {}   # kernel name -> (its GPU autotuning configs, their pruning function)
@@ -580,129 +572,6 @@ def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr
         tl.store(counters + g, 0, mask=last)
 
 
-# ---- The scan in segments (SCAN_SEGMENTS; off until measured on a GPU)
-#
-# chunk_scan_kernel is a chain of n_chunks dependent steps on Hv * Dv / BV programs (64 on the 0.8B model): at
-# 2048 tokens most SMs wait while 32 steps run one after the other. The state update is affine in the state:
-#
-#     S1 = exp(G_C) S0 + kd^T (U - W S0) = A_c S0 + kd^T U,        A_c = exp(G_C) I - kd^T W   [Dk, Dk]
-#
-# so a segment of GROUP chunks maps its entering state S to M S + B, with M the product of its A_c and B the
-# state it leaves from a zero one. Both come from the scan's own chain: B starts at 0 and reads U; M's columns
-# start as the identity's columns and read no U. Two launches instead of one:
-# - chunk_segment_kernel, grid (Hv, segments, column blocks of M then of B): every segment's M and B at once, a
-#   chain of GROUP steps, beside the prep (polling its group's counter, as the scan does). Segment 0 starts from
-#   the entering state itself, so its B is the true state after it (and its M is not needed);
-# - chunk_segment_scan_kernel, grid (Hv, Dv / BV, segments): the state entering segment s >= 1 is
-#   M_{s-1}(...(M_1 B_0 + B_1)...) + B_{s-1} (s - 1 small products), then the scan's steps over the segment's own
-#   chunks, writing O; the last segment writes the final state.
-# At 2048 tokens (4 segments of 8 chunks): chains of 8 + 2 + 8 short steps on 4-8 times the programs, instead of
-# 32 steps on 64 programs.
-# The states pass through `states` [Hv, segments + 1, Dk, Dv] fp32: slot 0 a copy of the entering state (the
-# second kernel never reads `state`, which its last segment overwrites), slot s + 1 the state after segment s
-# (from zero, but for s = 0); M through `mats` [Hv, segments, Dk, Dk] fp32.
-
-
-# The scan's configs, and single-stage ones: a segment kernel's grid is 4-8 times the scan's, and with less shared
-# memory per program (no prefetched next chunk) two or three of its programs fit an SM at once.
-# (Not BV=32 with 4 warps and one stage: compiled for sm_90 by Triton 3.6, both kernels return garbage with it,
-# every call alike, with or without PDL, while every other config is right and the interpreter is right with it
-# too; benchmarks/probe_segment_configs.py, docs/perf-log.md. Offered to the autotuner, it also faulted.)
-_SEGMENT_CONFIGS = _SCAN_CONFIGS + [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
-                                    for bv, w, s in ((64, 4, 1), (64, 8, 1), (128, 8, 1), (128, 8, 2))]
-
-
-@_tuned(_SEGMENT_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK"], restore=("ready_ptr",), prune=_prune_bv)
-@triton.jit(do_not_specialize=["Tp", "n_chunks"])
-def chunk_segment_kernel(kd_ptr, w_ptr, u_ptr, gcum_ptr, ready_ptr, state_ptr, mats_ptr, states_ptr,
-                         Tp, n_chunks, Dk, Dv, stride_sh, stride_sk,
-                         BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                         GROUP: tl.constexpr, USE_PDL: tl.constexpr = False):
-    # beside the prep under PDL, like chunk_scan_kernel: no gdc_wait, the group's counter instead
-    if USE_PDL:
-        gdc_launch_dependents()
-    h = tl.program_id(0)
-    seg = tl.program_id(1)
-    j = tl.program_id(2)
-    n_seg = tl.num_programs(1)
-    m_blocks = tl.cdiv(Dk, BV)
-    is_m = j < m_blocks                               # a column block of M, else of B
-    is_b = j >= m_blocks
-    offs_k = tl.arange(0, BK)
-    offs_n = tl.where(is_m, j, j - m_blocks) * BV + tl.arange(0, BV)
-    mask_k = offs_k < Dk
-    mask_n = offs_n < tl.where(is_m, Dk, Dv)
-    both = mask_k[:, None] & mask_n[None, :]
-    # M's columns start as the identity's; B's at zero, but segment 0's at the entering state, copied to slot 0
-    X = tl.where(is_m & (offs_k[:, None] == offs_n[None, :]), 1.0, 0.0)
-    first = is_b & (seg == 0)
-    X += tl.load(state_ptr + h * stride_sh + offs_k[:, None] * stride_sk + offs_n[None, :], mask=both & first,
-                 other=0.0)
-    slots = states_ptr + (h.to(tl.int64) * (n_seg + 1) + seg) * Dk * Dv + offs_k[:, None] * Dv + offs_n[None, :]
-    tl.store(slots, X, mask=both & first)
-    counters = ready_ptr + h * (Tp // BT + 1)
-    c0 = seg * GROUP
-    c1 = tl.minimum(c0 + GROUP, n_chunks)
-    ready = tl.atomic_add(counters + 1 + seg, 0, sem="acquire", scope="gpu")
-    while ready < c1 - c0:
-        ready = tl.atomic_add(counters + 1 + seg, 0, sem="acquire", scope="gpu")
-    c1 = tl.where(is_m & (seg == 0), c0, c1)         # segment 0's M is never used
-    i = tl.arange(0, BT)
-    for c in range(c0, c1):
-        ws = h.to(tl.int64) * Tp + c * BT + i
-        k_tile = ws[:, None] * Dk + offs_k[None, :]
-        w = tl.load(w_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-        kd = tl.load(kd_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-        # M reads no U (a masked load reads no memory)
-        u = tl.load(u_ptr + ws[:, None] * Dv + offs_n[None, :], mask=(mask_n & is_b)[None, :],
-                    other=0.0).to(tl.float32)
-        G_last = tl.load(gcum_ptr + h.to(tl.int64) * Tp + c * BT + BT - 1)
-        v_new = u - tl.dot(w, X.to(w.dtype), input_precision=PREC)
-        X = tl.dot(tl.trans(kd), v_new.to(kd.dtype), X * tl.exp(G_last), input_precision=PREC)
-    tl.store(slots + Dk * Dv, X, mask=both & is_b)
-    m_tile = mats_ptr + ((h.to(tl.int64) * n_seg + seg) * Dk + offs_k[:, None]) * Dk + offs_n[None, :]
-    tl.store(m_tile, X, mask=both & is_m & (seg > 0))
-    # the last of the head's programs clears its counters for the next call, as chunk_scan_kernel does
-    done = tl.atomic_add(counters, 1, sem="relaxed", scope="gpu")
-    last = done == n_seg * tl.num_programs(2) - 1
-    for g in range(0, tl.cdiv(n_chunks, GROUP) + 1):
-        tl.store(counters + g, 0, mask=last)
-
-
-@_tuned(_SEGMENT_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK"], restore=("state_ptr",), prune=_prune_bv)
-@triton.jit(do_not_specialize=["T", "Tp", "n_chunks"])
-def chunk_segment_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, mats_ptr, states_ptr, state_ptr,
-                              out_ptr, T, Tp, n_chunks, Dk, Dv, stride_sh, stride_sk, stride_ot, stride_oh,
-                              BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                              GROUP: tl.constexpr, USE_PDL: tl.constexpr = False):
-    if USE_PDL:  # every segment's M and B (and by then every chunk of the prep) are complete after the wait
-        gdc_wait()
-        gdc_launch_dependents()
-    h = tl.program_id(0)
-    seg = tl.program_id(2)
-    n_seg = tl.num_programs(2)
-    offs_k = tl.arange(0, BK)
-    offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
-    mask_k = offs_k < Dk
-    mask_v = offs_v < Dv
-    s_mask = mask_k[:, None] & mask_v[None, :]
-    slots = states_ptr + h.to(tl.int64) * (n_seg + 1) * Dk * Dv + offs_k[:, None] * Dv + offs_v[None, :]
-    # the state entering this segment: the entering state (slot 0) for segment 0, the state after segment 0
-    # (slot 1) for the others, then the segments between applied in turn, S <- M S + B
-    S = tl.load(slots + tl.minimum(seg, 1) * Dk * Dv, mask=s_mask, other=0.0)
-    for t in range(1, seg):
-        M = tl.load(mats_ptr + ((h.to(tl.int64) * n_seg + t) * Dk + offs_k[:, None]) * Dk + offs_k[None, :],
-                    mask=mask_k[:, None] & mask_k[None, :], other=0.0)
-        B = tl.load(slots + (t + 1) * Dk * Dv, mask=s_mask, other=0.0)
-        S = tl.dot(M.to(w_ptr.dtype.element_ty), S.to(w_ptr.dtype.element_ty), B, input_precision=PREC)
-    i = tl.arange(0, BT)
-    for c in range(seg * GROUP, tl.minimum(seg * GROUP + GROUP, n_chunks)):
-        S = _scan_step(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, S, h, c, i, offs_k, offs_v,
-                       mask_k, mask_v, T, Tp, Dk, Dv, stride_ot, stride_oh, BT, PREC)
-    s_ptrs = state_ptr + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
-    tl.store(s_ptrs, S, mask=s_mask & (seg == n_seg - 1))
-
-
 # ---------------------------------------------------------------- launchers
 
 
@@ -1041,24 +910,6 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
         dict(BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 2).bit_length() - 1, PREC=prec, INV_PREC=prec,
              GROUP=SCAN_GROUP, FUSED_GATES=fused, **pdl_options(q.device)),
         dict(num_warps=4))
-    n_seg = triton.cdiv(n_chunks, SCAN_GROUP)
-    if SCAN_SEGMENTS and n_seg > 1:   # the scan in segments (see chunk_segment_kernel)
-        mats = torch.empty(Hv, n_seg, Dk, Dk, device=q.device, dtype=torch.float32)
-        states = torch.empty(Hv, n_seg + 1, Dk, Dv, device=q.device, dtype=torch.float32)
-        grid = lambda META: (Hv, n_seg, triton.cdiv(Dk, META["BV"]) + triton.cdiv(Dv, META["BV"]))  # noqa: E731
-        _launch(chunk_segment_kernel, grid, (
-            ws.kd, ws.w, ws.u, ws.gcum, ready, state, mats, states, Tw, n_chunks, Dk, Dv,
-            state.stride(0), state.stride(1)),
-            dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=SCAN_GROUP,
-                 **(pdl_options(q.device) if SCAN_BESIDE_PREP else {})),
-            dict(BV=min(32, BDV), num_warps=4))
-        grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]), n_seg)  # noqa: E731
-        _launch(chunk_segment_scan_kernel, grid, (
-            ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, mats, states, state, out, T, Tw, n_chunks, Dk, Dv,
-            state.stride(0), state.stride(1), out.stride(0), out.stride(1)),
-            dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=SCAN_GROUP, **pdl_options(q.device)),
-            dict(BV=min(32, BDV), num_warps=4))
-        return out
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
     _launch(chunk_scan_kernel, grid, (
         ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, state, out, T, Tw, n_chunks, Hv, Dk, Dv,
