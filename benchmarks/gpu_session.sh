@@ -74,9 +74,9 @@ if want experiments; then
   # probe_attention.py with QWEN_LAB_ATTN_TMA=1 and at 2048-64 tokens (the gate apart from 64 tokens),
   # probe_mlp_decode.py, probe_norm_split.py (the model the same both ways), the norm beside the chunk scan (level
   # in the model, taken out), probe_last_query.py (faster on: kept), the scan in segments (level at best, taken
-  # out; probe_scan_breakdown.py times the prep and the scan apart).) Nothing is waiting to be measured: a new
-  # probe goes here.
-  echo "experiments: no probe is waiting to be measured"
+  # out; probe_scan_breakdown.py times the prep and the scan apart).)
+  # the scan carrying S^T (deltanet.SCAN_TRANSPOSED, off) against the scan carrying S: kernel, model, logits
+  timeout ${PROBE_TIMEOUT:-420} python3 benchmarks/probe_scan_transposed.py 2>&1 | grep -v "falling back" | tee "$OUT/probe_scan_transposed.txt"
 fi
 if want scanprobes; then
   # the DeltaNet scan beside the chunk prep: every launch form finishes (each in a process with a time limit),

@@ -72,6 +72,17 @@ def test_the_tma_kernels_take_their_descriptors_from_the_host(results):
     assert not made, "TMA descriptors built on the device:\n" + "\n".join(made)
 
 
+def test_the_transposed_scan_keeps_the_state_in_registers(results):
+    """SCAN_TRANSPOSED exists so that the scan's products take the state (and V') as their left operand from
+    registers instead of writing it to shared memory at every chunk. Where a value block fills one Hopper matmul
+    (BV = 64, 4 warps) every wgmma of the transposed scan must take its left operand from registers (the scan
+    carrying S took all of them from shared memory when this was written)."""
+    wide = [r for r in results if r["ok"] and r["label"].startswith("chunk_scan TRANSPOSED BV: 64, num_warps: 4,")]
+    assert wide, "no transposed scan with BV = 64 and 4 warps was compiled"
+    for r in wide:
+        assert r["wgmma_a_in_registers"] > 0 and r["wgmma_a_from_shared"] == 0, r
+
+
 def test_the_check_sees_a_pipeline_too_deep_for_the_sm():
     """The exercise 09.2 scan with three pipeline stages (the default) needs more shared memory than an SM has: on
     the H200 it failed with "out of resource: shared memory"; its launcher asks for one stage."""

@@ -51,7 +51,9 @@ Chunked kernels (two launches; on a GPU, heads narrower than CHUNKED_MIN_HEAD_DI
   dependent launch it starts once the prep's last programs have started, not once they have finished: each prep
   program adds its chunk to a counter per head and group of SCAN_GROUP chunks (a release, after a barrier), and
   the scan polls that counter (an acquire) before each group, so it runs beside the end of the prep. The last
-  scan program of a head clears its counters, which live in a small zeroed buffer kept per device.
+  scan program of a head clears its counters, which live in a small zeroed buffer kept per device. With
+  SCAN_TRANSPOSED (off until measured) it carries S^T instead, so that on Hopper the state and V' stay in
+  registers as the products' left operands (see _scan_step_t).
 The tail of the last chunk is padded with k = v = 0, beta = 0 and g = 0, so it changes neither O nor S.
 `deltanet_chunked` (the model's prefill) passes the raw projections a, b instead of g, beta: the prep computes the
 gates of its rows itself (FUSED_GATES), and no gates kernel runs before it.
@@ -86,6 +88,9 @@ SCAN_GROUP = 8
 # Under PDL the scan is launched beside the prep's last programs; False launches it after the whole prep (the
 # form before, kept for benchmarks/probe_scan_overlap.py)
 SCAN_BESIDE_PREP = True
+# The scan carries the state's transpose (see _scan_step_t): its products keep the state and V' in registers.
+# Off until measured on a GPU (benchmarks/probe_scan_transposed.py).
+SCAN_TRANSPOSED = False
 
 
 _CONFIGS = {}   # kernel name -> (its GPU autotuning configs, their pruning function)
@@ -518,6 +523,34 @@ def _scan_step(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, S, h, c
     return tl.dot(tl.trans(kd), v_new.to(kd.dtype), S * tl.exp(G_last), input_precision=PREC)
 
 
+@triton.jit
+def _scan_step_t(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, St, h, c, i, offs_k, offs_v, mask_k,
+                 mask_v, T, Tp, Dk, Dv, stride_ot, stride_oh, BT: tl.constexpr, PREC: tl.constexpr):
+    """_scan_step on the state's transpose St = S^T [BV, Dk] (SCAN_TRANSPOSED): every product takes the state or
+    V'^T, which the step computes, as its left operand, and a tile the pipeline loaded as its right one (read
+    transposed where the math needs it). On Hopper a left operand can stay in registers, a right one is read from
+    shared memory, so the state and V' no longer go through shared memory on the chain; the state's update also
+    comes before the output's products, which are off the chain."""
+    ws = h.to(tl.int64) * Tp + c * BT + i                  # workspace rows of chunk c
+    k_tile = ws[:, None] * Dk + offs_k[None, :]
+    w = tl.load(w_ptr + k_tile, mask=mask_k[None, :], other=0.0)
+    ut = tl.trans(tl.load(u_ptr + ws[:, None] * Dv + offs_v[None, :], mask=mask_v[None, :], other=0.0))
+    qg = tl.load(qg_ptr + k_tile, mask=mask_k[None, :], other=0.0)
+    aqk = tl.load(aqk_ptr + ws[:, None] * BT + i[None, :])
+    kd = tl.load(kd_ptr + k_tile, mask=mask_k[None, :], other=0.0)
+    G_last = tl.load(gcum_ptr + h.to(tl.int64) * Tp + c * BT + BT - 1)
+    St_op = St.to(w.dtype)
+    vt = ut.to(tl.float32) - tl.dot(St_op, tl.trans(w), input_precision=PREC)      # V'^T = U^T - S0^T W^T
+    vt_op = vt.to(kd.dtype)
+    St1 = tl.dot(vt_op, kd, St * tl.exp(G_last), input_precision=PREC)  # S1^T = exp(G_C) S0^T + V'^T k exp(G_C - G)
+    ot = tl.dot(St_op, tl.trans(qg), input_precision=PREC)                         # (q exp(G) S0)^T
+    ot = tl.dot(vt_op, tl.trans(aqk), ot, input_precision=PREC)                    # + V'^T tril(...)^T
+    rows = (c * BT + i).to(tl.int64)
+    tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_v[None, :],
+             tl.trans(ot).to(out_ptr.dtype.element_ty), mask=(rows < T)[:, None] & mask_v[None, :])
+    return St1
+
+
 # (BV, warps, stages): narrow BV gives more programs, wide BV reads each W, q, k tile fewer times
 _SCAN_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
                  for bv, w, s in ((16, 4, 2), (32, 4, 2), (32, 8, 2), (32, 4, 3), (64, 4, 2), (64, 8, 2))]
@@ -529,12 +562,13 @@ _SCAN_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
 # away and the loads, the transposed k tile and the dots are scheduled without the software pipeline) and for
 # T == 1. Every failure seen on the H200 ran such a variant (a fault at T = 1, garbage at T = 64), while the
 # looped kernel was right for 77, 300 and 2048 tokens; now every length runs the looped kernel.
-@_tuned(_SCAN_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK"], restore=("state_ptr", "ready_ptr"), prune=_prune_bv)
+@_tuned(_SCAN_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK", "TRANSPOSED"], restore=("state_ptr", "ready_ptr"),
+        prune=_prune_bv)
 @triton.jit(do_not_specialize=["T", "n_chunks"])
 def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr, state_ptr, out_ptr,
                       T, Tp, n_chunks, Hv, Dk, Dv, stride_sh, stride_sk, stride_ot, stride_oh,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                      GROUP: tl.constexpr, USE_PDL: tl.constexpr = False):
+                      GROUP: tl.constexpr, USE_PDL: tl.constexpr = False, TRANSPOSED: tl.constexpr = False):
     # Under PDL the scan starts once every prep program has started, not once they have all finished. So there
     # is no gdc_wait here (everything before the prep is complete by then: each prep program waited for it);
     # the scan waits for the prep's chunks through the `ready` counters instead, and runs beside the prep's last
@@ -546,8 +580,12 @@ def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr
     offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
     mask_k = offs_k < Dk
     mask_v = offs_v < Dv
-    s_ptrs = state_ptr + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
-    s_mask = mask_k[:, None] & mask_v[None, :]
+    if TRANSPOSED:   # S^T [BV, Dk]
+        s_ptrs = state_ptr + h * stride_sh + offs_k[None, :] * stride_sk + offs_v[:, None]
+        s_mask = mask_k[None, :] & mask_v[:, None]
+    else:            # S [Dk, BV]
+        s_ptrs = state_ptr + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
+        s_mask = mask_k[:, None] & mask_v[None, :]
     S = tl.load(s_ptrs, mask=s_mask, other=0.0)
     i = tl.arange(0, BT)
     counters = ready_ptr + h * (Tp // BT + 1)   # [programs done, chunks ready in group 0, in group 1, ...]
@@ -561,8 +599,12 @@ def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr
         # while this chunk's matmuls run; only the step's state update depends on the previous chunk. (A wait
         # inside this loop would keep the pipeline from issuing any load before it.)
         for c in range(c0, c1):
-            S = _scan_step(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, S, h, c, i, offs_k, offs_v,
-                           mask_k, mask_v, T, Tp, Dk, Dv, stride_ot, stride_oh, BT, PREC)
+            if TRANSPOSED:
+                S = _scan_step_t(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, S, h, c, i, offs_k,
+                                 offs_v, mask_k, mask_v, T, Tp, Dk, Dv, stride_ot, stride_oh, BT, PREC)
+            else:
+                S = _scan_step(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, S, h, c, i, offs_k, offs_v,
+                               mask_k, mask_v, T, Tp, Dk, Dv, stride_ot, stride_oh, BT, PREC)
     tl.store(s_ptrs, S, mask=s_mask)
     # the last of the head's Dv / BV programs to finish clears its counters for the next call (every program of
     # the head has passed every wait by then)
@@ -914,7 +956,8 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
     _launch(chunk_scan_kernel, grid, (
         ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, state, out, T, Tw, n_chunks, Hv, Dk, Dv,
         state.stride(0), state.stride(1), out.stride(0), out.stride(1)),
-        dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=SCAN_GROUP, **(pdl_options(q.device) if SCAN_BESIDE_PREP else {})),
+        dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=SCAN_GROUP, TRANSPOSED=SCAN_TRANSPOSED,
+             **(pdl_options(q.device) if SCAN_BESIDE_PREP else {})),
         dict(BV=min(32, BDV), num_warps=4))
     return out
 
