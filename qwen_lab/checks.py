@@ -17,7 +17,9 @@ NaN was never written or computed, outputs returned in each other's place, and a
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -258,13 +260,22 @@ def _common_factor(o: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -
     return None
 
 
+# A stub inside a @triton.jit kernel never runs on a GPU: Triton's compiler refuses the `raise` statement
+# ("unsupported AST node type: Raise") and quotes the line, with a caret under it, in its message.
+_STUB_IN_KERNEL = re.compile(r'raise NotImplementedError\(("(?:[^"\\]|\\.)*")\)[^\n]*\n\s*\^')
+
+
 def _unfinished(e: BaseException) -> NotImplementedError | None:
-    """The NotImplementedError of an unfinished exercise, found in e's cause chain or message, else None."""
+    """The NotImplementedError of an unfinished exercise, found in e's cause chain or message, else None. (Under
+    the interpreter a kernel's stub raises it; compiled for a GPU, the compiler's error quotes the stub instead.)"""
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, NotImplementedError):
             return e
+        quoted = _STUB_IN_KERNEL.search(str(e))
+        if quoted:
+            return NotImplementedError(json.loads(quoted.group(1)))
         e = e.__cause__ or e.__context__
     return None
 

@@ -50,6 +50,61 @@ def _case_strided(g):
     return dict(x=checks.randn(5, 20, g=g, device=DEV)[:, 4:12], out=torch.empty(40, device=DEV))
 
 
+@triton.jit
+def _unfinished_copy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    raise NotImplementedError("Exercise 99.1: the copy")   # what the exercise notebooks' kernel stubs hold
+
+
+def _unfinished_copy(x, out):
+    _unfinished_copy_kernel[(1,)](x, out, x.numel(), BLOCK=64)
+    return out
+
+
+def test_an_unfinished_kernel_reads_as_not_done_yet():
+    """A kernel whose body is still the exercise's stub: under the interpreter the `raise` runs; compiled for a GPU,
+    Triton refuses the statement (its error quotes the stub). Both must read as the exercise not done yet, not as
+    "your function raised UnsupportedLanguageConstruct"."""
+    with pytest.raises(NotImplementedError, match="Exercise 99.1: the copy"):
+        checks.check_kernel("copy", _unfinished_copy, _flat, [_case_1d], quiet=True)
+
+
+_STUB_SCRIPT = """
+import os, sys
+os.environ["TRITON_INTERPRET"] = "0"
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+@triton.jit
+def add_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)                       # which block of the vectors this program owns
+    raise NotImplementedError("Exercise 01.1: vector add")
+
+try:
+    triton.compile(ASTSource(add_kernel, {"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+                             constexprs={"BLOCK": 256}), target=GPUTarget("cuda", 90, 32))
+except Exception as e:
+    sys.path.insert(0, sys.argv[1])
+    from qwen_lab import checks
+    print(type(e).__name__, "->", repr(checks._unfinished(e)))
+"""
+
+
+def test_a_kernel_stub_compiled_for_a_gpu_reads_as_not_done_yet(tmp_path):
+    """The same stub compiled for an H100/H200 (sm_90) on any machine, as a GPU run compiles it: the compiler's
+    error must be recognised as the unfinished exercise, with its title."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "stub_kernel.py"   # (Triton reads a kernel's source from its file)
+    script.write_text(_STUB_SCRIPT)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, str(script), root], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""})
+    assert "-> NotImplementedError('Exercise 01.1: vector add')" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
 def test_a_correct_kernel_passes():
     assert len(checks.check_kernel("copy", _copy, _flat, [_case_1d, _case_strided], quiet=True)) == 2
 
