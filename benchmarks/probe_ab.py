@@ -50,25 +50,34 @@ def model_ab(switch, label: str, tokens: int, rounds: int = 2, metric: str = "pr
     return faster
 
 
-def deltanet_layers_ab(switch, label: str, tokens: int, rounds: int = 2) -> dict:
-    """`deltanet_chunked` at Qwen3.5-0.8B's shapes, one call per DeltaNet layer captured in one CUDA Graph, with
-    switch(False) and switch(True), `rounds` times each, alternated; prints the us per call of each run and returns
-    {on: [(us, the first call's output, its final state), ...]} (each run from the same states)."""
+def deltanet_layer_calls(tokens: int):
+    """`deltanet_chunked` at Qwen3.5-0.8B's shapes, one call per DeltaNet layer (each with its own state and
+    output, all through one workspace), on a prompt of `tokens`: -> (calls, states, outputs)."""
     from bench_deltanet import layer_inputs  # a DeltaNet layer's inputs at 0.8B's shapes, as the model passes them
 
     from qwen_lab.config import QWEN35_0_8B as cfg
-    from qwen_lab.kernels import deltanet, graph_time_us
+    from qwen_lab.kernels import deltanet
 
     H, D = cfg.linear_num_value_heads, cfg.linear_key_head_dim
     dev, bf = "cuda", torch.bfloat16
     d = layer_inputs(tokens, torch.Generator(device=dev).manual_seed(0))
     q, k, v, a, b, A_log, dt_bias = (d[n] for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias"))
-    layers = cfg.num_linear_layers
-    states = [d["state"].clone() for _ in range(layers)]
+    states = [d["state"].clone() for _ in range(cfg.num_linear_layers)]
     outs = [torch.empty(tokens, H, D, device=dev, dtype=bf) for _ in states]
     ws = deltanet.chunk_workspace(tokens, H, D, D, bf, dev)
     calls = [lambda i=i: deltanet.deltanet_chunked(q, k, v, a, b, A_log, dt_bias, states[i], out=outs[i],
-                                                   workspace=ws) for i in range(layers)]
+                                                   workspace=ws) for i in range(len(states))]
+    return calls, states, outs
+
+
+def deltanet_layers_ab(switch, label: str, tokens: int, rounds: int = 2) -> dict:
+    """The DeltaNet layers' calls (deltanet_layer_calls) captured in one CUDA Graph, with switch(False) and
+    switch(True), `rounds` times each, alternated; prints the us per call of each run and returns
+    {on: [(us, the first call's output, its final state), ...]} (each run from the same states)."""
+    from qwen_lab.kernels import graph_time_us
+
+    calls, states, outs = deltanet_layer_calls(tokens)
+    layers = len(calls)
     results = {}
     for on in (False, True) * rounds:
         switch(on)

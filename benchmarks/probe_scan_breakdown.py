@@ -12,7 +12,7 @@ counters as the prep filled them; they are zeroed after. Last, the configs the a
 import os
 
 import torch
-from probe_ab import probe_args
+from probe_ab import deltanet_layer_calls, probe_args
 
 VARIANTS = (("prep alone", {"chunk_scan_kernel"}), ("prep + scan", set()))  # (label, the kernels left out)
 
@@ -21,20 +21,9 @@ def main() -> int:
     args = probe_args(__doc__, model=False)
     if args is None:
         return 0
-    from bench_deltanet import layer_inputs
-
-    from qwen_lab.config import QWEN35_0_8B as cfg
     from qwen_lab.kernels import deltanet, graph_time_us
 
-    T, H, D = args.tokens, cfg.linear_num_value_heads, cfg.linear_key_head_dim
-    d = layer_inputs(T, torch.Generator(device="cuda").manual_seed(0))
-    q, k, v, a, b, A_log, dt_bias = (d[n] for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias"))
-    layers = cfg.num_linear_layers
-    states = [d["state"].clone() for _ in range(layers)]
-    outs = [torch.empty(T, H, D, device="cuda", dtype=torch.bfloat16) for _ in states]
-    ws = deltanet.chunk_workspace(T, H, D, D, torch.bfloat16, "cuda")
-    calls = [lambda i=i: deltanet.deltanet_chunked(q, k, v, a, b, A_log, dt_bias, states[i], out=outs[i],
-                                                   workspace=ws) for i in range(layers)]
+    calls, _, _ = deltanet_layer_calls(args.tokens)
     launch, dropped, pdl_before = deltanet._launch, set(), os.environ.get("QWEN_LAB_PDL")
 
     def some_kernels(kernel, *rest):

@@ -224,12 +224,18 @@ class Qwen35Model:
             if y is None:
                 return ops["rms_norm_linear"](x, norm_weight, eps, weight, **kw), x
             return ops["add_rms_norm_linear"](y, x, norm_weight, eps, weight, **kw)
+        h, x = self._norm(i, name, y, x, norm_weight)
+        return ops["linear"](h, weight, **kw), x
+
+    def _norm(self, i: int, name: str, y, x, norm_weight):
+        """x = x + y (y None: x as is), then RMSNorm (1 + w), each its own kernel: -> (the normed rows, x)."""
+        ops, eps = self.ops, self.config.rms_norm_eps
         if y is None:
             h = ops["rms_norm"](x, norm_weight, eps)
         else:
             h, x = ops["add_rms_norm"](y, x, norm_weight, eps)
         self._t(i, name, h)
-        return ops["linear"](h, weight, **kw), x
+        return h, x
 
     def _projects_last_query(self, layer, y, x: torch.Tensor) -> bool:
         """Whether this layer's attention projection is split (project_last_query): the last layer of a step that
@@ -245,11 +251,8 @@ class Qwen35Model:
         """x = x + y, RMSNorm, then the fused q/gate/k/v projection split in two: k and v for every row (the cache
         needs them), q and the gate for the last row alone (the only query whose output is wanted). At 2048
         tokens, four fifths of the layer's projection GEMM become a one-row GEMV. -> (LastQuery, x)."""
-        ops, eps, qd = self.ops, self.config.rms_norm_eps, self.config.attn_q_dim
-        if y is None:
-            h = ops["rms_norm"](x, layer.input_norm, eps)
-        else:
-            h, x = ops["add_rms_norm"](y, x, layer.input_norm, eps)
+        ops, qd = self.ops, self.config.attn_q_dim
+        h, x = self._norm(i, "input_norm", y, x, layer.input_norm)
         w = layer.qkv_proj                               # [q_and_gate | k | v] rows: two row slices, no copy
         return LastQuery(ops["linear"](h, w[qd:]), ops["linear"](h[-1:], w[:qd])), x
 
@@ -385,8 +388,7 @@ class Qwen35Model:
             # a prompt: the projections are tiled GEMMs, and SwiGLU runs in the gate/up GEMM's epilogue, so the
             # [T, 2I] projection never goes to memory. (A few rows take the GEMV path below, whose prologues
             # already fuse the norm and SwiGLU.)
-            h, x = ops["add_rms_norm"](y, x, layer.post_norm, eps)
-            self._t(i, "post_attention_norm", h)
+            h, x = self._norm(i, "post_attention_norm", y, x, layer.post_norm)
             y = self._branch_output(ops["linear_silu_mul"](h, layer.gate_up), layer.down)
         else:
             gate_up, x = self.norm_linear(i, "post_attention_norm", y, x, layer.post_norm, layer.gate_up)

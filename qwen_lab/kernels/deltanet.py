@@ -500,18 +500,29 @@ def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_p
 
 
 @triton.jit
-def _scan_step(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, S, h, c, i, offs_k, offs_v, mask_k, mask_v,
-               T, Tp, Dk, Dv, stride_ot, stride_oh, BT: tl.constexpr, PREC: tl.constexpr):
-    """One chunk of the scan for head h and the value columns offs_v: writes chunk c's O, returns the state S
-    leaving it (S: the [Dk, BV] fp32 slice entering it)."""
+def _chunk_tiles(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, h, c, i, offs_k, offs_v, mask_k, mask_v, Tp, Dk,
+                 Dv, BT: tl.constexpr):
+    """What the scan reads of chunk c of head h from the prep's workspace: W, U's columns offs_v, q exp(G), the
+    intra-chunk attention, k exp(G_C - G), and G_C."""
     ws = h.to(tl.int64) * Tp + c * BT + i                  # workspace rows of chunk c
     k_tile = ws[:, None] * Dk + offs_k[None, :]
     w = tl.load(w_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-    u = tl.load(u_ptr + ws[:, None] * Dv + offs_v[None, :], mask=mask_v[None, :], other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + ws[:, None] * Dv + offs_v[None, :], mask=mask_v[None, :], other=0.0)
     qg = tl.load(qg_ptr + k_tile, mask=mask_k[None, :], other=0.0)
     aqk = tl.load(aqk_ptr + ws[:, None] * BT + i[None, :])
     kd = tl.load(kd_ptr + k_tile, mask=mask_k[None, :], other=0.0)
     G_last = tl.load(gcum_ptr + h.to(tl.int64) * Tp + c * BT + BT - 1)
+    return w, u, qg, aqk, kd, G_last
+
+
+@triton.jit
+def _scan_step(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, S, h, c, i, offs_k, offs_v, mask_k, mask_v,
+               T, Tp, Dk, Dv, stride_ot, stride_oh, BT: tl.constexpr, PREC: tl.constexpr):
+    """One chunk of the scan for head h and the value columns offs_v: writes chunk c's O, returns the state S
+    leaving it (S: the [Dk, BV] fp32 slice entering it)."""
+    w, u, qg, aqk, kd, G_last = _chunk_tiles(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, h, c, i, offs_k,
+                                             offs_v, mask_k, mask_v, Tp, Dk, Dv, BT)
+    u = u.to(tl.float32)
     S_op = S.to(w.dtype)
     v_new = u - tl.dot(w, S_op, input_precision=PREC)                 # V' = U - W S0
     o = tl.dot(qg, S_op, input_precision=PREC)                        # (q exp(G)) S0
@@ -531,16 +542,10 @@ def _scan_step_t(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, St, h
     transposed where the math needs it). On Hopper a left operand can stay in registers, a right one is read from
     shared memory, so the state and V' no longer go through shared memory on the chain; the state's update also
     comes before the output's products, which are off the chain."""
-    ws = h.to(tl.int64) * Tp + c * BT + i                  # workspace rows of chunk c
-    k_tile = ws[:, None] * Dk + offs_k[None, :]
-    w = tl.load(w_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-    ut = tl.trans(tl.load(u_ptr + ws[:, None] * Dv + offs_v[None, :], mask=mask_v[None, :], other=0.0))
-    qg = tl.load(qg_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-    aqk = tl.load(aqk_ptr + ws[:, None] * BT + i[None, :])
-    kd = tl.load(kd_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-    G_last = tl.load(gcum_ptr + h.to(tl.int64) * Tp + c * BT + BT - 1)
+    w, u, qg, aqk, kd, G_last = _chunk_tiles(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, h, c, i, offs_k,
+                                             offs_v, mask_k, mask_v, Tp, Dk, Dv, BT)
     St_op = St.to(w.dtype)
-    vt = ut.to(tl.float32) - tl.dot(St_op, tl.trans(w), input_precision=PREC)      # V'^T = U^T - S0^T W^T
+    vt = tl.trans(u).to(tl.float32) - tl.dot(St_op, tl.trans(w), input_precision=PREC)      # V'^T = U^T - S0^T W^T
     vt_op = vt.to(kd.dtype)
     St1 = tl.dot(vt_op, kd, St * tl.exp(G_last), input_precision=PREC)  # S1^T = exp(G_C) S0^T + V'^T k exp(G_C - G)
     ot = tl.dot(St_op, tl.trans(qg), input_precision=PREC)                         # (q exp(G) S0)^T
