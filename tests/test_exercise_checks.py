@@ -91,6 +91,10 @@ MISTAKES = [
      "keep &= n_greater < top_k", "keep &= n_greater <= top_k", "outside the kept set"),   # top-k keeps k + 1
     ("12_cuda_graph.ipynb", "Exercise 12.1",   # every replay would draw with the same uniform
      "    s.counter.add_(1)\n", "\n", "s.counter ends at 1 after"),
+    ("12_cuda_graph.ipynb", "Exercise 12.1",   # a Python index synchronises: named with its line, before any capture
+     "    torch.index_select(s.uniforms, 0, s.counter, out=s.uniform)",
+     "    s.uniform.copy_(s.uniforms[int(s.counter)].reshape(1))", "HostSyncError: host synchronisation in code "
+     "that must be capturable: int(tensor)\n  at <12_cuda_graph.ipynb cell 18>:6 in decode_step()"),
     ("13_generation_and_benchmark.ipynb", "Exercise 13.2:",   # the LM head counted for every prompt token
      "flops = 2 * per_token * T + 2 * c.hidden_size * c.vocab_size",
      "flops = 2 * per_token * T + 2 * c.hidden_size * c.vocab_size * T", "the LM head counted per token"),
