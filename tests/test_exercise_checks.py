@@ -40,12 +40,16 @@ def run_with_mistake(run_cell, notebook: str, exercise: str, wrong: str, right: 
 
 MISTAKES = [
     # (notebook, exercise, the right line, the mistake, what the failure must say)
+    ("01_triton_basics_embedding.ipynb", "Exercise 01.1",   # the store without its mask: past the end of out
+     "tl.store(out_ptr + offs, x + y, mask=mask)", "tl.store(out_ptr + offs, x + y)", "outside 'out'"),
     ("01_triton_basics_embedding.ipynb", "Exercise 01.2",
      "ids.to(tl.int64)[:, None] * stride_w", "ids.to(tl.int64)[:, None] * H", "case 4"),   # the strided table
     ("02_rmsnorm.ipynb", "Exercise 02.1",
      "y = (x * inv_rms[:, None]) * (1.0 + w)[None, :]", "y = (x * inv_rms[:, None]) * w[None, :]", "rms_norm"),
     ("02_rmsnorm.ipynb", "Exercise 02.1",
      "tl.sum(x * x, axis=1) / D + eps", "tl.sum(x * x, axis=1) / D", "case 3"),   # the tiny rows, where eps matters
+    ("02_rmsnorm.ipynb", "Exercise 02.2",   # the residual read with x's row stride: the strided case
+     "r = tl.load(r_ptr + rows[:, None] * sr", "r = tl.load(r_ptr + rows[:, None] * sx", "add_rms_norm (case 3"),
     ("02_rmsnorm.ipynb", "Exercise 02.3",   # the gated norm's weight is plain w, not 1 + w
      "* w[None, :]) * (z * tl.sigmoid(z))", "* (1.0 + w)[None, :]) * (z * tl.sigmoid(z))", "gated_rms_norm"),
     ("03_gemm.ipynb", "Exercise 03.1",   # the last K step reads past the row: the guard's NaN comes in
@@ -95,6 +99,8 @@ MISTAKES = [
      "    torch.index_select(s.uniforms, 0, s.counter, out=s.uniform)",
      "    s.uniform.copy_(s.uniforms[int(s.counter)].reshape(1))", "HostSyncError: host synchronisation in code "
      "that must be capturable: int(tensor)\n  at <12_cuda_graph.ipynb cell 18>:6 in decode_step()"),
+    ("13_generation_and_benchmark.ipynb", "Exercise 13.1",   # the states read but not written back
+     "(n_weights * bytes_per_weight + 2 * state)", "(n_weights * bytes_per_weight + state)", "bytes too few"),
     ("13_generation_and_benchmark.ipynb", "Exercise 13.2:",   # the LM head counted for every prompt token
      "flops = 2 * per_token * T + 2 * c.hidden_size * c.vocab_size",
      "flops = 2 * per_token * T + 2 * c.hidden_size * c.vocab_size * T", "the LM head counted per token"),
