@@ -76,7 +76,14 @@ if want experiments; then
   # in the model, taken out), probe_last_query.py (faster on: kept), the scan in segments (level at best, taken
   # out; probe_scan_breakdown.py times the prep and the scan apart).)
   # the scan carrying S^T (deltanet.SCAN_TRANSPOSED, off) against the scan carrying S: kernel, model, logits
-  timeout ${PROBE_TIMEOUT:-420} python3 benchmarks/probe_scan_transposed.py 2>&1 | grep -v "falling back" | tee "$OUT/probe_scan_transposed.txt"
+  # (PROBE=scan or PROBE=prep runs one of the two probes; PROBE_ARGS=--no-model times the kernels only)
+  # and the prep as a fixed number of programs (deltanet.PREP_PERSISTENT, off), the scan beside all of it
+  if [[ "${PROBE:-both}" != prep ]]; then
+    timeout ${PROBE_TIMEOUT:-420} python3 benchmarks/probe_scan_transposed.py ${PROBE_ARGS:-} 2>&1 | grep -v "falling back" | tee "$OUT/probe_scan_transposed.txt"
+  fi
+  if [[ "${PROBE:-both}" != scan ]]; then
+    timeout ${PROBE_TIMEOUT:-420} python3 benchmarks/probe_prep_persistent.py ${PROBE_ARGS:-} 2>&1 | grep -v "falling back" | tee "$OUT/probe_prep_persistent.txt"
+  fi
 fi
 if want scanprobes; then
   # the DeltaNet scan beside the chunk prep: every launch form finishes (each in a process with a time limit),

@@ -203,6 +203,11 @@ def cases():
             types = dict(prep_types, g_ptr="*bf16", beta_ptr="*bf16", A_log_ptr="*fp32") if fused else prep_types
             out.append((f"chunk_prep fused_gates={fused} {c}", lambda meta=meta, c=c, types=types: compile_case(
                 deltanet.chunk_prep_kernel, meta, types, c.num_warps, c.num_stages)))
+            # PREP_PERSISTENT: the same body in a loop over the (head, chunk) items
+            out.append((f"chunk_prep PERSIST fused_gates={fused} {c}",
+                        lambda meta=meta, c=c, types=types: compile_case(
+                            deltanet.chunk_prep_kernel, dict(meta, PERSIST=True, USE_PDL=True), types, c.num_warps,
+                            c.num_stages)))
     scan_types = {"gcum_ptr": "*fp32", "state_ptr": "*fp32", "ready_ptr": "*i32"}
     for c in deltanet.autotune_configs("chunk_scan_kernel", Dv=Dv):
         meta = dict(c.kwargs, BT=64, BK=Dk, PREC=prec, GROUP=deltanet.SCAN_GROUP)

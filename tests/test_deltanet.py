@@ -219,6 +219,84 @@ def test_gpu_transposed_scan_equals_the_scan(rt, gen, monkeypatch):
         _close(f"call {rep}: final state, S^T against S", state, want[rep % 2][1])
 
 
+@pytest.mark.parametrize("programs", [1, 3, 7, 1000])
+@pytest.mark.parametrize("T, Hk, Hv, Dk, Dv", [(300, 1, 2, 64, 64), (70, 1, 3, 24, 40), (1, 1, 2, 64, 64)])
+def test_persistent_prep_equals_the_grid(programs, T, Hk, Hv, Dk, Dv, rt, gen, monkeypatch):
+    """PREP_PERSISTENT: the prep as `programs` programs walking the (head, chunk) items gives bit for bit the
+    output and final state of the grid (Hv, chunks), with the gates given and fused, for one program, fewer
+    programs than heads, more than the items, and a last program with fewer items than the rest; the scan's
+    counters are left at zero."""
+    d = _delta_inputs(T, Hk, Hv, Dk, Dv, gen, rt.dtype, rt.device)
+    fused = _fused_gates_case(T, Hk, Hv, Dk, Dv, gen, rt)[0]
+    starts = d["state"].clone(), fused["state"].clone()
+    runs = {}
+    for setting in (False, programs):
+        monkeypatch.setattr(deltanet, "PREP_PERSISTENT", setting)
+        d["state"].copy_(starts[0])
+        fused["state"].copy_(starts[1])
+        o = delta_rule_chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"])
+        o_fused = deltanet_chunked(**fused)
+        runs[setting] = o, d["state"].clone(), o_fused, fused["state"].clone()
+    for name, got, want in zip(("o", "final state", "o (fused gates)", "final state (fused gates)"),
+                               runs[programs], runs[False]):
+        assert torch.equal(got, want), f"{programs} persistent prep programs: {name} differs from the grid's"
+    assert not deltanet._tickets(rt.device, 1).nonzero().numel(), "the persistent prep left counters non-zero"
+
+
+def test_persistent_prep_leaves_one_slot_per_scan_program(monkeypatch):
+    """PREP_PERSISTENT = True sizes the prep from the GPU: two programs per SM less one per scan program (at the
+    scan's narrowest value block, 32 columns), never more than the items; the grid where that leaves fewer
+    programs than SMs, where the scan does not run beside the prep (no PDL, or the interpreter), or the switch is
+    off."""
+    device = torch.device("cuda", 0)
+    monkeypatch.setattr(deltanet, "INTERPRET", False)
+    monkeypatch.setattr(deltanet.gemm, "sm_count", lambda dev: 132)
+    monkeypatch.setattr(deltanet, "pdl_options", lambda dev: {"USE_PDL": True, "launch_pdl": True})
+    monkeypatch.setattr(deltanet, "PREP_PERSISTENT", True)
+    assert deltanet._prep_programs(16, 32, 128, device) == 2 * 132 - 16 * 4   # Qwen3.5-0.8B at 2048 tokens
+    assert deltanet._prep_programs(16, 5, 128, device) == 16 * 5             # fewer items than slots
+    assert deltanet._prep_programs(32, 32, 128, device) == 2 * 132 - 32 * 4   # one program per SM still
+    assert deltanet._prep_programs(48, 32, 128, device) is None              # fewer than one per SM: the grid
+    monkeypatch.setattr(deltanet, "SCAN_BESIDE_PREP", False)
+    assert deltanet._prep_programs(16, 32, 128, device) is None
+    monkeypatch.setattr(deltanet, "SCAN_BESIDE_PREP", True)
+    monkeypatch.setattr(deltanet, "pdl_options", lambda dev: {})
+    assert deltanet._prep_programs(16, 32, 128, device) is None
+    monkeypatch.setattr(deltanet, "PREP_PERSISTENT", False)
+    assert deltanet._prep_programs(16, 32, 128, device) is None
+
+
+@pytest.mark.gpu
+def test_gpu_persistent_prep_beside_the_scan(rt, gen, monkeypatch):
+    """PREP_PERSISTENT at the model's shapes (2048 tokens, bf16): under PDL its scan starts beside the whole prep.
+    Two prompts alternate through one workspace; every call must equal bit for bit the same persistent prep
+    without PDL (the scan after it: a chunk read too early would show), and the grid's prep within bf16 rounding."""
+    Hk = Hv = QWEN35_0_8B.linear_num_value_heads
+    Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
+    cases = [_fused_gates_case(2048, Hk, Hv, Dk, Dv, gen, rt)[0] for _ in range(2)]
+    ws = deltanet.chunk_workspace(2048, Hv, Dk, Dv, rt.dtype, rt.device)
+    start = [c["state"].clone() for c in cases]
+
+    def run(i):
+        cases[i]["state"].copy_(start[i])
+        return deltanet_chunked(**cases[i], workspace=ws).clone(), cases[i]["state"].clone()
+
+    grid = [run(0), run(1)]
+    programs = deltanet.PREP_PROGRAMS_PER_SM * deltanet.gemm.sm_count(rt.device) - Hv * Dv // 32
+    monkeypatch.setattr(deltanet, "PREP_PERSISTENT", programs)   # an int: the same count with PDL off
+    monkeypatch.setenv("QWEN_LAB_PDL", "0")
+    want = [run(0), run(1)]
+    for i in range(2):
+        _close(f"prompt {i}: o, persistent prep against the grid", want[i][0], grid[i][0])
+        _close(f"prompt {i}: final state, persistent prep against the grid", want[i][1], grid[i][1])
+    monkeypatch.setenv("QWEN_LAB_PDL", "1")
+    for rep in range(20):
+        i = rep % 2
+        o, state = run(i)
+        assert torch.equal(o, want[i][0]) and torch.equal(state, want[i][1]), (
+            f"call {rep} (prompt {i}) differs from the same call without PDL: the scan read a chunk too early")
+
+
 def test_scan_counters_are_not_inference_tensors(rt, monkeypatch):
     """The first call may come under torch.inference_mode() (the model's generation does); the counters it
     allocates are later restored with copy_ by the scan's GPU autotuner, perhaps outside that mode, which PyTorch

@@ -77,7 +77,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import runtime
 from ..errors import KernelError
-from . import device_key, dot_precision, pdl_options
+from . import device_key, dot_precision, gemm, pdl_options
 
 EPS = 1e-6  # l2norm epsilon of q and k inside the delta rule (as in the reference and transformers)
 INTERPRET = runtime.interpreter_active()  # fixed at import: the kernels below are defined for one mode
@@ -91,6 +91,15 @@ SCAN_BESIDE_PREP = True
 # The scan carries the state's transpose (see _scan_step_t): its products keep the state and V' in registers.
 # Off until measured on a GPU (benchmarks/probe_scan_transposed.py).
 SCAN_TRANSPOSED = False
+# Under PDL the prep runs as a fixed number of programs that walk the (head, chunk) items (see chunk_prep_kernel),
+# as many as leave one SM slot per scan program: the scan is then placed at once and runs beside the whole prep,
+# instead of waiting for SM room until the prep's last wave. An int sets the number of programs (tests). Off
+# until measured on a GPU (benchmarks/probe_prep_persistent.py).
+PREP_PERSISTENT: bool | int = False
+# Programs of chunk_prep_kernel per SM at its 4-warp config: 255 registers x 128 threads each, two fill the 64K
+# registers of an SM (sm_90, tests/sm90_compile.py); 32 KB of shared memory each, so one prep program and one scan
+# program (up to 188 KB) share an SM's 228 KB.
+PREP_PROGRAMS_PER_SM = 2
 
 
 _CONFIGS = {}   # kernel name -> (its GPU autotuning configs, their pruning function)
@@ -416,22 +425,45 @@ def _vec(ptr, rows, stride_t, col, T):
 _PREP_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]
 
 
-# T is not specialised (see chunk_scan_kernel)
+# T and n_chunks are not specialised (see chunk_scan_kernel)
 @_tuned(_PREP_CONFIGS, key=["Dk", "Dv", "BT", "BK", "BDV", "FUSED_GATES"])
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "n_chunks"])
 def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                       qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr,
-                      T, Tp, Dk, Dv, REP, scale, eps,
+                      T, Tp, Dk, Dv, REP, Hv, n_chunks, scale, eps,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                       stride_gt, stride_gh, stride_bt, stride_bh,
                       BT: tl.constexpr, BK: tl.constexpr, BDV: tl.constexpr, MERGES: tl.constexpr,
                       PREC: tl.constexpr, INV_PREC: tl.constexpr, GROUP: tl.constexpr,
-                      FUSED_GATES: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+                      FUSED_GATES: tl.constexpr = False, USE_PDL: tl.constexpr = False,
+                      PERSIST: tl.constexpr = False):
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
         gdc_wait()
         gdc_launch_dependents()
-    h = tl.program_id(0)  # heads fastest: the programs start chunk by chunk, in the order the scan needs them
-    c = tl.program_id(1)
+    if PERSIST:
+        # grid (P,): program p prepares the (head, chunk) items p, p + P, p + 2P, ... numbered heads fastest, so
+        # the chunks still come out in the order the scan needs them. Every program is resident from the start,
+        # so the dependent scan's programs are placed at once, in the room the P programs leave beside them.
+        for item in range(tl.program_id(0), Hv * n_chunks, tl.num_programs(0)):
+            _prep_chunk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, qg_ptr, kd_ptr, w_ptr, u_ptr,
+                        aqk_ptr, gcum_ptr, ready_ptr, item % Hv, item // Hv, T, Tp, Dk, Dv, REP, scale, eps,
+                        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh,
+                        stride_bt, stride_bh, BT, BK, BDV, MERGES, PREC, INV_PREC, GROUP, FUSED_GATES)
+    else:
+        # grid (Hv, chunks), heads fastest: the programs start chunk by chunk, in the order the scan needs them
+        _prep_chunk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, qg_ptr, kd_ptr, w_ptr, u_ptr,
+                    aqk_ptr, gcum_ptr, ready_ptr, tl.program_id(0), tl.program_id(1), T, Tp, Dk, Dv, REP, scale, eps,
+                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh,
+                    stride_bt, stride_bh, BT, BK, BDV, MERGES, PREC, INV_PREC, GROUP, FUSED_GATES)
+
+
+@triton.jit
+def _prep_chunk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr,
+                gcum_ptr, ready_ptr, h, c, T, Tp, Dk, Dv, REP, scale, eps,
+                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh,
+                stride_bt, stride_bh, BT: tl.constexpr, BK: tl.constexpr, BDV: tl.constexpr, MERGES: tl.constexpr,
+                PREC: tl.constexpr, INV_PREC: tl.constexpr, GROUP: tl.constexpr, FUSED_GATES: tl.constexpr):
+    """Chunk c of value head h: everything the scan reads of it, into the workspace, then counted as ready."""
     hk = h // REP
     rows_ws = h.to(tl.int64) * Tp + c * BT + tl.arange(0, BT)   # this chunk's rows of the workspace [Hv, Tp, .]
     DT = qg_ptr.dtype.element_ty                                 # the matmul operand dtype (the workspace's)
@@ -911,6 +943,22 @@ def deltanet_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch
     return _chunked_launch(q, k, v, a, b, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused=True)
 
 
+def _prep_programs(Hv: int, n_chunks: int, Dv: int, device) -> int | None:
+    """The persistent prep's number of programs (PREP_PERSISTENT), or None for the grid (Hv, chunks). On a GPU it
+    only pays where the scan is launched beside the prep (PDL): every SM slot but one per scan program (the scan's
+    most, at BV = 32), and never more programs than items. Where that leaves fewer programs than SMs (a model with
+    three times the 0.8B's value heads), the prep would lose more than the scan gains: the grid again."""
+    if PREP_PERSISTENT is False:
+        return None
+    if PREP_PERSISTENT is True:
+        if INTERPRET or not (SCAN_BESIDE_PREP and pdl_options(device)):
+            return None
+        sms = gemm.sm_count(device)
+        slots = PREP_PROGRAMS_PER_SM * sms - Hv * triton.cdiv(Dv, 32)
+        return min(Hv * n_chunks, slots) if slots >= sms else None
+    return max(1, min(Hv * n_chunks, int(PREP_PERSISTENT)))
+
+
 def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused):
     """delta_rule_chunked (fused=False: g, beta are the gates) or deltanet_chunked (fused: g, beta are a and b)."""
     T, Hk, Dk, Hv, Dv = _check_delta(q, k, v, g, beta, state, ("a", "b") if fused else ("g", "beta"))
@@ -949,14 +997,18 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
     prec = dot_precision(ws.qg.dtype)
     # the counters through which the scan waits for the prep, [Hv, chunks + 1] at the workspace's pitch
     ready = _tickets(q.device, Hv * (Tw // chunk_size + 1))
-    _launch(chunk_prep_kernel, (Hv, n_chunks), (
-        q, k, v, g, beta, A_log, dt_bias, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, T, Tw, Dk, Dv, Hv // Hk,
-        scale, EPS,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1)),
-        dict(BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 2).bit_length() - 1, PREC=prec, INV_PREC=prec,
-             GROUP=SCAN_GROUP, FUSED_GATES=fused, **pdl_options(q.device)),
-        dict(num_warps=4))
+    prep_args = (q, k, v, g, beta, A_log, dt_bias, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, T, Tw, Dk, Dv,
+                 Hv // Hk, Hv, n_chunks, scale, EPS,
+                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                 g.stride(0), g.stride(1), beta.stride(0), beta.stride(1))
+    prep_meta = dict(BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 2).bit_length() - 1, PREC=prec,
+                     INV_PREC=prec, GROUP=SCAN_GROUP, FUSED_GATES=fused, **pdl_options(q.device))
+    programs = _prep_programs(Hv, n_chunks, Dv, q.device)
+    if programs is None:
+        _launch(chunk_prep_kernel, (Hv, n_chunks), prep_args, prep_meta, dict(num_warps=4))
+    else:  # the 4-warp config, whose programs per SM the count assumes (the autotuner would time it alone)
+        fn = chunk_prep_kernel.fn if isinstance(chunk_prep_kernel, triton.runtime.Autotuner) else chunk_prep_kernel
+        fn[(programs,)](*prep_args, **prep_meta, PERSIST=True, num_warps=4, num_stages=1)
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
     _launch(chunk_scan_kernel, grid, (
         ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, state, out, T, Tw, n_chunks, Hv, Dk, Dv,
