@@ -53,7 +53,9 @@ Chunked kernels (two launches; on a GPU, heads narrower than CHUNKED_MIN_HEAD_DI
   the scan polls that counter (an acquire) before each group, so it runs beside the end of the prep. The last
   scan program of a head clears its counters, which live in a small zeroed buffer kept per device. With
   SCAN_TRANSPOSED (off until measured) it carries S^T instead, so that on Hopper the state and V' stay in
-  registers as the products' left operands (see _scan_step_t).
+  registers as the products' left operands (see _scan_step_t). With PREP_PERSISTENT (off until measured) the prep
+  runs as a fixed number of programs, all resident at once, that leave an SM slot for each scan program: the scan
+  is then placed beside the whole prep rather than its last programs.
 The tail of the last chunk is padded with k = v = 0, beta = 0 and g = 0, so it changes neither O nor S.
 `deltanet_chunked` (the model's prefill) passes the raw projections a, b instead of g, beta: the prep computes the
 gates of its rows itself (FUSED_GATES), and no gates kernel runs before it.
