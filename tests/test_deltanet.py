@@ -281,6 +281,7 @@ def test_gpu_persistent_prep_beside_the_scan(rt, gen, monkeypatch):
         cases[i]["state"].copy_(start[i])
         return deltanet_chunked(**cases[i], workspace=ws).clone(), cases[i]["state"].clone()
 
+    monkeypatch.setattr(deltanet, "PREP_PERSISTENT", False)
     grid = [run(0), run(1)]
     programs = deltanet.PREP_PROGRAMS_PER_SM * deltanet.gemm.sm_count(rt.device) - Hv * Dv // 32
     monkeypatch.setattr(deltanet, "PREP_PERSISTENT", programs)   # an int: the same count with PDL off

@@ -53,7 +53,7 @@ Chunked kernels (two launches; on a GPU, heads narrower than CHUNKED_MIN_HEAD_DI
   the scan polls that counter (an acquire) before each group, so it runs beside the end of the prep. The last
   scan program of a head clears its counters, which live in a small zeroed buffer kept per device. With
   SCAN_TRANSPOSED (off until measured) it carries S^T instead, so that on Hopper the state and V' stay in
-  registers as the products' left operands (see _scan_step_t). With PREP_PERSISTENT (off until measured) the prep
+  registers as the products' left operands (see _scan_step_t). With PREP_PERSISTENT (on a GPU under PDL) the prep
   runs as a fixed number of programs, all resident at once, that leave an SM slot for each scan program: the scan
   is then placed beside the whole prep rather than its last programs.
 The tail of the last chunk is padded with k = v = 0, beta = 0 and g = 0, so it changes neither O nor S.
@@ -95,9 +95,10 @@ SCAN_BESIDE_PREP = True
 SCAN_TRANSPOSED = False
 # Under PDL the prep runs as a fixed number of programs that walk the (head, chunk) items (see chunk_prep_kernel),
 # as many as leave one SM slot per scan program: the scan is then placed at once and runs beside the whole prep,
-# instead of waiting for SM room until the prep's last wave. An int sets the number of programs (tests). Off
-# until measured on a GPU (benchmarks/probe_prep_persistent.py).
-PREP_PERSISTENT: bool | int = False
+# instead of waiting for SM room until the prep's last wave. On the H200 a DeltaNet layer at 2048 tokens took
+# 84.8 us against 91.0 with the grid (benchmarks/probe_prep_persistent.py, docs/perf-log.md session 24). False:
+# the grid (Hv, chunks); an int sets the number of programs (tests).
+PREP_PERSISTENT: bool | int = True
 # Programs of chunk_prep_kernel per SM at its 4-warp config: 255 registers x 128 threads each, two fill the 64K
 # registers of an SM (sm_90, tests/sm90_compile.py); 32 KB of shared memory each, so one prep program and one scan
 # program (up to 188 KB) share an SM's 228 KB.
