@@ -74,16 +74,10 @@ if want experiments; then
   # probe_attention.py with QWEN_LAB_ATTN_TMA=1 and at 2048-64 tokens (the gate apart from 64 tokens),
   # probe_mlp_decode.py, probe_norm_split.py (the model the same both ways), the norm beside the chunk scan (level
   # in the model, taken out), probe_last_query.py (faster on: kept), the scan in segments (level at best, taken
-  # out; probe_scan_breakdown.py times the prep and the scan apart).)
-  # the scan carrying S^T (deltanet.SCAN_TRANSPOSED, off) against the scan carrying S: kernel, model, logits
-  # (PROBE=scan or PROBE=prep runs one of the two probes; PROBE_ARGS=--no-model times the kernels only)
-  # and the prep as a fixed number of programs (deltanet.PREP_PERSISTENT, off), the scan beside all of it
-  if [[ "${PROBE:-both}" != prep ]]; then
-    timeout ${PROBE_TIMEOUT:-420} python3 benchmarks/probe_scan_transposed.py ${PROBE_ARGS:-} 2>&1 | grep -v "falling back" | tee "$OUT/probe_scan_transposed.txt"
-  fi
-  if [[ "${PROBE:-both}" != scan ]]; then
-    timeout ${PROBE_TIMEOUT:-420} python3 benchmarks/probe_prep_persistent.py ${PROBE_ARGS:-} 2>&1 | grep -v "falling back" | tee "$OUT/probe_prep_persistent.txt"
-  fi
+  # out; probe_scan_breakdown.py times the prep and the scan apart), the scan carrying S^T (slower, taken out).)
+  # the chunk prep as a fixed number of programs (deltanet.PREP_PERSISTENT, on) against the grid: kernel, model,
+  # logits (PROBE_ARGS=--no-model times the kernels only)
+  timeout ${PROBE_TIMEOUT:-420} python3 benchmarks/probe_prep_persistent.py ${PROBE_ARGS:-} 2>&1 | grep -v "falling back" | tee "$OUT/probe_prep_persistent.txt"
 fi
 if want scanprobes; then
   # the DeltaNet scan beside the chunk prep: every launch form finishes (each in a process with a time limit),

@@ -160,65 +160,6 @@ def test_chunked_leaves_the_scan_counters_at_zero(rt, gen):
         assert not left, f"the scan left counters {left} non-zero"
 
 
-@pytest.mark.parametrize("T, Hk, Hv, Dk, Dv", [(1, 1, 2, 64, 64), (300, 1, 2, 64, 64), (130, 2, 2, 128, 128),
-                                               (70, 1, 3, 24, 40), (65, 1, 2, 16, 128)])
-def test_transposed_scan_equals_the_scan(T, Hk, Hv, Dk, Dv, rt, gen, monkeypatch):
-    """SCAN_TRANSPOSED: the scan carrying S^T gives the same output and final state as the scan carrying S (and
-    the reference), every count of chunks from one to five, ragged and unequal head dims; the counters are left
-    at zero. (On a GPU, heads narrower than 64 take the recurrent kernel.)"""
-    d = _delta_inputs(T, Hk, Hv, Dk, Dv, gen, rt.dtype, rt.device)
-    start = d["state"].clone()
-    runs = {}
-    for on in (False, True):
-        monkeypatch.setattr(deltanet, "SCAN_TRANSPOSED", on)
-        d["state"].copy_(start)
-        runs[on] = delta_rule_chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"]), d["state"].clone()
-    (o_off, s_off), (o_on, s_on) = runs[False], runs[True]
-    checks.compare("o, S^T against S", o_on, o_off, **_chunked_tol(rt))
-    checks.compare("final state, S^T against S", s_on, s_off, **_chunked_tol(rt))
-    ref_state = start.clone()
-    ref = reference.delta_rule_chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], ref_state)
-    checks.compare("o against the reference", o_on, ref, **_chunked_tol(rt))
-    checks.compare("final state against the reference", s_on, ref_state, **_chunked_tol(rt))
-    assert not deltanet._tickets(rt.device, 1).nonzero().numel(), "the transposed scan left counters non-zero"
-
-
-@pytest.mark.parametrize("shape", [(130, 1, 2, 128, 128), (70, 1, 3, 24, 40)], ids=str)
-@pytest.mark.parametrize("i", range(len(autotune_configs("chunk_scan_kernel", Dv=128))))
-def test_transposed_scan_every_gpu_config_guarded(i, shape, rt, gen, monkeypatch):
-    """SCAN_TRANSPOSED with each of the scan's GPU configs forced, on guarded inputs and workspace: the transposed
-    loads of U and of the state, the transposed store of O, with value blocks wider than Dv."""
-    monkeypatch.setattr(deltanet, "SCAN_TRANSPOSED", True)
-    c = autotune_configs("chunk_scan_kernel", Dv=128)[i]
-    if not any(c is kept for kept in autotune_configs("chunk_scan_kernel", Dv=shape[4])):
-        pytest.skip(f"the autotuner never runs {c} for Dv={shape[4]}")
-    _run_guarded(delta_rule_chunked, shape, gen, rt, forced=(("chunk_scan_kernel", c),))
-
-
-@pytest.mark.gpu
-def test_gpu_transposed_scan_equals_the_scan(rt, gen, monkeypatch):
-    """SCAN_TRANSPOSED at the model's shapes (2048 tokens, bf16, under PDL beside the prep): two prompts alternate
-    through one workspace, and every call's output and final state must equal the scan carrying S within bf16
-    rounding (the two orders of the products round differently)."""
-    Hk = Hv = QWEN35_0_8B.linear_num_value_heads
-    Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
-    cases = [_fused_gates_case(2048, Hk, Hv, Dk, Dv, gen, rt)[0] for _ in range(2)]
-    ws = deltanet.chunk_workspace(2048, Hv, Dk, Dv, rt.dtype, rt.device)
-    start = [c["state"].clone() for c in cases]
-
-    def run(i):
-        cases[i]["state"].copy_(start[i])
-        return deltanet_chunked(**cases[i], workspace=ws).clone(), cases[i]["state"].clone()
-
-    monkeypatch.setattr(deltanet, "SCAN_TRANSPOSED", False)
-    want = [run(0), run(1)]
-    monkeypatch.setattr(deltanet, "SCAN_TRANSPOSED", True)
-    for rep in range(6):
-        o, state = run(rep % 2)
-        _close(f"call {rep}: o, S^T against S", o, want[rep % 2][0])
-        _close(f"call {rep}: final state, S^T against S", state, want[rep % 2][1])
-
-
 @pytest.mark.parametrize("programs", [1, 3, 7, 1000])
 @pytest.mark.parametrize("T, Hk, Hv, Dk, Dv", [(300, 1, 2, 64, 64), (70, 1, 3, 24, 40), (1, 1, 2, 64, 64)])
 def test_persistent_prep_equals_the_grid(programs, T, Hk, Hv, Dk, Dv, rt, gen, monkeypatch):
@@ -241,6 +182,16 @@ def test_persistent_prep_equals_the_grid(programs, T, Hk, Hv, Dk, Dv, rt, gen, m
                                runs[programs], runs[False]):
         assert torch.equal(got, want), f"{programs} persistent prep programs: {name} differs from the grid's"
     assert not deltanet._tickets(rt.device, 1).nonzero().numel(), "the persistent prep left counters non-zero"
+
+
+@pytest.mark.parametrize("i", range(len(autotune_configs("chunk_prep_kernel"))))
+def test_persistent_prep_every_gpu_config_guarded(i, rt, gen, monkeypatch):
+    """The persistent prep with each of the prep's GPU configs forced (force_config reaches it, though it is not
+    autotuned), on guarded inputs and workspace, a last program with fewer items than the rest."""
+    monkeypatch.setattr(deltanet, "PREP_PERSISTENT", 5)
+    c = autotune_configs("chunk_prep_kernel")[i]
+    for fn in (delta_rule_chunked, deltanet_chunked):
+        _run_guarded(fn, (300, 1, 2, 64, 64), gen, rt, forced=(("chunk_prep_kernel", c),))
 
 
 def test_persistent_prep_leaves_one_slot_per_scan_program(monkeypatch):

@@ -72,15 +72,17 @@ def test_the_tma_kernels_take_their_descriptors_from_the_host(results):
     assert not made, "TMA descriptors built on the device:\n" + "\n".join(made)
 
 
-def test_the_transposed_scan_keeps_the_state_in_registers(results):
-    """SCAN_TRANSPOSED exists so that the scan's products take the state (and V') as their left operand from
-    registers instead of writing it to shared memory at every chunk. Where a value block fills one Hopper matmul
-    (BV = 64, 4 warps) every wgmma of the transposed scan must take its left operand from registers (the scan
-    carrying S took all of them from shared memory when this was written)."""
-    wide = [r for r in results if r["ok"] and r["label"].startswith("chunk_scan TRANSPOSED BV: 64, num_warps: 4,")]
-    assert wide, "no transposed scan with BV = 64 and 4 warps was compiled"
-    for r in wide:
-        assert r["wgmma_a_in_registers"] > 0 and r["wgmma_a_from_shared"] == 0, r
+def test_a_persistent_prep_program_leaves_room_for_a_scan_program(results):
+    """PREP_PERSISTENT leaves one SM slot per scan program beside a prep program: in shared memory, a persistent
+    prep program (4 warps, the config it runs) and the scan's largest config must fit one SM together (228 KB, less
+    1 KB the GPU reserves per program)."""
+    prep = [r for r in results
+            if r["ok"] and r["label"].startswith("chunk_prep PERSIST") and "num_warps: 4," in r["label"]]
+    scans = [r for r in results if r["ok"] and r["label"].startswith("chunk_scan ")]
+    assert prep and scans, "no persistent prep or no scan was compiled"
+    per_sm = 228 * 1024
+    worst = max(p["shared"] for p in prep) + max(s["shared"] for s in scans) + 2 * 1024
+    assert worst <= per_sm, f"a prep and a scan program need {worst} bytes of shared memory, an SM has {per_sm}"
 
 
 def test_the_check_sees_a_pipeline_too_deep_for_the_sm():

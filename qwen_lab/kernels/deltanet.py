@@ -48,14 +48,12 @@ Chunked kernels (two launches; on a GPU, heads narrower than CHUNKED_MIN_HEAD_DI
   [Hv, T padded, .].
 - `chunk_scan_kernel`, grid (Hv, Dv / BV): carries its [Dk, BV] slice of S through the chunks in order
   (V', O and S1 above: four matmuls per chunk), writes O, and the final state in place. Under programmatic
-  dependent launch it starts once the prep's last programs have started, not once they have finished: each prep
+  dependent launch it starts once the prep's programs have started, not once they have finished: each prep
   program adds its chunk to a counter per head and group of SCAN_GROUP chunks (a release, after a barrier), and
-  the scan polls that counter (an acquire) before each group, so it runs beside the end of the prep. The last
-  scan program of a head clears its counters, which live in a small zeroed buffer kept per device. With
-  SCAN_TRANSPOSED (off until measured) it carries S^T instead, so that on Hopper the state and V' stay in
-  registers as the products' left operands (see _scan_step_t). With PREP_PERSISTENT (on a GPU under PDL) the prep
-  runs as a fixed number of programs, all resident at once, that leave an SM slot for each scan program: the scan
-  is then placed beside the whole prep rather than its last programs.
+  the scan polls that counter (an acquire) before each group, so it runs beside the prep. The last scan program
+  of a head clears its counters, which live in a small zeroed buffer kept per device. With PREP_PERSISTENT (on a
+  GPU under PDL) the prep runs as a fixed number of programs, all resident at once, that leave an SM slot for
+  each scan program: the scan is then placed at once, beside the whole prep rather than its last programs.
 The tail of the last chunk is padded with k = v = 0, beta = 0 and g = 0, so it changes neither O nor S.
 `deltanet_chunked` (the model's prefill) passes the raw projections a, b instead of g, beta: the prep computes the
 gates of its rows itself (FUSED_GATES), and no gates kernel runs before it.
@@ -90,9 +88,6 @@ SCAN_GROUP = 8
 # Under PDL the scan is launched beside the prep's last programs; False launches it after the whole prep (the
 # form before, kept for benchmarks/probe_scan_overlap.py)
 SCAN_BESIDE_PREP = True
-# The scan carries the state's transpose (see _scan_step_t): its products keep the state and V' in registers.
-# Off until measured on a GPU (benchmarks/probe_scan_transposed.py).
-SCAN_TRANSPOSED = False
 # Under PDL the prep runs as a fixed number of programs that walk the (head, chunk) items (see chunk_prep_kernel),
 # as many as leave one SM slot per scan program: the scan is then placed at once and runs beside the whole prep,
 # instead of waiting for SM room until the prep's last wave. On the H200 a DeltaNet layer at 2048 tokens took
@@ -425,7 +420,7 @@ def _vec(ptr, rows, stride_t, col, T):
     return tl.load(ptr + rows.to(tl.int64) * stride_t + col, mask=rows < T, other=0.0).to(tl.float32)
 
 
-_PREP_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]
+_PREP_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]   # the first: PREP_PERSISTENT's
 
 
 # T and n_chunks are not specialised (see chunk_scan_kernel)
@@ -535,29 +530,18 @@ def _prep_chunk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, qg
 
 
 @triton.jit
-def _chunk_tiles(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, h, c, i, offs_k, offs_v, mask_k, mask_v, Tp, Dk,
-                 Dv, BT: tl.constexpr):
-    """What the scan reads of chunk c of head h from the prep's workspace: W, U's columns offs_v, q exp(G), the
-    intra-chunk attention, k exp(G_C - G), and G_C."""
-    ws = h.to(tl.int64) * Tp + c * BT + i                  # workspace rows of chunk c
-    k_tile = ws[:, None] * Dk + offs_k[None, :]
-    w = tl.load(w_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-    u = tl.load(u_ptr + ws[:, None] * Dv + offs_v[None, :], mask=mask_v[None, :], other=0.0)
-    qg = tl.load(qg_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-    aqk = tl.load(aqk_ptr + ws[:, None] * BT + i[None, :])
-    kd = tl.load(kd_ptr + k_tile, mask=mask_k[None, :], other=0.0)
-    G_last = tl.load(gcum_ptr + h.to(tl.int64) * Tp + c * BT + BT - 1)
-    return w, u, qg, aqk, kd, G_last
-
-
-@triton.jit
 def _scan_step(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, S, h, c, i, offs_k, offs_v, mask_k, mask_v,
                T, Tp, Dk, Dv, stride_ot, stride_oh, BT: tl.constexpr, PREC: tl.constexpr):
     """One chunk of the scan for head h and the value columns offs_v: writes chunk c's O, returns the state S
     leaving it (S: the [Dk, BV] fp32 slice entering it)."""
-    w, u, qg, aqk, kd, G_last = _chunk_tiles(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, h, c, i, offs_k,
-                                             offs_v, mask_k, mask_v, Tp, Dk, Dv, BT)
-    u = u.to(tl.float32)
+    ws = h.to(tl.int64) * Tp + c * BT + i                  # workspace rows of chunk c
+    k_tile = ws[:, None] * Dk + offs_k[None, :]
+    w = tl.load(w_ptr + k_tile, mask=mask_k[None, :], other=0.0)
+    u = tl.load(u_ptr + ws[:, None] * Dv + offs_v[None, :], mask=mask_v[None, :], other=0.0).to(tl.float32)
+    qg = tl.load(qg_ptr + k_tile, mask=mask_k[None, :], other=0.0)
+    aqk = tl.load(aqk_ptr + ws[:, None] * BT + i[None, :])
+    kd = tl.load(kd_ptr + k_tile, mask=mask_k[None, :], other=0.0)
+    G_last = tl.load(gcum_ptr + h.to(tl.int64) * Tp + c * BT + BT - 1)
     S_op = S.to(w.dtype)
     v_new = u - tl.dot(w, S_op, input_precision=PREC)                 # V' = U - W S0
     o = tl.dot(qg, S_op, input_precision=PREC)                        # (q exp(G)) S0
@@ -567,28 +551,6 @@ def _scan_step(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, S, h, c
              o.to(out_ptr.dtype.element_ty), mask=(rows < T)[:, None] & mask_v[None, :])
     # S1 = exp(G_C) S0 + (k exp(G_C - G))^T V'
     return tl.dot(tl.trans(kd), v_new.to(kd.dtype), S * tl.exp(G_last), input_precision=PREC)
-
-
-@triton.jit
-def _scan_step_t(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, St, h, c, i, offs_k, offs_v, mask_k,
-                 mask_v, T, Tp, Dk, Dv, stride_ot, stride_oh, BT: tl.constexpr, PREC: tl.constexpr):
-    """_scan_step on the state's transpose St = S^T [BV, Dk] (SCAN_TRANSPOSED): every product takes the state or
-    V'^T, which the step computes, as its left operand, and a tile the pipeline loaded as its right one (read
-    transposed where the math needs it). On Hopper a left operand can stay in registers, a right one is read from
-    shared memory, so the state and V' no longer go through shared memory on the chain; the state's update also
-    comes before the output's products, which are off the chain."""
-    w, u, qg, aqk, kd, G_last = _chunk_tiles(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, h, c, i, offs_k,
-                                             offs_v, mask_k, mask_v, Tp, Dk, Dv, BT)
-    St_op = St.to(w.dtype)
-    vt = tl.trans(u).to(tl.float32) - tl.dot(St_op, tl.trans(w), input_precision=PREC)      # V'^T = U^T - S0^T W^T
-    vt_op = vt.to(kd.dtype)
-    St1 = tl.dot(vt_op, kd, St * tl.exp(G_last), input_precision=PREC)  # S1^T = exp(G_C) S0^T + V'^T k exp(G_C - G)
-    ot = tl.dot(St_op, tl.trans(qg), input_precision=PREC)                         # (q exp(G) S0)^T
-    ot = tl.dot(vt_op, tl.trans(aqk), ot, input_precision=PREC)                    # + V'^T tril(...)^T
-    rows = (c * BT + i).to(tl.int64)
-    tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_v[None, :],
-             tl.trans(ot).to(out_ptr.dtype.element_ty), mask=(rows < T)[:, None] & mask_v[None, :])
-    return St1
 
 
 # (BV, warps, stages): narrow BV gives more programs, wide BV reads each W, q, k tile fewer times
@@ -602,17 +564,17 @@ _SCAN_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
 # away and the loads, the transposed k tile and the dots are scheduled without the software pipeline) and for
 # T == 1. Every failure seen on the H200 ran such a variant (a fault at T = 1, garbage at T = 64), while the
 # looped kernel was right for 77, 300 and 2048 tokens; now every length runs the looped kernel.
-@_tuned(_SCAN_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK", "TRANSPOSED"], restore=("state_ptr", "ready_ptr"),
-        prune=_prune_bv)
+@_tuned(_SCAN_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK"], restore=("state_ptr", "ready_ptr"), prune=_prune_bv)
 @triton.jit(do_not_specialize=["T", "n_chunks"])
 def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr, state_ptr, out_ptr,
                       T, Tp, n_chunks, Hv, Dk, Dv, stride_sh, stride_sk, stride_ot, stride_oh,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                      GROUP: tl.constexpr, USE_PDL: tl.constexpr = False, TRANSPOSED: tl.constexpr = False):
+                      GROUP: tl.constexpr, USE_PDL: tl.constexpr = False):
     # Under PDL the scan starts once every prep program has started, not once they have all finished. So there
     # is no gdc_wait here (everything before the prep is complete by then: each prep program waited for it);
-    # the scan waits for the prep's chunks through the `ready` counters instead, and runs beside the prep's last
-    # programs. Without PDL (and under the interpreter) the prep has finished and the counters are already full.
+    # the scan waits for the prep's chunks through the `ready` counters instead, and runs beside the prep (its
+    # last programs; all of it with PREP_PERSISTENT). Without PDL (and under the interpreter) the prep has
+    # finished and the counters are already full.
     if USE_PDL:
         gdc_launch_dependents()
     h = tl.program_id(0)
@@ -620,12 +582,8 @@ def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr
     offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
     mask_k = offs_k < Dk
     mask_v = offs_v < Dv
-    if TRANSPOSED:   # S^T [BV, Dk]
-        s_ptrs = state_ptr + h * stride_sh + offs_k[None, :] * stride_sk + offs_v[:, None]
-        s_mask = mask_k[None, :] & mask_v[:, None]
-    else:            # S [Dk, BV]
-        s_ptrs = state_ptr + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
-        s_mask = mask_k[:, None] & mask_v[None, :]
+    s_ptrs = state_ptr + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
+    s_mask = mask_k[:, None] & mask_v[None, :]
     S = tl.load(s_ptrs, mask=s_mask, other=0.0)
     i = tl.arange(0, BT)
     counters = ready_ptr + h * (Tp // BT + 1)   # [programs done, chunks ready in group 0, in group 1, ...]
@@ -639,12 +597,8 @@ def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr
         # while this chunk's matmuls run; only the step's state update depends on the previous chunk. (A wait
         # inside this loop would keep the pipeline from issuing any load before it.)
         for c in range(c0, c1):
-            if TRANSPOSED:
-                S = _scan_step_t(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, S, h, c, i, offs_k,
-                                 offs_v, mask_k, mask_v, T, Tp, Dk, Dv, stride_ot, stride_oh, BT, PREC)
-            else:
-                S = _scan_step(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, S, h, c, i, offs_k, offs_v,
-                               mask_k, mask_v, T, Tp, Dk, Dv, stride_ot, stride_oh, BT, PREC)
+            S = _scan_step(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, out_ptr, S, h, c, i, offs_k, offs_v,
+                           mask_k, mask_v, T, Tp, Dk, Dv, stride_ot, stride_oh, BT, PREC)
     tl.store(s_ptrs, S, mask=s_mask)
     # the last of the head's Dv / BV programs to finish clears its counters for the next call (every program of
     # the head has passed every wait by then)
@@ -1009,15 +963,18 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
     programs = _prep_programs(Hv, n_chunks, Dv, q.device)
     if programs is None:
         _launch(chunk_prep_kernel, (Hv, n_chunks), prep_args, prep_meta, dict(num_warps=4))
-    else:  # the 4-warp config, whose programs per SM the count assumes (the autotuner would time it alone)
-        fn = chunk_prep_kernel.fn if isinstance(chunk_prep_kernel, triton.runtime.Autotuner) else chunk_prep_kernel
-        fn[(programs,)](*prep_args, **prep_meta, PERSIST=True, num_warps=4, num_stages=1)
+    else:
+        # not autotuned: the count assumes the 4-warp config's programs per SM, and the autotuner, timing the prep
+        # alone, could pick 8 warps (one program per SM) and leave programs waiting for room (force_config still
+        # applies: the tests run every config this way too)
+        with contextlib.nullcontext() if "chunk_prep_kernel" in _FORCED else force_config(
+                "chunk_prep_kernel", _PREP_CONFIGS[0]):
+            _launch(chunk_prep_kernel, (programs,), prep_args, dict(prep_meta, PERSIST=True), dict(num_warps=4))
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
     _launch(chunk_scan_kernel, grid, (
         ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, state, out, T, Tw, n_chunks, Hv, Dk, Dv,
         state.stride(0), state.stride(1), out.stride(0), out.stride(1)),
-        dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=SCAN_GROUP, TRANSPOSED=SCAN_TRANSPOSED,
-             **(pdl_options(q.device) if SCAN_BESIDE_PREP else {})),
+        dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=SCAN_GROUP, **(pdl_options(q.device) if SCAN_BESIDE_PREP else {})),
         dict(BV=min(32, BDV), num_warps=4))
     return out
 
