@@ -217,23 +217,42 @@ def test_persistent_prep_leaves_one_slot_per_scan_program(monkeypatch):
     assert deltanet._prep_programs(16, 32, 128, device) is None
 
 
-@pytest.mark.gpu
-def test_gpu_persistent_prep_beside_the_scan(rt, gen, monkeypatch):
-    """PREP_PERSISTENT at the model's shapes (2048 tokens, bf16): under PDL its scan starts beside the whole prep.
-    Two prompts alternate through one workspace; every call must equal bit for bit the same persistent prep
-    without PDL (the scan after it: a chunk read too early would show), and the grid's prep within bf16 rounding."""
+def _two_prompts_through_one_workspace(rt, gen, T=2048):
+    """Two deltanet_chunked prompts at Qwen3.5-0.8B's shapes sharing one workspace: run(i) runs prompt i from its
+    starting state -> (output, final state). Alternated, a chunk the scan reads before its prep wrote it holds the
+    other prompt's values."""
     Hk = Hv = QWEN35_0_8B.linear_num_value_heads
     Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
-    cases = [_fused_gates_case(2048, Hk, Hv, Dk, Dv, gen, rt)[0] for _ in range(2)]
-    ws = deltanet.chunk_workspace(2048, Hv, Dk, Dv, rt.dtype, rt.device)
+    cases = [_fused_gates_case(T, Hk, Hv, Dk, Dv, gen, rt)[0] for _ in range(2)]
+    ws = deltanet.chunk_workspace(T, Hv, Dk, Dv, rt.dtype, rt.device)
     start = [c["state"].clone() for c in cases]
 
     def run(i):
         cases[i]["state"].copy_(start[i])
         return deltanet_chunked(**cases[i], workspace=ws).clone(), cases[i]["state"].clone()
+    return run
 
+
+def _alternate_under_pdl(run, want, monkeypatch, calls=20):
+    """Alternate the two prompts `calls` times with PDL on: each must equal `want` (the same calls without PDL)
+    bit for bit."""
+    monkeypatch.setenv("QWEN_LAB_PDL", "1")
+    for rep in range(calls):
+        i = rep % 2
+        o, state = run(i)
+        assert torch.equal(o, want[i][0]) and torch.equal(state, want[i][1]), (
+            f"call {rep} (prompt {i}) differs from the same call without PDL: the scan read a chunk too early")
+
+
+@pytest.mark.gpu
+def test_gpu_persistent_prep_beside_the_scan(rt, gen, monkeypatch):
+    """PREP_PERSISTENT at the model's shapes (2048 tokens, bf16): under PDL its scan starts beside the whole prep.
+    Two prompts alternate through one workspace; every call must equal bit for bit the same persistent prep
+    without PDL (the scan after it: a chunk read too early would show), and the grid's prep within bf16 rounding."""
+    run = _two_prompts_through_one_workspace(rt, gen)
     monkeypatch.setattr(deltanet, "PREP_PERSISTENT", False)
     grid = [run(0), run(1)]
+    Hv, Dv = QWEN35_0_8B.linear_num_value_heads, QWEN35_0_8B.linear_value_head_dim
     programs = deltanet.PREP_PROGRAMS_PER_SM * deltanet.gemm.sm_count(rt.device) - Hv * Dv // 32
     monkeypatch.setattr(deltanet, "PREP_PERSISTENT", programs)   # an int: the same count with PDL off
     monkeypatch.setenv("QWEN_LAB_PDL", "0")
@@ -241,12 +260,7 @@ def test_gpu_persistent_prep_beside_the_scan(rt, gen, monkeypatch):
     for i in range(2):
         _close(f"prompt {i}: o, persistent prep against the grid", want[i][0], grid[i][0])
         _close(f"prompt {i}: final state, persistent prep against the grid", want[i][1], grid[i][1])
-    monkeypatch.setenv("QWEN_LAB_PDL", "1")
-    for rep in range(20):
-        i = rep % 2
-        o, state = run(i)
-        assert torch.equal(o, want[i][0]) and torch.equal(state, want[i][1]), (
-            f"call {rep} (prompt {i}) differs from the same call without PDL: the scan read a chunk too early")
+    _alternate_under_pdl(run, want, monkeypatch)
 
 
 def test_scan_counters_are_not_inference_tensors(rt, monkeypatch):
@@ -262,28 +276,14 @@ def test_scan_counters_are_not_inference_tensors(rt, monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_scan_beside_the_prep_reads_only_finished_chunks(rt, gen, monkeypatch):
-    """Under PDL the scan runs beside the prep's last programs and waits for each group of chunks. Two prompts
-    alternate through one workspace, so a chunk read before its prep wrote it holds the other prompt's values:
-    every output must equal, bit for bit, the same call without PDL (no overlap)."""
-    Hk = Hv = QWEN35_0_8B.linear_num_value_heads
-    Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
-    T = 2048
-    cases = [_fused_gates_case(T, Hk, Hv, Dk, Dv, gen, rt)[0] for _ in range(2)]
-    ws = deltanet.chunk_workspace(T, Hv, Dk, Dv, rt.dtype, rt.device)
-    start = [c["state"].clone() for c in cases]
-
-    def run(i):
-        cases[i]["state"].copy_(start[i])
-        return deltanet_chunked(**cases[i], workspace=ws).clone(), cases[i]["state"].clone()
-
+    """Under PDL the scan runs beside the prep (the grid's last programs; the persistent prep's, the default, all of
+    them) and waits for each group of chunks. Two prompts alternate through one workspace, so a chunk read before
+    its prep wrote it holds the other prompt's values: every output must equal, bit for bit, the same call without
+    PDL (no overlap; the grid's prep, the same arithmetic)."""
+    run = _two_prompts_through_one_workspace(rt, gen)
     monkeypatch.setenv("QWEN_LAB_PDL", "0")
     want = [run(0), run(1)]
-    monkeypatch.setenv("QWEN_LAB_PDL", "1")
-    for rep in range(20):
-        i = rep % 2
-        o, state = run(i)
-        assert torch.equal(o, want[i][0]) and torch.equal(state, want[i][1]), (
-            f"call {rep} (prompt {i}) differs from the same call without PDL: the scan read a chunk too early")
+    _alternate_under_pdl(run, want, monkeypatch)
 
 
 def _hf_inputs(d, rep):
