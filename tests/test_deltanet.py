@@ -196,18 +196,21 @@ def test_persistent_prep_every_gpu_config_guarded(i, rt, gen, monkeypatch):
 
 def test_persistent_prep_leaves_one_slot_per_scan_program(monkeypatch):
     """PREP_PERSISTENT = True sizes the prep from the GPU: two programs per SM less one per scan program (at the
-    scan's narrowest value block, 32 columns), never more than the items; the grid where that leaves fewer
-    programs than SMs, where the scan does not run beside the prep (no PDL, or the interpreter), or the switch is
-    off."""
+    scan's narrowest value block, 32 columns), never more than the items, at any prompt length; the grid where
+    those programs would publish chunks slower than the scan reads them (the larger Qwen3.5s' 32 and 48 value
+    heads), where the scan does not run beside the prep (no PDL, or the interpreter), or where the switch is off."""
     device = torch.device("cuda", 0)
     monkeypatch.setattr(deltanet, "INTERPRET", False)
     monkeypatch.setattr(deltanet.gemm, "sm_count", lambda dev: 132)
     monkeypatch.setattr(deltanet, "pdl_options", lambda dev: {"USE_PDL": True, "launch_pdl": True})
     monkeypatch.setattr(deltanet, "PREP_PERSISTENT", True)
     assert deltanet._prep_programs(16, 32, 128, device) == 2 * 132 - 16 * 4   # Qwen3.5-0.8B at 2048 tokens
-    assert deltanet._prep_programs(16, 5, 128, device) == 16 * 5             # fewer items than slots
-    assert deltanet._prep_programs(32, 32, 128, device) == 2 * 132 - 32 * 4   # one program per SM still
-    assert deltanet._prep_programs(48, 32, 128, device) is None              # fewer than one per SM: the grid
+    assert deltanet._prep_programs(16, 128, 128, device) == 200              # 8192 tokens: as many programs
+    assert deltanet._prep_programs(16, 5, 128, device) == 16 * 5             # fewer items than programs
+    assert deltanet._prep_programs(32, 32, 128, device) is None              # 136 programs for 32 heads
+    assert deltanet._prep_programs(48, 32, 128, device) is None              # 72 programs for 48 heads
+    monkeypatch.setattr(deltanet.gemm, "sm_count", lambda dev: 114)           # an H100 PCIe: 164 programs
+    assert deltanet._prep_programs(16, 32, 128, device) == 2 * 114 - 16 * 4
     monkeypatch.setattr(deltanet, "SCAN_BESIDE_PREP", False)
     assert deltanet._prep_programs(16, 32, 128, device) is None
     monkeypatch.setattr(deltanet, "SCAN_BESIDE_PREP", True)

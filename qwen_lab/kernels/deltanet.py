@@ -98,6 +98,10 @@ PREP_PERSISTENT: bool | int = True
 # registers of an SM (sm_90, tests/sm90_compile.py); 32 KB of shared memory each, so one prep program and one scan
 # program (up to 188 KB) share an SM's 228 KB.
 PREP_PROGRAMS_PER_SM = 2
+# A prep program spends about as long on one (head, chunk) item as the scan on this many chunk steps (on the H200,
+# ~19 us at two programs per SM against ~2 us a step): the persistent prep keeps ahead of the scan with at least
+# this many programs per value head.
+PREP_ITEM_SCAN_STEPS = 10
 
 
 _CONFIGS = {}   # kernel name -> (its GPU autotuning configs, their pruning function)
@@ -901,19 +905,22 @@ def deltanet_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch
 
 
 def _prep_programs(Hv: int, n_chunks: int, Dv: int, device) -> int | None:
-    """The persistent prep's number of programs (PREP_PERSISTENT), or None for the grid (Hv, chunks). On a GPU it
-    only pays where the scan is launched beside the prep (PDL): every SM slot but one per scan program (the scan's
-    most, at BV = 32), and never more programs than items. Where that leaves fewer programs than SMs (a model with
-    three times the 0.8B's value heads), the prep would lose more than the scan gains: the grid again."""
+    """The persistent prep's number of programs (PREP_PERSISTENT), or None for the grid (Hv, chunks).
+
+    On a GPU it only pays where the scan is launched beside the prep (PDL): every SM slot but one per scan program
+    (the scan's most, at BV = 32), never more programs than items. With P programs the prep publishes P / Hv chunks
+    of every head per PREP_ITEM_SCAN_STEPS scan steps; where that is less than one chunk per step (the larger
+    Qwen3.5s' 32 or 48 value heads leave 136 or 72 programs), the scan would wait on the prep, which then runs at a
+    fraction of the grid's rate: the grid again."""
     if PREP_PERSISTENT is False:
         return None
+    items = Hv * n_chunks
     if PREP_PERSISTENT is True:
         if INTERPRET or not (SCAN_BESIDE_PREP and pdl_options(device)):
             return None
-        sms = gemm.sm_count(device)
-        slots = PREP_PROGRAMS_PER_SM * sms - Hv * triton.cdiv(Dv, 32)
-        return min(Hv * n_chunks, slots) if slots >= sms else None
-    return max(1, min(Hv * n_chunks, int(PREP_PERSISTENT)))
+        programs = PREP_PROGRAMS_PER_SM * gemm.sm_count(device) - Hv * triton.cdiv(Dv, 32)
+        return min(items, programs) if programs >= PREP_ITEM_SCAN_STEPS * Hv else None
+    return max(1, min(items, int(PREP_PERSISTENT)))
 
 
 def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused):
