@@ -11,7 +11,8 @@ resident from the start and 64 SMs keep room for one scan program each: the scan
 the first group on (docs/perf-log.md, session 24: 91.0 -> 84.8 us per layer).
 
 1. `deltanet_chunked` at Qwen3.5-0.8B's shapes, 18 calls (one per DeltaNet layer) in one CUDA Graph, each way,
-   alternated twice; the outputs and final states compared (the same arithmetic: equal bit for bit).
+   alternated twice; the outputs and final states compared (the same arithmetic: equal bit for bit). Then, with
+   the persistent prep, the scan waiting per group of 4 chunks instead of 8 (deltanet.SCAN_GROUP).
 2. The whole model's prefill and decode step (random weights of the real shapes), as `python -m qwen_lab.bench`
    times its triton + cuda-graph row, five rounds alternated; then the last position's logits of a --tokens
    prompt both ways against transformers in float32 on the same weights.
@@ -38,6 +39,16 @@ def main() -> int:
     print(f"{label} against the grid: output relative error {checks.relative_error(o_on, o_off):.2e}, final state "
           f"{checks.relative_error(s_on, s_off):.2e}", flush=True)
     switch(True)
+
+    # With the persistent prep, chunks come out in rounds of P programs (200 items, 12.5 chunks of the 0.8B's 16
+    # heads, one round per ~19 us), while the scan waits per group of SCAN_GROUP chunks: at 8, its second group
+    # (chunks 8-15) needs the second round, which may end after the scan is ready for it. Groups of 4 wait for
+    # fewer chunks at a time, at the cost of more boundaries where the scan's software pipeline restarts.
+    def groups_of_4(on: bool) -> None:
+        deltanet.SCAN_GROUP = 4 if on else 8
+
+    deltanet_layers_ab(groups_of_4, "scan groups of 4 chunks (not 8)", args.tokens)
+    groups_of_4(False)
     if args.no_model:
         return 0
 

@@ -160,6 +160,23 @@ def test_chunked_leaves_the_scan_counters_at_zero(rt, gen):
         assert not left, f"the scan left counters {left} non-zero"
 
 
+@pytest.mark.parametrize("group", [1, 3, 4])
+def test_scan_group_size_changes_only_the_polling(group, rt, gen, monkeypatch):
+    """SCAN_GROUP (chunks per counter the scan polls) changes when the scan may go on, not what it computes: the
+    same output and final state bit for bit as groups of 8, with ten chunks (a last group cut short) and every
+    counter left at zero."""
+    T = 9 * 64 + 5
+    d = _delta_inputs(T, 1, 2, 64, 64, gen, rt.dtype, rt.device)
+    start = d["state"].clone()
+    runs = {}
+    for size in (8, group):
+        monkeypatch.setattr(deltanet, "SCAN_GROUP", size)
+        d["state"].copy_(start)
+        runs[size] = delta_rule_chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"]), d["state"].clone()
+    assert torch.equal(runs[group][0], runs[8][0]) and torch.equal(runs[group][1], runs[8][1])
+    assert not deltanet._tickets(rt.device, 1).nonzero().numel(), f"groups of {group} left counters non-zero"
+
+
 @pytest.mark.parametrize("programs", [1, 3, 7, 1000])
 @pytest.mark.parametrize("T, Hk, Hv, Dk, Dv", [(300, 1, 2, 64, 64), (70, 1, 3, 24, 40), (1, 1, 2, 64, 64)])
 def test_persistent_prep_equals_the_grid(programs, T, Hk, Hv, Dk, Dv, rt, gen, monkeypatch):
