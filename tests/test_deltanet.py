@@ -211,7 +211,7 @@ def test_persistent_prep_every_gpu_config_guarded(i, rt, gen, monkeypatch):
         _run_guarded(fn, (300, 1, 2, 64, 64), gen, rt, forced=(("chunk_prep_kernel", c),))
 
 
-def test_persistent_prep_leaves_one_slot_per_scan_program(monkeypatch):
+def test_persistent_prep_program_count(monkeypatch):
     """PREP_PERSISTENT = True sizes the prep from the GPU: two programs per SM less one per scan program (at the
     scan's narrowest value block, 32 columns), never more than the items, at any prompt length; the grid where
     those programs would publish chunks slower than the scan reads them (the larger Qwen3.5s' 32 and 48 value

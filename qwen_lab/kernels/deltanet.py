@@ -144,11 +144,13 @@ def force_config(kernel: str, config: "triton.Config"):
             _FORCED[kernel] = previous
 
 
-def _launch(kernel, grid, args, kwargs, interpreter_meta):
+def _launch(kernel, grid, args, kwargs, interpreter_meta, untuned: "triton.Config | None" = None):
     """kernel[grid](*args, **kwargs) plus the meta-parameters of this mode: the autotuner's on a GPU,
-    `interpreter_meta` under the interpreter, or the config of `force_config` in either."""
+    `interpreter_meta` under the interpreter, or the config of `force_config` in either. `untuned`: a config to
+    run in place of the autotuner's (and of `interpreter_meta`), where the launch depends on it; `force_config`
+    still wins."""
     fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
-    config = _FORCED.get(fn.fn.__name__)
+    config = _FORCED.get(fn.fn.__name__, untuned)
     if config is not None:
         meta = dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
         if callable(grid):
@@ -972,11 +974,9 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
         _launch(chunk_prep_kernel, (Hv, n_chunks), prep_args, prep_meta, dict(num_warps=4))
     else:
         # not autotuned: the count assumes the 4-warp config's programs per SM, and the autotuner, timing the prep
-        # alone, could pick 8 warps (one program per SM) and leave programs waiting for room (force_config still
-        # applies: the tests run every config this way too)
-        with contextlib.nullcontext() if "chunk_prep_kernel" in _FORCED else force_config(
-                "chunk_prep_kernel", _PREP_CONFIGS[0]):
-            _launch(chunk_prep_kernel, (programs,), prep_args, dict(prep_meta, PERSIST=True), dict(num_warps=4))
+        # alone, could pick 8 warps (one program per SM) and leave programs waiting for room
+        _launch(chunk_prep_kernel, (programs,), prep_args, dict(prep_meta, PERSIST=True), {},
+                untuned=_PREP_CONFIGS[0])
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
     _launch(chunk_scan_kernel, grid, (
         ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, state, out, T, Tw, n_chunks, Hv, Dk, Dv,
