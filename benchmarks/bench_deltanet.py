@@ -66,20 +66,22 @@ def tuner_report(kernel) -> dict:
                 timings_ms={str(c): (t[0] if isinstance(t, (list, tuple)) else t) for c, t in timings.items()})
 
 
-def layer_inputs(T, gen):
-    """What a DeltaNet layer's kernels receive: views of the in-projection / conv output, gates, a state."""
-    proj = torch.randn(T, C.linear_in_proj_dim, generator=gen, device=DEVICE).to(DTYPE)
-    conv_out = torch.nn.functional.silu(torch.randn(T, CONV_DIM, generator=gen, device=DEVICE)).to(DTYPE)
+def layer_inputs(T, gen, hv: int = HV):
+    """What a DeltaNet layer's kernels receive: views of the in-projection / conv output, gates, a state. `hv`
+    value heads against the 0.8B's key heads and head sizes (the larger Qwen3.5s have 32 or 48 against 16)."""
+    conv_dim = 2 * HK * DK + hv * DV                      # q, k, v channels (the 0.8B's linear_conv_dim at hv = HV)
+    proj = torch.randn(T, conv_dim + hv * DV + 2 * hv, generator=gen, device=DEVICE).to(DTYPE)  # + z, b, a
+    conv_out = torch.nn.functional.silu(torch.randn(T, conv_dim, generator=gen, device=DEVICE)).to(DTYPE)
     kd = HK * DK
     q = conv_out[:, :kd].unflatten(1, (HK, DK))
     k = conv_out[:, kd:2 * kd].unflatten(1, (HK, DK))
-    v = conv_out[:, 2 * kd:].unflatten(1, (HV, DV))
-    b = proj[:, CONV_DIM + HV * DV:CONV_DIM + HV * DV + HV]
-    a = proj[:, CONV_DIM + HV * DV + HV:]
-    A_log = torch.empty(HV, device=DEVICE).uniform_(0.05, 4.0, generator=gen).log()
-    dt_bias = torch.randn(HV, generator=gen, device=DEVICE) - 1.0
+    v = conv_out[:, 2 * kd:].unflatten(1, (hv, DV))
+    b = proj[:, conv_dim + hv * DV:conv_dim + hv * DV + hv]
+    a = proj[:, conv_dim + hv * DV + hv:]
+    A_log = torch.empty(hv, device=DEVICE).uniform_(0.05, 4.0, generator=gen).log()
+    dt_bias = torch.randn(hv, generator=gen, device=DEVICE) - 1.0
     g, beta = reference.deltanet_gates(a, b, A_log, dt_bias)
-    state = torch.randn(HV, DK, DV, generator=gen, device=DEVICE) * 0.5
+    state = torch.randn(hv, DK, DV, generator=gen, device=DEVICE) * 0.5
     return dict(proj=proj, q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, g=g, beta=beta, state=state)
 
 

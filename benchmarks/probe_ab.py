@@ -50,17 +50,18 @@ def model_ab(switch, label: str, tokens: int, rounds: int = 2, metric: str = "pr
     return faster
 
 
-def deltanet_layer_calls(tokens: int):
-    """`deltanet_chunked` at Qwen3.5-0.8B's shapes, one call per DeltaNet layer (each with its own state and
-    output, all through one workspace), on a prompt of `tokens`: -> (calls, states, outputs)."""
+def deltanet_layer_calls(tokens: int, value_heads: int | None = None):
+    """`deltanet_chunked` at Qwen3.5-0.8B's shapes (or with `value_heads` value heads, as the larger Qwen3.5s
+    have), one call per DeltaNet layer (each with its own state and output, all through one workspace), on a
+    prompt of `tokens`: -> (calls, states, outputs)."""
     from bench_deltanet import layer_inputs  # a DeltaNet layer's inputs at 0.8B's shapes, as the model passes them
 
     from qwen_lab.config import QWEN35_0_8B as cfg
     from qwen_lab.kernels import deltanet
 
-    H, D = cfg.linear_num_value_heads, cfg.linear_key_head_dim
+    H, D = value_heads or cfg.linear_num_value_heads, cfg.linear_key_head_dim
     dev, bf = "cuda", torch.bfloat16
-    d = layer_inputs(tokens, torch.Generator(device=dev).manual_seed(0))
+    d = layer_inputs(tokens, torch.Generator(device=dev).manual_seed(0), H)
     q, k, v, a, b, A_log, dt_bias = (d[n] for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias"))
     states = [d["state"].clone() for _ in range(cfg.num_linear_layers)]
     outs = [torch.empty(tokens, H, D, device=dev, dtype=bf) for _ in states]
@@ -70,14 +71,14 @@ def deltanet_layer_calls(tokens: int):
     return calls, states, outs
 
 
-def deltanet_layers_ab(switch, label: str, tokens: int, rounds: int = 2) -> dict:
-    """The DeltaNet layers' calls (deltanet_layer_calls) captured in one CUDA Graph, with switch(False) and
-    switch(True), `rounds` times each, alternated; prints the us per call of each run and returns
+def deltanet_layers_ab(switch, label: str, tokens: int, rounds: int = 2, value_heads: int | None = None) -> dict:
+    """The DeltaNet layers' calls (deltanet_layer_calls, with `value_heads`) captured in one CUDA Graph, with
+    switch(False) and switch(True), `rounds` times each, alternated; prints the us per call of each run and returns
     {on: [(us, the first call's output, its final state), ...]} (each run from the same states)."""
     from qwen_lab.kernels import graph_time_us
 
-    calls, states, outs = deltanet_layer_calls(tokens)
-    layers = len(calls)
+    calls, states, outs = deltanet_layer_calls(tokens, value_heads)
+    layers, heads = len(calls), outs[0].shape[1]
     results = {}
     for on in (False, True) * rounds:
         switch(on)
@@ -90,8 +91,8 @@ def deltanet_layers_ab(switch, label: str, tokens: int, rounds: int = 2) -> dict
         results.setdefault(on, []).append((us, outs[0].clone(), states[0].clone()))
         for s, s0 in zip(states, start):
             s.copy_(s0)
-        print(f"deltanet_chunked, T={tokens}, {layers} calls in a graph, {label}={on}: {us:.2f} us per call",
-              flush=True)
+        print(f"deltanet_chunked, T={tokens}, Hv={heads}, {layers} calls in a graph, {label}={on}: {us:.2f} us per "
+              "call", flush=True)
     return results
 
 
