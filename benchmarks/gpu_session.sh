@@ -76,7 +76,8 @@ if want experiments; then
   # in the model, taken out), probe_last_query.py (faster on: kept), the scan in segments (level at best, taken
   # out; probe_scan_breakdown.py times the prep and the scan apart), the scan carrying S^T (slower, taken out).)
   # the chunk prep as a fixed number of programs (deltanet.PREP_PERSISTENT, on) against the grid: kernel, model,
-  # logits (PROBE_ARGS=--no-model times the kernels only)
+  # logits (PROBE_ARGS=--no-model times the kernels only); settled too (session 25: scan groups of 4 chunks slower
+  # than 8; probe_prep_heads.py: at 32 and 48 value heads the grid is faster, as the rule picks)
   timeout ${PROBE_TIMEOUT:-420} python3 benchmarks/probe_prep_persistent.py ${PROBE_ARGS:-} 2>&1 | grep -v "falling back" | tee "$OUT/probe_prep_persistent.txt"
 fi
 if want scanprobes; then
