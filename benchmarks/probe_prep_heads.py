@@ -25,7 +25,7 @@ def main() -> int:
 
     from qwen_lab import checks
     from qwen_lab.config import QWEN35_0_8B as cfg
-    from qwen_lab.kernels import deltanet, gemm
+    from qwen_lab.kernels import deltanet
 
     dev = torch.device("cuda")
     Dv = cfg.linear_value_head_dim
@@ -33,7 +33,12 @@ def main() -> int:
     for hv in args.heads:
         deltanet.PREP_PERSISTENT = True
         rule = deltanet._prep_programs(hv, n_chunks, Dv, dev)
-        programs = deltanet.PREP_PROGRAMS_PER_SM * gemm.sm_count(dev) - hv * triton.cdiv(Dv, 32)
+        # the count the rule weighs, from the library itself: its threshold lifted
+        steps, deltanet.PREP_ITEM_SCAN_STEPS = deltanet.PREP_ITEM_SCAN_STEPS, 0
+        try:
+            programs = deltanet._prep_programs(hv, n_chunks, Dv, dev) or 0
+        finally:
+            deltanet.PREP_ITEM_SCAN_STEPS = steps
         print(f"Hv={hv}: {programs} programs beside the scan's {hv * triton.cdiv(Dv, 32)}; the rule picks "
               f"{'the grid' if rule is None else f'{rule} persistent programs'}", flush=True)
         if programs < 1:
