@@ -26,6 +26,9 @@ sys.path.insert(0, ROOT)
 TARGET = GPUTarget("cuda", 90, 32)
 # dynamic shared memory one program may use on sm_90 (227 KB)
 SHARED_LIMIT = 232448
+# A T4 (Colab's free GPU): sm_75, 64 KB per program, fp16 (no bf16 below sm_80), no programmatic dependent launch
+T4 = GPUTarget("cuda", 75, 32)
+T4_SHARED_LIMIT = 65536
 
 
 def _jit(fn):
@@ -35,10 +38,13 @@ def _jit(fn):
 
 
 def compile_case(fn, constexprs: dict, types: dict | None = None, warps: int = 4, stages: int = 1,
-                 ptx_check=None) -> dict:
-    """Compile `fn` for sm_90: arguments ending in _ptr are bf16 pointers and the others int32 unless `types` says
-    otherwise; pointers and integer sizes/strides are taken as multiples of 16 (as Triton specialises them for
-    the model's shapes). ptx_check(ptx) -> dict adds what it finds in the generated PTX to the result."""
+                 ptx_check=None, target=None) -> dict:
+    """Compile `fn` for sm_90 (or `target`): arguments ending in _ptr are bf16 pointers (fp16 below sm_80) and the
+    others int32 unless `types` says otherwise; pointers and integer sizes/strides are taken as multiples of 16 (as
+    Triton specialises them for the model's shapes). ptx_check(ptx) -> dict adds what it finds in the generated PTX
+    to the result."""
+    target = target or TARGET
+    model_ptr = "*bf16" if target.arch >= 80 else "*fp16"
     fn = _jit(fn)
     types = types or {}
     # A constexpr the case leaves out takes its default, as a launch does; one left out and not marked constexpr
@@ -56,10 +62,10 @@ def compile_case(fn, constexprs: dict, types: dict | None = None, warps: int = 4
         if name in constexprs:
             sig[name] = "constexpr"
             continue
-        sig[name] = types.get(name, "*bf16" if name.endswith("_ptr") else "i32")
+        sig[name] = types.get(name, model_ptr if name.endswith("_ptr") else "i32")
         if sig[name].startswith("*") or sig[name] == "i32":
             attrs[(i,)] = [["tt.divisibility", 16]]
-    kernel = triton.compile(ASTSource(fn, sig, constexprs=constexprs, attrs=attrs), target=TARGET,
+    kernel = triton.compile(ASTSource(fn, sig, constexprs=constexprs, attrs=attrs), target=target,
                             options={"num_warps": warps, "num_stages": stages})
     return {"shared": kernel.metadata.shared, **(ptx_check(kernel.asm["ptx"]) if ptx_check else {})}
 
@@ -181,6 +187,21 @@ def cases():
         out.append((f"flash_decode_split PREP {c}", lambda meta=meta, c=c: compile_case(
             attention.flash_decode_split_kernel, meta,
             dict(attn_types, ws_ptr="*fp32", inv_freq_ptr="*fp32", eps="fp32"), c.num_warps, c.num_stages)))
+    # A T4: the small prefill tiles offered where shared memory is short, and the decode tiles (the autotuner skips
+    # whichever do not fit), for an fp16 model without PDL
+    t4_prec = dot_precision(torch.float16)
+    for c in attention._SMALL_SMEM_PREFILL_CONFIGS:
+        meta = dict(c.kwargs, G=G, GP=triton.next_power_of_2(G), D=D, BLOCK_D=triton.next_power_of_2(D),
+                    HAS_GATE=True, DOT_PREC=t4_prec, USE_PDL=False, k_desc=None, v_desc=None)
+        out.append((f"flash_attention sm_75 {c}", lambda meta=meta, c=c: compile_case(
+            attention.flash_attention_kernel, meta, attn_types, c.num_warps, c.num_stages, target=T4)))
+    for c in attention._DECODE_CONFIGS:
+        meta = dict(c.kwargs, G=G, ROWS=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
+                    NUM_SPLITS=8, DOT_PREC=t4_prec, USE_PDL=False, PREP=True, HALF=C.rotary_dim // 2)
+        out.append((f"flash_decode_split sm_75 PREP {c}", lambda meta=meta, c=c: compile_case(
+            attention.flash_decode_split_kernel, meta,
+            dict(attn_types, ws_ptr="*fp32", inv_freq_ptr="*fp32", eps="fp32"), c.num_warps, c.num_stages,
+            target=T4)))
     rope_meta = dict(D=D, HALF=C.rotary_dim // 2, BLOCK_H=triton.next_power_of_2(C.num_attention_heads),
                      BLOCK_D=triton.next_power_of_2(D), USE_PDL=True)
     out.append(("qk_norm_rope_cache", lambda: compile_case(

@@ -56,7 +56,7 @@ def test_prefill_attention_matches_reference(rt, gen, T, Hq, Hkv, D, L, offset):
 def _prefill_configs():
     """The GPU autotuner's prefill configs, pointer and TMA loads; under the interpreter (which ignores warps and
     stages) one per set of block sizes."""
-    configs = A._PREFILL_CONFIGS + A._PREFILL_TMA_CONFIGS
+    configs = A._PREFILL_CONFIGS + A._PREFILL_TMA_CONFIGS + A._SMALL_SMEM_PREFILL_CONFIGS
     if A.runtime.interpreter_active():
         configs = list({str(sorted(c.kwargs.items())): c for c in configs}.values())
     return configs
@@ -80,15 +80,30 @@ def test_prefill_every_gpu_config(rt, gen, monkeypatch, config):
     assert len(described) == (2 if config.kwargs.get("TMA") else 0), described
 
 
+def test_prefill_small_tiles_only_on_gpus_with_little_shared_memory(rt, gen, monkeypatch):
+    """The one-stage 32-row tiles are timed only where a program has less than SMALL_SHARED_MEMORY (a T4's 64 KB, an
+    L4's 99 KB), where most of the others do not fit; an A100 or an H100 times the others alone."""
+    small = A._SMALL_SMEM_PREFILL_CONFIGS
+    assert small and all(c.kwargs["BLOCK_M"] == 32 and c.num_stages == 1 for c in small)
+    every = A._PREFILL_CONFIGS + small
+    q = _problem(gen, rt, 7, 4, 2, 32, 40, 0)[0]
+    seen = []
+    for smem, want in ((65536, every), (101376, every), (166912, A._PREFILL_CONFIGS), (232448, A._PREFILL_CONFIGS)):
+        monkeypatch.setattr(A, "max_shared_memory", lambda device, smem=smem: seen.append(device) or smem)
+        assert A._prune_prefill_configs(every, {"q_ptr": q}, TMA_OK=False) == want, f"{smem} bytes per program"
+    assert set(seen) == {q.device}, "the pruning must ask about the GPU the call runs on"
+
+
 def test_prefill_tma_configs_only_where_asked_for_and_allowed(rt, gen, monkeypatch):
     """The TMA configs are timed only for calls that allow them (TMA_OK), which takes QWEN_LAB_ATTN_TMA=1 and an sm_90+
     GPU besides the cache's layout; a forced TMA config (tests, probes) needs only the layout."""
     tma = A._PREFILL_TMA_CONFIGS
     assert tma and all(c.kwargs["TMA"] for c in tma)
     every = A._PREFILL_CONFIGS + tma
-    assert A._prune_prefill_configs(every, {}, TMA_OK=False) == A._PREFILL_CONFIGS
-    assert A._prune_prefill_configs(every, {}, TMA_OK=True) == every
     _, _, k, v, _ = _problem(gen, rt, 7, 4, 2, 32, 40, 0)
+    monkeypatch.setattr(A, "max_shared_memory", lambda device: 232448)   # an H100 / H200
+    assert A._prune_prefill_configs(every, {"q_ptr": k}, TMA_OK=False) == A._PREFILL_CONFIGS
+    assert A._prune_prefill_configs(every, {"q_ptr": k}, TMA_OK=True) == every
     monkeypatch.setenv("QWEN_LAB_ATTN_TMA", "1")
     assert A._kv_tma_ok(k, v, 32) == (rt.device.type == "cuda" and not A.runtime.interpreter_active()
                                       and k.element_size() == 2 and torch.cuda.get_device_capability()[0] >= 9)
@@ -441,7 +456,7 @@ def test_gpu_prefill_every_config_real_shapes(monkeypatch):
     for T in (2048, 300):
         q, gate, k, v, pos = _real(T, T, 0, T + 1)
         ref = reference.sigmoid_gate(reference.attention(q, k, v, pos), gate)
-        for config in A._PREFILL_CONFIGS + A._PREFILL_TMA_CONFIGS:
+        for config in A._PREFILL_CONFIGS + A._PREFILL_TMA_CONFIGS + A._SMALL_SMEM_PREFILL_CONFIGS:
             monkeypatch.setattr(A, "FORCE_PREFILL_CONFIG", config)
             checks.compare(f"flash attention bf16 {config}, T={T}", A.attention(q, k, v, pos, gate=gate), ref)
 

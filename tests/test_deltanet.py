@@ -14,6 +14,7 @@ import time
 
 import pytest
 import torch
+import triton
 
 from qwen_lab import checks, reference, runtime
 from qwen_lab.config import QWEN35_0_8B
@@ -235,6 +236,28 @@ def test_persistent_prep_program_count(monkeypatch):
     assert deltanet._prep_programs(16, 32, 128, device) is None
     monkeypatch.setattr(deltanet, "PREP_PERSISTENT", False)
     assert deltanet._prep_programs(16, 32, 128, device) is None
+
+
+def test_chunked_kernels_tune_per_class_of_prompt_length(rt, gen, monkeypatch):
+    """The prep's and the scan's GPU autotuners key their cache on the prompt's chunk count rounded up to a power of
+    two (N_CLASS), and the launcher passes it: a tuning made on a short prompt (a chat's first turn, a small prefill
+    bucket) must not serve a 2048-token one."""
+    for kernel in ("chunk_prep_kernel", "chunk_scan_kernel"):
+        assert "N_CLASS" in deltanet._KEYS[kernel], f"{kernel}: N_CLASS missing from {deltanet._KEYS[kernel]}"
+    assert [deltanet.chunk_class(n) for n in (1, 2, 3, 5, 32, 33)] == [1, 2, 4, 8, 32, 64]
+    seen = {}
+    launch = deltanet._launch
+
+    def spy(kernel, grid, args, *rest, **kw):
+        fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
+        seen[fn.fn.__name__] = dict(zip(fn.arg_names, args))
+        return launch(kernel, grid, args, *rest, **kw)
+    monkeypatch.setattr(deltanet, "_launch", spy)
+    for T, want in ((150, 4), (64, 1)):
+        d = _delta_inputs(T, 1, 1, 16, 16, gen, rt.dtype, rt.device)
+        delta_rule_chunked(**d)
+        for kernel in ("chunk_prep_kernel", "chunk_scan_kernel"):
+            assert seen[kernel]["N_CLASS"] == want, f"T={T}: {kernel} got N_CLASS={seen[kernel]['N_CLASS']}"
 
 
 def _two_prompts_through_one_workspace(rt, gen, T=2048):
@@ -948,6 +971,24 @@ def test_gpu_chunked_prefill(T, Hv, rt, gen):
     o = delta_rule_chunked(**d)
     _close("o", o, ref)
     _close("state", d["state"], ref_state)
+
+
+@pytest.mark.gpu
+def test_gpu_scan_tunes_a_long_prompt_apart_from_a_short_one(rt, gen):
+    """A short prompt first, then a 2048-token one (Qwen3.5-0.8B's shapes): the scan's autotuner holds a tuning for
+    each length class, and the long prompt is still right."""
+    Hk = Hv = QWEN35_0_8B.linear_num_value_heads
+    Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
+    classes = []
+    for T in (150, 2048):
+        d = _delta_inputs(T, Hk, Hv, Dk, Dv, gen, rt.dtype, rt.device)
+        ref_state = d["state"].clone()
+        ref = reference.delta_rule_chunked(**{**d, "state": ref_state})
+        _close(f"o at T={T}", delta_rule_chunked(**d), ref)
+        classes.append(deltanet.chunk_class(-(-T // 64)))
+    key_at = deltanet.chunk_scan_kernel.keys.index("N_CLASS")
+    tuned = {key[key_at] for key in deltanet.chunk_scan_kernel.cache}
+    assert set(classes) <= tuned, f"the scan's tunings cover chunk classes {sorted(tuned)}, expected {classes}"
 
 
 @pytest.mark.gpu

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "sm90_compile.py")
 SHARED_LIMIT = 232448  # 227 KB of shared memory per program on sm_90
+T4_SHARED_LIMIT = 65536  # 64 KB on a T4 (sm_75)
 
 
 def _run(*args) -> list[dict]:
@@ -40,6 +41,21 @@ def test_every_gpu_config_compiles_for_sm90(results):
             "conv1d_prefill", "notebook"} <= kinds, kinds
     # the GEMM epilogues that split a residual add + RMSNorm between two prompt GEMMs, with the TMA candidates
     assert any("RES_NORM" in r["label"] for r in results) and any("ROW_SCALE" in r["label"] for r in results)
+
+
+def test_a_t4_has_attention_tiles_that_fit(results):
+    """On a T4 (sm_75, 64 KB of shared memory per program; Colab's free GPU) every small prefill tile the autotuner
+    is offered there fits, and so does at least one decode tile: the others (96-192 KB there) fail to launch and
+    the autotuner passes over them."""
+    t4 = [r for r in results if " sm_75 " in r["label"]]
+    failed = [f"{r['label']}: {r['error']}" for r in t4 if not r["ok"]]
+    assert not failed, "\n".join(failed)
+    prefill = [r for r in t4 if r["label"].startswith("flash_attention")]
+    decode = [r for r in t4 if r["label"].startswith("flash_decode_split") and r["shared"] <= T4_SHARED_LIMIT]
+    assert prefill, "no small prefill tile was compiled for sm_75"
+    over = [f"{r['label']}: {r['shared']} bytes" for r in prefill if r["shared"] > T4_SHARED_LIMIT]
+    assert not over, "over a T4's 64 KB per program:\n" + "\n".join(over)
+    assert decode, "no decode tile fits a T4's 64 KB per program"
 
 
 def test_every_gpu_config_fits_the_shared_memory_of_sm90(results):

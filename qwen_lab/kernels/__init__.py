@@ -137,6 +137,22 @@ def _capability(index: int) -> tuple:
     return torch.cuda.get_device_capability(index)
 
 
+def max_shared_memory(device) -> int:
+    """The shared memory one program may use on CUDA `device`, in bytes (227 KB on an H100/H200, 163 KB on an
+    A100, 99 KB on an L4 or an RTX 30/40, 64 KB on a T4)."""
+    import torch
+
+    device = torch.device(device)
+    return _max_shared(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _max_shared(index: int) -> int:
+    from triton.runtime import driver
+
+    return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
+
+
 def env_on(name: str, default: bool) -> bool:
     """Whether the switch `name` (an environment variable) is on: 1, true, yes or on (any case) turn it on, any other
     value off; unset, `default`."""

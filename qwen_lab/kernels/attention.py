@@ -58,7 +58,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import runtime
 from ..errors import KernelError
-from . import dot_precision, env_on, graph_bench, pdl_options, sm90_or_newer
+from . import dot_precision, env_on, graph_bench, max_shared_memory, pdl_options, sm90_or_newer
 from .rope import _check_qk, _check_rotary, _norm_rope_rows, inv_freq_table
 
 LOG2E = 1.4426950408889634
@@ -441,6 +441,15 @@ _PREFILL_CONFIGS = [
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=8, num_stages=2),
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=2),
 ]
+# GPUs with less shared memory per program (a T4: 64 KB; an L4 or an RTX 30/40: 99 KB) than most of the tiles
+# above need (compiled for a T4, sm_75, they take 96-192 KB; tests/test_sm90_compile.py): one-stage tiles of 32
+# query rows, 64 and 48 KB there. Offered to the autotuner only on such GPUs (SMALL_SHARED_MEMORY); on the others
+# it would compile and time them for nothing.
+_SMALL_SMEM_PREFILL_CONFIGS = [
+    triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1),
+    triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1),
+]
+SMALL_SHARED_MEMORY = 128 * 1024
 # The same tiles with K and V fetched by the TMA unit through host tensor descriptors (sm_90+, a cache whose heads
 # sit side by side in 16-byte-aligned rows, D a power of two). Timed by the autotuner only where
 # QWEN_LAB_ATTN_TMA=1 asks for them: on the H200 they measured level with the pointer loads (docs/perf-log.md,
@@ -461,7 +470,7 @@ def _prefill_kernel():
         # of a similar size reuses the tuning instead of re-running it. Timed in a CUDA Graph (graph_bench): in
         # the model a prompt's attention reads the K and V just written, from L2, and do_bench's flushed L2
         # ranked the configurations differently (on the H200 at 2048 tokens it picked one 6% slower in a graph).
-        _tuned["prefill"] = triton.autotune(_PREFILL_CONFIGS + _PREFILL_TMA_CONFIGS,
+        _tuned["prefill"] = triton.autotune(_PREFILL_CONFIGS + _PREFILL_TMA_CONFIGS + _SMALL_SMEM_PREFILL_CONFIGS,
                                             key=["G", "D", "HAS_GATE", "DOT_PREC", "T_BUCKET", "TMA_OK"],
                                             prune_configs_by={"early_config_prune": _prune_prefill_configs},
                                             do_bench=graph_bench)(flash_attention_kernel)
@@ -469,8 +478,11 @@ def _prefill_kernel():
 
 
 def _prune_prefill_configs(configs, named_args, **kwargs):
-    """The TMA configurations only for calls that allow them (TMA_OK)."""
-    return [c for c in configs if kwargs.get("TMA_OK", False) or not c.kwargs.get("TMA", False)]
+    """The TMA configurations only for calls that allow them (TMA_OK); the small tiles only on a GPU with less than
+    SMALL_SHARED_MEMORY per program."""
+    small = max_shared_memory(named_args["q_ptr"].device) < SMALL_SHARED_MEMORY
+    return [c for c in configs if (kwargs.get("TMA_OK", False) or not c.kwargs.get("TMA", False))
+            and (small or not any(c is s for s in _SMALL_SMEM_PREFILL_CONFIGS))]
 
 
 def _kv_tma_ok(k: torch.Tensor, v: torch.Tensor, block_d: int, forced: bool = False) -> bool:

@@ -105,6 +105,7 @@ PREP_ITEM_SCAN_STEPS = 10
 
 
 _CONFIGS = {}   # kernel name -> (its GPU autotuning configs, their pruning function)
+_KEYS = {}      # kernel name -> the arguments whose values key the GPU autotuner's cache
 _FORCED = {}    # kernel name -> the triton.Config every launch uses instead (see force_config)
 
 
@@ -112,6 +113,7 @@ def _tuned(configs, key, restore=(), prune=None):
     """triton.autotune on a GPU; under the interpreter the launcher passes one small fixed config instead."""
     def wrap(fn):
         _CONFIGS[fn.fn.__name__] = (configs, prune)
+        _KEYS[fn.fn.__name__] = tuple(key)
         if INTERPRET:
             return fn
         return triton.autotune(configs=configs, key=key, restore_value=list(restore),
@@ -429,12 +431,12 @@ def _vec(ptr, rows, stride_t, col, T):
 _PREP_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]   # the first: PREP_PERSISTENT's
 
 
-# T and n_chunks are not specialised (see chunk_scan_kernel)
-@_tuned(_PREP_CONFIGS, key=["Dk", "Dv", "BT", "BK", "BDV", "FUSED_GATES"])
-@triton.jit(do_not_specialize=["T", "n_chunks"])
+# T and n_chunks are not specialised (see chunk_scan_kernel); N_CLASS is only the autotuner's key (chunk_class)
+@_tuned(_PREP_CONFIGS, key=["Dk", "Dv", "BT", "BK", "BDV", "FUSED_GATES", "N_CLASS"])
+@triton.jit(do_not_specialize=["T", "n_chunks", "N_CLASS"])
 def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                       qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr,
-                      T, Tp, Dk, Dv, REP, Hv, n_chunks, scale, eps,
+                      T, Tp, Dk, Dv, REP, Hv, n_chunks, N_CLASS, scale, eps,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                       stride_gt, stride_gh, stride_bt, stride_bh,
                       BT: tl.constexpr, BK: tl.constexpr, BDV: tl.constexpr, MERGES: tl.constexpr,
@@ -570,10 +572,12 @@ _SCAN_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
 # away and the loads, the transposed k tile and the dots are scheduled without the software pipeline) and for
 # T == 1. Every failure seen on the H200 ran such a variant (a fault at T = 1, garbage at T = 64), while the
 # looped kernel was right for 77, 300 and 2048 tokens; now every length runs the looped kernel.
-@_tuned(_SCAN_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK"], restore=("state_ptr", "ready_ptr"), prune=_prune_bv)
-@triton.jit(do_not_specialize=["T", "n_chunks"])
+# N_CLASS (chunk_class) is only the autotuner's key: one tuning per class of prompt length.
+@_tuned(_SCAN_CONFIGS, key=["Hv", "Dk", "Dv", "BT", "BK", "N_CLASS"], restore=("state_ptr", "ready_ptr"),
+        prune=_prune_bv)
+@triton.jit(do_not_specialize=["T", "n_chunks", "N_CLASS"])
 def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr, state_ptr, out_ptr,
-                      T, Tp, n_chunks, Hv, Dk, Dv, stride_sh, stride_sk, stride_ot, stride_oh,
+                      T, Tp, n_chunks, N_CLASS, Hv, Dk, Dv, stride_sh, stride_sk, stride_ot, stride_oh,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                       GROUP: tl.constexpr, USE_PDL: tl.constexpr = False):
     # Under PDL the scan starts once every prep program has started, not once they have all finished. So there
@@ -906,6 +910,14 @@ def deltanet_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch
     return _chunked_launch(q, k, v, a, b, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused=True)
 
 
+def chunk_class(n_chunks: int) -> int:
+    """The chunked kernels' autotuning class of a prompt of `n_chunks` chunks: the count rounded up to a power of
+    two. The scan's best block of value columns depends on the length of its chain (a one-chunk prompt is all
+    latency, 32 chunks are mostly products), so a tuning made on a short prompt must not serve a long one: on the
+    H200 the scan tuned on 150 tokens then ran 2048-token prompts ~40% slower (docs/perf-log.md, session 26)."""
+    return triton.next_power_of_2(max(1, int(n_chunks)))
+
+
 def _prep_programs(Hv: int, n_chunks: int, Dv: int, device) -> int | None:
     """The persistent prep's number of programs (PREP_PERSISTENT), or None for the grid (Hv, chunks).
 
@@ -965,7 +977,7 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
     # the counters through which the scan waits for the prep, [Hv, chunks + 1] at the workspace's pitch
     ready = _tickets(q.device, Hv * (Tw // chunk_size + 1))
     prep_args = (q, k, v, g, beta, A_log, dt_bias, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, T, Tw, Dk, Dv,
-                 Hv // Hk, Hv, n_chunks, scale, EPS,
+                 Hv // Hk, Hv, n_chunks, chunk_class(n_chunks), scale, EPS,
                  q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                  g.stride(0), g.stride(1), beta.stride(0), beta.stride(1))
     prep_meta = dict(BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 2).bit_length() - 1, PREC=prec,
@@ -980,8 +992,8 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
                 untuned=_PREP_CONFIGS[0])
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
     _launch(chunk_scan_kernel, grid, (
-        ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, state, out, T, Tw, n_chunks, Hv, Dk, Dv,
-        state.stride(0), state.stride(1), out.stride(0), out.stride(1)),
+        ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, state, out, T, Tw, n_chunks, chunk_class(n_chunks), Hv, Dk,
+        Dv, state.stride(0), state.stride(1), out.stride(0), out.stride(1)),
         dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=SCAN_GROUP, **(pdl_options(q.device) if SCAN_BESIDE_PREP else {})),
         dict(BV=min(32, BDV), num_warps=4))
     return out
