@@ -913,8 +913,10 @@ def deltanet_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch
 def chunk_class(n_chunks: int) -> int:
     """The chunked kernels' autotuning class of a prompt of `n_chunks` chunks: the count rounded up to a power of
     two. The scan's best block of value columns depends on the length of its chain (a one-chunk prompt is all
-    latency, 32 chunks are mostly products), so a tuning made on a short prompt must not serve a long one: on the
-    H200 the scan tuned on 150 tokens then ran 2048-token prompts ~40% slower (docs/perf-log.md, session 26)."""
+    latency, 32 chunks are mostly products), so a tuning made on a short prompt must not serve a long one. On the
+    H200, 2048 tokens with the pick tuned on 150 took 90.5 us per layer against 84.6 with their own; notebook 09,
+    whose checks run 133-150 tokens first, timed 127 us per layer before the class was keyed, 85 after
+    (docs/perf-log.md, session 26)."""
     return triton.next_power_of_2(max(1, int(n_chunks)))
 
 
