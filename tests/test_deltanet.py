@@ -253,11 +253,67 @@ def test_chunked_kernels_tune_per_class_of_prompt_length(rt, gen, monkeypatch):
         seen[fn.fn.__name__] = dict(zip(fn.arg_names, args))
         return launch(kernel, grid, args, *rest, **kw)
     monkeypatch.setattr(deltanet, "_launch", spy)
+    D = 16 if rt.device.type == "cpu" else deltanet.CHUNKED_MIN_HEAD_DIM  # smaller heads take the recurrent kernel
     for T, want in ((150, 4), (64, 1)):
-        d = _delta_inputs(T, 1, 1, 16, 16, gen, rt.dtype, rt.device)
+        d = _delta_inputs(T, 1, 1, D, D, gen, rt.dtype, rt.device)
         delta_rule_chunked(**d)
         for kernel in ("chunk_prep_kernel", "chunk_scan_kernel"):
             assert seen[kernel]["N_CLASS"] == want, f"T={T}: {kernel} got N_CLASS={seen[kernel]['N_CLASS']}"
+
+
+def test_scan_pick_times_every_config_beside_the_prep(monkeypatch):
+    """On the first call of a kind, _scan_pick times every GPU config of the scan through launch(config) (prep and
+    scan together, as the model runs them), puts the state back after each, keeps the fastest and reuses it; it
+    leaves the pick to the autotuner off the GPU, under a forced config and with QWEN_LAB_TUNE=0."""
+    configs = autotune_configs("chunk_scan_kernel", Dv=128)
+    assert len(configs) > 1
+    cost = {str(c): 100.0 + i for i, c in enumerate(configs)}
+    cost[str(configs[-2])] = 50.0
+    state = torch.zeros(2, 4, 4)
+    launched = []
+
+    def launch(config):
+        launched.append(str(config))
+        state.add_(1.0)                                  # the scan writes the state in place
+
+    def timer(calls, warmup, replays):
+        for call in calls:
+            call()
+        return cost[launched[-1]]
+    monkeypatch.setattr(deltanet, "_time_in_graph", timer)
+    monkeypatch.setattr(deltanet, "_SCAN_PICKS", {})
+    assert deltanet._scan_pick("a", launch, state, 128, on_gpu=True) is configs[-2]
+    assert sorted(set(launched)) == sorted(map(str, configs)), "every config timed"
+    assert torch.equal(state, torch.zeros(2, 4, 4)), "the state must be put back after each timing"
+    assert deltanet._scan_pick("a", None, state, 128, on_gpu=True) is configs[-2], "the pick is kept"
+    assert deltanet._scan_pick("b", launch, state, 128, on_gpu=False) is None
+    with force_config("chunk_scan_kernel", configs[0]):
+        assert deltanet._scan_pick("c", launch, state, 128, on_gpu=True) is None
+    monkeypatch.setenv("QWEN_LAB_TUNE", "0")
+    assert deltanet._scan_pick("d", launch, state, 128, on_gpu=True) is None
+
+
+def test_chunked_launch_runs_the_scan_with_its_pick(rt, gen, monkeypatch):
+    """The launcher asks _scan_pick once per call, keyed on the call's kind (its chunk class, the prep's form), and
+    launches the scan with what it returns; the result is right with any config."""
+    D = 16 if rt.device.type == "cpu" else deltanet.CHUNKED_MIN_HEAD_DIM  # smaller heads take the recurrent kernel
+    configs = autotune_configs("chunk_scan_kernel", Dv=D)
+    asked, used = [], []
+    monkeypatch.setattr(deltanet, "_scan_pick", lambda key, launch, state, Dv, on_gpu: asked.append(key) or configs[-1])
+    launch = deltanet._launch
+
+    def spy(kernel, grid, args, kwargs, interpreter_meta, untuned=None):
+        if "BV" in interpreter_meta:                      # the scan's launch
+            used.append(untuned)
+        return launch(kernel, grid, args, kwargs, interpreter_meta, untuned)
+    monkeypatch.setattr(deltanet, "_launch", spy)
+    d = _delta_inputs(150, 1, 2, D, D, gen, rt.dtype, rt.device)
+    ref_state = d["state"].clone()
+    ref = reference.delta_rule_chunked(**{**d, "state": ref_state})
+    _judge("o", delta_rule_chunked(**d), ref)
+    _judge("state", d["state"], ref_state)
+    assert used == [configs[-1]] and len(asked) == 1
+    assert asked[0][2:8] == (2, D, D, 64, 4, False), asked[0]
 
 
 def _two_prompts_through_one_workspace(rt, gen, T=2048):
@@ -974,21 +1030,47 @@ def test_gpu_chunked_prefill(T, Hv, rt, gen):
 
 
 @pytest.mark.gpu
-def test_gpu_scan_tunes_a_long_prompt_apart_from_a_short_one(rt, gen):
-    """A short prompt first, then a 2048-token one (Qwen3.5-0.8B's shapes): the scan's autotuner holds a tuning for
-    each length class, and the long prompt is still right."""
+def test_gpu_scan_tunes_a_long_prompt_apart_from_a_short_one(rt, gen, monkeypatch):
+    """A short prompt first, then a 2048-token one (Qwen3.5-0.8B's shapes): the scan holds a pick for each length
+    class, timed beside the prep (and, with QWEN_LAB_TUNE=0, a tuning of Triton's autotuner for each), and the long
+    prompt is still right."""
     Hk = Hv = QWEN35_0_8B.linear_num_value_heads
     Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
-    classes = []
-    for T in (150, 2048):
-        d = _delta_inputs(T, Hk, Hv, Dk, Dv, gen, rt.dtype, rt.device)
-        ref_state = d["state"].clone()
-        ref = reference.delta_rule_chunked(**{**d, "state": ref_state})
-        _close(f"o at T={T}", delta_rule_chunked(**d), ref)
-        classes.append(deltanet.chunk_class(-(-T // 64)))
+    monkeypatch.setattr(deltanet, "_SCAN_PICKS", {})
+    classes = [deltanet.chunk_class(-(-T // 64)) for T in (150, 2048)]
+    picked = []
+    for tune in ("1", "0"):
+        monkeypatch.setenv("QWEN_LAB_TUNE", tune)
+        picked += sorted(key[6] for key in deltanet._SCAN_PICKS)
+        deltanet._SCAN_PICKS.clear()
+        for T in (150, 2048):
+            d = _delta_inputs(T, Hk, Hv, Dk, Dv, gen, rt.dtype, rt.device)
+            ref_state = d["state"].clone()
+            ref = reference.delta_rule_chunked(**{**d, "state": ref_state})
+            _close(f"o at T={T}, QWEN_LAB_TUNE={tune}", delta_rule_chunked(**d), ref)
+            _close(f"state at T={T}, QWEN_LAB_TUNE={tune}", d["state"], ref_state)
+    assert picked == classes, f"the scan's picks cover chunk classes {picked}, expected {classes}"
+    assert not deltanet._SCAN_PICKS, "QWEN_LAB_TUNE=0 leaves the pick to the autotuner"
     key_at = deltanet.chunk_scan_kernel.keys.index("N_CLASS")
     tuned = {key[key_at] for key in deltanet.chunk_scan_kernel.cache}
-    assert set(classes) <= tuned, f"the scan's tunings cover chunk classes {sorted(tuned)}, expected {classes}"
+    assert set(classes) <= tuned, f"the autotuner's tunings cover chunk classes {sorted(tuned)}, expected {classes}"
+
+
+@pytest.mark.gpu
+def test_gpu_scan_picked_beside_the_prep_leaves_the_result_right(rt, gen, monkeypatch):
+    """The first call of a kind times the scan's configs on the call's own state (then put back) before it runs:
+    its output and final state must be those of the reference, and the pick kept for the next call."""
+    monkeypatch.setattr(deltanet, "_SCAN_PICKS", {})
+    Hk = Hv = QWEN35_0_8B.linear_num_value_heads
+    Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
+    args, ref, ref_state = _fused_gates_case(2048, Hk, Hv, Dk, Dv, gen, rt)
+    with count_launches() as launches:
+        o = deltanet_chunked(**args)
+    _close("o", o, ref)
+    _close("state", args["state"], ref_state)
+    assert sum(launches.values()) == 2, f"the timing runs are not the call's launches: {dict(launches)}"
+    picks = list(deltanet._SCAN_PICKS.values())
+    assert len(picks) == 1 and isinstance(picks[0], triton.Config), picks
 
 
 @pytest.mark.gpu

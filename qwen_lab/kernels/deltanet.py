@@ -77,7 +77,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import runtime
 from ..errors import KernelError
-from . import device_key, dot_precision, gemm, pdl_options
+from . import device_key, dot_precision, gemm, graph_time_us, pdl_options, uncounted
 
 EPS = 1e-6  # l2norm epsilon of q and k inside the delta rule (as in the reference and transformers)
 INTERPRET = runtime.interpreter_active()  # fixed at import: the kernels below are defined for one mode
@@ -940,6 +940,40 @@ def _prep_programs(Hv: int, n_chunks: int, Dv: int, device) -> int | None:
     return max(1, min(items, int(PREP_PERSISTENT)))
 
 
+# The scan config for each kind of call, timed on its first call beside the prep (_scan_pick):
+# (device, dtype, Hv, Dk, Dv, chunk size, N_CLASS, fused gates, prep programs) -> triton.Config
+_SCAN_PICKS: dict = {}
+_time_in_graph = graph_time_us  # the timer of _scan_pick (tests replace it on the CPU)
+
+
+def _scan_pick(key, launch, state: torch.Tensor, Dv: int, on_gpu: bool):
+    """The chunk scan's config for the calls of `key`: on the first such call, each of the scan's GPU configs timed
+    the way the model runs it, beside the prep (launch(config) runs prep + scan), three calls in a CUDA Graph; the
+    state is put back after each. None leaves the pick to the scan's autotuner: under the interpreter, with
+    QWEN_LAB_TUNE=0, with a config forced, or inside a capture.
+
+    The autotuner times the scan alone, after the prep has finished. Beside the persistent prep, which leaves one SM
+    slot per scan program of 32 value columns and 4 warps, a scan of 16 columns (twice the programs) or of 8 warps
+    waits for room. On the H200 at 2048 tokens (docs/perf-log.md, session 26) the autotuner picked 16 columns in one
+    run, 99.7 us per layer beside the prep, and 32 columns with 3 stages, 84.7 us, in another."""
+    if key in _SCAN_PICKS:
+        return _SCAN_PICKS[key]
+    if not on_gpu or "chunk_scan_kernel" in _FORCED or not gemm.tuning_enabled() or (
+            state.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return None
+    saved = state.clone()
+    times = {}
+    with uncounted():  # the timing runs are not this call's launches
+        for config in autotune_configs("chunk_scan_kernel", Dv=Dv):
+            try:
+                times[config] = _time_in_graph([lambda c=config: launch(c)] * 3, warmup=True, replays=5)
+            except triton.runtime.errors.OutOfResources:
+                pass
+            state.copy_(saved)
+    _SCAN_PICKS[key] = min(times, key=times.get) if times else None
+    return _SCAN_PICKS[key]
+
+
 def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused):
     """delta_rule_chunked (fused=False: g, beta are the gates) or deltanet_chunked (fused: g, beta are a and b)."""
     T, Hk, Dk, Hv, Dv = _check_delta(q, k, v, g, beta, state, ("a", "b") if fused else ("g", "beta"))
@@ -985,19 +1019,25 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
     prep_meta = dict(BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 2).bit_length() - 1, PREC=prec,
                      INV_PREC=prec, GROUP=SCAN_GROUP, FUSED_GATES=fused, **pdl_options(q.device))
     programs = _prep_programs(Hv, n_chunks, Dv, q.device)
-    if programs is None:
-        _launch(chunk_prep_kernel, (Hv, n_chunks), prep_args, prep_meta, dict(num_warps=4))
-    else:
-        # not autotuned: the count assumes the 4-warp config's programs per SM, and the autotuner, timing the prep
-        # alone, could pick 8 warps (one program per SM) and leave programs waiting for room
-        _launch(chunk_prep_kernel, (programs,), prep_args, dict(prep_meta, PERSIST=True), {},
-                untuned=_PREP_CONFIGS[0])
+    scan_args = (ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, state, out, T, Tw, n_chunks, chunk_class(n_chunks),
+                 Hv, Dk, Dv, state.stride(0), state.stride(1), out.stride(0), out.stride(1))
+    scan_meta = dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=SCAN_GROUP,
+                     **(pdl_options(q.device) if SCAN_BESIDE_PREP else {}))
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
-    _launch(chunk_scan_kernel, grid, (
-        ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, state, out, T, Tw, n_chunks, chunk_class(n_chunks), Hv, Dk,
-        Dv, state.stride(0), state.stride(1), out.stride(0), out.stride(1)),
-        dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=SCAN_GROUP, **(pdl_options(q.device) if SCAN_BESIDE_PREP else {})),
-        dict(BV=min(32, BDV), num_warps=4))
+
+    def launch(scan_config=None):
+        if programs is None:
+            _launch(chunk_prep_kernel, (Hv, n_chunks), prep_args, prep_meta, dict(num_warps=4))
+        else:
+            # not autotuned: the count assumes the 4-warp config's programs per SM, and the autotuner, timing the
+            # prep alone, could pick 8 warps (one program per SM) and leave programs waiting for room
+            _launch(chunk_prep_kernel, (programs,), prep_args, dict(prep_meta, PERSIST=True), {},
+                    untuned=_PREP_CONFIGS[0])
+        _launch(chunk_scan_kernel, grid, scan_args, scan_meta, dict(BV=min(32, BDV), num_warps=4),
+                untuned=scan_config)
+
+    key = (device_key(q.device), ws.qg.dtype, Hv, Dk, Dv, chunk_size, chunk_class(n_chunks), fused, programs)
+    launch(_scan_pick(key, launch, state, Dv, on_gpu=not INTERPRET and q.device.type == "cuda"))
     return out
 
 
