@@ -1,0 +1,51 @@
+"""Probe: the fused conv + delta-rule decode step's config, timed in the model's decode step.
+
+    python benchmarks/probe_decode_step_configs.py [--tokens 64]       (an NVIDIA GPU)
+
+`conv_decode_step_kernel` is autotuned by Triton's default timer, which launches it from Python one call at a
+time: for a kernel of a few microseconds against 11-16 us of launch cost, that ranks its configs by noise. The probe
+replays the model's decode step (random weights of Qwen3.5-0.8B's shapes, bf16, after a --tokens prompt) from a CUDA
+Graph with each config forced on the step in turn, and with the autotuner's pick, two rounds. (Each replay
+advances the recurrent states, so the logits are not compared here; tests/test_deltanet.py checks every config.)
+"""
+
+import contextlib
+
+from probe_ab import probe_args
+
+
+def main() -> int:
+    args = probe_args(__doc__, model=False)
+    if args is None:
+        return 0
+    import torch
+
+    from qwen_lab.graph import capture
+    from qwen_lab.kernels import deltanet, replay_us
+    from qwen_lab.model import load_model
+
+    model = load_model("qwen3.5-0.8b", device="cuda", dtype=torch.bfloat16)
+    cfg = model.config
+    ids = torch.randint(0, cfg.vocab_size, (args.tokens,), generator=torch.Generator().manual_seed(0)).cuda()
+    cache = model.new_cache(args.tokens + 8)
+    token, pos = ids[-1:].clone(), torch.tensor([args.tokens], device="cuda")
+    with torch.inference_mode():
+        model.step(ids, torch.arange(args.tokens, device="cuda"), cache)
+    configs = deltanet.autotune_configs("conv_decode_step_kernel", Dv=cfg.linear_value_head_dim)
+    for rnd in range(2):
+        for c in configs + [None]:
+            forced = deltanet.force_config("conv_decode_step_kernel", c) if c else contextlib.nullcontext()
+            with forced, torch.inference_mode():
+                graph, _ = capture(lambda: model.step(token, pos, cache), warmup=2)
+                us = replay_us(graph, 300)
+            name = str(c) if c else "the autotuner's pick"
+            print(f"round {rnd + 1}, decode step with the conv decode step {name}: {us:.1f} us", flush=True)
+            del graph
+    if hasattr(deltanet.conv_decode_step_kernel, "cache"):
+        for key, c in deltanet.conv_decode_step_kernel.cache.items():
+            print(f"the autotuner's pick for {key}: {c}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
