@@ -291,6 +291,11 @@ def test_scan_pick_times_every_config_beside_the_prep(monkeypatch):
         assert deltanet._scan_pick("c", launch, state, 128, on_gpu=True) is None
     monkeypatch.setenv("QWEN_LAB_TUNE", "0")
     assert deltanet._scan_pick("d", launch, state, 128, on_gpu=True) is None
+    monkeypatch.setenv("QWEN_LAB_TUNE", "1")
+    with torch.inference_mode():                         # a cache allocated under inference mode, a call outside it
+        state = torch.zeros(2, 4, 4)
+    assert deltanet._scan_pick("e", launch, state, 128, on_gpu=True) is configs[-2]
+    assert torch.equal(state, torch.zeros(2, 4, 4))
 
 
 def test_chunked_launch_runs_the_scan_with_its_pick(rt, gen, monkeypatch):

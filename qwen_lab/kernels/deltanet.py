@@ -961,9 +961,11 @@ def _scan_pick(key, launch, state: torch.Tensor, Dv: int, on_gpu: bool):
     if not on_gpu or "chunk_scan_kernel" in _FORCED or not gemm.tuning_enabled() or (
             state.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         return None
-    saved = state.clone()
     times = {}
-    with uncounted():  # the timing runs are not this call's launches
+    # uncounted: the timing runs are not this call's launches. Inference mode: a state allocated under it (as the
+    # model's generation allocates its cache) may be put back in place only under it, and a normal one either way.
+    with uncounted(), torch.inference_mode():
+        saved = state.clone()
         for config in autotune_configs("chunk_scan_kernel", Dv=Dv):
             try:
                 times[config] = _time_in_graph([lambda c=config: launch(c)] * 3, warmup=True, replays=5)
