@@ -132,6 +132,10 @@ def tuned_picks() -> list[str]:
         for key, config in sorted(getattr(tuner, "cache", {}).items(), key=lambda kv: str(kv[0])):
             shown = ", ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
             lines.append(f"  {name} [{shown}]: {config}")
+    # the chunk scan's picks, timed beside the prep by its launcher (deltanet._scan_pick), not by an autotuner
+    for key, config in sorted(deltanet._SCAN_PICKS.items(), key=lambda kv: str(kv[0])):
+        shown = ", ".join(str(k) for k in key)
+        lines.append(f"  chunk_scan_kernel, timed beside the prep [{shown}]: {config}")
     return lines + [""]
 
 
