@@ -958,8 +958,8 @@ def _scan_pick(key, launch, state: torch.Tensor, Dv: int, on_gpu: bool):
     run, 99.7 us per layer beside the prep, and 32 columns with 3 stages, 84.7 us, in another."""
     if key in _SCAN_PICKS:
         return _SCAN_PICKS[key]
-    if not on_gpu or "chunk_scan_kernel" in _FORCED or not gemm.tuning_enabled() or (
-            state.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+    if (not on_gpu or "chunk_scan_kernel" in _FORCED or not gemm.tuning_enabled()
+            or torch.cuda.is_current_stream_capturing()):
         return None
     times = {}
     # uncounted: the timing runs are not this call's launches. Inference mode: a state allocated under it (as the
