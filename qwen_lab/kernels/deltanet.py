@@ -959,7 +959,7 @@ def _scan_pick(key, launch, state: torch.Tensor, Dv: int, on_gpu: bool):
     if key in _SCAN_PICKS:
         return _SCAN_PICKS[key]
     if (not on_gpu or "chunk_scan_kernel" in _FORCED or not gemm.tuning_enabled()
-            or torch.cuda.is_current_stream_capturing()):
+            or (state.is_cuda and torch.cuda.is_current_stream_capturing())):
         return None
     times = {}
     # uncounted: the timing runs are not this call's launches. Inference mode: a state allocated under it (as the
