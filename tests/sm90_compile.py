@@ -166,9 +166,18 @@ def cases():
                 gemm.gemv_splitk_kernel, meta, gemv_types, c.num_warps, c.num_stages, clears_after_reading)))
     D, G = C.head_dim, C.num_attention_heads // C.num_key_value_heads
     attn_types = {"pos_ptr": "*i64", "qk_scale": "fp32"}
+    decode_prep_types = dict(attn_types, ws_ptr="*fp32", inv_freq_ptr="*fp32", eps="fp32")
+
+    def prefill_meta(c, dot_prec, pdl):
+        return dict(c.kwargs, G=G, GP=triton.next_power_of_2(G), D=D, BLOCK_D=triton.next_power_of_2(D),
+                    HAS_GATE=True, DOT_PREC=dot_prec, USE_PDL=pdl)
+
+    def decode_meta(c, dot_prec, pdl):
+        return dict(c.kwargs, G=G, ROWS=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
+                    NUM_SPLITS=8, DOT_PREC=dot_prec, USE_PDL=pdl)
+
     for c in attention._PREFILL_CONFIGS + attention._PREFILL_TMA_CONFIGS:
-        meta = dict(c.kwargs, G=G, GP=triton.next_power_of_2(G), D=D, BLOCK_D=triton.next_power_of_2(D),
-                    HAS_GATE=True, DOT_PREC=prec, USE_PDL=True)
+        meta = prefill_meta(c, prec, True)
         if c.kwargs.get("TMA"):  # K and V's host descriptors, their tile as _fit_kv_descriptors shapes it
             desc = f"tensordesc<bf16[{c.kwargs['BLOCK_N']}, {triton.next_power_of_2(D)}]>"
             types = dict(attn_types, k_desc=desc, v_desc=desc)
@@ -178,30 +187,24 @@ def cases():
             attention.flash_attention_kernel, meta, types, c.num_warps, c.num_stages,
             tma_descriptor_use if c.kwargs.get("TMA") else None)))
     for c in attention._DECODE_CONFIGS:
-        meta = dict(c.kwargs, G=G, ROWS=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
-                    NUM_SPLITS=8, DOT_PREC=prec, USE_PDL=True)
+        meta = decode_meta(c, prec, True)
         out.append((f"flash_decode_split {c}", lambda meta=meta, c=c: compile_case(
             attention.flash_decode_split_kernel, meta, dict(attn_types, ws_ptr="*fp32"), c.num_warps, c.num_stages)))
         # the model's decode form: q/k norm, RoPE and the cache write folded in (qk_norm_rope_cache_attention)
         meta = dict(meta, PREP=True, HALF=C.rotary_dim // 2)
         out.append((f"flash_decode_split PREP {c}", lambda meta=meta, c=c: compile_case(
-            attention.flash_decode_split_kernel, meta,
-            dict(attn_types, ws_ptr="*fp32", inv_freq_ptr="*fp32", eps="fp32"), c.num_warps, c.num_stages)))
+            attention.flash_decode_split_kernel, meta, decode_prep_types, c.num_warps, c.num_stages)))
     # A T4: the small prefill tiles offered where shared memory is short, and the decode tiles (the autotuner skips
     # whichever do not fit), for an fp16 model without PDL
     t4_prec = dot_precision(torch.float16)
     for c in attention._SMALL_SMEM_PREFILL_CONFIGS:
-        meta = dict(c.kwargs, G=G, GP=triton.next_power_of_2(G), D=D, BLOCK_D=triton.next_power_of_2(D),
-                    HAS_GATE=True, DOT_PREC=t4_prec, USE_PDL=False, k_desc=None, v_desc=None)
+        meta = dict(prefill_meta(c, t4_prec, False), k_desc=None, v_desc=None)
         out.append((f"flash_attention sm_75 {c}", lambda meta=meta, c=c: compile_case(
             attention.flash_attention_kernel, meta, attn_types, c.num_warps, c.num_stages, target=T4)))
     for c in attention._DECODE_CONFIGS:
-        meta = dict(c.kwargs, G=G, ROWS=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
-                    NUM_SPLITS=8, DOT_PREC=t4_prec, USE_PDL=False, PREP=True, HALF=C.rotary_dim // 2)
+        meta = dict(decode_meta(c, t4_prec, False), PREP=True, HALF=C.rotary_dim // 2)
         out.append((f"flash_decode_split sm_75 PREP {c}", lambda meta=meta, c=c: compile_case(
-            attention.flash_decode_split_kernel, meta,
-            dict(attn_types, ws_ptr="*fp32", inv_freq_ptr="*fp32", eps="fp32"), c.num_warps, c.num_stages,
-            target=T4)))
+            attention.flash_decode_split_kernel, meta, decode_prep_types, c.num_warps, c.num_stages, target=T4)))
     rope_meta = dict(D=D, HALF=C.rotary_dim // 2, BLOCK_H=triton.next_power_of_2(C.num_attention_heads),
                      BLOCK_D=triton.next_power_of_2(D), USE_PDL=True)
     out.append(("qk_norm_rope_cache", lambda: compile_case(

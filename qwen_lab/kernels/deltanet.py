@@ -986,6 +986,7 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
     if T == 0:
         return out
     n_chunks = triton.cdiv(T, chunk_size)
+    n_class = chunk_class(n_chunks)
     Tp = n_chunks * chunk_size
     if workspace is not None:
         want = chunk_workspace(T, Hv, Dk, Dv, q.dtype, "meta", chunk_size)
@@ -1015,13 +1016,13 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
     # the counters through which the scan waits for the prep, [Hv, chunks + 1] at the workspace's pitch
     ready = _tickets(q.device, Hv * (Tw // chunk_size + 1))
     prep_args = (q, k, v, g, beta, A_log, dt_bias, ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, T, Tw, Dk, Dv,
-                 Hv // Hk, Hv, n_chunks, chunk_class(n_chunks), scale, EPS,
+                 Hv // Hk, Hv, n_chunks, n_class, scale, EPS,
                  q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                  g.stride(0), g.stride(1), beta.stride(0), beta.stride(1))
     prep_meta = dict(BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 2).bit_length() - 1, PREC=prec,
                      INV_PREC=prec, GROUP=SCAN_GROUP, FUSED_GATES=fused, **pdl_options(q.device))
     programs = _prep_programs(Hv, n_chunks, Dv, q.device)
-    scan_args = (ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, state, out, T, Tw, n_chunks, chunk_class(n_chunks),
+    scan_args = (ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, state, out, T, Tw, n_chunks, n_class,
                  Hv, Dk, Dv, state.stride(0), state.stride(1), out.stride(0), out.stride(1))
     scan_meta = dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=SCAN_GROUP,
                      **(pdl_options(q.device) if SCAN_BESIDE_PREP else {}))
@@ -1038,7 +1039,7 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
         _launch(chunk_scan_kernel, grid, scan_args, scan_meta, dict(BV=min(32, BDV), num_warps=4),
                 untuned=scan_config)
 
-    key = (device_key(q.device), ws.qg.dtype, Hv, Dk, Dv, chunk_size, chunk_class(n_chunks), fused, programs)
+    key = (device_key(q.device), ws.qg.dtype, Hv, Dk, Dv, chunk_size, n_class, fused, programs)
     launch(_scan_pick(key, launch, state, Dv, on_gpu=not INTERPRET and q.device.type == "cuda"))
     return out
 
