@@ -2,10 +2,12 @@
 
     python benchmarks/probe_decode_step_configs.py [--tokens 64]       (an NVIDIA GPU)
 
-`conv_decode_step_kernel` is autotuned by Triton's default timer, which launches it from Python one call at a
-time: for a kernel of a few microseconds against 11-16 us of launch cost, that ranks its configs by noise. The probe
-replays the model's decode step (random weights of Qwen3.5-0.8B's shapes, bf16, after a --tokens prompt) from a CUDA
-Graph with each config forced on the step in turn, and with the autotuner's pick, two rounds. (Each replay
+Triton's autotuner would time `conv_decode_step_kernel` with its default timer, which launches it from Python one
+call at a time: for a kernel of a few microseconds against 11-16 us of launch cost, that ranks its configs by noise.
+Its launcher therefore times the configs itself on the first call of each shape, 16 steps back to back in a CUDA
+Graph (`deltanet._pick_in_place`). The probe checks that pick where it matters: it replays the model's decode step
+(random weights of Qwen3.5-0.8B's shapes, bf16, after a --tokens prompt) from a CUDA Graph with each config forced
+on the step in turn, and with the launcher's pick, two rounds. (Each replay
 advances the recurrent states, so the logits are not compared here; tests/test_deltanet.py checks every config.)
 """
 
@@ -38,12 +40,11 @@ def main() -> int:
             with forced, torch.inference_mode():
                 graph, _ = capture(lambda: model.step(token, pos, cache), warmup=2)
                 us = replay_us(graph, 300)
-            name = str(c) if c else "the autotuner's pick"
+            name = str(c) if c else "the launcher's pick"
             print(f"round {rnd + 1}, decode step with the conv decode step {name}: {us:.1f} us", flush=True)
             del graph
-    if hasattr(deltanet.conv_decode_step_kernel, "cache"):
-        for key, c in deltanet.conv_decode_step_kernel.cache.items():
-            print(f"the autotuner's pick for {key}: {c}")
+    for key, c in deltanet._PICKS["conv_decode_step_kernel"].items():
+        print(f"the launcher's pick for {key}: {c}")
     return 0
 
 

@@ -2,7 +2,7 @@
 
     python benchmarks/probe_scan_tuning.py [--tokens 2048] [--short 150]       (an NVIDIA GPU)
 
-The scan's config is picked on the first call of each kind of call (`deltanet._scan_pick`: chunk class, heads,
+The scan's config is picked on the first call of each kind of call (`deltanet._pick_in_place`: chunk class, heads,
 the prep's form), timing every config beside the prep, as the model runs them. Before, Triton's autotuner picked
 it, timing the scan alone after the prep, with no prompt length in its key. The probe runs a --short prompt first,
 then --tokens, prints each kind's pick, then times `deltanet_chunked` at --tokens (18 calls in one CUDA Graph, one
@@ -28,9 +28,10 @@ def main() -> int:
     calls, states, outs = deltanet_layer_calls(args.tokens)
     calls[0]()
     torch.cuda.synchronize()
-    for key, cfg in deltanet._SCAN_PICKS.items():
+    picks = deltanet._PICKS["chunk_scan_kernel"]
+    for key, cfg in picks.items():
         print(f"scan picked beside the prep for chunk class {key[6]} (prep programs {key[8]}): {cfg}", flush=True)
-    pick = next(cfg for key, cfg in deltanet._SCAN_PICKS.items()
+    pick = next(cfg for key, cfg in picks.items()
                 if key[6] == deltanet.chunk_class(-(-args.tokens // 64)))
     start = [s.clone() for s in states]
 
@@ -54,13 +55,14 @@ def main() -> int:
             with deltanet.force_config("chunk_scan_kernel", cfg):
                 mark = " (the pick)" if cfg is pick else ""
                 results.append(timed(f"forced to {cfg}{mark}"))
-        saved, deltanet._SCAN_PICKS = deltanet._SCAN_PICKS, {}
+        saved = dict(picks)
+        picks.clear()
         os.environ["QWEN_LAB_TUNE"] = "0"
         try:
             results.append(timed("as Triton's autotuner picks it (timed alone)"))
         finally:
             del os.environ["QWEN_LAB_TUNE"]
-            deltanet._SCAN_PICKS = saved
+            picks.update(saved)
     worst = max(float((r - results[0]).abs().max()) for r in results)
     print(f"outputs of every config against the first: max abs difference {worst:.3g}")
     return 0

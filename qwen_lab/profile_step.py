@@ -132,10 +132,12 @@ def tuned_picks() -> list[str]:
         for key, config in sorted(getattr(tuner, "cache", {}).items(), key=lambda kv: str(kv[0])):
             shown = ", ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
             lines.append(f"  {name} [{shown}]: {config}")
-    # the chunk scan's picks, timed beside the prep by its launcher (deltanet._scan_pick), not by an autotuner
-    for key, config in sorted(deltanet._SCAN_PICKS.items(), key=lambda kv: str(kv[0])):
-        shown = ", ".join(str(k) for k in key)
-        lines.append(f"  chunk_scan_kernel, timed beside the prep [{shown}]: {config}")
+    # the picks their launchers time where the kernels run (deltanet._pick_in_place), not an autotuner's
+    where = {"chunk_scan_kernel": "timed beside the prep", "conv_decode_step_kernel": "timed in a graph"}
+    for name, picks in deltanet._PICKS.items():
+        for key, config in sorted(picks.items(), key=lambda kv: str(kv[0])):
+            shown = ", ".join(str(k) for k in key)
+            lines.append(f"  {name}, {where.get(name, 'picked by its launcher')} [{shown}]: {config}")
     return lines + [""]
 
 

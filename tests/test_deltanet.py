@@ -261,50 +261,63 @@ def test_chunked_kernels_tune_per_class_of_prompt_length(rt, gen, monkeypatch):
             assert seen[kernel]["N_CLASS"] == want, f"T={T}: {kernel} got N_CLASS={seen[kernel]['N_CLASS']}"
 
 
-def test_scan_pick_times_every_config_beside_the_prep(monkeypatch):
-    """On the first call of a kind, _scan_pick times every GPU config of the scan through launch(config) (prep and
-    scan together, as the model runs them), puts the state back after each, keeps the fastest and reuses it; it
-    leaves the pick to the autotuner off the GPU, under a forced config and with QWEN_LAB_TUNE=0."""
-    configs = autotune_configs("chunk_scan_kernel", Dv=128)
+@pytest.mark.parametrize("kernel", ["chunk_scan_kernel", "conv_decode_step_kernel"])
+def test_pick_in_place_times_every_config_where_it_runs(kernel, monkeypatch):
+    """On the first call of a kind, _pick_in_place times every GPU config of the kernel through launch(config) (the
+    launcher's own launch: the scan beside its prep, the decode step back to back), puts every state back after
+    each, keeps the fastest and reuses it; it leaves the pick to the autotuner off the GPU, under a forced config
+    and with QWEN_LAB_TUNE=0."""
+    configs = autotune_configs(kernel, Dv=128)
     assert len(configs) > 1
     cost = {str(c): 100.0 + i for i, c in enumerate(configs)}
     cost[str(configs[-2])] = 50.0
-    state = torch.zeros(2, 4, 4)
+    states = (torch.zeros(2, 4, 4), torch.ones(6, 3))
     launched = []
 
     def launch(config):
         launched.append(str(config))
-        state.add_(1.0)                                  # the scan writes the state in place
+        for s in states:
+            s.add_(1.0)                                  # the kernel writes its states in place
 
     def timer(calls, warmup, replays):
+        assert len(calls) == 5
         for call in calls:
             call()
         return cost[launched[-1]]
+
+    def pick(key, launch, states, on_gpu):
+        return deltanet._pick_in_place(kernel, key, launch, states, on_gpu, calls=5, Dv=128)
     monkeypatch.setattr(deltanet, "_time_in_graph", timer)
-    monkeypatch.setattr(deltanet, "_SCAN_PICKS", {})
-    assert deltanet._scan_pick("a", launch, state, 128, on_gpu=True) is configs[-2]
+    monkeypatch.setattr(deltanet, "_PICKS", {kernel: {}})
+    assert pick("a", launch, states, on_gpu=True) is configs[-2]
     assert sorted(set(launched)) == sorted(map(str, configs)), "every config timed"
-    assert torch.equal(state, torch.zeros(2, 4, 4)), "the state must be put back after each timing"
-    assert deltanet._scan_pick("a", None, state, 128, on_gpu=True) is configs[-2], "the pick is kept"
-    assert deltanet._scan_pick("b", launch, state, 128, on_gpu=False) is None
-    with force_config("chunk_scan_kernel", configs[0]):
-        assert deltanet._scan_pick("c", launch, state, 128, on_gpu=True) is None
+    assert torch.equal(states[0], torch.zeros(2, 4, 4)) and torch.equal(states[1], torch.ones(6, 3)), \
+        "the states must be put back after each timing"
+    assert pick("a", None, states, on_gpu=True) is configs[-2], "the pick is kept"
+    assert pick("b", launch, states, on_gpu=False) is None
+    with force_config(kernel, configs[0]):
+        assert pick("c", launch, states, on_gpu=True) is None
     monkeypatch.setenv("QWEN_LAB_TUNE", "0")
-    assert deltanet._scan_pick("d", launch, state, 128, on_gpu=True) is None
+    assert pick("d", launch, states, on_gpu=True) is None
     monkeypatch.setenv("QWEN_LAB_TUNE", "1")
     with torch.inference_mode():                         # a cache allocated under inference mode, a call outside it
-        state = torch.zeros(2, 4, 4)
-    assert deltanet._scan_pick("e", launch, state, 128, on_gpu=True) is configs[-2]
-    assert torch.equal(state, torch.zeros(2, 4, 4))
+        states = (torch.zeros(2, 4, 4), torch.ones(6, 3))
+    assert pick("e", launch, states, on_gpu=True) is configs[-2]
+    assert torch.equal(states[0], torch.zeros(2, 4, 4)) and torch.equal(states[1], torch.ones(6, 3))
+    assert set(deltanet._PICKS[kernel]) == {"a", "e"}, "only the timed kinds hold a pick"
 
 
 def test_chunked_launch_runs_the_scan_with_its_pick(rt, gen, monkeypatch):
-    """The launcher asks _scan_pick once per call, keyed on the call's kind (its chunk class, the prep's form), and
-    launches the scan with what it returns; the result is right with any config."""
+    """The launcher asks _pick_in_place once per call, keyed on the call's kind (its chunk class, the prep's form),
+    and launches the scan with what it returns; the result is right with any config."""
     D = 16 if rt.device.type == "cpu" else deltanet.CHUNKED_MIN_HEAD_DIM  # smaller heads take the recurrent kernel
     configs = autotune_configs("chunk_scan_kernel", Dv=D)
     asked, used = [], []
-    monkeypatch.setattr(deltanet, "_scan_pick", lambda key, launch, state, Dv, on_gpu: asked.append(key) or configs[-1])
+
+    def pick(kernel, key, launch, states, on_gpu, calls, **named_args):
+        asked.append((kernel, key, calls, named_args))
+        return configs[-1]
+    monkeypatch.setattr(deltanet, "_pick_in_place", pick)
     launch = deltanet._launch
 
     def spy(kernel, grid, args, kwargs, interpreter_meta, untuned=None):
@@ -318,7 +331,9 @@ def test_chunked_launch_runs_the_scan_with_its_pick(rt, gen, monkeypatch):
     _judge("o", delta_rule_chunked(**d), ref)
     _judge("state", d["state"], ref_state)
     assert used == [configs[-1]] and len(asked) == 1
-    assert asked[0][2:8] == (2, D, D, 64, 4, False), asked[0]
+    kernel, key, calls, named_args = asked[0]
+    assert kernel == "chunk_scan_kernel" and named_args == {"Dv": D} and calls == 3
+    assert key[2:8] == (2, D, D, 64, 4, False), key
 
 
 def _two_prompts_through_one_workspace(rt, gen, T=2048):
@@ -822,6 +837,52 @@ def test_conv_decode_step_stays_inside_its_tensors_with_every_gpu_config(rt, gen
     assert ran >= 3
 
 
+def test_conv_decode_step_runs_with_the_config_its_pick_times(rt, gen, monkeypatch):
+    """The fused decode step's first call of a kind times every config through the launcher's own launch (here with
+    a made-up timer that prefers one config, under the interpreter): the states are put back after each timing, the
+    call then runs once with the pick, and its output, states and ticket counters are the reference's."""
+    Hk, Hv, Dk, Dv, W = _CONV_DECODE_SHAPES[2]
+    configs = autotune_configs("conv_decode_step_kernel", Dv=Dv)
+    best = configs[-1]
+    used = []
+    launch = deltanet._launch
+
+    def spy(kernel, grid, args, kwargs, interpreter_meta, untuned=None):
+        used.append(untuned)
+        return launch(kernel, grid, args, kwargs, interpreter_meta, untuned)
+
+    def timer(calls, warmup, replays):
+        for call in calls:
+            call()
+        return 1.0 if used[-1] is best else 2.0
+    real_pick = deltanet._pick_in_place
+    keys = []
+
+    def pick(kernel, key, launch, states, on_gpu, calls, **named_args):
+        keys.append(key)
+        return real_pick(kernel, key, launch, states, True, calls, **named_args)   # time as on a GPU
+    monkeypatch.setattr(deltanet, "_launch", spy)
+    monkeypatch.setattr(deltanet, "_time_in_graph", timer)
+    monkeypatch.setattr(deltanet, "_pick_in_place", pick)
+    monkeypatch.setitem(deltanet._PICKS, "conv_decode_step_kernel", {})
+    for settled in (False, True):
+        d = _conv_decode_inputs(1, Hk, Hv, Dk, Dv, W, gen, rt.dtype, rt.device)
+        ref_conv_state, ref_state = d["conv_state"].clone(), d["state"].clone()
+        ref = _two_reference_calls(d["qkv"], d["conv_weight"], ref_conv_state, d["a"], d["b"], d["A_log"],
+                                   d["dt_bias"], ref_state, Hk, Dk, Hv, Dv)
+        used.clear()
+        o = deltanet_conv_decode_step(**d, num_k_heads=Hk, head_k_dim=Dk, num_v_heads=Hv, head_v_dim=Dv,
+                                      state_settled=settled)
+        assert len(used) == 16 * len(configs) + 1, f"16 timed launches per config, then the call: {len(used)}"
+        assert used[-1] is best, f"the call ran with {used[-1]}, not the pick {best}"
+        _judge(f"o (state_settled={settled})", o, ref)
+        _judge(f"state (state_settled={settled})", d["state"], ref_state)
+        assert torch.equal(d["conv_state"], ref_conv_state), "conv_state: not put back after the timing runs"
+        _tickets_are_zero(rt.device)
+    assert len(keys) == 2 and keys[0] != keys[1], "state_settled is part of the kind of call"
+    assert list(deltanet._PICKS["conv_decode_step_kernel"].values()) == [best, best]
+
+
 def test_conv_decode_step_rejects_bad_arguments(rt, gen):
     Hk, Hv, Dk, Dv, W = 2, 4, 16, 16, 4
     d = _conv_decode_inputs(2, Hk, Hv, Dk, Dv, W, gen, rt.dtype, rt.device)
@@ -1041,13 +1102,14 @@ def test_gpu_scan_tunes_a_long_prompt_apart_from_a_short_one(rt, gen, monkeypatc
     prompt is still right."""
     Hk = Hv = QWEN35_0_8B.linear_num_value_heads
     Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
-    monkeypatch.setattr(deltanet, "_SCAN_PICKS", {})
+    picks = {}
+    monkeypatch.setitem(deltanet._PICKS, "chunk_scan_kernel", picks)
     classes = [deltanet.chunk_class(-(-T // 64)) for T in (150, 2048)]
     picked = []
     for tune in ("1", "0"):
         monkeypatch.setenv("QWEN_LAB_TUNE", tune)
-        picked += sorted(key[6] for key in deltanet._SCAN_PICKS)
-        deltanet._SCAN_PICKS.clear()
+        picked += sorted(key[6] for key in picks)
+        picks.clear()
         for T in (150, 2048):
             d = _delta_inputs(T, Hk, Hv, Dk, Dv, gen, rt.dtype, rt.device)
             ref_state = d["state"].clone()
@@ -1055,7 +1117,7 @@ def test_gpu_scan_tunes_a_long_prompt_apart_from_a_short_one(rt, gen, monkeypatc
             _close(f"o at T={T}, QWEN_LAB_TUNE={tune}", delta_rule_chunked(**d), ref)
             _close(f"state at T={T}, QWEN_LAB_TUNE={tune}", d["state"], ref_state)
     assert picked == classes, f"the scan's picks cover chunk classes {picked}, expected {classes}"
-    assert not deltanet._SCAN_PICKS, "QWEN_LAB_TUNE=0 leaves the pick to the autotuner"
+    assert not picks, "QWEN_LAB_TUNE=0 leaves the pick to the autotuner"
     key_at = deltanet.chunk_scan_kernel.keys.index("N_CLASS")
     tuned = {key[key_at] for key in deltanet.chunk_scan_kernel.cache}
     assert set(classes) <= tuned, f"the autotuner's tunings cover chunk classes {sorted(tuned)}, expected {classes}"
@@ -1065,7 +1127,7 @@ def test_gpu_scan_tunes_a_long_prompt_apart_from_a_short_one(rt, gen, monkeypatc
 def test_gpu_scan_picked_beside_the_prep_leaves_the_result_right(rt, gen, monkeypatch):
     """The first call of a kind times the scan's configs on the call's own state (then put back) before it runs:
     its output and final state must be those of the reference, and the pick kept for the next call."""
-    monkeypatch.setattr(deltanet, "_SCAN_PICKS", {})
+    monkeypatch.setitem(deltanet._PICKS, "chunk_scan_kernel", {})
     Hk = Hv = QWEN35_0_8B.linear_num_value_heads
     Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
     args, ref, ref_state = _fused_gates_case(2048, Hk, Hv, Dk, Dv, gen, rt)
@@ -1074,7 +1136,7 @@ def test_gpu_scan_picked_beside_the_prep_leaves_the_result_right(rt, gen, monkey
     _close("o", o, ref)
     _close("state", args["state"], ref_state)
     assert sum(launches.values()) == 2, f"the timing runs are not the call's launches: {dict(launches)}"
-    picks = list(deltanet._SCAN_PICKS.values())
+    picks = list(deltanet._PICKS["chunk_scan_kernel"].values())
     assert len(picks) == 1 and isinstance(picks[0], triton.Config), picks
 
 
@@ -1210,6 +1272,29 @@ def test_gpu_conv_decode_step_settled_states_forty_steps(graph, rt, gen):
     cfg = QWEN35_0_8B
     _settled_steps(cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                    cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim, 40, rt, gen, graph=graph)
+
+
+@pytest.mark.gpu
+def test_gpu_conv_decode_step_picked_in_place_leaves_the_result_right(rt, gen, monkeypatch):
+    """The first call of a kind times the decode step's configs in a graph on the call's own states (then put back)
+    before it runs: its output and states must be the reference's, the timing runs not counted as its launches,
+    and the pick kept for the next call."""
+    monkeypatch.setitem(deltanet._PICKS, "conv_decode_step_kernel", {})
+    d, heads = _qwen_conv_decode(QWEN35_0_8B.linear_num_value_heads, 2, rt, gen)
+    conv_state, state = d["conv_state"].clone(), d["state"].clone()
+    ref_conv_state, ref_state = d["conv_state"].clone(), d["state"].clone()
+    for s in range(2):
+        qkv, a, b = d["qkv"][s:s + 1], d["a"][s:s + 1], d["b"][s:s + 1]
+        with count_launches() as launches:
+            o = deltanet_conv_decode_step(qkv, d["conv_weight"], conv_state, a, b, d["A_log"], d["dt_bias"], state,
+                                          *heads)
+        assert sum(launches.values()) == 1, f"step {s}: the timing runs are not the call's launches: {dict(launches)}"
+        ref = _two_reference_calls(qkv, d["conv_weight"], ref_conv_state, a, b, d["A_log"], d["dt_bias"], ref_state,
+                                   *heads)
+        _gpu_judge_step(f"step {s}", o, ref, conv_state, ref_conv_state, state, ref_state)
+    picks = list(deltanet._PICKS["conv_decode_step_kernel"].values())
+    assert len(picks) == 1 and isinstance(picks[0], triton.Config), picks
+    _tickets_are_zero(rt.device)
 
 
 @pytest.mark.gpu

@@ -35,11 +35,13 @@ def test_tuned_picks_lists_each_autotuned_kernels_choice(profile_step, monkeypat
 
     monkeypatch.setattr(gemm, "matmul_kernel", SimpleNamespace(cache={(2048, 7168, 1024, True): "BLOCK_M: 128, JOIN"}))
     monkeypatch.setitem(attention._tuned, "prefill", SimpleNamespace(cache={(4, 256, True): "BLOCK_M: 64"}))
-    monkeypatch.setattr(deltanet, "_SCAN_PICKS", {("cuda:0", 16, 32, 200): "BV: 32"})
+    monkeypatch.setattr(deltanet, "_PICKS", {"chunk_scan_kernel": {("cuda:0", 16, 32, 200): "BV: 32"},
+                                             "conv_decode_step_kernel": {("cuda:0", 16, 128, 4): "BV: 16"}})
     lines = profile_step.tuned_picks()
     assert "  matmul_kernel [2048, 7168, 1024, True]: BLOCK_M: 128, JOIN" in lines
     assert "  flash_attention_kernel [4, 256, True]: BLOCK_M: 64" in lines
     assert "  chunk_scan_kernel, timed beside the prep [cuda:0, 16, 32, 200]: BV: 32" in lines
+    assert "  conv_decode_step_kernel, timed in a graph [cuda:0, 16, 128, 4]: BV: 16" in lines
 
 
 def test_cli_rejects_bad_counts_in_one_line(profile_step, capsys):

@@ -851,14 +851,22 @@ def deltanet_conv_decode_step(qkv: torch.Tensor, conv_weight: torch.Tensor, conv
     scale = Dk ** -0.5 if scale is None else float(scale)
     tickets = _tickets(dev, Hk)
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
-    _launch(conv_decode_step_kernel, grid, (
-        qkv, conv_weight, conv_state, a, b, A_log, dt_bias, state, out, tickets,
-        Hv, Dk, Dv, Hv // Hk, Hk * Dk, scale, EPS,
-        conv_weight.stride(0), conv_weight.stride(1), conv_state.stride(0), state.stride(0), state.stride(1),
-        out.stride(1)),
-        dict(W=W, BW=triton.next_power_of_2(max(W - 1, 1)), BK=triton.next_power_of_2(Dk),
-             STATE_SETTLED=bool(state_settled), **pdl_options(dev)),
-        dict(BV=min(32, triton.next_power_of_2(Dv)), num_warps=4))
+    args = (qkv, conv_weight, conv_state, a, b, A_log, dt_bias, state, out, tickets,
+            Hv, Dk, Dv, Hv // Hk, Hk * Dk, scale, EPS,
+            conv_weight.stride(0), conv_weight.stride(1), conv_state.stride(0), state.stride(0), state.stride(1),
+            out.stride(1))
+    meta = dict(W=W, BW=triton.next_power_of_2(max(W - 1, 1)), BK=triton.next_power_of_2(Dk),
+                STATE_SETTLED=bool(state_settled), **pdl_options(dev))
+
+    def launch(config=None):
+        _launch(conv_decode_step_kernel, grid, args, meta, dict(BV=min(32, triton.next_power_of_2(Dv)), num_warps=4),
+                untuned=config)
+
+    # the config, timed on the first call of this kind in a graph of 16 back-to-back steps (the step takes ~4 us:
+    # fewer would time mostly the graph's own launch); the tickets reset themselves, the two states are put back
+    key = (device_key(dev), qkv.dtype, Hk, Dk, Hv, Dv, W, bool(state_settled), bool(meta.get("USE_PDL")))
+    launch(_pick_in_place("conv_decode_step_kernel", key, launch, (state, conv_state),
+                          not INTERPRET and dev.type == "cuda", calls=16, Dv=Dv))
     return out
 
 
@@ -940,40 +948,47 @@ def _prep_programs(Hv: int, n_chunks: int, Dv: int, device) -> int | None:
     return max(1, min(items, int(PREP_PERSISTENT)))
 
 
-# The scan config for each kind of call, timed on its first call beside the prep (_scan_pick):
-# (device, dtype, Hv, Dk, Dv, chunk size, N_CLASS, fused gates, prep programs) -> triton.Config
-_SCAN_PICKS: dict = {}
-_time_in_graph = graph_time_us  # the timer of _scan_pick (tests replace it on the CPU)
+# Configs picked by their launchers, each timed where the kernel runs (_pick_in_place):
+# kernel name -> {the kind of call (a tuple) -> triton.Config}
+_PICKS: dict = {"chunk_scan_kernel": {}, "conv_decode_step_kernel": {}}
+_time_in_graph = graph_time_us  # the timer of _pick_in_place (tests replace it on the CPU)
 
 
-def _scan_pick(key, launch, state: torch.Tensor, Dv: int, on_gpu: bool):
-    """The chunk scan's config for the calls of `key`: on the first such call, each of the scan's GPU configs timed
-    the way the model runs it, beside the prep (launch(config) runs prep + scan), three calls in a CUDA Graph; the
-    state is put back after each. None leaves the pick to the scan's autotuner: under the interpreter, with
+def _pick_in_place(kernel: str, key: tuple, launch, states, on_gpu: bool, calls: int, **named_args):
+    """`kernel`'s config for the calls of `key`: on the first such call, each of its GPU configs (those
+    `autotune_configs(kernel, **named_args)` lists) timed through launch(config), the launcher's own launch as the
+    model makes it, `calls` times back to back in a CUDA Graph; `states` (the tensors the launch updates in place)
+    are put back after each. None leaves the pick to Triton's autotuner: under the interpreter, with
     QWEN_LAB_TUNE=0, with a config forced, or inside a capture.
 
-    The autotuner times the scan alone, after the prep has finished. Beside the persistent prep, which leaves one SM
-    slot per scan program of 32 value columns and 4 warps, a scan of 16 columns (twice the programs) or of 8 warps
-    waits for room. On the H200 at 2048 tokens (docs/perf-log.md, session 26) the autotuner picked 16 columns in one
-    run, 99.7 us per layer beside the prep, and 32 columns with 3 stages, 84.7 us, in another."""
-    if key in _SCAN_PICKS:
-        return _SCAN_PICKS[key]
-    if (not on_gpu or "chunk_scan_kernel" in _FORCED or not gemm.tuning_enabled()
-            or (state.is_cuda and torch.cuda.is_current_stream_capturing())):
+    Two kernels are picked this way, because Triton's autotuner times a kernel alone, launched from Python:
+    - the chunk scan runs beside the persistent prep, which leaves one SM slot per scan program of 32 value columns
+      and 4 warps; a scan of 16 columns (twice the programs) or of 8 warps waits for room. On the H200 at 2048
+      tokens the autotuner, timing the scan after the prep, picked 16 columns in one run (99.7 us per layer beside
+      the prep) and 32 columns with 3 stages (84.7 us) in another (docs/perf-log.md, session 26);
+    - the fused conv + delta-rule decode step runs for ~4 us, against 11-16 us of launch cost for each launch the
+      autotuner times from Python: its ranking is mostly the host's noise. In the replayed decode step of
+      Qwen3.5-0.8B its configs are 12-19 us per token apart (benchmarks/probe_decode_step_configs.py)."""
+    picks = _PICKS[kernel]
+    if key in picks:
+        return picks[key]
+    if (not on_gpu or kernel in _FORCED or not gemm.tuning_enabled()
+            or any(s.is_cuda and torch.cuda.is_current_stream_capturing() for s in states)):
         return None
     times = {}
     # uncounted: the timing runs are not this call's launches. Inference mode: a state allocated under it (as the
     # model's generation allocates its cache) may be put back in place only under it, and a normal one either way.
     with uncounted(), torch.inference_mode():
-        saved = state.clone()
-        for config in autotune_configs("chunk_scan_kernel", Dv=Dv):
+        saved = [s.clone() for s in states]
+        for config in autotune_configs(kernel, **named_args):
             try:
-                times[config] = _time_in_graph([lambda c=config: launch(c)] * 3, warmup=True, replays=5)
+                times[config] = _time_in_graph([lambda c=config: launch(c)] * calls, warmup=True, replays=5)
             except triton.runtime.errors.OutOfResources:
                 pass
-            state.copy_(saved)
-    _SCAN_PICKS[key] = min(times, key=times.get) if times else None
-    return _SCAN_PICKS[key]
+            for s, v in zip(states, saved):
+                s.copy_(v)
+    picks[key] = min(times, key=times.get) if times else None
+    return picks[key]
 
 
 def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, out, workspace, fused):
@@ -1039,8 +1054,10 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
         _launch(chunk_scan_kernel, grid, scan_args, scan_meta, dict(BV=min(32, BDV), num_warps=4),
                 untuned=scan_config)
 
+    # the scan's config, timed beside the prep on the first call of this kind (three prep + scan pairs per graph)
     key = (device_key(q.device), ws.qg.dtype, Hv, Dk, Dv, chunk_size, n_class, fused, programs)
-    launch(_scan_pick(key, launch, state, Dv, on_gpu=not INTERPRET and q.device.type == "cuda"))
+    launch(_pick_in_place("chunk_scan_kernel", key, launch, (state,), not INTERPRET and q.device.type == "cuda",
+                          calls=3, Dv=Dv))
     return out
 
 

@@ -1006,9 +1006,9 @@ def _persistent_enabled() -> bool:
 
 def tuning_enabled() -> bool:
     """On a GPU the first call of each GEMV shape times its candidate plans (block shapes, and SPLIT_K for the
-    narrow shapes) and keeps the fastest, as the chunked delta rule times its scan's tiles beside the prep
-    (deltanet._scan_pick); QWEN_LAB_TUNE=0 turns both off (the first fitting plan is used, and the scan's tile is
-    left to Triton's autotuner)."""
+    narrow shapes) and keeps the fastest, as the chunked delta rule times its scan's tiles beside the prep and the
+    decode step its configs in a graph (deltanet._pick_in_place); QWEN_LAB_TUNE=0 turns all of them off (the first
+    fitting plan is used, and those two kernels' configs are left to Triton's autotuner)."""
     return env_on("QWEN_LAB_TUNE", True)
 
 
