@@ -852,8 +852,8 @@ def test_conv_decode_step_runs_with_the_config_its_pick_times(rt, gen, monkeypat
         return launch(kernel, grid, args, kwargs, interpreter_meta, untuned)
 
     def timer(calls, warmup, replays):
-        for call in calls:
-            call()
+        assert len(calls) == 16, f"{len(calls)} launches per timing graph, expected 16"
+        calls[0]()                                       # one of them: the interpreter is slow
         return 1.0 if used[-1] is best else 2.0
     real_pick = deltanet._pick_in_place
     keys = []
@@ -873,7 +873,7 @@ def test_conv_decode_step_runs_with_the_config_its_pick_times(rt, gen, monkeypat
         used.clear()
         o = deltanet_conv_decode_step(**d, num_k_heads=Hk, head_k_dim=Dk, num_v_heads=Hv, head_v_dim=Dv,
                                       state_settled=settled)
-        assert len(used) == 16 * len(configs) + 1, f"16 timed launches per config, then the call: {len(used)}"
+        assert used[:-1] == configs, f"each config timed once here, then the call: {used}"
         assert used[-1] is best, f"the call ran with {used[-1]}, not the pick {best}"
         _judge(f"o (state_settled={settled})", o, ref)
         _judge(f"state (state_settled={settled})", d["state"], ref_state)
