@@ -28,6 +28,20 @@ from qwen_lab.kernels.deltanet import (ChunkWorkspace, autotune_configs, chunk_w
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository (for child processes)
 
 
+@pytest.fixture(autouse=True)
+def _counters_left_at_zero():
+    """After every test, the counters every DeltaNet launch shares on a device (the decode step's tickets, the scan's
+    `ready` counts) must be back at zero: one left non-zero makes a later call's scan read a chunk before its prep
+    wrote it, in whichever test runs next in this process. Checked here, the failure names the test that left it;
+    the counters are cleared so the tests after it start clean."""
+    yield
+    for key, counters in list(deltanet._TICKETS.items()):
+        left = counters.nonzero().flatten().tolist()
+        if left:
+            counters.zero_()
+            pytest.fail(f"this test left the DeltaNet counters {left[:8]} on {key} non-zero")
+
+
 def _gate_params(Hv, g, device):
     """A_log, dt_bias as a trained layer might have them: decays from slow to fast across heads."""
     A = torch.empty(Hv).uniform_(0.05, 4.0, generator=g)
@@ -189,6 +203,8 @@ def test_persistent_prep_equals_the_grid(programs, T, Hk, Hv, Dk, Dv, rt, gen, m
     fused = _fused_gates_case(T, Hk, Hv, Dk, Dv, gen, rt)[0]
     starts = d["state"].clone(), fused["state"].clone()
     runs = {}
+    left = deltanet._tickets(rt.device, 1).nonzero().flatten().tolist()
+    assert not left, f"counters {left} were non-zero before this test: left by an earlier call in this process"
     for setting in (False, programs):
         monkeypatch.setattr(deltanet, "PREP_PERSISTENT", setting)
         d["state"].copy_(starts[0])
@@ -196,10 +212,11 @@ def test_persistent_prep_equals_the_grid(programs, T, Hk, Hv, Dk, Dv, rt, gen, m
         o = delta_rule_chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"])
         o_fused = deltanet_chunked(**fused)
         runs[setting] = o, d["state"].clone(), o_fused, fused["state"].clone()
+        left = deltanet._tickets(rt.device, 1).nonzero().flatten().tolist()
+        assert not left, f"PREP_PERSISTENT={setting}: the calls left counters {left} non-zero"
     for name, got, want in zip(("o", "final state", "o (fused gates)", "final state (fused gates)"),
                                runs[programs], runs[False]):
         assert torch.equal(got, want), f"{programs} persistent prep programs: {name} differs from the grid's"
-    assert not deltanet._tickets(rt.device, 1).nonzero().numel(), "the persistent prep left counters non-zero"
 
 
 @pytest.mark.parametrize("i", range(len(autotune_configs("chunk_prep_kernel"))))
