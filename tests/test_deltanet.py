@@ -300,6 +300,8 @@ def test_pick_in_place_times_every_config_where_it_runs(kernel, monkeypatch):
         assert len(calls) == 5
         for call in calls:
             call()
+        if launched[-1] == str(configs[0]):             # one that fails to compile after the launch began (the
+            raise triton.runtime.errors.OutOfResources(300000, 232448, "shared memory")   # scan, after its prep)
         return cost[launched[-1]]
 
     def pick(key, launch, states, on_gpu):
@@ -309,7 +311,7 @@ def test_pick_in_place_times_every_config_where_it_runs(kernel, monkeypatch):
     assert pick("a", launch, states, on_gpu=True) is configs[-2]
     assert sorted(set(launched)) == sorted(map(str, configs)), "every config timed"
     assert torch.equal(states[0], torch.zeros(2, 4, 4)) and torch.equal(states[1], torch.ones(6, 3)), \
-        "the states must be put back after each timing"
+        "the states must be put back after each timing, one that ran out of resources too"
     assert pick("a", None, states, on_gpu=True) is configs[-2], "the pick is kept"
     assert pick("b", launch, states, on_gpu=False) is None
     with force_config(kernel, configs[0]):
@@ -332,7 +334,7 @@ def test_chunked_launch_runs_the_scan_with_its_pick(rt, gen, monkeypatch):
     asked, used = [], []
 
     def pick(kernel, key, launch, states, on_gpu, calls, **named_args):
-        asked.append((kernel, key, calls, named_args))
+        asked.append((kernel, key, calls, named_args, states))
         return configs[-1]
     monkeypatch.setattr(deltanet, "_pick_in_place", pick)
     launch = deltanet._launch
@@ -348,9 +350,11 @@ def test_chunked_launch_runs_the_scan_with_its_pick(rt, gen, monkeypatch):
     _judge("o", delta_rule_chunked(**d), ref)
     _judge("state", d["state"], ref_state)
     assert used == [configs[-1]] and len(asked) == 1
-    kernel, key, calls, named_args = asked[0]
+    kernel, key, calls, named_args, states = asked[0]
     assert kernel == "chunk_scan_kernel" and named_args == {"Dv": D} and calls == 3
     assert key[2:8] == (2, D, D, 64, 4, False), key
+    assert states[0] is d["state"] and states[1] is deltanet._tickets(rt.device, 1), \
+        "the timing must put back the state and the scan's counters"
 
 
 def _two_prompts_through_one_workspace(rt, gen, T=2048):

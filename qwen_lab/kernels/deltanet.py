@@ -1054,9 +1054,11 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
         _launch(chunk_scan_kernel, grid, scan_args, scan_meta, dict(BV=min(32, BDV), num_warps=4),
                 untuned=scan_config)
 
-    # the scan's config, timed beside the prep on the first call of this kind (three prep + scan pairs per graph)
+    # the scan's config, timed beside the prep on the first call of this kind (three prep + scan pairs per graph).
+    # The counters are put back with the state: a scan config that fails to compile (out of shared memory) does so
+    # after its prep has counted its chunks, and a count left over would let the next scan run ahead of its prep.
     key = (device_key(q.device), ws.qg.dtype, Hv, Dk, Dv, chunk_size, n_class, fused, programs)
-    launch(_pick_in_place("chunk_scan_kernel", key, launch, (state,), not INTERPRET and q.device.type == "cuda",
+    launch(_pick_in_place("chunk_scan_kernel", key, launch, (state, ready), not INTERPRET and q.device.type == "cuda",
                           calls=3, Dv=Dv))
     return out
 
