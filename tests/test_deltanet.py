@@ -278,6 +278,19 @@ def test_chunked_kernels_tune_per_class_of_prompt_length(rt, gen, monkeypatch):
             assert seen[kernel]["N_CLASS"] == want, f"T={T}: {kernel} got N_CLASS={seen[kernel]['N_CLASS']}"
 
 
+def test_autotuned_kernels_put_back_what_their_timing_runs_write_in_place():
+    """On a GPU Triton's autotuner launches a kernel many times on the call's own arguments before the real launch.
+    Whatever a launch updates in place must be put back after each timing run: the states (else the real launch
+    starts from a state advanced many steps) and the scan's `ready` counters, which the prep counts up and only
+    the scan clears (else the scan beside the real prep goes on before the prep has written its chunks)."""
+    writes = {"delta_rule_recurrent_kernel": {"state_ptr"}, "conv_decode_step_kernel": {"state_ptr", "conv_state_ptr"},
+              "chunk_prep_kernel": {"ready_ptr"}, "chunk_scan_kernel": {"state_ptr", "ready_ptr"}}
+    assert set(writes) <= set(deltanet._RESTORED), sorted(deltanet._RESTORED)
+    for kernel, written in writes.items():
+        missing = written - set(deltanet._RESTORED[kernel])
+        assert not missing, f"{kernel}: its autotuner must restore {sorted(missing)}"
+
+
 @pytest.mark.parametrize("kernel", ["chunk_scan_kernel", "conv_decode_step_kernel"])
 def test_pick_in_place_times_every_config_where_it_runs(kernel, monkeypatch):
     """On the first call of a kind, _pick_in_place times every GPU config of the kernel through launch(config) (the
@@ -1142,6 +1155,28 @@ def test_gpu_scan_tunes_a_long_prompt_apart_from_a_short_one(rt, gen, monkeypatc
     key_at = deltanet.chunk_scan_kernel.keys.index("N_CLASS")
     tuned = {key[key_at] for key in deltanet.chunk_scan_kernel.cache}
     assert set(classes) <= tuned, f"the autotuner's tunings cover chunk classes {sorted(tuned)}, expected {classes}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 64, 300])
+def test_gpu_grid_prep_tuned_on_the_call_leaves_the_counters_at_zero(T, rt, gen, monkeypatch):
+    """The prep as a grid (the larger Qwen3.5s' 32 and 48 value heads take it), tuned by Triton's autotuner on this
+    very call, with the scan beside it under PDL: the autotuner's timing runs of the prep count chunks as ready,
+    so they must be put back, or the scan would go on before the real prep had written its chunks and leave the
+    real prep's counts behind. (On an H200, before the prep restored its counters, one prompt of one token
+    left a counter at 1.)"""
+    monkeypatch.setattr(deltanet, "PREP_PERSISTENT", False)
+    monkeypatch.setattr(deltanet.chunk_prep_kernel, "cache", {})        # tune again, on this call,
+    monkeypatch.setattr(deltanet.chunk_prep_kernel, "cache_results", False)   # not from the disk cache
+    monkeypatch.setitem(deltanet._PICKS, "chunk_scan_kernel", {})
+    d = _delta_inputs(T, 1, 2, 64, 64, gen, rt.dtype, rt.device)
+    ref_state = d["state"].clone()
+    ref = reference.delta_rule_chunked(**{**d, "state": ref_state})
+    o = delta_rule_chunked(**d)
+    left = deltanet._tickets(rt.device, 1).nonzero().flatten().tolist()
+    assert not left, f"T={T}: counters {left} left non-zero after the prep was tuned on the call"
+    _close(f"o at T={T}", o, ref)
+    _close(f"state at T={T}", d["state"], ref_state)
 
 
 @pytest.mark.gpu

@@ -106,6 +106,7 @@ PREP_ITEM_SCAN_STEPS = 10
 
 _CONFIGS = {}   # kernel name -> (its GPU autotuning configs, their pruning function)
 _KEYS = {}      # kernel name -> the arguments whose values key the GPU autotuner's cache
+_RESTORED = {}  # kernel name -> the arguments the GPU autotuner puts back after each timing run
 _FORCED = {}    # kernel name -> the triton.Config every launch uses instead (see force_config)
 
 
@@ -114,6 +115,7 @@ def _tuned(configs, key, restore=(), prune=None):
     def wrap(fn):
         _CONFIGS[fn.fn.__name__] = (configs, prune)
         _KEYS[fn.fn.__name__] = tuple(key)
+        _RESTORED[fn.fn.__name__] = tuple(restore)
         if INTERPRET:
             return fn
         return triton.autotune(configs=configs, key=key, restore_value=list(restore),
@@ -432,7 +434,10 @@ _PREP_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]  
 
 
 # T and n_chunks are not specialised (see chunk_scan_kernel); N_CLASS is only the autotuner's key (chunk_class)
-@_tuned(_PREP_CONFIGS, key=["Dk", "Dv", "BT", "BK", "BDV", "FUSED_GATES", "N_CLASS"])
+# ready_ptr restored: each of the autotuner's timing runs counts its chunks as ready. Left counted, they let the
+# scan launched beside the real run (PDL) go on before that run has written its chunks, and the real run's own
+# counts then land after the scan has cleared the counters, where they stay for the next call.
+@_tuned(_PREP_CONFIGS, key=["Dk", "Dv", "BT", "BK", "BDV", "FUSED_GATES", "N_CLASS"], restore=("ready_ptr",))
 @triton.jit(do_not_specialize=["T", "n_chunks", "N_CLASS"])
 def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                       qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr,
