@@ -278,6 +278,23 @@ def test_chunked_kernels_tune_per_class_of_prompt_length(rt, gen, monkeypatch):
             assert seen[kernel]["N_CLASS"] == want, f"T={T}: {kernel} got N_CLASS={seen[kernel]['N_CLASS']}"
 
 
+def test_the_prep_tunes_one_config_where_triton_has_no_tensor_core_dots(monkeypatch):
+    """Below sm_80 (a T4) Triton compiles each product of the prep to fp32 FMA loops, minutes per config: the
+    autotuner gets the first config alone there, and every config from sm_80 on."""
+    from qwen_lab import kernels
+
+    q = torch.empty(1, device="meta")
+    every = deltanet._CONFIGS["chunk_prep_kernel"][0]
+    for capability, want in (((7, 5), every[:1]), ((8, 0), every), ((9, 0), every)):
+        monkeypatch.setattr(deltanet, "tensor_core_dots", lambda device, c=capability: c[0] >= 8)
+        assert autotune_configs("chunk_prep_kernel", q_ptr=q) == want, f"compute capability {capability}"
+    assert autotune_configs("chunk_prep_kernel") == every, "asked without a call's arguments: every config"
+    assert not kernels.tensor_core_dots("cpu")
+    for capability, want in (((7, 5), False), ((8, 6), True), ((9, 0), True)):
+        monkeypatch.setattr(kernels, "_capability", lambda index, c=capability: c)
+        assert kernels.tensor_core_dots(torch.device("cuda", 0)) is want, f"compute capability {capability}"
+
+
 def test_autotuned_kernels_put_back_what_their_timing_runs_write_in_place():
     """On a GPU Triton's autotuner launches a kernel many times on the call's own arguments before the real launch.
     Whatever a launch updates in place must be put back after each timing run: the states (else the real launch

@@ -175,6 +175,19 @@ def sm90_or_newer(device) -> bool:
     return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
 
 
+def tensor_core_dots(device) -> bool:
+    """Whether Triton compiles `tl.dot` to tensor-core instructions on CUDA `device`: compute capability 8.0 or newer
+    (A100, L4, RTX 30/40, H100/H200). Below it (a T4, sm_75) Triton 3.6 emits no `mma` instruction: every product
+    becomes a loop of fp32 FMAs, slow to run and minutes to compile for the large kernels (compiled offline,
+    docs/perf-log.md, session 27)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 8
+
+
 def pdl_enabled(device) -> bool:
     """Whether kernels on `device` are launched with programmatic dependent launch: a CUDA GPU of compute
     capability 9.0 or newer, the Triton interpreter off, and QWEN_LAB_PDL not set to 0."""

@@ -77,7 +77,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import runtime
 from ..errors import KernelError
-from . import device_key, dot_precision, gemm, graph_time_us, pdl_options, uncounted
+from . import device_key, dot_precision, gemm, graph_time_us, pdl_options, tensor_core_dots, uncounted
 
 EPS = 1e-6  # l2norm epsilon of q and k inside the delta rule (as in the reference and transformers)
 INTERPRET = runtime.interpreter_active()  # fixed at import: the kernels below are defined for one mode
@@ -433,11 +433,20 @@ def _vec(ptr, rows, stride_t, col, T):
 _PREP_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]   # the first: PREP_PERSISTENT's
 
 
+def _prune_prep(configs, named_args, **kwargs):
+    """Every config where Triton's products run on tensor cores; below sm_80 (a T4) the first alone. There each
+    product is a loop of fp32 FMAs, and compiling this kernel for sm_75 took 224-270 s per config on a 2-core CPU
+    (2.3 s for sm_90; docs/perf-log.md, session 27): a second config would double a learner's first prefill."""
+    q = named_args.get("q_ptr")  # absent when a test or the offline compile asks for every config
+    return configs if q is None or tensor_core_dots(q.device) else configs[:1]
+
+
 # T and n_chunks are not specialised (see chunk_scan_kernel); N_CLASS is only the autotuner's key (chunk_class)
 # ready_ptr restored: each of the autotuner's timing runs counts its chunks as ready. Left counted, they let the
 # scan launched beside the real run (PDL) go on before that run has written its chunks, and the real run's own
 # counts then land after the scan has cleared the counters, where they stay for the next call.
-@_tuned(_PREP_CONFIGS, key=["Dk", "Dv", "BT", "BK", "BDV", "FUSED_GATES", "N_CLASS"], restore=("ready_ptr",))
+@_tuned(_PREP_CONFIGS, key=["Dk", "Dv", "BT", "BK", "BDV", "FUSED_GATES", "N_CLASS"], restore=("ready_ptr",),
+        prune=_prune_prep)
 @triton.jit(do_not_specialize=["T", "n_chunks", "N_CLASS"])
 def chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr,
                       qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr,
