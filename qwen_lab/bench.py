@@ -297,7 +297,7 @@ def format_table(result: dict) -> str:
     lines = [f"{result['config']} on {result['gpu']}, {result['dtype']}, prefill {result['prefill_len']} tokens, "
              f"decode after it ({result['date']})", ""]
     head = ("| row | prefill ms | decode ms/token | tokens/s | decode floor share | prefill floor share "
-            "| kernels prefill / decode | host launches |")
+            "| kernels prefill / decode | host launches prefill / decode |")
     lines += [head, "|" + " --- |" * 8]
 
     def fmt(x, spec):
@@ -306,7 +306,8 @@ def format_table(result: dict) -> str:
         lines.append(f"| {r['name']} | {fmt(r['prefill_ms'], '.2f')} | {fmt(r['decode_ms'], '.3f')} | "
                      f"{fmt(r['tokens_per_s'], '.0f')} | {fmt(r.get('decode_floor_share'), '.0%')} | "
                      f"{fmt(r.get('prefill_floor_share'), '.0%')} | {fmt(r['kernels_prefill'], 'd')} / "
-                     f"{fmt(r['kernels_decode'], 'd')} | {fmt(r['host_launches_decode'], 'd')} |")
+                     f"{fmt(r['kernels_decode'], 'd')} | {fmt(r['host_launches_prefill'], 'd')} / "
+                     f"{fmt(r['host_launches_decode'], 'd')} |")
     if "decode_ms" in f:
         lines += ["", f"floors: decode {f['decode_ms']:.3f} ms ({f['decode_bytes'] / 1e9:.3f} GB at "
                       f"{f['copy_GBps']:.0f} GB/s copy), prefill {f['prefill_ms']:.2f} ms "

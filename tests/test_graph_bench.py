@@ -26,6 +26,9 @@ def test_bench_runs_on_the_tiny_model_and_writes_json(tmp_path):
         assert any("cuda-graph" in s for s in result["skipped"])
     table = bench.format_table(result)
     assert "| triton |" in table
+    line = next(x for x in table.splitlines() if x.startswith("| triton |"))
+    assert line.endswith(f"| {row['host_launches_prefill']} / {row['host_launches_decode']} |"), \
+        f"the last column is the host launches of a prefill and of a decode step: {line}"
     path = tmp_path / "bench.json"
     bench.main(["--model", "tiny", "--prefill-len", "5", "--decode-steps", "1", "--rows", "triton",
                 "--json", str(path), "--plot", str(tmp_path / "bench.png")])
