@@ -81,14 +81,15 @@ def test_prefill_every_gpu_config(rt, gen, monkeypatch, config):
 
 
 def test_prefill_small_tiles_only_on_gpus_with_little_shared_memory(rt, gen, monkeypatch):
-    """The one-stage 32-row tiles are timed only where a program has less than SMALL_SHARED_MEMORY (a T4's 64 KB, an
-    L4's 99 KB), where most of the others do not fit; an A100 or an H100 times the others alone."""
+    """The one-stage 32-row tiles are timed only where a program has less than SMALL_SHARED_MEMORY (an L4's 99 KB),
+    where most of the others do not fit, and alone on a T4 (64 KB), where none of the others does; an A100 or an
+    H100 times the others alone."""
     small = A._SMALL_SMEM_PREFILL_CONFIGS
     assert small and all(c.kwargs["BLOCK_M"] == 32 and c.num_stages == 1 for c in small)
     every = A._PREFILL_CONFIGS + small
     q = _problem(gen, rt, 7, 4, 2, 32, 40, 0)[0]
     seen = []
-    for smem, want in ((65536, every), (101376, every), (166912, A._PREFILL_CONFIGS), (232448, A._PREFILL_CONFIGS)):
+    for smem, want in ((65536, small), (101376, every), (166912, A._PREFILL_CONFIGS), (232448, A._PREFILL_CONFIGS)):
         monkeypatch.setattr(A, "max_shared_memory", lambda device, smem=smem: seen.append(device) or smem)
         assert A._prune_prefill_configs(every, {"q_ptr": q}, TMA_OK=False) == want, f"{smem} bytes per program"
     assert set(seen) == {q.device}, "the pruning must ask about the GPU the call runs on"

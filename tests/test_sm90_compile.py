@@ -58,6 +58,18 @@ def test_a_t4_has_attention_tiles_that_fit(results):
     assert decode, "no decode tile fits a T4's 64 KB per program"
 
 
+def test_the_large_prefill_tiles_need_what_a_t4_lacks(results):
+    """Below attention.LARGE_TILE_SHARED_MEMORY per program the autotuner is offered the small prefill tiles alone:
+    that loses nothing only if every other prefill tile needs at least that much (compiled for sm_75 the large ones
+    took 9-56 s each, only to fail to launch on a T4)."""
+    from qwen_lab.kernels import attention
+
+    large = [r for r in results if r["label"].startswith("flash_attention ") and " sm_75 " not in r["label"]]
+    assert large, "no large prefill tile was compiled"
+    under = [f"{r['label']}: {r['shared']} bytes" for r in large if r["shared"] < attention.LARGE_TILE_SHARED_MEMORY]
+    assert not under, "prefill tiles a GPU with less than LARGE_TILE_SHARED_MEMORY could run:\n" + "\n".join(under)
+
+
 def test_every_gpu_config_fits_the_shared_memory_of_sm90(results):
     over = [f"{r['label']}: {r['shared']} bytes" for r in results if r["ok"] and r["shared"] > SHARED_LIMIT]
     assert not over, "over the 227 KB an sm_90 program may use:\n" + "\n".join(over)

@@ -450,6 +450,9 @@ _SMALL_SMEM_PREFILL_CONFIGS = [
     triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1),
 ]
 SMALL_SHARED_MEMORY = 128 * 1024
+# The least shared memory any of the other prefill tiles needs per program (64 x 32 keys, 3 stages: 96 KB, compiled
+# for sm_75 and sm_90; the rest 128-192 KB)
+LARGE_TILE_SHARED_MEMORY = 96 * 1024
 # The same tiles with K and V fetched by the TMA unit through host tensor descriptors (sm_90+, a cache whose heads
 # sit side by side in 16-byte-aligned rows, D a power of two). Timed by the autotuner only where
 # QWEN_LAB_ATTN_TMA=1 asks for them: on the H200 they measured level with the pointer loads (docs/perf-log.md,
@@ -479,8 +482,12 @@ def _prefill_kernel():
 
 def _prune_prefill_configs(configs, named_args, **kwargs):
     """The TMA configurations only for calls that allow them (TMA_OK); the small tiles only on a GPU with less than
-    SMALL_SHARED_MEMORY per program."""
-    small = max_shared_memory(named_args["q_ptr"].device) < SMALL_SHARED_MEMORY
+    SMALL_SHARED_MEMORY per program, and they alone on one with less than LARGE_TILE_SHARED_MEMORY (a T4), where
+    no other tile fits and each would only cost its compile (9-56 s apiece for sm_75 on a 2-core CPU)."""
+    room = max_shared_memory(named_args["q_ptr"].device)
+    if room < LARGE_TILE_SHARED_MEMORY:
+        return list(_SMALL_SMEM_PREFILL_CONFIGS)
+    small = room < SMALL_SHARED_MEMORY
     return [c for c in configs if (kwargs.get("TMA_OK", False) or not c.kwargs.get("TMA", False))
             and (small or not any(c is s for s in _SMALL_SMEM_PREFILL_CONFIGS))]
 
