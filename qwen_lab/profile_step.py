@@ -137,7 +137,7 @@ def tuned_picks() -> list[str]:
     for name, picks in deltanet._PICKS.items():
         for key, config in sorted(picks.items(), key=lambda kv: str(kv[0])):
             shown = ", ".join(str(k) for k in key)
-            lines.append(f"  {name}, {where.get(name, 'picked by its launcher')} [{shown}]: {config}")
+            lines.append(f"  {name}, {where[name]} [{shown}]: {config}")
     return lines + [""]
 
 

@@ -162,17 +162,22 @@ def env_on(name: str, default: bool) -> bool:
     return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
 
 
+def _major(device) -> int:
+    """The compute capability's major number of `device` if it is a CUDA GPU, else 0."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 0
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())[0]
+
+
 def sm90_or_newer(device) -> bool:
     """Whether `device` is a CUDA GPU of compute capability 9.0 or newer (Hopper: programmatic dependent launch, the
     TMA unit) with the Triton interpreter off."""
     import os
 
-    import torch
-
-    device = torch.device(device)
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return False
-    return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
+    return os.environ.get("TRITON_INTERPRET", "0") != "1" and _major(device) >= 9
 
 
 def tensor_core_dots(device) -> bool:
@@ -180,12 +185,7 @@ def tensor_core_dots(device) -> bool:
     (A100, L4, RTX 30/40, H100/H200). Below it (a T4, sm_75) Triton 3.6 emits no `mma` instruction: every product
     becomes a loop of fp32 FMAs, slow to run and minutes to compile for the large kernels (compiled offline,
     docs/perf-log.md, session 27)."""
-    import torch
-
-    device = torch.device(device)
-    if device.type != "cuda":
-        return False
-    return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 8
+    return _major(device) >= 8
 
 
 def pdl_enabled(device) -> bool:
