@@ -176,7 +176,17 @@ class Qwen35Model:
 
         ids, positions: LongTensor [T] on the device. Returns logits [T, V] (all_logits) or [1, V] for the last
         position, in the model dtype. Nothing here synchronises with the host on the triton backend.
+        The shapes are checked on the host: more tokens than the cache holds is an error. The positions' values live
+        on the device and are not: a position at or past cache.max_len is not written to the cache and its logits mean
+        nothing (generate and the prefill graphs check start + T against max_len before they call this).
         """
+        T = ids.shape[0]
+        if T > cache.max_len:
+            raise GenerationError(f"ids: {T} tokens, but the cache holds max_len={cache.max_len} positions; "
+                                  f"make the cache with model.new_cache(n) for n >= {T}")
+        if positions.shape != ids.shape:
+            raise GenerationError(f"positions: shape {tuple(positions.shape)}, expected {tuple(ids.shape)} "
+                                  f"(one position per id)")
         W, ops = self.weights, self.ops
         self.layer_index = -1
         x = ops["embedding"](ids, W.embed)                             # the residual stream [T, H]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hf_models import make_hf_model, save_hf_snapshot
-from qwen_lab import checks, runtime
+from qwen_lab import GenerationError, checks, runtime
 from qwen_lab.config import FULL, LINEAR, TINY
 from qwen_lab.generate import generate
 from qwen_lab.model import Qwen35Model, load_model
@@ -299,3 +299,17 @@ def test_observing_the_operators_keeps_the_fused_routes(gen):
     model.ops["causal_conv1d"] = lambda *a, **k: stock_conv(*a, **k)  # a learner's own entry: that fusion is off
     decode_ops = {name for _, name in record_operators(model, 8, decode=True)}
     assert "causal_conv1d" in decode_ops and "deltanet_conv_decode_step" not in decode_ops, decode_ops
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_step_refuses_more_tokens_than_the_cache_holds(backend):
+    # the kernels would leave the rows past the cache unwritten and return wrong logits without a word; the shape is
+    # known on the host, so the step says so before any kernel runs
+    model = load_model("tiny", device="cpu" if backend == "torch" else None, dtype=torch.float32, backend=backend)
+    ids = torch.arange(8, device=model.device)
+    with pytest.raises(GenerationError, match=r"ids: 8 tokens, but the cache holds max_len=4"):
+        model.step(ids, torch.arange(8, device=model.device), model.new_cache(4))
+    with pytest.raises(GenerationError, match=r"positions: shape \(7,\), expected \(8,\)"):
+        model.step(ids, torch.arange(7, device=model.device), model.new_cache(8))
+    logits = model.step(ids, torch.arange(8, device=model.device), model.new_cache(8))
+    assert logits.shape == (1, model.config.vocab_size)
