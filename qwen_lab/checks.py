@@ -7,7 +7,9 @@ The learner's function gets every tensor inside a larger guarded buffer with the
 around and between the rows of inputs, a sentinel around outputs): an out-of-bounds store is reported
 instead of corrupting the process, and a load outside an input brings NaN into the output.
 A failure says what is wrong in words: which output, how many elements, the worst one and where, whether
-NaN was never written or computed, outputs returned in each other's place, and a hint.
+NaN was never written or computed, outputs returned in each other's place, and a hint. An exercise left as its
+stub reads as its own NotImplementedError, inside `check_kernel` and in a cell that calls the learner's function
+itself within `with checks.learner_code():`.
 
     from qwen_lab import checks, reference
     checks.check_kernel("rms_norm", my_rms_norm, reference.rms_norm,
@@ -278,6 +280,29 @@ def _unfinished(e: BaseException) -> NotImplementedError | None:
             return NotImplementedError(json.loads(quoted.group(1)))
         e = e.__cause__ or e.__context__
     return None
+
+
+@contextlib.contextmanager
+def learner_code():
+    """A block that calls the learner's functions directly (not through `check_kernel`): an exercise still left as
+    its stub stops the block with that exercise's own NotImplementedError, e.g. `Exercise 06.1: the RoPE kernel`.
+
+    A stub inside a @triton.jit kernel does not reach the caller as one: the interpreter wraps it in an
+    InterpreterError, and compiled for a GPU, Triton's compiler refuses the `raise` statement itself
+    ("unsupported AST node type: Raise"). Any other error leaves the block unchanged.
+
+        with checks.learner_code():
+            out = my_rope(x, positions, cfg.rotary_dim, cfg.rope_theta)
+    """
+    try:
+        yield
+    except NotImplementedError:
+        raise
+    except Exception as e:
+        stub = _unfinished(e)
+        if stub is None:
+            raise
+        raise stub from None
 
 
 def _is_output(name: str) -> bool:
@@ -603,6 +628,6 @@ def guarded_call(fn, args: dict, outputs=(), **kwargs) -> dict:
     return {name: g.view for name, g in guards.items()}
 
 
-__all__ = ["CheckFailed", "Comparison", "TOLERANCES", "check_kernel", "compare", "finite_or_raise", "poison_",
-           "randn", "relative_error", "tolerance", "GuardedTensor", "guarded_call",
+__all__ = ["CheckFailed", "Comparison", "TOLERANCES", "check_kernel", "compare", "finite_or_raise", "learner_code",
+           "poison_", "randn", "relative_error", "tolerance", "GuardedTensor", "guarded_call",
            "GUARD_NAN", "GUARD_SENTINEL"]

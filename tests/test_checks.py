@@ -105,6 +105,56 @@ def test_a_kernel_stub_compiled_for_a_gpu_reads_as_not_done_yet(tmp_path):
     assert "-> NotImplementedError('Exercise 01.1: vector add')" in done.stdout, done.stdout + done.stderr[-2000:]
 
 
+class _CompilationError(Exception):
+    """Stands for triton.compiler.errors.CompilationError, whose message quotes the refused line under the kernel's
+    source, a caret below it (the form a GPU run shows; the test above compiles a real one)."""
+
+
+_COMPILER_MESSAGE = """at 2:4:
+def add_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)                       # which block of the vectors this program owns
+    raise NotImplementedError("Exercise 01.1: vector add")
+    ^
+unsupported AST node type: Raise"""
+
+
+def test_learner_code_shows_an_unfinished_kernel_as_its_exercise():
+    """Cells that call the learner's function directly run it inside `checks.learner_code()`: a stub refused by
+    Triton's compiler (on a GPU) or wrapped by the interpreter (on a CPU) must come out as the exercise's own
+    NotImplementedError, with its title and nothing of the wrapper."""
+    def compiled_for_a_gpu():
+        try:
+            raise KeyError("the launcher's own frame")       # an error that only precedes the compiler's
+        except KeyError as inner:
+            raise _CompilationError(_COMPILER_MESSAGE) from inner
+
+    with pytest.raises(NotImplementedError) as got:
+        with checks.learner_code():
+            compiled_for_a_gpu()
+    assert str(got.value) == "Exercise 01.1: vector add" and got.value.__suppress_context__
+
+    x = checks.randn(50, g=torch.Generator().manual_seed(0), device=DEV)
+    with pytest.raises(NotImplementedError, match="^Exercise 99.1: the copy$"):
+        with checks.learner_code():
+            _unfinished_copy(x, torch.empty_like(x))
+
+
+def test_learner_code_leaves_everything_else_alone():
+    """A finished call returns as it is; any other error, even a compiler error that quotes no stub, and a
+    NotImplementedError of the learner's own, go through unchanged."""
+    x = checks.randn(50, g=torch.Generator().manual_seed(0), device=DEV)
+    with checks.learner_code():
+        out = _copy(x)
+    assert torch.equal(out, x)
+    other = _CompilationError(_COMPILER_MESSAGE.replace('raise NotImplementedError("Exercise 01.1: vector add")',
+                                                        "x = tl.load(x_ptr + offs)"))
+    for error in (other, ValueError("a shape mismatch"), NotImplementedError("a branch I left for later")):
+        with pytest.raises(type(error)) as got:
+            with checks.learner_code():
+                raise error
+        assert got.value is error
+
+
 def test_a_correct_kernel_passes():
     assert len(checks.check_kernel("copy", _copy, _flat, [_case_1d, _case_strided], quiet=True)) == 2
 
