@@ -86,6 +86,15 @@ def tma_descriptor_use(ptx: str) -> dict:
     return {"tma_loads": "cp.async.bulk.tensor" in ptx, "device_made_descriptors": "tensormap.replace" in ptx}
 
 
+def prefetches_before_the_wait(ptx: str) -> dict:
+    """The decode split kernel's L2 prefetch: how many prefetch.global.L2 the PTX holds, and whether all come before
+    the PDL wait (griddepcontrol.wait), where they overlap the kernel before."""
+    lines = ptx.splitlines()
+    wait = next((i for i, line in enumerate(lines) if "griddepcontrol.wait" in line), len(lines))
+    at = [i for i, line in enumerate(lines) if "prefetch.global.L2" in line]
+    return {"prefetches": len(at), "prefetches_before_wait": bool(at) and max(at) < wait}
+
+
 def cases():
     """(label, thunk) for every case: the library's GPU configurations at Qwen3.5-0.8B's sizes, and the
     notebook exercise whose launcher sets its own pipeline depth."""
@@ -194,6 +203,11 @@ def cases():
         meta = dict(meta, PREP=True, HALF=C.rotary_dim // 2)
         out.append((f"flash_decode_split PREP {c}", lambda meta=meta, c=c: compile_case(
             attention.flash_decode_split_kernel, meta, decode_prep_types, c.num_warps, c.num_stages)))
+        # ... with the L2 prefetch of its chunk before the wait, in chunks of 16 keys (DECODE_PREFETCH)
+        meta = dict(meta, PREFETCH=True, CHUNK_ALIGN=16)
+        out.append((f"flash_decode_split PREP PREFETCH {c}", lambda meta=meta, c=c: compile_case(
+            attention.flash_decode_split_kernel, meta, decode_prep_types, c.num_warps, c.num_stages,
+            prefetches_before_the_wait)))
     # A T4: the small prefill tiles offered where shared memory is short, and the decode tiles (the autotuner skips
     # whichever do not fit), for an fp16 model without PDL
     t4_prec = dot_precision(torch.float16)

@@ -89,7 +89,7 @@ def test_the_atomic_split_k_clears_its_sums_only_after_every_thread_read_them(re
 def test_the_tma_kernels_take_their_descriptors_from_the_host(results):
     """The TMA configurations of the prefill GEMM and of flash attention load through tensor descriptors made by the
     launcher. Made by the kernel (`tl.make_tensor_descriptor`), each program wrote and fenced its own in global memory
-    before its first load: 2-3.5 us per GEMM call on the H200 (docs/perf-log.md, session 17), as much as cuBLAS's
+    before its first load: 2-3.5 us per GEMM call on the H200 (docs/perf-log.md, 2026-12-01), as much as cuBLAS's
     lead on the narrow shapes."""
     tma = [r for r in results if r["ok"] and "tma_loads" in r]
     matmuls = [r for r in tma if r["label"].startswith("matmul")]
@@ -118,3 +118,12 @@ def test_the_check_sees_a_pipeline_too_deep_for_the_sm():
     the H200 it failed with "out of resource: shared memory"; its launcher asks for one stage."""
     (deep,) = _run("--notebook-09-stages", "3")
     assert deep["ok"] and deep["shared"] > SHARED_LIMIT, deep
+
+
+def test_decode_prefetch_comes_before_the_pdl_wait(results):
+    # a prefetch after the wait would warm L2 with nothing left to overlap; none at all, a dropped asm
+    cases = [r for r in results if r["label"].startswith("flash_decode_split PREP PREFETCH")]
+    assert cases, "no prefetching decode case compiled"
+    for r in cases:
+        assert r["ok"] and r["prefetches"] > 0 and r["prefetches_before_wait"], r
+

@@ -311,16 +311,42 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, pos_ptr, out_ptr
 
 
 @triton.jit
+def _prefetch_rows_l2(rows_ptr, start, end, stride_l, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """prefetch.global.L2 for every 128-byte line of rows [start, end) of `rows_ptr` (D elements each, rows
+    stride_l elements apart), BLOCK_N rows at a time; a row past `end` in the last step repeats row end - 1."""
+    ROW_BYTES: tl.constexpr = D * rows_ptr.dtype.element_ty.primitive_bitwidth // 8
+    LINES: tl.constexpr = (ROW_BYTES + 127) // 128
+    base = rows_ptr.to(tl.pointer_type(tl.int8))
+    line = tl.arange(0, LINES) * 128
+    for s in range(start, end, BLOCK_N):
+        r = tl.minimum(s + tl.arange(0, BLOCK_N), end - 1)
+        addr = base + (r.to(tl.int64) * stride_l * (ROW_BYTES // D))[:, None] + line[None, :]
+        # not pure: the result is unused, and a pure asm with an unused result would be dropped
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [addr],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _decode_chunk(pos_ptr, L, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK_ALIGN: tl.constexpr):
+    """Keys [start, end) of split `split`: the n = pos + 1 keys (from device memory, at most L) shared by NUM_SPLITS
+    chunks at any length, each a whole multiple of CHUNK_ALIGN keys (0: of BLOCK_N, whole key blocks)."""
+    pos = tl.load(pos_ptr)
+    n = tl.maximum(tl.minimum(pos + 1, L), 0).to(tl.int32)
+    ALIGN: tl.constexpr = BLOCK_N if CHUNK_ALIGN == 0 else CHUNK_ALIGN
+    chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), ALIGN) * ALIGN
+    start = split * chunk
+    return start, tl.minimum(start + chunk, n)
+
+
+@triton.jit
 def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
                               stride_qh, stride_kl, stride_kh, stride_vl, stride_vh, stride_ws, stride_wh,
                               qw_ptr, kw_ptr, inv_freq_ptr, k_new_ptr, v_new_ptr, eps, stride_knh, stride_vnh,
                               G: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                               NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr,
                               BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False,
-                              PREP: tl.constexpr = False, HALF: tl.constexpr = 0):
-    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
-        gdc_wait()
-        gdc_launch_dependents()
+                              PREP: tl.constexpr = False, HALF: tl.constexpr = 0,
+                              CHUNK_ALIGN: tl.constexpr = 0, PREFETCH: tl.constexpr = False):
     # program (KV head, split): the G query heads of this KV head (padded to ROWS >= 16 for tl.dot)
     # against one chunk of the keys; writes the partial (acc, m, l) to the workspace
     kvh = tl.program_id(0)
@@ -332,12 +358,19 @@ def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
     d_ok = offs_d < D
     offs_n = tl.arange(0, BLOCK_N)
 
+    if PREFETCH:
+        # Before the wait: ask L2 for this chunk's keys and values while the kernel before (the q/k/v projection)
+        # finishes. The rows below pos come from earlier steps; the new row's stores below land in L2 over its
+        # prefetched line. A hint that holds no register and changes no result: were the position not final yet
+        # (it is the step's input), only the wrong lines would be warmed.
+        start, end = _decode_chunk(pos_ptr, L, split, NUM_SPLITS, BLOCK_N, CHUNK_ALIGN)
+        _prefetch_rows_l2(k_ptr + kvh * stride_kh, start, end, stride_kl, D, BLOCK_N)
+        _prefetch_rows_l2(v_ptr + kvh * stride_vh, start, end, stride_vl, D, BLOCK_N)
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
     pos = tl.load(pos_ptr)
-    n = tl.maximum(tl.minimum(pos + 1, L), 0).to(tl.int32)  # keys 0 .. n - 1, from device memory
-    # chunk length from the current length: all splits share the work at any length
-    chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * chunk
-    end = tl.minimum(start + chunk, n)
+    start, end = _decode_chunk(pos_ptr, L, split, NUM_SPLITS, BLOCK_N, CHUNK_ALIGN)
 
     if PREP:
         # qk_norm_rope_cache folded in (qk_norm_rope_cache_attention): q_ptr, k_new_ptr, v_new_ptr hold this
@@ -432,7 +465,7 @@ def sigmoid_gate_kernel(o_ptr, gate_ptr, out_ptr, H, stride_ot, stride_oh, strid
 # K and V block live in shared memory (32 + 2 x 32 KB per stage at 64/64: 160 KB with two stages, under the
 # H200's 227 KB); the fp32 accumulator [BLOCK_M, 256] lives in registers, hence 8 warps for 128 rows.
 # Compiled for sm_90 these configs use 212-255 registers per thread; the 4-warp 64 x 64 tile spills 64-72 bytes
-# (docs/perf-log.md, sessions 10 and 17).
+# (docs/perf-log.md, 2026-12-01).
 _PREFILL_CONFIGS = [
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=2),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=3),
@@ -456,7 +489,7 @@ LARGE_TILE_SHARED_MEMORY = 96 * 1024
 # The same tiles with K and V fetched by the TMA unit through host tensor descriptors (sm_90+, a cache whose heads
 # sit side by side in 16-byte-aligned rows, D a power of two). Timed by the autotuner only where
 # QWEN_LAB_ATTN_TMA=1 asks for them: on the H200 they measured level with the pointer loads (docs/perf-log.md,
-# session 18), so the default leaves them out of the tuning.
+# 2026-12-02), so the default leaves them out of the tuning.
 _PREFILL_TMA_CONFIGS = [triton.Config(dict(c.kwargs, TMA=True), num_warps=c.num_warps, num_stages=c.num_stages)
                         for c in _PREFILL_CONFIGS]
 _DECODE_CONFIGS = [
@@ -527,7 +560,8 @@ flash_attention_kernel.add_pre_run_hook(_fit_kv_descriptors)
 
 def _decode_kernel():
     if "decode" not in _tuned:
-        _tuned["decode"] = triton.autotune(_DECODE_CONFIGS, key=["G", "D", "NUM_SPLITS", "DOT_PREC", "PREP"])(
+        _tuned["decode"] = triton.autotune(_DECODE_CONFIGS, key=["G", "D", "NUM_SPLITS", "DOT_PREC", "PREP",
+                                                                  "CHUNK_ALIGN", "PREFETCH"])(
             flash_decode_split_kernel)
     return _tuned["decode"]
 
@@ -540,12 +574,17 @@ FORCE_PREFILL_CONFIG = None
 # From this many query tokens the gate is applied apart, by `sigmoid_gate` after an attention without it. Every
 # program of the flash kernel holds a whole SM (its K/V stages fill the shared memory), so the gate's loads in its
 # epilogue leave the SM idle, and the gate's registers change the autotuner's pick. On the H200 (docs/perf-log.md,
-# sessions 18-20), us per layer, fused against apart: 2048 tokens 59.6-60.0 against 56.1-56.2, 1024 tokens
+# 2026-12-02), us per layer, fused against apart: 2048 tokens 59.6-60.0 against 56.1-56.2, 1024 tokens
 # 32.9 against 31.1, 512 tokens 21.8 against 19.6, 256 tokens 16.3 against 13.6, 64 tokens 10.2 against 8.7.
 # Shorter prompts (the smallest prefill buckets), not measured, keep the epilogue and its saved launch.
 GATE_APART_FROM_TOKENS = 64
 _INTERP_DECODE_BLOCK_N = 16
-_DECODE_BLOCK_N = 64  # the chunk granularity used to choose NUM_SPLITS on the GPU
+# On the GPU a cache of capacity L gets min(MAX_SPLITS, L / DECODE_SPLIT_KEYS) splits, and each split's chunk is a
+# whole multiple of DECODE_CHUNK_ALIGN keys (0: of the config's BLOCK_N). DECODE_PREFETCH: each split asks L2 for
+# its chunk before the PDL wait (flash_decode_split_kernel).
+DECODE_SPLIT_KEYS = 64
+DECODE_CHUNK_ALIGN = 0
+DECODE_PREFETCH = False
 MAX_SPLITS = 64
 
 
@@ -555,7 +594,7 @@ def decode_splits(cache_len: int) -> int:
     Enough chunks that Hkv x NUM_SPLITS programs fill a large GPU (64 x 2 KV heads = 128 on 132 SMs of an
     H200), never more than one chunk per key block.
     """
-    block = _INTERP_DECODE_BLOCK_N if runtime.interpreter_active() else _DECODE_BLOCK_N
+    block = _INTERP_DECODE_BLOCK_N if runtime.interpreter_active() else DECODE_SPLIT_KEYS
     return max(1, min(MAX_SPLITS, triton.cdiv(int(cache_len), block)))
 
 
@@ -772,12 +811,18 @@ def _decode(q, k, v, positions, qk_scale, out, gate, num_splits, workspace, prep
     common = (q, k, v, positions, workspace, L, qk_scale, q.stride(1), k.stride(0), k.stride(1),
               v.stride(0), v.stride(1), workspace.stride(0), workspace.stride(1), *prep_args)
     prec = dot_precision(q.dtype)
+    chunk_meta = dict(CHUNK_ALIGN=int(DECODE_CHUNK_ALIGN))
     if runtime.interpreter_active():
         flash_decode_split_kernel[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=splits,
-                                                 DOT_PREC=prec, BLOCK_N=_INTERP_DECODE_BLOCK_N, **prep_meta)
+                                                 DOT_PREC=prec, BLOCK_N=_INTERP_DECODE_BLOCK_N, **prep_meta,
+                                                 **chunk_meta)
     else:
+        # (the prefetch walks whole 128-byte lines of a row: a power of two of them, as head_dim 128 or 256 gives)
+        lines = D * k.element_size() // 128
+        prefetch = bool(DECODE_PREFETCH) and D * k.element_size() % 128 == 0 and lines & (lines - 1) == 0
         _decode_kernel()[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=splits,
-                                        DOT_PREC=prec, **prep_meta, **pdl_options(q.device))
+                                        DOT_PREC=prec, **prep_meta, **chunk_meta, PREFETCH=prefetch,
+                                        **pdl_options(q.device))
     has_gate = gate is not None
     g = gate if has_gate else out  # never read when HAS_GATE is False
     block_dc = min(BLOCK_D, 64)
