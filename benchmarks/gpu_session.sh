@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Everything a GPU session checks, in one command on the device machine (the lease is short: one call).
+# Everything a GPU run checks, in one command on the GPU machine; name targets to run only some of them.
 #   bash benchmarks/gpu_session.sh [all] [tests] [bench] [kernels] [profile] [probes] [experiments] [scanprobes]
 #                                  [notebooks]
-#   results under $OUT (or ./gpu_out). `probes` fills most of one call's 10 minutes; `scanprobes` (the DeltaNet scan's
-#   launch forms, then its A/B) may need the limits of two: run its probes in separate calls when time is short
-#   TEST_SHARD=0/2 bash benchmarks/gpu_session.sh tests      (then 1/2 in the next call: half the test files each)
+#   results under $OUT (or ./gpu_out). `probes` takes most of 10 minutes on an H200; `scanprobes` (the DeltaNet
+#   scan's launch forms, then its A/B) up to twice that: run its probes one at a time where a run's time is limited
+#   TEST_SHARD=0/2 bash benchmarks/gpu_session.sh tests      (then 1/2 in a second run: half the test files each)
 #   TEST_FILES="tests/test_conv1d.py tests/test_attention.py" bash benchmarks/gpu_session.sh tests   (chosen files)
 # On a machine with two GPUs, run the timing targets on one and the tests and notebooks on the other:
 #   CUDA_VISIBLE_DEVICES=1 bash benchmarks/gpu_session.sh tests notebooks & CUDA_VISIBLE_DEVICES=0 bash benchmarks/gpu_session.sh bench profile
@@ -47,7 +47,7 @@ if want tests; then
   # (a per-test limit where pytest-timeout is installed: one hung kernel then fails its test, not the whole run)
   per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 300")
   # TEST_SHARD=i/n runs every n-th test file from the i-th (0-based): the whole suite takes ~8 minutes with 12
-  # workers, longer than one call's limit leaves beside anything else, so two calls can run it in halves.
+  # workers, so where a run's time is limited two runs can take it in halves.
   # (More workers than 12 on 16 cores made compilation alone pass the per-test limit.)
   # TEST_FILES="tests/test_a.py tests/test_b.py" runs those files instead (the checks of one change)
   files=${TEST_FILES:-$(ls tests/test_*.py | awk -v s="${TEST_SHARD:-0/1}" 'BEGIN { split(s, a, "/") } (NR - 1) % a[2] == a[1]')}
@@ -76,8 +76,8 @@ if want experiments; then
   # in the model, taken out), probe_last_query.py (faster on: kept), the scan in segments (level at best, taken
   # out; probe_scan_breakdown.py times the prep and the scan apart), the scan carrying S^T (slower, taken out).)
   # the chunk prep as a fixed number of programs (deltanet.PREP_PERSISTENT, on) against the grid: kernel, model,
-  # logits (PROBE_ARGS=--no-model times the kernels only); settled too (session 25: scan groups of 4 chunks slower
-  # than 8; probe_prep_heads.py: at 32 and 48 value heads the grid is faster, as the rule picks)
+  # logits (PROBE_ARGS=--no-model times the kernels only); settled too (docs/perf-log.md, 2026-12-02: scan groups
+  # of 4 chunks slower than 8; probe_prep_heads.py: at 32 and 48 value heads the grid is faster, as the rule picks)
   timeout ${PROBE_TIMEOUT:-420} python3 benchmarks/probe_prep_persistent.py ${PROBE_ARGS:-} 2>&1 | grep -v "falling back" | tee "$OUT/probe_prep_persistent.txt"
 fi
 if want scanprobes; then

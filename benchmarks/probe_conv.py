@@ -2,9 +2,9 @@
 
     python benchmarks/probe_conv.py [--tokens 2048]        (an NVIDIA GPU; prints one line per variant)
 
-Until session 18 the library's `conv1d_prefill_kernel` computed a [BLOCK_T, BLOCK_C] tile per program and
-loaded every row W times (once per tap): ~25 us per layer against a ~14 us copy. The `rows` form below measured
-18.6 us and became the library's kernel (docs/perf-log.md). Variants timed here, each inside a CUDA Graph on the
+The library's `conv1d_prefill_kernel` first computed a [BLOCK_T, BLOCK_C] tile per program and loaded every row
+W times (once per tap): ~25 us per layer against a ~14 us copy. The `rows` form below measured 18.6 us and became
+the library's kernel (docs/perf-log.md, 2026-12-02). Variants timed here, each inside a CUDA Graph on the
 model's shapes (x a [T, 6144] slice of the [T, 8224] in-projection):
 
 - `library`: conv1d.causal_conv1d with each of its PREFILL_CONFIGS segments (the `rows` form, with the state),
@@ -15,7 +15,7 @@ model's shapes (x a [T, 6144] slice of the [T, 8224] in-projection):
 - `copy`: the same tiles with one tap and no SiLU: the memory floor of this access pattern;
 - `gather`: each x row of the tile loaded once; the taps' shifted rows taken from the tile in registers
   (`tl.gather` along the tokens), only the W-1 rows before the tile loaded again. The other forms load every row
-  W times (once per tap), from L1 or L2 (session 10: 23.7 us against the copy's 14.0);
+  W times (once per tap), from L1 or L2 (docs/perf-log.md, 2026-12-01: 23.7 us against the copy's 14.0);
 - `rows`: a program holds SEG + W-1 consecutive rows of BLOCK_C channels as separate vectors (each loaded once, all
   requested before any is used) and forms each output row from W of them: the taps' shifts are a choice of
   registers, with no shuffles and no shared memory; W-1 rows per SEG are read twice.

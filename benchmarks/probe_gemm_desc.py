@@ -8,7 +8,7 @@ the launch's parameters (in a CUDA Graph: made once, at capture). Made in the ke
 and fences them after its PDL wait, before its first TMA load. For each prefill projection of the 0.8B model and
 each TMA configuration, this times (inside a CUDA Graph, 20 calls back to back, PDL as in the model) the
 device-descriptor form, the library's, and cuBLAS; and checks that both kernels write the same bits
-(docs/perf-log.md, session 17).
+(docs/perf-log.md, 2026-12-01).
 
 Then, for each persistent configuration, the library's kernel with TAIL = 1 and TAIL = 2: a last round of tiles
 that would keep only some SMs busy (448 SwiGLU tiles on 132 SMs: 3.4 rounds) run as half-height slices instead,

@@ -2,10 +2,10 @@
 
     python benchmarks/probe_mlp_decode.py        (an NVIDIA GPU; prints us per layer for each form)
 
-Each decode GEMV costs its bytes plus a launch's ramp (session 5: a one-launch floor), and the MLP pays it twice:
-the gate/up GEMV (14.7 MB at 0.8B's sizes), then the down GEMV (7.3 MB) with SwiGLU as its prologue. The down
-projection's K is the intermediate dimension, so it splits along K with no exchange between programs when each
-program produces its own slice of the input:
+Each decode GEMV costs its bytes plus a launch's ramp (docs/perf-log.md, 2026-11-30: a one-launch floor), and the
+MLP pays it twice: the gate/up GEMV (14.7 MB at 0.8B's sizes), then the down GEMV (7.3 MB) with SwiGLU as its
+prologue. The down projection's K is the intermediate dimension, so it splits along K with no exchange between
+programs when each program produces its own slice of the input:
 
     program p (intermediate rows i in [p B, p B + B)):   a_i = silu(W_gate[i] . h) * (W_up[i] . h)
                                                           y  += W_down[:, i] a_i        (fp32 atomics)

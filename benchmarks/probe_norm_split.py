@@ -4,8 +4,9 @@
 
 A prompt runs 48 `add_rms_norm` kernels (4.2 us each at 2048 tokens): each sits between a branch's output
 projection and the next projection, reads the branch output and the residual stream, and writes the new stream
-and the normed rows. Session 12 put the norm inside the next GEMM's product and lost (21-31 us per GEMM: x went
-through the registers on its way to the tensor cores). The split here leaves both products as they are:
+and the normed rows. The norm inside the next GEMM's product measured slower (21-31 us per GEMM: x went through
+the registers on its way to the tensor cores; docs/perf-log.md, 2026-12-01). The split here leaves both products
+as they are:
 
 - the output projection's epilogue (`gemm.linear_add_rms_norm`) adds its tile to the residual stream, stores
   h = s (1 + w) and each row's sum of squares over its tile (a slot per column tile);
@@ -79,7 +80,8 @@ def main() -> int:
         model = model_module.load_model("qwen3.5-0.8b", device="cuda", dtype=torch.bfloat16)
         model_ab(lambda on: setattr(model_module, "SPLIT_NORMS", on), "SPLIT_NORMS", T, model=model)
         # and the logits both ways (a 512-token prompt), each against transformers in float32 (bf16 routes differ
-        # from each other by about what each differs from the truth: session 20 measured 5.8e-2 on against off)
+        # from each other by about what each differs from the truth: 5.8e-2 on against off, docs/perf-log.md,
+        # 2026-12-02)
         from qwen_lab import bench
 
         ids = torch.randint(0, cfg.vocab_size, (512,), generator=torch.Generator().manual_seed(1)).cuda()

@@ -8,7 +8,7 @@ P items publishes less than one chunk of every head per scan step (a prep item ~
 H200, measured on the 0.8B), so the scan would wait on the prep. On an H200 (132 SMs) that leaves 200 programs for
 the 0.8B's 16 value heads, 136 for 32 and 72 for 48: the last two keep the grid. For each head count, `deltanet_chunked` (18 calls in one CUDA Graph, one per layer-like state) with the grid
 against the prep as P programs, alternated twice, outputs and final states compared (the same arithmetic: equal
-bit for bit), and what the rule picks. (docs/perf-log.md, session 25: the rule picked the faster form at all
+bit for bit), and what the rule picks. (docs/perf-log.md, 2026-12-02: the rule picked the faster form at all
 three; the persistent prep took 85 against 91 us per call at 16 value heads, 158 against 128 at 32, 363 against
 190 at 48.)
 """

@@ -8,12 +8,12 @@ waves) and the scan ~64 (64 programs, a chain of 32 steps). Under PDL the scan's
 every prep program has started, and then only where an SM has room: the prep's second wave takes nearly all of
 it, so most of the scan starts as the prep ends. With the prep as 2 x SMs - 64 programs, every prep program is
 resident from the start and 64 SMs keep room for one scan program each: the scan follows the prep's chunks from
-the first group on (docs/perf-log.md, session 24: 91.0 -> 84.8 us per layer).
+the first group on (docs/perf-log.md, 2026-12-02: 91.0 -> 84.8 us per layer).
 
 1. `deltanet_chunked` at Qwen3.5-0.8B's shapes, 18 calls (one per DeltaNet layer) in one CUDA Graph, each way,
    alternated twice; the outputs and final states compared (the same arithmetic: equal bit for bit). Then, with
-   the persistent prep, the scan waiting per group of 4 chunks instead of 8 (deltanet.SCAN_GROUP; session 25:
-   87.5 against 85.0 us per layer, so the default stays 8).
+   the persistent prep, the scan waiting per group of 4 chunks instead of 8 (deltanet.SCAN_GROUP; docs/perf-log.md,
+   2026-12-02: 87.5 against 85.0 us per layer, so the default stays 8).
 2. The whole model's prefill and decode step (random weights of the real shapes), as `python -m qwen_lab.bench`
    times its triton + cuda-graph row, five rounds alternated; then the last position's logits of a --tokens
    prompt both ways against transformers in float32 on the same weights.

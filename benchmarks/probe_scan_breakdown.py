@@ -6,7 +6,7 @@
 with the scan left out (the prep alone). With PDL (the scan beside the prep's last programs, as the model runs) and
 without (the scan after the whole prep, so the difference is the scan's own time). A scan left out leaves its
 counters as the prep filled them; they are zeroed after. Last, the configs the autotuner picked.
-(docs/perf-log.md, session 23: the prep ~38 us, the scan ~64 us alone and ~54 us beside the prep.)
+(docs/perf-log.md, 2026-12-02: the prep ~38 us, the scan ~64 us alone and ~54 us beside the prep.)
 """
 
 import os

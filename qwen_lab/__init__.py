@@ -15,7 +15,7 @@ _runtime.ensure_interpreter()
 
 from .config import PRESETS, Qwen35Config  # noqa: E402
 from .errors import (CheckpointError, ConfigError, DeviceError, GenerationError, KernelError,  # noqa: E402
-                     QwenLabError, UnsupportedModelError)
+                     QwenLabError, TokenizerError, UnsupportedModelError)
 
 __version__ = "0.1.0"
 
@@ -44,4 +44,4 @@ def load_tokenizer(source="tiny"):
 
 
 __all__ = ["CheckpointError", "ConfigError", "DeviceError", "GenerationError", "KernelError", "PRESETS", "Qwen35Config",
-           "QwenLabError", "UnsupportedModelError", "generate", "load_model", "load_tokenizer"]
+           "QwenLabError", "TokenizerError", "UnsupportedModelError", "generate", "load_model", "load_tokenizer"]

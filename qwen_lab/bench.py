@@ -292,6 +292,14 @@ def run(source: str = "qwen3.5-0.8b", prefill_len: int = 2048, decode_steps: int
     return result
 
 
+def format_rate(x) -> str:
+    """A rate for the table: 3 significant digits below 10 (0.52 -> "0.520", 2.5 -> "2.50"), whole numbers from 10
+    up (1456.2 -> "1456"), so that a slow row (a CPU run) does not print as 0."""
+    if x is None:
+        return "-"
+    return format(x, "#.3g" if abs(x) < 10 else ".0f")
+
+
 def format_table(result: dict) -> str:
     f = result["floors"]
     lines = [f"{result['config']} on {result['gpu']}, {result['dtype']}, prefill {result['prefill_len']} tokens, "
@@ -304,7 +312,7 @@ def format_table(result: dict) -> str:
         return "-" if x is None else format(x, spec)
     for r in result["rows"]:
         lines.append(f"| {r['name']} | {fmt(r['prefill_ms'], '.2f')} | {fmt(r['decode_ms'], '.3f')} | "
-                     f"{fmt(r['tokens_per_s'], '.0f')} | {fmt(r.get('decode_floor_share'), '.0%')} | "
+                     f"{format_rate(r['tokens_per_s'])} | {fmt(r.get('decode_floor_share'), '.0%')} | "
                      f"{fmt(r.get('prefill_floor_share'), '.0%')} | {fmt(r['kernels_prefill'], 'd')} / "
                      f"{fmt(r['kernels_decode'], 'd')} | {fmt(r['host_launches_prefill'], 'd')} / "
                      f"{fmt(r['host_launches_decode'], 'd')} |")

@@ -10,17 +10,24 @@ reallocated, so a CUDA Graph can capture steps that read and write these buffers
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from .config import FULL, LINEAR, Qwen35Config
+from .errors import GenerationError
 
 
 class Cache:
     def __init__(self, config: Qwen35Config, max_len: int, device, dtype):
-        if max_len <= 0:
-            raise ValueError(f"max_len={max_len}; expected a positive number of cached positions")
+        try:
+            n_pos = None if isinstance(max_len, bool) else operator.index(max_len)
+        except TypeError:
+            n_pos = None
+        if n_pos is None or n_pos <= 0:
+            raise GenerationError(f"max_len={max_len!r}; expected a positive integer number of cached positions")
         c = config
-        self.config, self.max_len = c, int(max_len)
+        self.config, self.max_len = c, n_pos
         n = c.num_hidden_layers
         self.key: list[torch.Tensor | None] = [None] * n
         self.value: list[torch.Tensor | None] = [None] * n

@@ -31,3 +31,12 @@ class GenerationError(QwenLabError, ValueError):
 
 class KernelError(QwenLabError, ValueError):
     """A kernel launcher called with tensors it cannot serve (shape, dtype, device, layout)."""
+
+
+class TokenizerError(QwenLabError, ValueError):
+    """Text or chat messages the tokenizer cannot serve, or a chat template that fails on them."""
+
+
+class TokenizerTypeError(TokenizerError, TypeError):
+    """A tokenizer argument of the wrong type (text that is not a str); also a TypeError, as Python's own
+    functions raise for one."""

@@ -169,24 +169,46 @@ def status_line(model):
     return tqdm(desc="warm-up", bar_format="{desc}{postfix} [{elapsed}]", file=sys.stderr, leave=False)
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line of `python -m qwen_lab.generate`."""
     p = argparse.ArgumentParser(prog="python -m qwen_lab.generate",
                                 description="Generate text with Qwen3.5 built from the course's Triton kernels.")
-    p.add_argument("--model", default="tiny",
-                   help="snapshot directory, preset ('tiny', 'qwen3.5-0.8b') or hub id (default: tiny)")
-    p.add_argument("--prompt", default="The GPU reads every weight once per token, so")
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the snapshot's chat template")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-cuda-graph", action="store_true", help="launch every kernel from Python (no graph replay)")
-    p.add_argument("--backend", choices=("triton", "torch"), default="triton")
-    p.add_argument("--device", default=None)
+    p.add_argument("--model", default="tiny", metavar="SOURCE",
+                   help="snapshot directory, preset ('tiny', 'qwen3.5-0.8b') or hub id (default: %(default)s)")
+    p.add_argument("--prompt", default="The GPU reads every weight once per token, so", metavar="TEXT",
+                   help="the text to continue (default: '%(default)s')")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt in the snapshot's chat template as a user message (default: off)")
+    p.add_argument("--max-new-tokens", type=int, default=32, metavar="N",
+                   help="stop after N new tokens, or earlier at an end-of-sequence token; on a CPU (the Triton "
+                        "interpreter) each token takes seconds (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="sampling temperature; 0 picks the most likely token every time (greedy) "
+                        "(default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K",
+                   help="sample among the K most likely tokens only; 0 = no top-k filter (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="sample among the most likely tokens whose probabilities add up to P (nucleus); "
+                        "1 = no filter (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="seed of the sampling: the same seed gives the same tokens (default: %(default)s)")
+    p.add_argument("--no-cuda-graph", action="store_true",
+                   help="launch every kernel from Python instead of replaying a captured decode step "
+                        "(default: replay on a GPU)")
+    p.add_argument("--backend", choices=("triton", "torch"), default="triton",
+                   help="'triton': the course's kernels; 'torch': the PyTorch reference (qwen_lab.reference) "
+                        "(default: %(default)s)")
+    p.add_argument("--device", default=None,
+                   help="a torch device such as 'cuda', 'cuda:1' or 'cpu' (default: the GPU when there is one, "
+                        "else the CPU)")
     p.add_argument("--dtype", default=None, choices=("bf16", "fp16", "fp32"),
-                   help="default: bf16 on a recent GPU, fp32 on a CPU")
-    args = p.parse_args(argv)
+                   help="the model's dtype (default: bf16 on a GPU, fp16 below compute capability 8.0, fp32 on "
+                        "a CPU)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
 
     import time
 

@@ -23,7 +23,7 @@ import unicodedata
 from collections import Counter
 from pathlib import Path
 
-from .errors import CheckpointError
+from .errors import CheckpointError, TokenizerError, TokenizerTypeError
 
 TOKENIZER_PATTERNS = ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json",
                       "chat_template.jinja", "special_tokens_map.json"]
@@ -174,7 +174,7 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`. Special tokens written in the text (like <|im_start|>) become their single id."""
         if not isinstance(text, str):
-            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+            raise TokenizerTypeError(f"text: expected a str, got {type(text).__name__}")
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
@@ -217,12 +217,12 @@ class Tokenizer:
                                   "tokenizer_config.json and no chat_template.jinja)")
         if not isinstance(messages, (list, tuple)) or not all(
                 isinstance(m, dict) and "role" in m and "content" in m for m in messages):
-            raise ValueError("messages: expected a list of {'role': ..., 'content': ...} dicts, got "
-                             f"{messages!r:.200}")
+            raise TokenizerError("messages: expected a list of {'role': ..., 'content': ...} dicts, got "
+                                 f"{messages!r:.200}")
         ctx = dict(bos_token=self.bos_token or "", eos_token=self.eos_token or "", tools=None, documents=None)
         ctx.update(kwargs)
-        return _render(self.chat_template, messages=list(messages), add_generation_prompt=add_generation_prompt,
-                       **ctx)
+        return _render(self.chat_template, self.source, messages=list(messages),
+                       add_generation_prompt=add_generation_prompt, **ctx)
 
     def __repr__(self) -> str:
         return (f"Tokenizer({self.source}: {self.vocab_size} tokens, eos {list(self.eos_token_ids)}, "
@@ -313,15 +313,20 @@ def _id_list(ids) -> list[int]:
     return [int(i) for i in ids]
 
 
-def _render(template: str, **ctx) -> str:
-    """Render a chat template the way transformers does: sandboxed Jinja, trim_blocks and lstrip_blocks."""
+def _render(template: str, source: str, /, **ctx) -> str:
+    """Render a chat template the way transformers does: sandboxed Jinja, trim_blocks and lstrip_blocks.
+
+    `source` (the snapshot directory) names the template in errors; positional-only, so that the template's
+    own variables may use any name."""
     from datetime import datetime
 
-    from jinja2 import TemplateError
+    from jinja2 import TemplateError, TemplateSyntaxError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+    where = f"{source}: the chat template" if source else "the chat template"
+
     def raise_exception(message):
-        raise ValueError(f"chat template: {message}")
+        raise TokenizerError(f"{where} refused the messages: {message}")
 
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
@@ -332,9 +337,16 @@ def _render(template: str, **ctx) -> str:
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
-        return env.from_string(template).render(**ctx)
+        compiled = env.from_string(template)
+    except TemplateSyntaxError as e:
+        raise CheckpointError(f"{where} is not valid Jinja (line {e.lineno}: {e.message}); expected a Jinja "
+                              "chat template in chat_template.jinja or tokenizer_config.json's 'chat_template'") \
+            from None
+    try:
+        return compiled.render(**ctx)
     except TemplateError as e:
-        raise ValueError(f"chat template could not be rendered: {e}") from None
+        raise TokenizerError(f"{where} could not be rendered with these messages ({type(e).__name__}: {e}); "
+                             "expected messages with the fields the template reads") from None
 
 
 # ------------------------------------------------------------------ building the tiny tokenizer
@@ -378,7 +390,9 @@ def train_bpe(corpus: str, vocab_size: int) -> tuple[dict[str, int], list[tuple[
             for pair in zip(s, s[1:]):
                 pairs[pair] += count
         if not pairs:
-            raise ValueError(f"the corpus allows only {len(vocab)} tokens, fewer than vocab_size={vocab_size}")
+            raise TokenizerError(f"corpus: allows only {len(vocab)} tokens (every pair of symbols merged), "
+                                 f"fewer than vocab_size={vocab_size}; expected a longer corpus or a smaller "
+                                 "vocab_size")
         best = min(pairs.items(), key=lambda kv: (-kv[1], kv[0]))[0]
         merges.append(best)
         joined = best[0] + best[1]

@@ -700,6 +700,14 @@ def random_weights(config: Qwen35Config, device=None, dtype=None, seed: int = 0)
 _FP32_IN_CHECKPOINT = ("linear_attn.A_log", "linear_attn.norm.weight")
 
 
+def _layout_prefix(layout) -> str:
+    """The name prefix of a checkpoint `layout` ("causal" or "multimodal"); CheckpointError for anything else."""
+    if not isinstance(layout, str) or layout not in LAYOUT_PREFIX:
+        raise CheckpointError(f"layout={layout!r}; expected one of {sorted(LAYOUT_PREFIX)} (the flat causal LM "
+                              "snapshot, or the multimodal one with the text model under model.language_model.)")
+    return LAYOUT_PREFIX[layout]
+
+
 def random_state_dict(config: Qwen35Config, seed: int = 0, layout: str = "causal",
                       dtype: torch.dtype = torch.bfloat16) -> dict[str, Tensor]:
     """The random weights of `random_weights(config, seed=seed)` as Hugging Face names and unfused tensors (CPU).
@@ -708,9 +716,7 @@ def random_state_dict(config: Qwen35Config, seed: int = 0, layout: str = "causal
     at the top level. Matrices, embedding, conv and (1 + w) norms are in `dtype`; A_log and the gated-norm weight
     stay float32, as in the released checkpoints.
     """
-    if layout not in LAYOUT_PREFIX:
-        raise ValueError(f"layout={layout!r}; expected one of {sorted(LAYOUT_PREFIX)}")
-    prefix = LAYOUT_PREFIX[layout]
+    prefix = _layout_prefix(layout)
     out = {}
     for name, shape in expected_tensors(config).items():
         t = _draw(name, shape, seed, "cpu")
@@ -725,7 +731,7 @@ def to_hf_state_dict(config: Qwen35Config, weights: ModelWeights, layout: str = 
     Lets transformers' own model run on exactly the weights qwen_lab runs (the benchmark's eager row, parity
     notebooks). 1-D parameters come back as float32.
     """
-    prefix = LAYOUT_PREFIX[layout]
+    prefix = _layout_prefix(layout)
     c = config
     out = {"embed_tokens.weight": weights.embed, "norm.weight": weights.final_norm}
     if not c.tie_word_embeddings:
@@ -771,11 +777,10 @@ def _tiny_vision_config(text_hidden: int) -> dict:
 
 def hf_config_dict(config: Qwen35Config, layout: str = "causal") -> dict:
     """config.json for `config`: flat (causal LM) or the multimodal form with the text part under text_config."""
+    _layout_prefix(layout)
     flat = config.to_hf_dict()
     if layout == "causal":
         return flat
-    if layout != "multimodal":
-        raise ValueError(f"layout={layout!r}; expected one of {sorted(LAYOUT_PREFIX)}")
     text = {k: v for k, v in flat.items() if k not in ("architectures", "torch_dtype")}
     return {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "text_config": text,
             "vision_config": _tiny_vision_config(config.hidden_size),
@@ -790,6 +795,7 @@ def save_snapshot(directory, config: Qwen35Config, state_dict: dict[str, Tensor]
                   max_shard_bytes: int | None = None, tokenizer_dir=None) -> Path:
     """Write a snapshot: config.json, the weights (one file, or shards of at most `max_shard_bytes` + an index),
     and the tokenizer files of `tokenizer_dir` when given. Returns the directory."""
+    _layout_prefix(layout)  # before anything is written
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     _write_json(directory / "config.json", hf_config_dict(config, layout))

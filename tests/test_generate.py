@@ -1,8 +1,8 @@
 """generate(): argument checking, EOS, sampling reproducibility, and the command line."""
 
+import re
 import subprocess
 import sys
-
 import types
 
 import pytest
@@ -67,6 +67,18 @@ def test_prompt_longer_than_the_cache_raises(model):
 def test_bad_keyword_arguments_raise_naming_the_argument(model, kwargs, fragment):
     with pytest.raises(GenerationError, match=fragment):
         qwen_lab.generate(model, [1, 2, 3], max_new_tokens=2, **kwargs)
+
+
+@pytest.mark.parametrize("max_len", [0, -3, 2.5, "8", True, None])
+def test_new_cache_rejects_a_bad_length_naming_it(model, max_len):
+    with pytest.raises(GenerationError, match=re.escape(f"max_len={max_len!r}; expected a positive integer")) as e:
+        model.new_cache(max_len)
+    assert isinstance(e.value, qwen_lab.QwenLabError) and isinstance(e.value, ValueError)
+
+
+def test_new_cache_takes_any_integer_length(model):
+    assert model.new_cache(3).max_len == 3
+    assert model.new_cache(torch.tensor(5)).max_len == 5  # e.g. ids.numel() kept as a tensor
 
 
 def test_eos_ids_may_come_from_an_iterator(model):
@@ -139,6 +151,30 @@ def test_cli_chat_uses_the_template():
                 "--top-p", "0.9", "--seed", "1")
     assert r.returncode == 0, r.stderr
     assert "<|im_start|>user\nhi<|im_end|>" in r.stdout and "<|im_start|>assistant\n" in r.stdout
+
+
+def test_cli_help_describes_every_flag_with_its_default(capsys):
+    from qwen_lab.generate import _parser, main
+
+    flags = {}
+    for action in _parser()._actions:
+        if action.dest != "help":
+            assert action.help and "default" in action.help, f"{action.option_strings}: no help, or no default in it"
+            flags[action.option_strings[0]] = action
+    # DESIGN.md's command line, and its defaults
+    assert {"--model", "--prompt", "--chat", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--seed",
+            "--no-cuda-graph"} <= set(flags)
+    assert {f: flags[f].default for f in ("--model", "--max-new-tokens", "--temperature", "--top-k", "--top-p",
+                                          "--seed")} == {"--model": "tiny", "--max-new-tokens": 32,
+                                                         "--temperature": 0.0, "--top-k": 0, "--top-p": 1.0,
+                                                         "--seed": 0}
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines: compare with single spaces
+    for fragment in ("(default: tiny)", "(default: 32)", "(default: 0.0)", "(default: 1.0)",
+                     "on a CPU (the Triton interpreter) each token takes seconds"):
+        assert fragment in text, fragment
 
 
 def test_cli_reports_bad_arguments_in_one_line():

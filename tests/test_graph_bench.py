@@ -38,6 +38,22 @@ def test_bench_runs_on_the_tiny_model_and_writes_json(tmp_path):
     assert (tmp_path / "bench.png").stat().st_size > 1000
 
 
+def test_table_keeps_significant_digits_of_slow_rates():
+    row = dict(prefill_ms=2894.1, decode_ms=2894.4, kernels_prefill=120, kernels_decode=118,
+               host_launches_prefill=120, host_launches_decode=118)
+    result = {"config": "tiny", "gpu": "cpu", "dtype": "float32", "prefill_len": 9, "date": "2026-12-03",
+              "floors": {}, "skipped": [],
+              "rows": [{"name": "cpu-slow", **row, "tokens_per_s": 0.3455},
+                       {"name": "mid", **row, "tokens_per_s": 2.5},
+                       {"name": "gpu-fast", **row, "tokens_per_s": 1456.2}]}
+    table = bench.format_table(result)
+    cells = {x.split(" | ")[0][2:]: x.split(" | ") for x in table.splitlines() if x.startswith("| ")}
+    assert cells["row"][3] == "tokens/s"
+    rate = {name: cells[name][3] for name in ("cpu-slow", "mid", "gpu-fast")}
+    assert rate == {"cpu-slow": "0.345", "mid": "2.50", "gpu-fast": "1456"}, table
+    assert [bench.format_rate(x) for x in (0.052, 9.5, 10.0, 187.6, None)] == ["0.0520", "9.50", "10", "188", "-"]
+
+
 def test_model_costs_match_the_documented_floors():
     from qwen_lab.config import QWEN35_0_8B
     from qwen_lab.weights import expected_tensors

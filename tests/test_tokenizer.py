@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from qwen_lab.config import QWEN35_0_8B, TINY
-from qwen_lab.errors import CheckpointError
+from qwen_lab.errors import CheckpointError, QwenLabError, TokenizerError
 from qwen_lab.tokenizer import (TINY_CORPUS, TINY_SPECIAL_IDS, Tokenizer, bytes_to_unicode, load_tokenizer,
                                 tiny_tokenizer_json, train_bpe)
 from qwen_lab.weights import TINY_DIR, load_weights
@@ -77,8 +77,16 @@ def test_decode_accepts_tensors_and_single_ids(tok):
 
 
 def test_encode_rejects_non_text(tok):
-    with pytest.raises(TypeError, match="text: expected a str"):
+    with pytest.raises(TokenizerError, match="text: expected a str, got list") as e:
         tok.encode([1, 2, 3])
+    assert isinstance(e.value, QwenLabError)
+    assert isinstance(e.value, TypeError), "a caller's `except TypeError` still catches it"
+
+
+def test_bpe_training_on_too_short_a_corpus_names_both_arguments():
+    with pytest.raises(TokenizerError, match=r"corpus: allows only 257 tokens.*vocab_size=300") as e:
+        train_bpe("ab", 300)
+    assert isinstance(e.value, QwenLabError) and isinstance(e.value, ValueError)
 
 
 # ---------------------------------------------------------------- special tokens
@@ -140,13 +148,34 @@ def test_chat_template_from_a_jinja_file_wins(tmp_path):
 def test_chat_template_raise_exception_is_reported(tmp_path):
     snap = copy_tiny(tmp_path)
     (snap / "chat_template.jinja").write_text("{{ raise_exception('System message must come first') }}")
-    with pytest.raises(ValueError, match="System message must come first"):
+    with pytest.raises(TokenizerError, match="the chat template refused the messages: System message must "
+                                             "come first") as e:
         load_tokenizer(snap).apply_chat_template([{"role": "user", "content": "hi"}])
+    assert str(snap) in str(e.value)
+    assert isinstance(e.value, QwenLabError) and isinstance(e.value, ValueError)
+
+
+def test_chat_template_that_fails_on_the_messages_is_reported(tmp_path):
+    snap = copy_tiny(tmp_path)
+    (snap / "chat_template.jinja").write_text("{{ messages[0]['content'].missing.field }}")
+    with pytest.raises(TokenizerError, match="could not be rendered with these messages") as e:
+        load_tokenizer(snap).apply_chat_template([{"role": "user", "content": "hi"}])
+    assert str(snap) in str(e.value) and isinstance(e.value, QwenLabError)
+
+
+def test_chat_template_with_a_jinja_syntax_error_names_the_snapshot(tmp_path):
+    snap = copy_tiny(tmp_path)
+    (snap / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}")  # no endfor
+    with pytest.raises(CheckpointError, match="the chat template is not valid Jinja") as e:
+        load_tokenizer(snap).apply_chat_template([{"role": "user", "content": "hi"}])
+    assert str(snap) in str(e.value)
 
 
 def test_chat_template_rejects_malformed_messages(tok):
-    with pytest.raises(ValueError, match="messages: expected a list of"):
-        tok.apply_chat_template([{"text": "no role"}])
+    for bad in ([{"text": "no role"}], "hi", None):
+        with pytest.raises(TokenizerError, match="messages: expected a list of") as e:
+            tok.apply_chat_template(bad)
+        assert isinstance(e.value, QwenLabError) and isinstance(e.value, ValueError)
 
 
 def test_missing_chat_template(tmp_path):

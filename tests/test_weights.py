@@ -10,7 +10,7 @@ import torch
 
 from hf_models import make_hf_model, random_tiny_config, save_hf_snapshot
 from qwen_lab.config import FULL, LINEAR, PRESETS, QWEN35_0_8B, TINY, Qwen35Config
-from qwen_lab.errors import CheckpointError, ConfigError, UnsupportedModelError
+from qwen_lab.errors import CheckpointError, ConfigError, QwenLabError, UnsupportedModelError
 from qwen_lab.weights import (INDEX_FILE, TINY_DIR, build_tiny_checkpoint, expected_tensors, load_weights, main,
                               random_state_dict, random_weights, read_safetensors_header, save_snapshot)
 
@@ -563,6 +563,22 @@ def test_index_not_json(tmp_path):
     snap = write(tmp_path, TINY, shard=100_000)
     (snap / INDEX_FILE).write_text("{")
     raises(snap, CheckpointError, INDEX_FILE, "weight_map")
+
+
+@pytest.mark.parametrize("layout", ["seq2seq", "Causal", None])
+def test_unknown_layout_is_rejected_naming_the_argument(tmp_path, layout):
+    from qwen_lab.weights import hf_config_dict, to_hf_state_dict
+
+    expected = r"layout=.*; expected one of \['causal', 'multimodal'\]"
+    calls = {"random_state_dict": lambda: random_state_dict(TINY, layout=layout),
+             "hf_config_dict": lambda: hf_config_dict(TINY, layout),
+             "to_hf_state_dict": lambda: to_hf_state_dict(TINY, None, layout),
+             "save_snapshot": lambda: save_snapshot(tmp_path / "snap", TINY, {}, layout=layout)}
+    for name, call in calls.items():
+        with pytest.raises(CheckpointError, match=expected) as e:
+            call()
+        assert isinstance(e.value, QwenLabError) and isinstance(e.value, ValueError), name
+    assert not (tmp_path / "snap").exists(), "save_snapshot checks the layout before it writes anything"
 
 
 def test_untied_without_lm_head(tmp_path):

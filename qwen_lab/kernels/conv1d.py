@@ -142,7 +142,7 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
 # the GPU. BLOCK_T rows are unrolled (each its own registers), so segments stay short and wide; the narrow ones
 # keep enough programs for short prompts. (H200, 2048 tokens x 6144 channels, weights stored [C, W]: 18.3 us for
 # 8 x 256 with 2 warps, against 25.4 for the best [tokens, channels] tile of the earlier form and a 14.0 us copy
-# floor; stored [W, C], as the model now does, 17.4; docs/perf-log.md session 18.)
+# floor; stored [W, C], as the model now does, 17.4; docs/perf-log.md, 2026-12-02.)
 PREFILL_CONFIGS = [triton.Config({"BLOCK_T": bt, "BLOCK_C": bc}, num_warps=w)
                    for bt, bc, w in ((8, 256, 2), (8, 256, 1), (8, 128, 1), (16, 256, 2), (8, 512, 2), (8, 1024, 4))]
 # Tests set this to a triton.Config to run the prefill kernel with that segment (on the GPU or the interpreter).
@@ -159,7 +159,7 @@ def _tuned_prefill():
 
 
 # Up to this many tokens the sequential kernel serves the call: set when the segmented kernel still needed a
-# separate state-shift launch, and not re-measured since it writes the state itself (docs/perf-log.md, session 7).
+# separate state-shift launch, and not re-measured since it writes the state itself (docs/perf-log.md, 2026-11-30).
 STEP_MAX_TOKENS = 4
 
 

@@ -91,7 +91,7 @@ SCAN_BESIDE_PREP = True
 # Under PDL the prep runs as a fixed number of programs that walk the (head, chunk) items (see chunk_prep_kernel),
 # as many as leave one SM slot per scan program: the scan is then placed at once and runs beside the whole prep,
 # instead of waiting for SM room until the prep's last wave. On the H200 a DeltaNet layer at 2048 tokens took
-# 84.8 us against 91.0 with the grid (benchmarks/probe_prep_persistent.py, docs/perf-log.md session 24). False:
+# 84.8 us against 91.0 with the grid (benchmarks/probe_prep_persistent.py, docs/perf-log.md, 2026-12-02). False:
 # the grid (Hv, chunks); an int sets the number of programs (tests).
 PREP_PERSISTENT: bool | int = True
 # Programs of chunk_prep_kernel per SM at its 4-warp config: 255 registers x 128 threads each, two fill the 64K
@@ -436,7 +436,7 @@ _PREP_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]  
 def _prune_prep(configs, named_args, **kwargs):
     """Every config where Triton's products run on tensor cores; below sm_80 (a T4) the first alone. There each
     product is a loop of fp32 FMAs, and compiling this kernel for sm_75 took 224-270 s per config on a 2-core CPU
-    (2.3 s for sm_90; docs/perf-log.md, session 27): a second config would double a learner's first prefill."""
+    (2.3 s for sm_90; docs/perf-log.md, 2026-12-03): a second config would double a learner's first prefill."""
     q = named_args.get("q_ptr")  # absent when a test or the offline compile asks for every config
     return configs if q is None or tensor_core_dots(q.device) else configs[:1]
 
@@ -938,7 +938,7 @@ def chunk_class(n_chunks: int) -> int:
     latency, 32 chunks are mostly products), so a tuning made on a short prompt must not serve a long one. On the
     H200, 2048 tokens with the pick tuned on 150 took 90.5 us per layer against 84.6 with their own; notebook 09,
     whose checks run 133-150 tokens first, timed 127 us per layer before the class was keyed, 85 after
-    (docs/perf-log.md, session 26)."""
+    (docs/perf-log.md, 2026-12-03)."""
     return triton.next_power_of_2(max(1, int(n_chunks)))
 
 
@@ -979,7 +979,7 @@ def _pick_in_place(kernel: str, key: tuple, launch, states, on_gpu: bool, calls:
     - the chunk scan runs beside the persistent prep, which leaves one SM slot per scan program of 32 value columns
       and 4 warps; a scan of 16 columns (twice the programs) or of 8 warps waits for room. On the H200 at 2048
       tokens the autotuner, timing the scan after the prep, picked 16 columns in one run (99.7 us per layer beside
-      the prep) and 32 columns with 3 stages (84.7 us) in another (docs/perf-log.md, session 26);
+      the prep) and 32 columns with 3 stages (84.7 us) in another (docs/perf-log.md, 2026-12-03);
     - the fused conv + delta-rule decode step runs for ~4 us, against 11-16 us of launch cost for each launch the
       autotuner times from Python: its ranking is mostly the host's noise. In the replayed decode step of
       Qwen3.5-0.8B its configs are 12-19 us per token apart (benchmarks/probe_decode_step_configs.py)."""

@@ -154,7 +154,7 @@ def _matmul_configs(swiglu: bool = False):
         # JOIN form measured the same as the two-product one (docs/perf-log.md). Half-size JOIN tiles (64 x 128,
         # 128 x 64: 6.8 rounds of tiles per SM at 2048 tokens instead of 3.4) were slower there and were removed.
         # TAIL = 2: at 2048 tokens the 448 tiles are 3.4 rounds on 132 SMs, and the last round, in half-height
-        # slices, ends sooner (H200: 49.6 -> 47.0 us per call, docs/perf-log.md session 18). The SwiGLU candidates
+        # slices, ends sooner (H200: 49.6 -> 47.0 us per call, docs/perf-log.md, 2026-12-02). The SwiGLU candidates
         # are the only ones with TAIL, so only the SwiGLU launches make the slices' descriptor (`_tma_descriptors`).
         configs += [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "TMA": True,
                                    "PERSIST": True, "JOIN": True, "TAIL": tail}, num_stages=s, num_warps=w)
