@@ -203,8 +203,8 @@ def cases():
         meta = dict(meta, PREP=True, HALF=C.rotary_dim // 2)
         out.append((f"flash_decode_split PREP {c}", lambda meta=meta, c=c: compile_case(
             attention.flash_decode_split_kernel, meta, decode_prep_types, c.num_warps, c.num_stages)))
-        # ... with the L2 prefetch of its chunk before the wait, in chunks of 16 keys (DECODE_PREFETCH)
-        meta = dict(meta, PREFETCH=True, CHUNK_ALIGN=16)
+        # ... with the L2 prefetch of its chunk before the wait (DECODE_PREFETCH, the model's default)
+        meta = dict(meta, PREFETCH=True)
         out.append((f"flash_decode_split PREP PREFETCH {c}", lambda meta=meta, c=c: compile_case(
             attention.flash_decode_split_kernel, meta, decode_prep_types, c.num_warps, c.num_stages,
             prefetches_before_the_wait)))

@@ -327,13 +327,12 @@ def _prefetch_rows_l2(rows_ptr, start, end, stride_l, D: tl.constexpr, BLOCK_N: 
 
 
 @triton.jit
-def _decode_chunk(pos_ptr, L, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK_ALIGN: tl.constexpr):
+def _decode_chunk(pos_ptr, L, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
     """Keys [start, end) of split `split`: the n = pos + 1 keys (from device memory, at most L) shared by NUM_SPLITS
-    chunks at any length, each a whole multiple of CHUNK_ALIGN keys (0: of BLOCK_N, whole key blocks)."""
+    chunks at any length, each whole key blocks of BLOCK_N."""
     pos = tl.load(pos_ptr)
     n = tl.maximum(tl.minimum(pos + 1, L), 0).to(tl.int32)
-    ALIGN: tl.constexpr = BLOCK_N if CHUNK_ALIGN == 0 else CHUNK_ALIGN
-    chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), ALIGN) * ALIGN
+    chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * chunk
     return start, tl.minimum(start + chunk, n)
 
@@ -346,7 +345,7 @@ def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
                               NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr,
                               BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False,
                               PREP: tl.constexpr = False, HALF: tl.constexpr = 0,
-                              CHUNK_ALIGN: tl.constexpr = 0, PREFETCH: tl.constexpr = False):
+                              PREFETCH: tl.constexpr = False):
     # program (KV head, split): the G query heads of this KV head (padded to ROWS >= 16 for tl.dot)
     # against one chunk of the keys; writes the partial (acc, m, l) to the workspace
     kvh = tl.program_id(0)
@@ -363,14 +362,14 @@ def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
         # finishes. The rows below pos come from earlier steps; the new row's stores below land in L2 over its
         # prefetched line. A hint that holds no register and changes no result: were the position not final yet
         # (it is the step's input), only the wrong lines would be warmed.
-        start, end = _decode_chunk(pos_ptr, L, split, NUM_SPLITS, BLOCK_N, CHUNK_ALIGN)
+        start, end = _decode_chunk(pos_ptr, L, split, NUM_SPLITS, BLOCK_N)
         _prefetch_rows_l2(k_ptr + kvh * stride_kh, start, end, stride_kl, D, BLOCK_N)
         _prefetch_rows_l2(v_ptr + kvh * stride_vh, start, end, stride_vl, D, BLOCK_N)
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
         gdc_wait()
         gdc_launch_dependents()
     pos = tl.load(pos_ptr)
-    start, end = _decode_chunk(pos_ptr, L, split, NUM_SPLITS, BLOCK_N, CHUNK_ALIGN)
+    start, end = _decode_chunk(pos_ptr, L, split, NUM_SPLITS, BLOCK_N)
 
     if PREP:
         # qk_norm_rope_cache folded in (qk_norm_rope_cache_attention): q_ptr, k_new_ptr, v_new_ptr hold this
@@ -560,8 +559,7 @@ flash_attention_kernel.add_pre_run_hook(_fit_kv_descriptors)
 
 def _decode_kernel():
     if "decode" not in _tuned:
-        _tuned["decode"] = triton.autotune(_DECODE_CONFIGS, key=["G", "D", "NUM_SPLITS", "DOT_PREC", "PREP",
-                                                                  "CHUNK_ALIGN", "PREFETCH"])(
+        _tuned["decode"] = triton.autotune(_DECODE_CONFIGS, key=["G", "D", "NUM_SPLITS", "DOT_PREC", "PREP"])(
             flash_decode_split_kernel)
     return _tuned["decode"]
 
@@ -579,13 +577,14 @@ FORCE_PREFILL_CONFIG = None
 # Shorter prompts (the smallest prefill buckets), not measured, keep the epilogue and its saved launch.
 GATE_APART_FROM_TOKENS = 64
 _INTERP_DECODE_BLOCK_N = 16
-# On the GPU a cache of capacity L gets min(MAX_SPLITS, L / DECODE_SPLIT_KEYS) splits, and each split's chunk is a
-# whole multiple of DECODE_CHUNK_ALIGN keys (0: of the config's BLOCK_N). DECODE_PREFETCH: each split asks L2 for
-# its chunk before the PDL wait (flash_decode_split_kernel).
-DECODE_SPLIT_KEYS = 64
-DECODE_CHUNK_ALIGN = 0
-DECODE_PREFETCH = False
+_DECODE_BLOCK_N = 64  # the chunk granularity used to choose NUM_SPLITS on the GPU
 MAX_SPLITS = 64
+# Each program of the split kernel asks L2 for its chunk of keys and values before its PDL wait, while the q/k/v
+# projection still runs (flash_decode_split_kernel). The model's decode step on the H200, 2k cached tokens, three
+# rounds: 663.5 / 669.5 / 669.2 us with it, 672.0 / 671.1 / 671.0 without, logits equal bit for bit
+# (benchmarks/probe_decode_splits.py; docs/perf-log.md, 2026-12-03). Not part of the autotuning key: the config
+# timed with the prefetch serves the kernel without it, so the two give the same bits.
+DECODE_PREFETCH = True
 
 
 def decode_splits(cache_len: int) -> int:
@@ -594,7 +593,7 @@ def decode_splits(cache_len: int) -> int:
     Enough chunks that Hkv x NUM_SPLITS programs fill a large GPU (64 x 2 KV heads = 128 on 132 SMs of an
     H200), never more than one chunk per key block.
     """
-    block = _INTERP_DECODE_BLOCK_N if runtime.interpreter_active() else DECODE_SPLIT_KEYS
+    block = _INTERP_DECODE_BLOCK_N if runtime.interpreter_active() else _DECODE_BLOCK_N
     return max(1, min(MAX_SPLITS, triton.cdiv(int(cache_len), block)))
 
 
@@ -811,17 +810,15 @@ def _decode(q, k, v, positions, qk_scale, out, gate, num_splits, workspace, prep
     common = (q, k, v, positions, workspace, L, qk_scale, q.stride(1), k.stride(0), k.stride(1),
               v.stride(0), v.stride(1), workspace.stride(0), workspace.stride(1), *prep_args)
     prec = dot_precision(q.dtype)
-    chunk_meta = dict(CHUNK_ALIGN=int(DECODE_CHUNK_ALIGN))
     if runtime.interpreter_active():
         flash_decode_split_kernel[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=splits,
-                                                 DOT_PREC=prec, BLOCK_N=_INTERP_DECODE_BLOCK_N, **prep_meta,
-                                                 **chunk_meta)
+                                                 DOT_PREC=prec, BLOCK_N=_INTERP_DECODE_BLOCK_N, **prep_meta)
     else:
         # (the prefetch walks whole 128-byte lines of a row: a power of two of them, as head_dim 128 or 256 gives)
         lines = D * k.element_size() // 128
         prefetch = bool(DECODE_PREFETCH) and D * k.element_size() % 128 == 0 and lines & (lines - 1) == 0
         _decode_kernel()[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=splits,
-                                        DOT_PREC=prec, **prep_meta, **chunk_meta, PREFETCH=prefetch,
+                                        DOT_PREC=prec, **prep_meta, PREFETCH=prefetch,
                                         **pdl_options(q.device))
     has_gate = gate is not None
     g = gate if has_gate else out  # never read when HAS_GATE is False

@@ -1,22 +1,19 @@
-"""Probe: the decode attention's split kernel, sized and warmed four ways, in the model's decode step.
+"""Probe: the decode attention split kernel with and without the L2 prefetch of its chunk, in the decode step.
 
-    python benchmarks/probe_decode_splits.py [--tokens 2048]       (an NVIDIA GPU)
+    python benchmarks/probe_decode_prefetch.py [--tokens 2048]       (an NVIDIA GPU)
 
-At a cache of about 2k tokens the split kernel gets 33 splits per KV head of 64 keys each (attention.decode_splits
-with DECODE_SPLIT_KEYS = 64): 66 programs on a GPU of 132 SMs, each streaming 64 KB of keys and values after the
-PDL wait. Two changes, alone and together:
-- 32 keys per split (DECODE_SPLIT_KEYS = 32, chunks in multiples of 16 keys): twice the programs, half the bytes
-  each;
-- the L2 prefetch (DECODE_PREFETCH): each program asks L2 for its chunk before the PDL wait, while the q/k/v
-  projection still runs.
+At a cache of about 2k tokens the split kernel runs 33 splits per KV head of 64 keys each (attention.decode_splits):
+66 programs, each streaming 64 KB of keys and values after the PDL wait. With attention.DECODE_PREFETCH each program
+first asks L2 for its chunk (prefetch.global.L2, before griddepcontrol.wait), while the q/k/v projection still runs.
 The model's decode step (random weights of Qwen3.5-0.8B's shapes, bf16) after a --tokens prompt, captured in a CUDA
-Graph with each setting and replayed, three rounds; the last logits of each setting against the default's.
+Graph each way and replayed, three rounds; the last logits of each way against those without the prefetch.
+(Measured and dropped beside it, docs/perf-log.md, 2026-12-03: splits of 32 keys in chunks of 16, twice the
+programs: slower, 685-691 us against 671-672.)
 """
 
 from probe_ab import probe_args
 
-SETTINGS = {"default (64 keys per split)": (64, 0, False), "prefetch": (64, 0, True),
-            "32 keys per split": (32, 16, False), "32 keys per split + prefetch": (32, 16, True)}
+SETTINGS = {"without the prefetch": False, "with the prefetch": True}
 
 
 def main() -> int:
@@ -36,10 +33,10 @@ def main() -> int:
     ids = torch.randint(0, cfg.vocab_size, (args.tokens,), generator=torch.Generator().manual_seed(0)).cuda()
     cache = model.new_cache(args.tokens + 65)
     token, pos = ids[-1:].clone(), torch.tensor([args.tokens], device="cuda")
-    logits = {}
+    logits, default = {}, A.DECODE_PREFETCH
     for rnd in range(3):
-        for name, (keys, align, prefetch) in SETTINGS.items():
-            A.DECODE_SPLIT_KEYS, A.DECODE_CHUNK_ALIGN, A.DECODE_PREFETCH = keys, align, prefetch
+        for name, prefetch in SETTINGS.items():
+            A.DECODE_PREFETCH = prefetch
             with torch.inference_mode():
                 cache.reset()
                 model.step(ids, torch.arange(args.tokens, device="cuda"), cache)
@@ -52,11 +49,11 @@ def main() -> int:
                 graph.replay()
                 torch.cuda.synchronize()
                 logits.setdefault(name, out.float().clone())
-                err = checks.relative_error(out.float(), logits["default (64 keys per split)"])
-            print(f"round {rnd + 1}, {name}: decode step {us:.1f} us, logits against the default: {err:.2e}",
+                err = checks.relative_error(out.float(), logits["without the prefetch"])
+            print(f"round {rnd + 1}, {name}: decode step {us:.1f} us, logits against those without: {err:.2e}",
                   flush=True)
             del graph
-    A.DECODE_SPLIT_KEYS, A.DECODE_CHUNK_ALIGN, A.DECODE_PREFETCH = SETTINGS["default (64 keys per split)"]
+    A.DECODE_PREFETCH = default
     return 0
 
 
