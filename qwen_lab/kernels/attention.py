@@ -31,7 +31,9 @@ Three forms:
   l = 0, acc = 0) and exit. `qk_norm_rope_cache_attention` (the model's decode step) folds the q/k norm,
   RoPE and cache write of rope.qk_norm_rope_cache into the split kernel: each program prepares the query
   heads it reads, and the program whose chunk holds the new key stores it and v in the cache before its
-  key loop reads that row. Two launches instead of three.
+  key loop reads that row. Two launches instead of three. Launched early under programmatic dependent launch,
+  each program asks L2 for its chunk of keys and values before its wait (DECODE_PREFETCH), while the q/k/v
+  projection before it still runs.
 
 The output gate of Qwen3.5 (o * sigmoid(gate), gate a strided view of the fused q projection) is its own
 kernel `sigmoid_gate`, and is also fused into the epilogue of `attention(..., gate=...)`: the attention
