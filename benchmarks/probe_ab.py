@@ -29,6 +29,17 @@ def probe_args(doc: str, *extra, tokens: bool = True, model: bool = True):
     return args
 
 
+def decode_setup(tokens: int, spare: int):
+    """What the decode-step probes time: Qwen3.5-0.8B's shapes with random weights (bf16, on the GPU), a random
+    prompt of `tokens` ids, a cache with `spare` positions past it, the prompt's last token and the next position.
+    -> (model, ids, cache, token, pos)"""
+    from qwen_lab.model import load_model
+    model = load_model("qwen3.5-0.8b", device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, model.config.vocab_size, (tokens,), generator=torch.Generator().manual_seed(0)).cuda()
+    cache = model.new_cache(tokens + spare)
+    return model, ids, cache, ids[-1:].clone(), torch.tensor([tokens], device="cuda")
+
+
 def model_ab(switch, label: str, tokens: int, rounds: int = 2, metric: str = "prefill", model=None) -> bool:
     """Time the model (random weights of Qwen3.5-0.8B's shapes, bf16; or `model`, when the switch needs it) with
     switch(False) and switch(True), `rounds` times each, alternated; print each run; return whether the switch on

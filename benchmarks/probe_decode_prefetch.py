@@ -11,7 +11,7 @@ Graph each way and replayed, three rounds; the last logits of each way against t
 programs: slower, 685-691 us against 671-672.)
 """
 
-from probe_ab import probe_args
+from probe_ab import decode_setup, probe_args
 
 SETTINGS = {"without the prefetch": False, "with the prefetch": True}
 
@@ -26,13 +26,8 @@ def main() -> int:
     from qwen_lab.graph import capture
     from qwen_lab.kernels import attention as A
     from qwen_lab.kernels import replay_us
-    from qwen_lab.model import load_model
 
-    model = load_model("qwen3.5-0.8b", device="cuda", dtype=torch.bfloat16)
-    cfg = model.config
-    ids = torch.randint(0, cfg.vocab_size, (args.tokens,), generator=torch.Generator().manual_seed(0)).cuda()
-    cache = model.new_cache(args.tokens + 65)
-    token, pos = ids[-1:].clone(), torch.tensor([args.tokens], device="cuda")
+    model, ids, cache, token, pos = decode_setup(args.tokens, 65)
     logits, default = {}, A.DECODE_PREFETCH
     for rnd in range(3):
         for name, prefetch in SETTINGS.items():

@@ -13,7 +13,7 @@ advances the recurrent states, so the logits are not compared here; tests/test_d
 
 import contextlib
 
-from probe_ab import probe_args
+from probe_ab import decode_setup, probe_args
 
 
 def main() -> int:
@@ -24,13 +24,9 @@ def main() -> int:
 
     from qwen_lab.graph import capture
     from qwen_lab.kernels import deltanet, replay_us
-    from qwen_lab.model import load_model
 
-    model = load_model("qwen3.5-0.8b", device="cuda", dtype=torch.bfloat16)
+    model, ids, cache, token, pos = decode_setup(args.tokens, 8)
     cfg = model.config
-    ids = torch.randint(0, cfg.vocab_size, (args.tokens,), generator=torch.Generator().manual_seed(0)).cuda()
-    cache = model.new_cache(args.tokens + 8)
-    token, pos = ids[-1:].clone(), torch.tensor([args.tokens], device="cuda")
     with torch.inference_mode():
         model.step(ids, torch.arange(args.tokens, device="cuda"), cache)
     configs = deltanet.autotune_configs("conv_decode_step_kernel", Dv=cfg.linear_value_head_dim)
