@@ -190,7 +190,17 @@ class Qwen35Config:
             except (TypeError, ValueError):
                 raise ConfigError(f"{name}: field '{key}'={value!r} is not a valid {cast.__name__}") from None
 
-        rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+        # what the model computes that qwen_lab does not make configurable: SiLU in the MLP and the conv, no biases
+        act = text.get("hidden_act", "silu")
+        if act != "silu":
+            raise UnsupportedModelError(f"{name}: hidden_act={act!r} is not supported (Qwen3.5's MLP and conv use "
+                                        "'silu')")
+        if text.get("attention_bias", False):
+            raise UnsupportedModelError(f"{name}: attention_bias=true is not supported (Qwen3.5's attention "
+                                        "projections have no bias)")
+
+        # (transformers: a legacy rope_scaling given beside rope_parameters wins)
+        rope = text.get("rope_scaling") or text.get("rope_parameters") or {}
         if not isinstance(rope, dict):
             raise ConfigError(f"{name}: 'rope_parameters' must be an object")
         rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -221,7 +231,7 @@ class Qwen35Config:
             layer_types=tuple(layer_types),
             num_attention_heads=heads,
             num_key_value_heads=need("num_key_value_heads"),
-            head_dim=need("head_dim", text.get("head_dim") or (hidden // heads if heads else 0)),
+            head_dim=need("head_dim", 256),  # transformers' default for Qwen3.5, not hidden / heads
             rope_theta=rope_theta,
             partial_rotary_factor=partial,
             linear_num_key_heads=need("linear_num_key_heads"),
@@ -249,7 +259,19 @@ class Qwen35Config:
             raw = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{path}: not valid JSON ({e})") from None
-        return cls.from_dict(raw, name=str(path))
+        config = cls.from_dict(raw, name=str(path))
+        # A released snapshot's config.json names <|endoftext|> alone; generation_config.json adds the chat's
+        # <|im_end|>, and transformers' generate stops at its ids. So do qwen_lab's, theirs first.
+        gen = path.parent / "generation_config.json"
+        if gen.is_file():
+            try:
+                eos = json.loads(gen.read_text()).get("eos_token_id")
+            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+                raise ConfigError(f"{gen}: not a valid generation config ({e})") from None
+            eos = [eos] if isinstance(eos, int) else eos if isinstance(eos, list) else []
+            merged = tuple(dict.fromkeys([int(e) for e in eos] + list(config.eos_token_ids)))
+            config = config.replace(eos_token_ids=merged)
+        return config
 
 
 def _default_mrope_section(rotary_dim: int) -> list[int]:

@@ -69,6 +69,44 @@ def test_eos_ids_int_or_list():
     assert Qwen35Config.from_dict(flat(eos_token_id=[511, 509])).eos_token_ids == (511, 509)
 
 
+def test_generation_config_adds_its_end_of_sequence_ids_first(tmp_path):
+    # as a released snapshot: config.json names <|endoftext|> alone, generation_config.json adds <|im_end|>;
+    # transformers' generate stops at both, so must qwen_lab's (the chat's turns end with <|im_end|>)
+    (tmp_path / "config.json").write_text(json.dumps(flat(eos_token_id=509)))
+    assert Qwen35Config.from_file(tmp_path).eos_token_ids == (509,)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [511, 509], "do_sample": True}))
+    assert Qwen35Config.from_file(tmp_path).eos_token_ids == (511, 509)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 511}))
+    assert Qwen35Config.from_file(tmp_path).eos_token_ids == (511, 509)
+    (tmp_path / "generation_config.json").write_text("[1, 2")
+    with pytest.raises(ConfigError, match="generation_config.json: not a valid generation config"):
+        Qwen35Config.from_file(tmp_path)
+
+
+def test_missing_head_dim_takes_transformers_default():
+    # Qwen3.5's head_dim is not hidden_size / num_attention_heads (1024 / 8 = 128 against 256 for the 0.8B)
+    d = QWEN35_0_8B.to_hf_dict()
+    del d["head_dim"]
+    assert Qwen35Config.from_dict(d).head_dim == 256
+
+
+def test_legacy_rope_scaling_beside_rope_parameters_wins_as_in_transformers():
+    d = flat(rope_scaling={"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5})
+    cfg = Qwen35Config.from_dict(d)
+    assert cfg.rope_theta == 5e5 and cfg.partial_rotary_factor == 0.5
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("hidden_act", "gelu", "hidden_act='gelu' is not supported"),
+    ("attention_bias", True, "attention_bias=true is not supported"),
+])
+def test_math_qwen_lab_does_not_implement_is_refused(field, value, fragment):
+    # loaded silently, a GELU config would give logits off by 1e-2; a biased one failed naming the bias tensor
+    with pytest.raises(UnsupportedModelError, match=fragment):
+        Qwen35Config.from_dict(flat(**{field: value}))
+    assert Qwen35Config.from_dict(flat(hidden_act="silu", attention_bias=False)).head_dim == TINY.head_dim
+
+
 def test_from_file_reads_a_directory(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(flat()))
     assert same_shapes(Qwen35Config.from_file(tmp_path), TINY)

@@ -25,6 +25,9 @@ def load(source, **kw):
     return load_weights(source, device="cpu", **kw)
 
 
+TINY_EOS = json.loads((TINY_DIR / "generation_config.json").read_text())["eos_token_id"]
+
+
 def write(tmp_path, config=TINY, state=None, layout="causal", shard=None, name="snap"):
     """A snapshot of `config` with the given (default: random_state_dict) HF-named tensors."""
     state = random_state_dict(config, seed=0, layout=layout) if state is None else state
@@ -218,7 +221,9 @@ def test_layouts_single_file_and_sharded(tmp_path, layout):
     ref = unprefixed(state, "model." if layout == "causal" else "model.language_model.")
     for shard in (None, 30_000):
         loaded, w = load(write(tmp_path, config, state, layout=layout, shard=shard, name=f"s{shard}"))
-        assert loaded.replace(name=config.name) == config
+        # (the end-of-sequence ids also come from the tiny tokenizer's generation_config.json, written beside)
+        assert loaded.replace(name=config.name, eos_token_ids=config.eos_token_ids) == config
+        assert loaded.eos_token_ids == tuple(dict.fromkeys(list(TINY_EOS) + list(config.eos_token_ids)))
         assert_fused(config, w, ref)
 
 
