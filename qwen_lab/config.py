@@ -217,8 +217,7 @@ class Qwen35Config:
         heads = need("num_attention_heads")
         hidden = need("hidden_size")
 
-        eos = text.get("eos_token_id", raw.get("eos_token_id"))
-        eos_ids = tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None)
+        eos_ids = eos_token_ids(text.get("eos_token_id", raw.get("eos_token_id")))
         # transformers ties the head from the config of the class it builds: the top level of a multimodal
         # config (Qwen3_5ForConditionalGeneration), the flat config otherwise; absent means untied.
         tie = raw.get("tie_word_embeddings", False)
@@ -265,13 +264,19 @@ class Qwen35Config:
         gen = path.parent / "generation_config.json"
         if gen.is_file():
             try:
-                eos = json.loads(gen.read_text()).get("eos_token_id")
-            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+                eos = eos_token_ids(json.loads(gen.read_text()).get("eos_token_id"))
+            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, TypeError, ValueError) as e:
                 raise ConfigError(f"{gen}: not a valid generation config ({e})") from None
-            eos = [eos] if isinstance(eos, int) else eos if isinstance(eos, list) else []
-            merged = tuple(dict.fromkeys([int(e) for e in eos] + list(config.eos_token_ids)))
+            merged = tuple(dict.fromkeys(eos + config.eos_token_ids))
             config = config.replace(eos_token_ids=merged)
         return config
+
+
+def eos_token_ids(value) -> tuple[int, ...]:
+    """A config's eos_token_id (an id, a list of ids, or None) as a tuple of ids."""
+    if value is None:
+        return ()
+    return tuple(int(e) for e in (value if isinstance(value, (list, tuple)) else [value]) if e is not None)
 
 
 def _default_mrope_section(rotary_dim: int) -> list[int]:

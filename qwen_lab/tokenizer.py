@@ -23,6 +23,7 @@ import unicodedata
 from collections import Counter
 from pathlib import Path
 
+from .config import eos_token_ids
 from .errors import CheckpointError, TokenizerError, TokenizerTypeError
 
 TOKENIZER_PATTERNS = ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json",
@@ -297,12 +298,7 @@ def _token_text(tok) -> str | None:
 
 
 def _eos_ids(cfg) -> tuple[int, ...]:
-    if not isinstance(cfg, dict):
-        return ()
-    eos = cfg.get("eos_token_id")
-    if eos is None:
-        return ()
-    return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+    return eos_token_ids(cfg.get("eos_token_id")) if isinstance(cfg, dict) else ()
 
 
 def _id_list(ids) -> list[int]:
