@@ -316,22 +316,23 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, pos_ptr, out_ptr
 def _prefetch_rows_l2(rows_ptr, start, end, stride_l, D: tl.constexpr, BLOCK_N: tl.constexpr):
     """prefetch.global.L2 for every 128-byte line of rows [start, end) of `rows_ptr` (D elements each, rows
     stride_l elements apart), BLOCK_N rows at a time; a row past `end` in the last step repeats row end - 1."""
-    ELEM: tl.constexpr = rows_ptr.dtype.element_ty.primitive_bitwidth // 8
-    LINES: tl.constexpr = D * ELEM // 128  # a power of two: the launcher asks for the prefetch only then
+    ROW_BYTES: tl.constexpr = D * rows_ptr.dtype.element_ty.primitive_bitwidth // 8
+    LINES: tl.constexpr = (ROW_BYTES + 127) // 128
     base = rows_ptr.to(tl.pointer_type(tl.int8))
     line = tl.arange(0, LINES) * 128
     for s in range(start, end, BLOCK_N):
         r = tl.minimum(s + tl.arange(0, BLOCK_N), end - 1)
-        addr = base + (r.to(tl.int64) * stride_l * ELEM)[:, None] + line[None, :]
+        addr = base + (r.to(tl.int64) * stride_l * (ROW_BYTES // D))[:, None] + line[None, :]
         # not pure: the result is unused, and a pure asm with an unused result would be dropped
         tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [addr],
                                   dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
-def _decode_chunk(pos, L, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Keys [start, end) of split `split`: the n = pos + 1 keys (pos read from device memory, at most L keys) shared
-    by NUM_SPLITS chunks at any length, each whole key blocks of BLOCK_N."""
+def _decode_chunk(pos_ptr, L, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys [start, end) of split `split`: the n = pos + 1 keys (from device memory, at most L) shared by NUM_SPLITS
+    chunks at any length, each whole key blocks of BLOCK_N."""
+    pos = tl.load(pos_ptr)
     n = tl.maximum(tl.minimum(pos + 1, L), 0).to(tl.int32)
     chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * chunk
@@ -363,14 +364,14 @@ def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
         # finishes. The rows below pos come from earlier steps; the new row's stores below land in L2 over its
         # prefetched line. A hint that holds no register and changes no result: were the position not final yet
         # (it is the step's input), only the wrong lines would be warmed.
-        start, end = _decode_chunk(tl.load(pos_ptr), L, split, NUM_SPLITS, BLOCK_N)
+        start, end = _decode_chunk(pos_ptr, L, split, NUM_SPLITS, BLOCK_N)
         _prefetch_rows_l2(k_ptr + kvh * stride_kh, start, end, stride_kl, D, BLOCK_N)
         _prefetch_rows_l2(v_ptr + kvh * stride_vh, start, end, stride_vl, D, BLOCK_N)
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
         gdc_wait()
         gdc_launch_dependents()
-    pos = tl.load(pos_ptr)  # (read again after the wait: what the prefetch used was only a hint)
-    start, end = _decode_chunk(pos, L, split, NUM_SPLITS, BLOCK_N)
+    pos = tl.load(pos_ptr)
+    start, end = _decode_chunk(pos_ptr, L, split, NUM_SPLITS, BLOCK_N)
 
     if PREP:
         # qk_norm_rope_cache folded in (qk_norm_rope_cache_attention): q_ptr, k_new_ptr, v_new_ptr hold this
