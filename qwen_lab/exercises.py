@@ -3,6 +3,7 @@
     python -m qwen_lab.exercises build [--solutions DIR] [--notebooks DIR]
     python -m qwen_lab.exercises check [--solutions DIR] [--notebooks DIR]
     python -m qwen_lab.exercises list  [--solutions DIR]
+    python -m qwen_lab.exercises nbgrader --out COURSE_DIR [--solutions DIR]
 
 `solutions/NN_name.ipynb` is the complete notebook and the only one anybody edits. `build` writes
 `notebooks/NN_name.ipynb` from it:
@@ -28,9 +29,18 @@ notebook without a `check` cell, a check cell before the exercise it grades.
 `check` builds in memory and compares byte for byte with what is in notebooks/: it exits 1 listing
 every missing, differing or stale file, and 0 when they are in sync.
 
+`nbgrader` writes an nbgrader course directory for instructors who grade with nbgrader: every solution as
+`COURSE_DIR/source/NN_name/NN_name.ipynb` (one assignment per chapter, the markers left for nbgrader to strip)
+with nbgrader's cell metadata added, and a `nbgrader_config.py` beside it. An exercise's code cell becomes a
+solution cell; each check cell an autograded test cell worth one point (it passes when it runs without an
+error, which is how every check reports), locked so a learner cannot edit it; a written answer (markdown) a
+manually graded answer worth one point. Then `nbgrader generate_assignment NN_name` in COURSE_DIR makes the
+learners' version, and `nbgrader autograde` grades what they hand in.
+
 In Python: `strip_solutions(nb)` returns the learner's version of a notebook, `list_exercises(path)`
-the (title, cell index) of its exercises, `validate(nb, name)` the list of problems, `build()` and
-`check()` what the commands do.
+the (title, cell index) of its exercises, `validate(nb, name)` the list of problems,
+`nbgrader_notebook(nb)` the nbgrader source version, `build()`, `check()` and `export_nbgrader()` what the
+commands do.
 """
 
 from __future__ import annotations
@@ -562,6 +572,114 @@ def check(solutions=None, notebooks=None) -> Report:
     return report
 
 
+# --------------------------------------------------------------------------------------------------
+# nbgrader
+# --------------------------------------------------------------------------------------------------
+
+NBGRADER_SCHEMA = 3
+# nbgrader replaces each solution block with one stub for every cell. This one is the course's own stub for an
+# untitled block: checks.learner_code() recognises it inside a kernel, and check_kernel reports it as unfinished.
+NBGRADER_STUB = stub_line(DEFAULT_TITLE)
+NBGRADER_CONFIG = f"""\
+# nbgrader's settings for the qwen_lab course, written by `python -m qwen_lab.exercises nbgrader`.
+c = get_config()  # noqa: F821 (nbgrader defines it)
+
+# The stub nbgrader writes in place of each solution block (its default is a bare NotImplementedError, which a
+# Triton kernel compiled for a GPU reports as an unsupported `raise` instead).
+c.ClearSolutions.code_stub = {{"python": {NBGRADER_STUB!r}}}
+# Notebooks run their kernels through the Triton interpreter on a CPU, where a cell can take a minute or two.
+c.Execute.timeout = 1200
+"""
+
+
+def _grade_id(kind: str, title: str | None, taken: set[str]) -> str:
+    """A unique nbgrader grade id from the exercise title's number: `exercise-02-1`, then `exercise-02-1-b`..."""
+    numbered = _NUMBERED.match(title or "")
+    base = f"{kind}-{int(numbered.group(1)):02d}-{numbered.group(2)}" if numbered else kind
+    gid, n = base, 0
+    while gid in taken:
+        n += 1
+        gid = f"{base}-{chr(ord('a') + n)}" if n < 26 else f"{base}-{n}"
+    taken.add(gid)
+    return gid
+
+
+def _nbgrader_meta(gid: str, *, grade: bool, solution: bool, locked: bool, points: int | None = None):
+    meta = {"grade": grade, "grade_id": gid, "locked": locked, "schema_version": NBGRADER_SCHEMA,
+            "solution": solution, "task": False}
+    if points is not None:
+        meta["points"] = points
+    return nbformat.from_dict(meta)
+
+
+def nbgrader_notebook(notebook, name: str = "notebook"):
+    """The nbgrader source version of a solution notebook (a new NotebookNode; the argument is not changed).
+
+    The solution blocks stay (nbgrader strips them); cells get nbgrader's metadata (schema 3): an exercise's code
+    cell is a solution cell, a check cell an autograded test cell worth 1 point and locked, a written answer
+    (markdown) a manually graded answer worth 1 point. Grade ids follow the exercise numbers (`exercise-02-1`,
+    `check-02-1`, `check-02-1-b`, `answer-13-2`); a check takes the number of the last exercise before it.
+    Outputs and run metadata are dropped. Raises ExerciseError where `validate` finds a problem.
+    """
+    nb = copy.deepcopy(_as_notebook(notebook))
+    problems = validate(nb, name)
+    if problems:
+        raise ExerciseError(problems)
+    taken: set[str] = set()
+    last_title = None
+    for i, cell in enumerate(nb.cells):
+        meta = cell.setdefault("metadata", nbformat.NotebookNode())
+        for key in _RUN_METADATA:
+            meta.pop(key, None)
+        meta.pop("nbgrader", None)
+        if cell.get("cell_type") == "code":
+            cell["outputs"] = []
+            cell["execution_count"] = None
+        blocks, _ = _blocks(cell, _where(name, i, cell))
+        if blocks:
+            last_title = cell_title(cell)
+            if cell.get("cell_type") == "markdown":
+                meta["nbgrader"] = _nbgrader_meta(_grade_id("answer", last_title, taken), grade=True,
+                                                  solution=True, locked=False, points=1)
+            else:
+                meta["nbgrader"] = _nbgrader_meta(_grade_id("exercise", last_title, taken), grade=False,
+                                                  solution=True, locked=False)
+        elif _is_check(cell):
+            meta["nbgrader"] = _nbgrader_meta(_grade_id("check", last_title, taken), grade=True, solution=False,
+                                              locked=True, points=1)
+    nb.metadata.pop("widgets", None)
+    return nb
+
+
+def export_nbgrader(out, solutions=None) -> Report:
+    """Write the nbgrader course directory `out`: source/NN_name/NN_name.ipynb for every solution (see
+    `nbgrader_notebook`) and nbgrader_config.py. Nothing is written when any solution has a problem."""
+    solutions = Path(solutions) if solutions is not None else default_root() / "solutions"
+    if not solutions.is_dir():
+        raise ExerciseError(f"{_display(solutions)}/: no such directory (pass --solutions DIR)")
+    out = Path(out)
+    texts, report, problems = {}, Report(), []
+    for path in sorted(solutions.glob("*.ipynb")):
+        try:
+            nb = _read(path)
+            texts[path.stem] = dumps(nbgrader_notebook(nb, _display(path)))
+            report.exercises += len(list_exercises(nb))
+        except ExerciseError as e:
+            problems.extend(e.problems)
+    if problems:
+        raise ExerciseError(problems)
+    for stem, text in texts.items():
+        target = out / "source" / stem / f"{stem}.ipynb"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(text.encode("utf-8"))
+        report.written.append(_display(target))
+    config = out / "nbgrader_config.py"
+    config.write_text(NBGRADER_CONFIG, encoding="utf-8")
+    report.written.append(_display(config))
+    report.notebooks = len(texts)
+    return report
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m qwen_lab.exercises",
                                      description="Build the learner's notebooks/ from solutions/, or check they "
@@ -575,10 +693,28 @@ def main(argv=None) -> int:
     sub.add_parser("build", parents=[dirs], help="write notebooks/ from solutions/")
     sub.add_parser("check", parents=[dirs], help="exit 1 unless notebooks/ is what solutions/ builds")
     sub.add_parser("list", parents=[dirs], help="list every exercise of every solution notebook")
+    grader = sub.add_parser("nbgrader", help="write an nbgrader course directory (source/ and nbgrader_config.py)")
+    grader.add_argument("--solutions", type=Path, default=None, metavar="DIR",
+                        help="the solution notebooks (default: solutions/ of this checkout)")
+    grader.add_argument("--out", type=Path, required=True, metavar="COURSE_DIR",
+                        help="the nbgrader course directory to write (created if missing; its source/ notebooks "
+                             "and nbgrader_config.py are overwritten)")
     args = parser.parse_args(argv)
 
     root = default_root()
     solutions = args.solutions if args.solutions is not None else root / "solutions"
+    if args.command == "nbgrader":
+        try:
+            report = export_nbgrader(args.out, solutions)
+        except ExerciseError as e:
+            print(f"nothing written: {len(e.problems)} problem(s) in {_display(solutions)}/", file=sys.stderr)
+            for p in e.problems:
+                print(f"  {p}", file=sys.stderr)
+            return 1
+        print(f"wrote {len(report.written)} files: {report.notebooks} assignments under {_display(args.out)}/source/ "
+              f"({report.exercises} exercises) and {_display(args.out / 'nbgrader_config.py')}")
+        print(f"then, in {_display(args.out)}: nbgrader generate_assignment NN_name (one per chapter)")
+        return 0
     notebooks = args.notebooks if args.notebooks is not None else root / "notebooks"
     where = f"{_display(notebooks)}/ in sync with {_display(solutions)}/"
 

@@ -403,3 +403,117 @@ def test_learner_notebook_raises_until_filled_in_and_solution_runs(tmp_path):
     print("\n".join(f"learner's cell {i}: {_errors(learner.cells[i])[0]['ename']}: "
                     f"{_errors(learner.cells[i])[0]['evalue']}" for i in CHECK_CELLS))
     assert "PASS scale_shift" in "".join(o.get("text", "") for o in solution.cells[4].outputs)
+
+
+# ------------------------------------------------------------------------------------------------
+# nbgrader: the course directory for instructors who grade with it
+# ------------------------------------------------------------------------------------------------
+
+_NBGRADER_KEYS = {"schema_version", "grade", "locked", "solution", "task", "grade_id", "points"}
+
+
+def _nbgrader_problems(nb) -> list[str]:
+    """nbgrader's rules for its cell metadata (schema 3), as its MetadataValidator applies them before
+    `generate_assignment`: required keys and no others, ids from [a-zA-Z0-9_-] and unique, points on every graded
+    cell, markdown graded exactly when it is a solution."""
+    problems, ids = [], set()
+    for i, cell in enumerate(nb.cells):
+        meta = cell.metadata.get("nbgrader")
+        if meta is None:
+            continue
+        keys = set(meta)
+        if not {"schema_version", "grade", "locked", "solution"} <= keys or keys - _NBGRADER_KEYS:
+            problems.append(f"cell {i}: keys {sorted(keys)}")
+        if meta.get("schema_version") != 3:
+            problems.append(f"cell {i}: schema_version {meta.get('schema_version')}")
+        if meta["grade"] or meta["solution"] or meta["locked"]:
+            gid = meta.get("grade_id", "")
+            if not re.fullmatch(r"[a-zA-Z0-9_\-]+", gid):
+                problems.append(f"cell {i}: grade_id {gid!r}")
+            if gid in ids:
+                problems.append(f"cell {i}: duplicate grade_id {gid!r}")
+            ids.add(gid)
+        if meta["grade"] and not (isinstance(meta.get("points"), (int, float)) and meta["points"] >= 0):
+            problems.append(f"cell {i}: graded without points")
+        if cell.cell_type == "markdown" and meta["grade"] != meta["solution"]:
+            problems.append(f"cell {i}: a markdown cell graded {meta['grade']}, solution {meta['solution']}")
+    return problems
+
+
+def test_nbgrader_export_marks_exercises_checks_and_answers(tmp_path):
+    sol = tmp_path / "solutions"
+    sol.mkdir()
+    (sol / "99_fixture.ipynb").write_bytes(FIXTURE.read_bytes())
+    report = ex.export_nbgrader(tmp_path / "course", sol)
+    assert report.notebooks == 1 and report.exercises == 3
+    path = tmp_path / "course" / "source" / "99_fixture" / "99_fixture.ipynb"
+    nb, original = _read(path), _read(FIXTURE)
+    meta = {i: c.metadata["nbgrader"] for i, c in enumerate(nb.cells) if "nbgrader" in c.metadata}
+    assert {i: (m["grade_id"], m["solution"], m["grade"], m["locked"], m.get("points")) for i, m in meta.items()} == {
+        3: ("exercise-99-1", True, False, False, None),
+        4: ("check-99-1", False, True, True, 1),
+        6: ("answer-99-2", True, True, False, 1),     # a written answer: graded by hand
+        7: ("exercise-99-3", True, False, False, None),
+        8: ("check-99-3", False, True, True, 1),
+        10: ("check-99-3-b", False, True, True, 1),
+    }
+    assert _nbgrader_problems(nb) == []
+    # the text is the solution's, markers included (nbgrader strips them); outputs and run metadata go
+    for a, b in zip(original.cells, nb.cells):
+        assert a.source == b.source and a.id == b.id
+        assert "execution" not in b.metadata
+        if b.cell_type == "code":
+            assert b.outputs == [] and b.execution_count is None
+    assert ex.BEGIN in nb.cells[3].source and ex.END in nb.cells[7].source
+    # nbgrader's stub for every block: the course's untitled stub, which the checks read as an unfinished exercise
+    config = (tmp_path / "course" / "nbgrader_config.py").read_text()
+    compile(config, "nbgrader_config.py", "exec")
+    assert f'c.ClearSolutions.code_stub = {{"python": {ex.NBGRADER_STUB!r}}}' in config
+    assert "c.Execute.timeout" in config
+    assert ex.NBGRADER_STUB == ex.stub_line(ex.DEFAULT_TITLE)
+
+
+def test_nbgraders_stub_in_a_kernel_reads_as_not_done_yet():
+    """What a GPU compile says of nbgrader's stub inside a @triton.jit body must still read as an unfinished exercise
+    (checks.learner_code and check_kernel rely on it)."""
+    from qwen_lab import checks
+    message = (f"at 2:4:\ndef my_kernel(x_ptr):\n    pid = tl.program_id(0)\n    {ex.NBGRADER_STUB}\n    ^\n"
+               "unsupported AST node type: Raise")
+    stub = checks._unfinished(RuntimeError(message))
+    assert isinstance(stub, NotImplementedError) and str(stub) == ex.DEFAULT_TITLE
+
+
+def test_nbgrader_export_of_every_course_notebook(tmp_path):
+    out = tmp_path / "course"
+    proc = subprocess.run([sys.executable, "-m", "qwen_lab.exercises", "nbgrader", "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    solutions = sorted((REPO / "solutions").glob("*.ipynb"))
+    assert re.search(rf"{len(solutions)} assignments under .*source/", proc.stdout), proc.stdout
+    graded = 0
+    for path in solutions:
+        nb = _read(out / "source" / path.stem / path.name)
+        assert _nbgrader_problems(nb) == [], path.name
+        exercises = ex.list_exercises(path)
+        solution_cells = [i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("solution")]
+        assert solution_cells == [i for _, i in exercises], path.name
+        checks = [i for i, c in enumerate(nb.cells) if ex.CHECK_TAG in c.metadata.get("tags", [])]
+        tests = [i for i, c in enumerate(nb.cells)
+                 if c.metadata.get("nbgrader", {}).get("grade") and c.cell_type == "code"]
+        assert tests == checks, path.name
+        graded += len(tests)
+    assert graded >= len([p for p in solutions if ex.list_exercises(p)])
+
+
+def test_nbgrader_export_refuses_a_broken_solution_and_writes_nothing(tmp_path):
+    sol = tmp_path / "solutions"
+    sol.mkdir()
+    nb = _read(FIXTURE)
+    nb.cells[3].source = nb.cells[3].source.replace(ex.END, "# END SOLUTION")
+    nbformat.write(nb, str(sol / "99_fixture.ipynb"))
+    out = tmp_path / "course"
+    proc = subprocess.run([sys.executable, "-m", "qwen_lab.exercises", "nbgrader", "--out", str(out),
+                           "--solutions", str(sol)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "nothing written" in proc.stderr, proc.stderr
+    assert "cell 3" in proc.stderr
+    assert not out.exists()
