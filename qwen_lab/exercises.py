@@ -618,7 +618,8 @@ def nbgrader_notebook(notebook, name: str = "notebook"):
     The solution blocks stay (nbgrader strips them); cells get nbgrader's metadata (schema 3): an exercise's code
     cell is a solution cell, a check cell an autograded test cell worth 1 point and locked, a written answer
     (markdown) a manually graded answer worth 1 point. Grade ids follow the exercise numbers (`exercise-02-1`,
-    `check-02-1`, `check-02-1-b`, `answer-13-2`); a check takes the number of the last exercise before it.
+    `check-02-1`, `check-02-1-b`, `answer-13-2`); a check takes the number of the last exercise whose names it
+    uses, or else of the last exercise before it.
     Outputs and run metadata are dropped. Raises ExerciseError where `validate` finds a problem.
     """
     nb = copy.deepcopy(_as_notebook(notebook))
@@ -627,6 +628,7 @@ def nbgrader_notebook(notebook, name: str = "notebook"):
         raise ExerciseError(problems)
     taken: set[str] = set()
     last_title = None
+    defines = {}   # code exercise title -> the names its cell defines (a check is named after the last it uses)
     for i, cell in enumerate(nb.cells):
         meta = cell.setdefault("metadata", nbformat.NotebookNode())
         for key in _RUN_METADATA:
@@ -638,6 +640,8 @@ def nbgrader_notebook(notebook, name: str = "notebook"):
         blocks, _ = _blocks(cell, _where(name, i, cell))
         if blocks:
             last_title = cell_title(cell)
+            tree = _parse(cell.get("source", "")) if cell.get("cell_type") == "code" else None
+            defines[last_title] = _defined_names(tree) if tree is not None else set()
             if cell.get("cell_type") == "markdown":
                 meta["nbgrader"] = _nbgrader_meta(_grade_id("answer", last_title, taken), grade=True,
                                                   solution=True, locked=False, points=1)
@@ -645,7 +649,10 @@ def nbgrader_notebook(notebook, name: str = "notebook"):
                 meta["nbgrader"] = _nbgrader_meta(_grade_id("exercise", last_title, taken), grade=False,
                                                   solution=True, locked=False)
         elif _is_check(cell):
-            meta["nbgrader"] = _nbgrader_meta(_grade_id("check", last_title, taken), grade=True, solution=False,
+            tree = _parse(cell.get("source", ""))
+            used = _free_names(tree) if tree is not None else set()
+            graded = [t for t, names in defines.items() if names & used] or [last_title]
+            meta["nbgrader"] = _nbgrader_meta(_grade_id("check", graded[-1], taken), grade=True, solution=False,
                                               locked=True, points=1)
     nb.metadata.pop("widgets", None)
     return nb
