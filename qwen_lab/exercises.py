@@ -415,6 +415,16 @@ def _cell_id(index: int, taken: set[str]) -> str:
     return cid
 
 
+def _clear_run_state(cell) -> None:
+    """Drop what a run leaves in a cell: outputs, execution count, timings and scroll state."""
+    meta = cell.setdefault("metadata", nbformat.NotebookNode())
+    for key in _RUN_METADATA:
+        meta.pop(key, None)
+    if cell.get("cell_type") == "code":
+        cell["outputs"] = []
+        cell["execution_count"] = None
+
+
 def strip_solutions(notebook):
     """The learner's version of a solution notebook (a new NotebookNode; the argument is not changed).
 
@@ -440,15 +450,10 @@ def strip_solutions(notebook):
         if not cell.get("id") or cell["id"] in seen:
             cell["id"] = _cell_id(i, taken | seen)
         seen.add(cell["id"])
-        meta = cell.setdefault("metadata", nbformat.NotebookNode())
-        for key in _RUN_METADATA:
-            meta.pop(key, None)
+        _clear_run_state(cell)
         tags = _tags(cell)
         if CHECK_TAG in tags and RAISES_TAG not in tags:
-            meta["tags"] = tags + [RAISES_TAG]
-        if cell.get("cell_type") == "code":
-            cell["outputs"] = []
-            cell["execution_count"] = None
+            cell.metadata["tags"] = tags + [RAISES_TAG]
     meta = nb.metadata
     meta.pop("widgets", None)  # widget state is output
     if isinstance(meta.get("language_info"), dict):
@@ -630,13 +635,9 @@ def nbgrader_notebook(notebook, name: str = "notebook"):
     last_title = None
     defines = {}   # code exercise title -> the names its cell defines (a check is named after the last it uses)
     for i, cell in enumerate(nb.cells):
-        meta = cell.setdefault("metadata", nbformat.NotebookNode())
-        for key in _RUN_METADATA:
-            meta.pop(key, None)
+        _clear_run_state(cell)
+        meta = cell.metadata
         meta.pop("nbgrader", None)
-        if cell.get("cell_type") == "code":
-            cell["outputs"] = []
-            cell["execution_count"] = None
         blocks, _ = _blocks(cell, _where(name, i, cell))
         if blocks:
             last_title = cell_title(cell)
@@ -687,6 +688,13 @@ def export_nbgrader(out, solutions=None) -> Report:
     return report
 
 
+def _print_problems(e: ExerciseError, solutions: Path) -> int:
+    print(f"nothing written: {len(e.problems)} problem(s) in {_display(solutions)}/", file=sys.stderr)
+    for p in e.problems:
+        print(f"  {p}", file=sys.stderr)
+    return 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m qwen_lab.exercises",
                                      description="Build the learner's notebooks/ from solutions/, or check they "
@@ -714,10 +722,7 @@ def main(argv=None) -> int:
         try:
             report = export_nbgrader(args.out, solutions)
         except ExerciseError as e:
-            print(f"nothing written: {len(e.problems)} problem(s) in {_display(solutions)}/", file=sys.stderr)
-            for p in e.problems:
-                print(f"  {p}", file=sys.stderr)
-            return 1
+            return _print_problems(e, solutions)
         print(f"wrote {len(report.written)} files: {report.notebooks} assignments under {_display(args.out)}/source/ "
               f"({report.exercises} exercises) and {_display(args.out / 'nbgrader_config.py')}")
         print(f"then, in {_display(args.out)}: nbgrader generate_assignment NN_name (one per chapter)")
@@ -744,10 +749,7 @@ def main(argv=None) -> int:
         try:
             report = build(solutions, notebooks)
         except ExerciseError as e:
-            print(f"nothing written: {len(e.problems)} problem(s) in {_display(solutions)}/", file=sys.stderr)
-            for p in e.problems:
-                print(f"  {p}", file=sys.stderr)
-            return 1
+            return _print_problems(e, solutions)
         for path in report.written:
             print(f"wrote {path}")
         for path in report.removed:
