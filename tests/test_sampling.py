@@ -175,6 +175,39 @@ def test_gpu_configuration_runs_right_under_the_interpreter(rt, gen, monkeypatch
                           reference.sample(logits, temperature, top_k, top_p, u), logits, temperature, top_k, top_p, u)
 
 
+def test_search_stops_once_the_boundary_bin_is_kept(rt, gen):
+    """The radix select ends as soon as every token of the boundary bin is kept: tau is then that bin's lowest
+    key, the remaining rounds return at once, and the draw is the reference's. Where the bin keeps splitting
+    (tied tokens past top_k), every round runs and tau is the exact key."""
+    V = 1000
+    ws = sampling_workspace(V, rt.device)
+    nbits, key_bits = ws.config.nbits, 30
+    x = checks.randn(V, g=gen, device="cpu")
+    x[[11, 500, 987]] = torch.tensor([20.0, 19.5, 19.0])     # three tokens far above the rest
+    logits = x.to(device=rt.device, dtype=rt.dtype)
+    u = _u(0.37, rt.device)
+    # top-k 3 keeps exactly those three; the bin of the third one's key (the top nbits bits) holds no other
+    # token, so round 0 already decides
+    _assert_same_draw(sample(logits, 1.0, 3, 1.0, u, workspace=ws), reference.sample(logits, 1.0, 3, 1.0, u),
+                      logits, 1.0, 3, 1.0, u)
+    e3 = torch.exp2((torch.tensor(19.0) - 20.0) * 1.4426950408889634).float()
+    shift = key_bits - nbits
+    third = int(e3.view(torch.int32))
+    assert int(ws.state_i[2]) == 1, "the search did not stop after a round whose boundary bin was all kept"
+    assert int(ws.state_i[0]) == (third >> shift) << shift, \
+        f"tau {int(ws.state_i[0]):#x}: expected the lowest key of round 0's bin, {(third >> shift) << shift:#x}"
+    # top-p 0.5 keeps the first alone; the second shares its bin in round 0, so it takes one round more
+    _assert_same_draw(sample(logits, 1.0, 0, 0.5, u, workspace=ws), reference.sample(logits, 1.0, 0, 0.5, u),
+                      logits, 1.0, 0, 0.5, u)
+    assert int(ws.state_i[2]) == 1
+    # every logit tied and top_k 5: the bin never splits and is never kept whole before the last round
+    tied = torch.zeros(V, device=rt.device, dtype=rt.dtype)
+    _assert_same_draw(sample(tied, 1.0, 5, 1.0, u, workspace=ws), reference.sample(tied, 1.0, 5, 1.0, u),
+                      tied, 1.0, 5, 1.0, u)
+    assert int(ws.state_i[2]) == 0 and int(ws.state_i[0]) == 0x3F800000        # the exact key of e = 1.0
+    assert int(ws.counter.sum()) == 0
+
+
 # ---------------------------------------------------------------- buffers, launches, errors
 
 def test_out_buffer_workspace_reuse_and_launch_counts(rt, gen):

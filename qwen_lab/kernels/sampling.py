@@ -21,6 +21,12 @@ How the kernels find tau without sorting V = 248320 probabilities:
   where n_above, m_above count the tokens already known to lie above. Its bits are appended to tau's key,
   and the tokens of the higher bins join n_above, m_above. After 30 bits, tau is the exact key of the
   smallest kept token (ties share a key, so they stay together, as the definition wants).
+- Most draws need fewer rounds: once every token of the boundary bin is kept (it holds one token, or even
+  its smallest token passes the tests: n_above + count(bin and higher) - 1 < k and
+  m_above + mass(bin and higher) < top_p * S), tau can be the bin's lowest key: the kept set is the same.
+  That round marks the search done, and the remaining rounds' kernels return at once. Under a peaked
+  distribution two or three rounds decide; a CUDA Graph still launches all six, but a finished one costs
+  only its launch.
 - The draw: each program sums the kept mass of its block; a block prefix finds the block where the running
   mass crosses u * M, and a scan inside that one block finds the index.
 
@@ -90,10 +96,25 @@ def sample_round_kernel(logits_ptr, V, stride, scale, top_k, top_p,
                         NB, ROUND: tl.constexpr, USE_K: tl.constexpr, USE_P: tl.constexpr,
                         NBITS: tl.constexpr, KEY_BITS: tl.constexpr, SKIP_DEAD: tl.constexpr,
                         BLOCK: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr, USE_PDL: tl.constexpr = False):
-    """One radix-select round: fix the next NBITS bits of tau's key."""
+    """One radix-select round: fix the next NBITS bits of tau's key, unless an earlier round finished the search.
+    state_i: [0] tau's key so far (all KEY_BITS of it once done), [1] tokens above, [2] done (0 / 1)."""
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
         gdc_wait()
         gdc_launch_dependents()
+    if ROUND == 0:
+        _round_body(logits_ptr, V, stride, scale, top_k, top_p, mx_ptr, hcount_ptr, hmass_ptr, state_i_ptr,
+                    state_f_ptr, counter_ptr, NB, ROUND, USE_K, USE_P, NBITS, KEY_BITS, SKIP_DEAD, BLOCK, CHUNK, NB_P2)
+    elif tl.load(state_i_ptr + 2) == 0:   # round 0 always writes the flag: no reset is needed between draws
+        _round_body(logits_ptr, V, stride, scale, top_k, top_p, mx_ptr, hcount_ptr, hmass_ptr, state_i_ptr,
+                    state_f_ptr, counter_ptr, NB, ROUND, USE_K, USE_P, NBITS, KEY_BITS, SKIP_DEAD, BLOCK, CHUNK, NB_P2)
+
+
+@triton.jit
+def _round_body(logits_ptr, V, stride, scale, top_k, top_p,
+                mx_ptr, hcount_ptr, hmass_ptr, state_i_ptr, state_f_ptr, counter_ptr,
+                NB, ROUND: tl.constexpr, USE_K: tl.constexpr, USE_P: tl.constexpr,
+                NBITS: tl.constexpr, KEY_BITS: tl.constexpr, SKIP_DEAD: tl.constexpr,
+                BLOCK: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr):
     NBINS: tl.constexpr = 1 << NBITS
     SHIFT: tl.constexpr = KEY_BITS - NBITS * (ROUND + 1)
     pid = tl.program_id(0)
@@ -158,10 +179,22 @@ def sample_round_kernel(logits_ptr, V, stride, scale, top_k, top_p,
             ok = ok & (m_above + mass_gt < total * top_p)
         d0 = tl.minimum(tl.min(tl.where(ok, bins, NBINS), axis=0), NBINS - 1)
         sel = bins == d0
-        tl.store(state_i_ptr, ((prefix << NBITS) | d0).to(tl.int64))
-        tl.store(state_i_ptr + 1, n_above + tl.sum(tl.where(sel, count_gt, 0), axis=0))
+        n_gt = n_above + tl.sum(tl.where(sel, count_gt, 0), axis=0)   # tokens above the boundary bin
+        n_bin = tl.sum(tl.where(sel, count, 0), axis=0)
+        # is the whole boundary bin kept (see the module's docstring)? Then tau is its lowest key, and done
+        all_pass = n_bin > 0
+        if USE_K:
+            all_pass = all_pass & (n_gt + n_bin - 1 < top_k)
         if USE_P:
-            tl.store(state_f_ptr + 1, m_above + tl.sum(tl.where(sel, mass_gt, 0.0), axis=0))
+            m_gt = m_above + tl.sum(tl.where(sel, mass_gt, 0.0), axis=0)
+            all_pass = all_pass & (m_gt + tl.sum(tl.where(sel, mass, 0.0), axis=0) < total * top_p)
+        whole = (n_bin == 1) | all_pass   # a bin of one token holds the boundary token itself, which is kept
+        tau_key = ((prefix << NBITS) | d0).to(tl.int64)
+        tl.store(state_i_ptr, tl.where(whole, tau_key << SHIFT, tau_key))
+        tl.store(state_i_ptr + 1, n_gt)
+        tl.store(state_i_ptr + 2, whole.to(tl.int64))
+        if USE_P:
+            tl.store(state_f_ptr + 1, m_gt)
         tl.store(counter_ptr, 0)
 
 
@@ -263,7 +296,7 @@ class SamplingWorkspace:
     parg: torch.Tensor         # int32 [NB]
     hcount: torch.Tensor       # int32 [NB, 2^nbits]
     hmass: torch.Tensor        # fp64 [NB, 2^nbits]
-    state_i: torch.Tensor      # int64 [2]: tau's key so far, tokens above
+    state_i: torch.Tensor      # int64 [3]: tau's key so far, tokens above, search done
     state_f: torch.Tensor      # fp64 [2]: total mass S, mass above
     kmass: torch.Tensor        # fp64 [NB]
     klast: torch.Tensor        # int32 [NB]
@@ -282,7 +315,7 @@ def sampling_workspace(vocab_size: int, device) -> SamplingWorkspace:
         parg=torch.empty(nb, dtype=torch.int32, device=dev),
         hcount=torch.empty(nb, nbins, dtype=torch.int32, device=dev),
         hmass=torch.empty(nb, nbins, dtype=torch.float64, device=dev),
-        state_i=torch.empty(2, dtype=torch.int64, device=dev),
+        state_i=torch.empty(3, dtype=torch.int64, device=dev),
         state_f=torch.empty(2, dtype=torch.float64, device=dev),
         kmass=torch.empty(nb, dtype=torch.float64, device=dev),
         klast=torch.empty(nb, dtype=torch.int32, device=dev),
