@@ -101,47 +101,53 @@ def sample_round_kernel(logits_ptr, V, stride, scale, top_k, top_p,
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
         gdc_wait()
         gdc_launch_dependents()
-    if ROUND == 0:
-        _round_body(logits_ptr, V, stride, scale, top_k, top_p, mx_ptr, hcount_ptr, hmass_ptr, state_i_ptr,
-                    state_f_ptr, counter_ptr, NB, ROUND, USE_K, USE_P, NBITS, KEY_BITS, SKIP_DEAD, BLOCK, CHUNK, NB_P2)
-    elif tl.load(state_i_ptr + 2) == 0:   # round 0 always writes the flag: no reset is needed between draws
-        _round_body(logits_ptr, V, stride, scale, top_k, top_p, mx_ptr, hcount_ptr, hmass_ptr, state_i_ptr,
-                    state_f_ptr, counter_ptr, NB, ROUND, USE_K, USE_P, NBITS, KEY_BITS, SKIP_DEAD, BLOCK, CHUNK, NB_P2)
-
-
-@triton.jit
-def _round_body(logits_ptr, V, stride, scale, top_k, top_p,
-                mx_ptr, hcount_ptr, hmass_ptr, state_i_ptr, state_f_ptr, counter_ptr,
-                NB, ROUND: tl.constexpr, USE_K: tl.constexpr, USE_P: tl.constexpr,
-                NBITS: tl.constexpr, KEY_BITS: tl.constexpr, SKIP_DEAD: tl.constexpr,
-                BLOCK: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr):
-    NBINS: tl.constexpr = 1 << NBITS
     SHIFT: tl.constexpr = KEY_BITS - NBITS * (ROUND + 1)
     pid = tl.program_id(0)
     mx = tl.load(mx_ptr)
     if ROUND == 0:
         prefix = 0
-    else:
+        go = True
+    else:   # (three independent loads, issued together)
         prefix = tl.load(state_i_ptr).to(tl.int32)
+        go = tl.load(state_i_ptr + 2) == 0    # round 0 always writes the flag: no reset is needed between draws
+    if go:
+        _round(logits_ptr, V, stride, scale, top_k, top_p, mx, prefix, hcount_ptr, hmass_ptr, state_i_ptr,
+               state_f_ptr, counter_ptr, pid, NB, ROUND, USE_K, USE_P, NBITS, SHIFT, SKIP_DEAD, BLOCK, CHUNK, NB_P2)
+
+
+@triton.jit
+def _round(logits_ptr, V, stride, scale, top_k, top_p, mx, prefix,
+           hcount_ptr, hmass_ptr, state_i_ptr, state_f_ptr, counter_ptr,
+           pid, NB, ROUND: tl.constexpr, USE_K: tl.constexpr, USE_P: tl.constexpr,
+           NBITS: tl.constexpr, SHIFT: tl.constexpr, SKIP_DEAD: tl.constexpr,
+           BLOCK: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr):
+    NBINS: tl.constexpr = 1 << NBITS
     bins = tl.arange(0, NBINS)
     # 2-D accumulators, reduced once after the loop: adding a [CHUNK, NBINS] tile needs no traffic
     # between threads, reducing it at every chunk would.
     acc_n = tl.zeros((CHUNK, NBINS), dtype=tl.int32)
     acc_m = tl.zeros((CHUNK, NBINS), dtype=tl.float64)
-    for c in range(0, BLOCK, CHUNK):
-        offs = pid * BLOCK + c + tl.arange(0, CHUNK)
-        valid = offs < V
-        x = tl.load(logits_ptr + offs.to(tl.int64) * stride, mask=valid, other=float("-inf")).to(tl.float32)
-        # subtract first, then scale: the max token gets exactly 1 and every kernel derives
-        # bit-identical keys (a fused multiply-add could round differently in different kernels)
-        e = tl.exp2((x - mx) * scale)
-        key = e.to(tl.int32, bitcast=True)
-        live = valid & ((key >> (SHIFT + NBITS)) == prefix)       # tokens whose key starts with prefix
-        if SKIP_DEAD:
-            todo = tl.max(live.to(tl.int32), axis=0) > 0       # after round 0 most chunks are out of play
-        else:
-            todo = True
-        if todo:
+    if SKIP_DEAD and ROUND > 0:
+        # after round 0 most blocks hold no token still in play: one look at the whole block (one load, one
+        # reduction) spares them the chunk loop, whose loads and one-hot tiles come one after another
+        # (names of their own: a name the loop below assigns would become a loop-carried value of another shape)
+        offs_b = pid * BLOCK + tl.arange(0, BLOCK)
+        valid_b = offs_b < V
+        x_b = tl.load(logits_ptr + offs_b.to(tl.int64) * stride, mask=valid_b, other=float("-inf")).to(tl.float32)
+        key_b = tl.exp2((x_b - mx) * scale).to(tl.int32, bitcast=True)
+        todo = tl.max((valid_b & ((key_b >> (SHIFT + NBITS)) == prefix)).to(tl.int32), axis=0) > 0
+    else:
+        todo = True
+    if todo:
+        for c in range(0, BLOCK, CHUNK):
+            offs = pid * BLOCK + c + tl.arange(0, CHUNK)
+            valid = offs < V
+            x = tl.load(logits_ptr + offs.to(tl.int64) * stride, mask=valid, other=float("-inf")).to(tl.float32)
+            # subtract first, then scale: the max token gets exactly 1 and every kernel derives
+            # bit-identical keys (a fused multiply-add could round differently in different kernels)
+            e = tl.exp2((x - mx) * scale)
+            key = e.to(tl.int32, bitcast=True)
+            live = valid & ((key >> (SHIFT + NBITS)) == prefix)       # tokens whose key starts with prefix
             hit = live[:, None] & (((key >> SHIFT) & (NBINS - 1))[:, None] == bins[None, :])
             acc_n += hit.to(tl.int32)
             if USE_P:
@@ -266,12 +272,15 @@ class _Config:
     block: int         # tokens per program
     chunk: int         # tokens per step of a program's loop
     nbits: int         # bits of tau fixed per radix round (KEY_BITS must be a multiple)
-    skip_dead: bool    # test each chunk for tokens still in play (worth a reduction on a GPU only)
+    skip_dead: bool    # after round 0, test each block for tokens still in play (worth a reduction on a GPU only)
     warps: int
 
 
-# GPU: ~120 programs of 2048 tokens for V = 248320, one wave on an H200's 132 SMs; 6 rounds of 32 bins.
-_GPU = _Config(block=2048, chunk=128, nbits=5, skip_dead=True, warps=4)
+# GPU: 243 programs of 1024 tokens for V = 248320, two per SM of an H200; 6 rounds of 32 bins. Timed in a graph
+# (benchmarks/probe_sampling.py, docs/perf-log.md, 2026-12-03): 35 us for a top-k 20 + top-p 0.9 draw, against
+# 51 us with blocks of 2048 (one program of 4 warps per SM leaves the one-hot tiles' latency bare), 39 with 512,
+# 52 with 64-token chunks, 40 with 8 warps and 256-token chunks.
+_GPU = _Config(block=1024, chunk=128, nbits=5, skip_dead=True, warps=4)
 
 
 def _config(V: int) -> _Config:
