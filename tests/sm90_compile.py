@@ -255,6 +255,27 @@ def cases():
         meta = dict(c.kwargs, W=W, BLOCK_S=triton.next_power_of_2(W - 1), WRITE_STATE=True, USE_PDL=True)
         out.append((f"conv1d_prefill {c}", lambda meta=meta, c=c: compile_case(
             conv1d.conv1d_prefill_kernel, meta, warps=c.num_warps, stages=c.num_stages)))
+    # the sampler's GPU configuration over Qwen3.5-0.8B's vocabulary: round 0 (every token in play) and the later
+    # rounds (the look at the whole block first), with top-k and top-p each alone and together
+    from qwen_lab.kernels import sampling
+    sc = sampling._GPU
+    nb_p2 = max(2, triton.next_power_of_2(triton.cdiv(C.vocab_size, sc.block)))
+    sample_types = {"pmax_ptr": "*fp32", "parg_ptr": "*i32", "counter_ptr": "*i32", "mx_ptr": "*fp32",
+                    "out_ptr": "*i64", "hcount_ptr": "*i32", "hmass_ptr": "*fp64", "state_i_ptr": "*i64",
+                    "state_f_ptr": "*fp64", "kmass_ptr": "*fp64", "klast_ptr": "*i32", "u_ptr": "*fp32",
+                    "scale": "fp32", "top_p": "fp32"}
+    blocks = dict(BLOCK=sc.block, NB_P2=nb_p2, USE_PDL=True)
+    out.append(("sample_max", lambda: compile_case(sampling.sample_max_kernel, blocks, sample_types, sc.warps)))
+    for r, use_k, use_p in ((0, True, True), (1, True, True), (1, True, False), (1, False, True),
+                            (sampling.KEY_BITS // sc.nbits - 1, True, True)):
+        meta = dict(blocks, ROUND=r, USE_K=use_k, USE_P=use_p, NBITS=sc.nbits, KEY_BITS=sampling.KEY_BITS,
+                    SKIP_DEAD=sc.skip_dead, CHUNK=sc.chunk)
+        out.append((f"sample_round {r} top_k={use_k} top_p={use_p}", lambda meta=meta: compile_case(
+            sampling.sample_round_kernel, meta, sample_types, sc.warps)))
+    for tau in (False, True):
+        meta = dict(blocks, USE_TAU=tau, CHUNK=sc.chunk)
+        out.append((f"sample_draw USE_TAU={tau}", lambda meta=meta: compile_case(
+            sampling.sample_draw_kernel, meta, sample_types, sc.warps)))
     out.append(("notebook 09 exercise chunk_scan_kernel, as its launcher runs it", _notebook_09_scan))
     return out
 

@@ -38,7 +38,7 @@ def test_every_gpu_config_compiles_for_sm90(results):
     assert not failed, "\n".join(failed)
     kinds = {r["label"].split(" ")[0] for r in results}
     assert {"matmul", "gemv", "flash_attention", "flash_decode_split", "chunk_prep", "chunk_scan", "conv_decode_step",
-            "conv1d_prefill", "notebook"} <= kinds, kinds
+            "conv1d_prefill", "sample_max", "sample_round", "sample_draw", "notebook"} <= kinds, kinds
     # the GEMM epilogues that split a residual add + RMSNorm between two prompt GEMMs, with the TMA candidates
     assert any("RES_NORM" in r["label"] for r in results) and any("ROW_SCALE" in r["label"] for r in results)
 
