@@ -31,6 +31,8 @@ fi
 if want kernels; then
   timeout 150 python3 benchmarks/bench_gemv.py --out "$OUT" 2>&1 | tail -n 60 | tee "$OUT/gemv.txt"
   PYTHONPATH="$FLA_PATH" timeout 120 python3 benchmarks/bench_deltanet.py --out "$OUT" 2>&1 | tail -n 40 | tee "$OUT/deltanet.txt"
+  # the draw of a token, each sampling setting in a graph (about 30 s; --configs adds the launch configurations)
+  PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" timeout 120 python3 benchmarks/probe_sampling.py 2>&1 | tee "$OUT/sampling.txt"
 fi
 if want tests; then
   # nbformat (the exercise tests read the notebooks through qwen_lab.exercises) where the image lacks it: carried as
