@@ -6,9 +6,9 @@
 graph. Greedy is one launch over the 248320 logits; temperature adds a second; top-k or top-p add the radix-select
 rounds (6 on a GPU) between them, each a launch that reads the logits again. Here each setting is timed alone
 (20 draws captured back to back in one graph, us per draw) on three kinds of logits:
-  peaked: a trained model's typical next token, a few candidates far above a normal background;
+  peaked: like a trained model's confident next token, a few candidates far above a normal background;
   flat:   N(0, 2) logits, where top-p 0.9 keeps tens of thousands of tokens;
-  tied:   every logit equal (the worst case for the rounds: no chunk ever falls out of play).
+  tied:   every logit equal (the worst case for the rounds: no block ever falls out of play).
 --configs times top-k 20 + top-p 0.9 under other launch configurations of the kernels (tokens per program, per
 step of a program's loop, warps, bits per round); --profile lists each kernel of one draw with its GPU time.
 """
@@ -90,9 +90,11 @@ def main() -> int:
                 # the same token as the reference, or the configuration is not worth its time (not checked on
                 # tied logits: there the reference's float32 running sum over 248320 equal terms rounds, and its
                 # token is a neighbour of the exact one, as tests/test_sampling.py allows)
-                same = kind == "tied" or all(int(sample(logits, 0.7, 20, 0.9, torch.full((1,), u, device="cuda"), workspace=ws))
-                           == int(reference.sample(logits, 0.7, 20, 0.9, torch.tensor(u, device="cuda")))
-                           for u in (0.05, 0.37, 0.9))
+                def same_token(u):
+                    u = torch.tensor(u, device="cuda")
+                    return int(sample(logits, 0.7, 20, 0.9, u, workspace=ws)) == \
+                        int(reference.sample(logits, 0.7, 20, 0.9, u))
+                same = kind == "tied" or all(same_token(u) for u in (0.05, 0.37, 0.9))
                 print(f"config {cfg}: {kind:6s} top-k 20, top-p 0.9 {us:7.1f} us per draw"
                       f"{'' if same else '  (DRAWS DIFFER FROM THE REFERENCE)'}", flush=True)
     return 0
