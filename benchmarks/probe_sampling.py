@@ -10,7 +10,8 @@ rounds (6 on a GPU) between them, each a launch that reads the logits again. Her
   flat:   N(0, 2) logits, where top-p 0.9 keeps tens of thousands of tokens;
   tied:   every logit equal (the worst case for the rounds: no block ever falls out of play).
 --configs times top-k 20 + top-p 0.9 under other launch configurations of the kernels (tokens per program, per
-step of a program's loop, warps, bits per round); --profile lists each kernel of one draw with its GPU time.
+step of a program's loop, bits per round, warps, rows of histograms summed at a time by a round's last program);
+--profile lists each kernel of one draw with its GPU time.
 """
 
 import torch
@@ -37,9 +38,9 @@ def logits_of(kind: str) -> torch.Tensor:
     return x.to(torch.bfloat16)
 
 
-CONFIGS = [  # (block, chunk, nbits, skip_dead, warps)
-    (1024, 128, 5, True, 4), (2048, 128, 5, True, 4), (512, 128, 5, True, 4), (1024, 64, 5, True, 4),
-    (1024, 256, 5, True, 8), (512, 64, 5, True, 2),
+CONFIGS = [  # (block, chunk, nbits, skip_dead, warps[, rows]): see kernels.sampling._Config
+    (1024, 128, 5, True, 4), (1024, 128, 5, True, 4, 32), (512, 128, 5, True, 4, 32), (512, 64, 5, True, 4, 32),
+    (256, 64, 5, True, 4, 32), (1024, 64, 5, True, 4, 32), (2048, 128, 5, True, 4),
 ]
 
 

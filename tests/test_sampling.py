@@ -162,8 +162,8 @@ def test_draws_are_kept_tokens_and_follow_the_kept_probabilities(rt, gen):
 
 
 def test_gpu_configuration_runs_right_under_the_interpreter(rt, gen, monkeypatch):
-    """The GPU's constexpr configuration (2048-token blocks in 128-token chunks, 6 rounds of 5 bits,
-    chunks without live tokens skipped) is not what the interpreter runs by default: check it here too."""
+    """The GPU's constexpr configuration (1024-token blocks in 128-token chunks, 6 rounds of 5 bits, blocks
+    without live tokens skipped after round 0) is not what the interpreter runs by default: check it here too."""
     from qwen_lab.kernels import sampling
     monkeypatch.setattr(sampling, "_config", lambda V: sampling._GPU)
     V = 4500
@@ -173,6 +173,27 @@ def test_gpu_configuration_runs_right_under_the_interpreter(rt, gen, monkeypatch
         u = _u(u_value, rt.device)
         _assert_same_draw(sample(logits, temperature, top_k, top_p, u),
                           reference.sample(logits, temperature, top_k, top_p, u), logits, temperature, top_k, top_p, u)
+
+
+def test_histograms_summed_a_few_rows_at_a_time_give_the_same_search(rt, gen, monkeypatch):
+    """`_Config.rows`: a round's last program may sum the programs' histograms a few rows at a time instead of in
+    one tile. Every round's result must be the same: the threshold, the tokens above it, the flag, the token."""
+    import dataclasses
+
+    from qwen_lab.kernels import sampling
+    V = 4500                                                  # 5 blocks of 1024: rows 2 takes 4 slices of 2
+    logits = checks.randn(V, g=gen, dtype=rt.dtype, device=rt.device, scale=2.0)
+    logits[[7, 2100, V - 1]] = 9.0                            # a tie, one of it in the last block
+    u = _u(0.6, rt.device)
+    for temperature, top_k, top_p in [(0.8, 20, 0.9), (1.0, 0, 0.7), (1.0, 3, 1.0), (2.0, 0, 0.99)]:
+        results = []
+        for config in (sampling._GPU, dataclasses.replace(sampling._GPU, rows=2)):
+            monkeypatch.setattr(sampling, "_config", lambda V, config=config: config)
+            ws = sampling_workspace(V, rt.device)
+            token = int(sample(logits, temperature, top_k, top_p, u, workspace=ws))
+            results.append((token, ws.state_i.tolist()))
+        assert results[0] == results[1], (f"T={temperature} top_k={top_k} top_p={top_p}: (token, [tau, tokens "
+                                           f"above, done]) in one tile {results[0]}, two rows at a time {results[1]}")
 
 
 def test_search_stops_once_the_boundary_bin_is_kept(rt, gen):

@@ -95,7 +95,8 @@ def sample_round_kernel(logits_ptr, V, stride, scale, top_k, top_p,
                         mx_ptr, hcount_ptr, hmass_ptr, state_i_ptr, state_f_ptr, counter_ptr,
                         NB, ROUND: tl.constexpr, USE_K: tl.constexpr, USE_P: tl.constexpr,
                         NBITS: tl.constexpr, KEY_BITS: tl.constexpr, SKIP_DEAD: tl.constexpr,
-                        BLOCK: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr, USE_PDL: tl.constexpr = False):
+                        BLOCK: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr, ROWS: tl.constexpr = 0,
+                        USE_PDL: tl.constexpr = False):
     """One radix-select round: fix the next NBITS bits of tau's key, unless an earlier round finished the search.
     state_i: [0] tau's key so far (all KEY_BITS of it once done), [1] tokens above, [2] done (0 / 1)."""
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
@@ -112,7 +113,7 @@ def sample_round_kernel(logits_ptr, V, stride, scale, top_k, top_p,
         go = tl.load(state_i_ptr + 2) == 0    # round 0 always writes the flag: no reset is needed between draws
     if go:
         _round(logits_ptr, V, stride, scale, top_k, top_p, mx, prefix, hcount_ptr, hmass_ptr, state_i_ptr,
-               state_f_ptr, counter_ptr, pid, NB, ROUND, USE_K, USE_P, NBITS, SHIFT, SKIP_DEAD, BLOCK, CHUNK, NB_P2)
+               state_f_ptr, counter_ptr, pid, NB, ROUND, USE_K, USE_P, NBITS, SHIFT, SKIP_DEAD, BLOCK, CHUNK, NB_P2, ROWS)
 
 
 @triton.jit
@@ -120,7 +121,7 @@ def _round(logits_ptr, V, stride, scale, top_k, top_p, mx, prefix,
            hcount_ptr, hmass_ptr, state_i_ptr, state_f_ptr, counter_ptr,
            pid, NB, ROUND: tl.constexpr, USE_K: tl.constexpr, USE_P: tl.constexpr,
            NBITS: tl.constexpr, SHIFT: tl.constexpr, SKIP_DEAD: tl.constexpr,
-           BLOCK: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr):
+           BLOCK: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr, ROWS: tl.constexpr):
     NBINS: tl.constexpr = 1 << NBITS
     bins = tl.arange(0, NBINS)
     # 2-D accumulators, reduced once after the loop: adding a [CHUNK, NBINS] tile needs no traffic
@@ -158,10 +159,7 @@ def _round(logits_ptr, V, stride, scale, top_k, top_p, mx, prefix,
 
     tl.debug_barrier()
     if tl.atomic_add(counter_ptr, 1, sem="acq_rel") == NB - 1:
-        rows = tl.arange(0, NB_P2)
-        tile = rows[:, None] * NBINS + bins[None, :]
-        rmask = (rows < NB)[:, None]
-        count = tl.sum(tl.load(hcount_ptr + tile, mask=rmask, other=0, cache_modifier=".cg"), axis=0).to(tl.int64)
+        count, mass = _histograms(hcount_ptr, hmass_ptr, NB, bins, USE_P, NBINS, NB_P2, ROWS)
         count_gt = tl.cumsum(count, axis=0, reverse=True) - count      # tokens in play in higher bins
         if ROUND == 0:
             n_above = tl.zeros((), dtype=tl.int64)
@@ -174,7 +172,6 @@ def _round(logits_ptr, V, stride, scale, top_k, top_p, mx, prefix,
         if USE_K:
             ok = ok & (n_above + count_gt < top_k)
         if USE_P:
-            mass = tl.sum(tl.load(hmass_ptr + tile, mask=rmask, other=0.0, cache_modifier=".cg"), axis=0)
             mass_ge = tl.cumsum(mass, axis=0, reverse=True)
             mass_gt = mass_ge - mass
             if ROUND == 0:
@@ -202,6 +199,34 @@ def _round(logits_ptr, V, stride, scale, top_k, top_p, mx, prefix,
         if USE_P:
             tl.store(state_f_ptr + 1, m_gt)
         tl.store(counter_ptr, 0)
+
+
+@triton.jit
+def _histograms(hcount_ptr, hmass_ptr, NB, bins, USE_P: tl.constexpr, NBINS: tl.constexpr, NB_P2: tl.constexpr,
+                ROWS: tl.constexpr):
+    """The last program's sum of the programs' histograms: counts (int64) and, with top-p, masses (fp64, else 0).
+    ROWS = 0 (or >= NB_P2) reads them as one [NB_P2, NBINS] tile. That tile can set the registers of the whole
+    kernel (a kernel gets those of its largest part): 0 < ROWS < NB_P2 reads ROWS rows at a time instead."""
+    if ROWS == 0 or ROWS >= NB_P2:
+        rows = tl.arange(0, NB_P2)
+        tile = rows[:, None] * NBINS + bins[None, :]
+        rmask = (rows < NB)[:, None]
+        count = tl.sum(tl.load(hcount_ptr + tile, mask=rmask, other=0, cache_modifier=".cg"), axis=0).to(tl.int64)
+        if USE_P:
+            mass = tl.sum(tl.load(hmass_ptr + tile, mask=rmask, other=0.0, cache_modifier=".cg"), axis=0)
+        else:
+            mass = tl.zeros((NBINS,), dtype=tl.float64)
+    else:
+        count = tl.zeros((NBINS,), dtype=tl.int64)
+        mass = tl.zeros((NBINS,), dtype=tl.float64)
+        for r in range(0, NB_P2, ROWS):
+            rows = r + tl.arange(0, ROWS)
+            tile = rows[:, None] * NBINS + bins[None, :]
+            rmask = (rows < NB)[:, None]
+            count += tl.sum(tl.load(hcount_ptr + tile, mask=rmask, other=0, cache_modifier=".cg"), axis=0)
+            if USE_P:
+                mass += tl.sum(tl.load(hmass_ptr + tile, mask=rmask, other=0.0, cache_modifier=".cg"), axis=0)
+    return count, mass
 
 
 @triton.jit
@@ -274,6 +299,7 @@ class _Config:
     nbits: int         # bits of tau fixed per radix round (KEY_BITS must be a multiple)
     skip_dead: bool    # after round 0, test each block for tokens still in play (worth a reduction on a GPU only)
     warps: int
+    rows: int = 0      # programs' histograms a round's last program sums at a time (0: all; else a power of 2)
 
 
 # GPU: 243 programs of 1024 tokens for V = 248320, two per SM of an H200; 6 rounds of 32 bins. Timed in a graph
@@ -407,7 +433,7 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, u
                                   ws.mx, ws.hcount, ws.hmass, ws.state_i, ws.state_f, ws.counter,
                                   nb, ROUND=r, USE_K=use_k, USE_P=use_p, NBITS=cfg.nbits, KEY_BITS=KEY_BITS,
                                   SKIP_DEAD=cfg.skip_dead, BLOCK=cfg.block, CHUNK=cfg.chunk, NB_P2=nb_p2,
-                                  num_warps=cfg.warps, **pdl)
+                                  ROWS=cfg.rows, num_warps=cfg.warps, **pdl)
     sample_draw_kernel[grid](logits, V, stride, scale, ws.mx, uniform, ws.state_i, ws.kmass, ws.klast,
                              ws.counter, out, nb, USE_TAU=use_k or use_p, BLOCK=cfg.block, CHUNK=cfg.chunk,
                              NB_P2=nb_p2, num_warps=cfg.warps, **pdl)
