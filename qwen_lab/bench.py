@@ -130,9 +130,12 @@ def bench_qwen_lab(model, prefill_len: int, decode_steps: int, graph: bool, gen:
         decode_launches = sum(c.values())
 
         if not graph:
+            # on a CPU (the interpreter: nothing to compile, each step takes seconds) the two untimed runs above
+            # are warm-up enough, and one timed run of each is what the table can honestly say
+            cpu = dev.type != "cuda"
             status("timing the prefill")
             prefill_ms = time_ms(lambda: model.step(ids, positions, cache), dev, setup=cache.reset,
-                                 reps=5 if dev.type == "cuda" else 1, warmup=1)
+                                 reps=1 if cpu else 5, warmup=0 if cpu else 1)
             cache.reset()
             model.step(ids, positions, cache)
 
@@ -140,7 +143,7 @@ def bench_qwen_lab(model, prefill_len: int, decode_steps: int, graph: bool, gen:
                 for _ in range(decode_steps):
                     model.step(token, pos, cache)
             status("timing the decode steps")
-            decode_ms = time_ms(decode, dev, warmup=1, reps=3 if dev.type == "cuda" else 1) / decode_steps
+            decode_ms = time_ms(decode, dev, warmup=0 if cpu else 1, reps=1 if cpu else 3) / decode_steps
             host_launches = (prefill_launches, decode_launches)
         else:
             from .graph import PrefillGraphs, capture
