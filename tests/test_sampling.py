@@ -175,9 +175,13 @@ def test_gpu_configuration_runs_right_under_the_interpreter(rt, gen, monkeypatch
                           reference.sample(logits, temperature, top_k, top_p, u), logits, temperature, top_k, top_p, u)
 
 
-def test_histograms_summed_a_few_rows_at_a_time_give_the_same_search(rt, gen, monkeypatch):
-    """`_Config.rows`: a round's last program may sum the programs' histograms a few rows at a time instead of in
-    one tile. Every round's result must be the same: the threshold, the tokens above it, the flag, the token."""
+@pytest.mark.parametrize("option", [dict(rows=2), dict(skip_dead=False, skip_chunks=True),
+                                    dict(skip_chunks=True)], ids=["rows=2", "chunks", "block+chunks"])
+def test_launch_options_give_the_same_search(rt, gen, monkeypatch, option):
+    """The GPU configuration's options to be timed against it (kernels.sampling._Config): a round's last program
+    summing the programs' histograms two rows at a time instead of in one tile; each chunk tested for tokens in
+    play instead of (or after) the whole block. Every round must end in the same state: the threshold, the tokens
+    above it, the flag, and the token drawn."""
     import dataclasses
 
     from qwen_lab.kernels import sampling
@@ -187,13 +191,13 @@ def test_histograms_summed_a_few_rows_at_a_time_give_the_same_search(rt, gen, mo
     u = _u(0.6, rt.device)
     for temperature, top_k, top_p in [(0.8, 20, 0.9), (1.0, 0, 0.7), (1.0, 3, 1.0), (2.0, 0, 0.99)]:
         results = []
-        for config in (sampling._GPU, dataclasses.replace(sampling._GPU, rows=2)):
+        for config in (sampling._GPU, dataclasses.replace(sampling._GPU, **option)):
             monkeypatch.setattr(sampling, "_config", lambda V, config=config: config)
             ws = sampling_workspace(V, rt.device)
             token = int(sample(logits, temperature, top_k, top_p, u, workspace=ws))
             results.append((token, ws.state_i.tolist()))
         assert results[0] == results[1], (f"T={temperature} top_k={top_k} top_p={top_p}: (token, [tau, tokens "
-                                           f"above, done]) in one tile {results[0]}, two rows at a time {results[1]}")
+                                           f"above, done]) {results[0]} by default, {results[1]} with {option}")
 
 
 def test_search_stops_once_the_boundary_bin_is_kept(rt, gen):
