@@ -9,7 +9,7 @@ from qwen_lab import checks, reference
 from qwen_lab.config import QWEN35_0_8B
 from qwen_lab.errors import KernelError
 from qwen_lab.kernels import count_launches
-from qwen_lab.kernels.sampling import sample, sampling_workspace
+from qwen_lab.kernels.sampling import KEY_BITS, LOG2E, sample, sampling_workspace
 
 ONE_MINUS = 1.0 - 2.0 ** -24          # the largest float32 below 1
 
@@ -175,17 +175,16 @@ def test_gpu_configuration_runs_right_under_the_interpreter(rt, gen, monkeypatch
                           reference.sample(logits, temperature, top_k, top_p, u), logits, temperature, top_k, top_p, u)
 
 
-@pytest.mark.parametrize("option", [dict(rows=2), dict(skip_dead=False, skip_chunks=True),
-                                    dict(skip_chunks=True)], ids=["rows=2", "chunks", "block+chunks"])
-def test_launch_options_give_the_same_search(rt, gen, monkeypatch, option):
-    """The GPU configuration's options to be timed against it (kernels.sampling._Config): a round's last program
-    summing the programs' histograms two rows at a time instead of in one tile; each chunk tested for tokens in
-    play instead of (or after) the whole block. Every round must end in the same state: the threshold, the tokens
-    above it, the flag, and the token drawn."""
+@pytest.mark.parametrize("option", [dict(block=2048), dict(chunk=64), dict(skip_dead=False)],
+                         ids=["block=2048", "chunk=64", "no-skip"])
+def test_launch_configurations_give_the_same_search(rt, gen, monkeypatch, option):
+    """The launch configurations benchmarks/probe_sampling.py times against the GPU's (kernels.sampling._Config):
+    other tokens per program, per step of a program's loop, no test of a block for tokens in play. Every round
+    must end in the same state: the threshold, the tokens above it, the flag, and the token drawn."""
     import dataclasses
 
     from qwen_lab.kernels import sampling
-    V = 4500                                                  # 5 blocks of 1024: rows 2 takes 4 slices of 2
+    V = 4500                                                  # 5 blocks of 1024, 3 of 2048
     logits = checks.randn(V, g=gen, dtype=rt.dtype, device=rt.device, scale=2.0)
     logits[[7, 2100, V - 1]] = 9.0                            # a tie, one of it in the last block
     u = _u(0.6, rt.device)
@@ -206,7 +205,7 @@ def test_search_stops_once_the_boundary_bin_is_kept(rt, gen):
     (tied tokens past top_k), every round runs and tau is the exact key."""
     V = 1000
     ws = sampling_workspace(V, rt.device)
-    nbits, key_bits = ws.config.nbits, 30
+    nbits, key_bits = ws.config.nbits, KEY_BITS
     x = checks.randn(V, g=gen, device="cpu")
     x[[11, 500, 987]] = torch.tensor([20.0, 19.5, 19.0])     # three tokens far above the rest
     logits = x.to(device=rt.device, dtype=rt.dtype)
@@ -215,7 +214,7 @@ def test_search_stops_once_the_boundary_bin_is_kept(rt, gen):
     # token, so round 0 already decides
     _assert_same_draw(sample(logits, 1.0, 3, 1.0, u, workspace=ws), reference.sample(logits, 1.0, 3, 1.0, u),
                       logits, 1.0, 3, 1.0, u)
-    e3 = torch.exp2((torch.tensor(19.0) - 20.0) * 1.4426950408889634).float()
+    e3 = torch.exp2((torch.tensor(19.0) - 20.0) * LOG2E).float()
     shift = key_bits - nbits
     third = int(e3.view(torch.int32))
     assert int(ws.state_i[2]) == 1, "the search did not stop after a round whose boundary bin was all kept"
