@@ -113,7 +113,9 @@ def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.
     rng = torch.Generator(device=device).manual_seed(int(seed))
     # one uniform number per new token, drawn once; two more for the graph's warm-up steps, which also draw
     uniforms = torch.rand(max_new_tokens + 2, generator=rng, device=device)
-    sample = model.ops["sample"]
+    from .graph import sampler
+
+    sample = sampler(model)  # one scratch for every draw of this generation
     cache = model.new_cache(capacity)
     runner = None
     # without a `status` of the caller's, a progress line of its own where the warm-up is long (a notebook's first

@@ -183,6 +183,33 @@ class PrefillGraphs:
         return self.logits
 
 
+def sampler(model):
+    """`model.ops["sample"]` as draw(logits, temperature, top_k, top_p, uniform, out=None), its scratch allocated once.
+
+    The course's kernel (kernels/sampling.py) takes a `workspace`; without one it allocates its scratch and clears
+    a counter on every call, which inside a captured step is a memset replayed with every token, and in an eager
+    loop an allocation per token. Here one workspace serves every draw of the generation. A sampler without that
+    argument (the reference, a learner's own) is called as it is, and one without `out` has its result copied
+    there.
+    """
+    sample = model.ops["sample"]
+    params = inspect.signature(sample).parameters
+    extra = {}
+    if "workspace" in params:
+        from .kernels import sampling
+
+        extra["workspace"] = sampling.sampling_workspace(model.config.vocab_size, model.device)
+    in_place = "out" in params
+
+    def draw(logits, temperature, top_k, top_p, uniform, out=None):
+        if out is not None and in_place:
+            return sample(logits, temperature, top_k, top_p, uniform, out=out, **extra)
+        token = sample(logits, temperature, top_k, top_p, uniform, **extra)
+        return token if out is None else out.copy_(token.reshape(out.shape))
+
+    return draw
+
+
 class DecodeGraph:
     """One decode step of `model` over `cache`, sampling included, captured once and replayed per token.
 
@@ -203,16 +230,12 @@ class DecodeGraph:
         self.sampling = (temperature, top_k, top_p)
         self.logits = None
 
-        sample = model.ops["sample"]
-        writes_in_place = "out" in inspect.signature(sample).parameters
+        draw = sampler(model)  # its scratch allocated here, before the capture: the graph records only kernels
 
         def body():
             logits = model.step(self.token, self.position, cache)[-1]
             torch.index_select(self.uniforms, 0, self.counter, out=self.uniform)
-            if writes_in_place:
-                sample(logits, *self.sampling, self.uniform[0], out=self.token[0])
-            else:
-                self.token.copy_(sample(logits, *self.sampling, self.uniform[0]).reshape(1))
+            draw(logits, *self.sampling, self.uniform[0], out=self.token[0])
             self.position.add_(1)
             self.counter.add_(1)
             return logits

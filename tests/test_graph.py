@@ -149,6 +149,31 @@ def test_generate_eager_is_one_prefill_then_decode_steps():
     assert got.tolist() == want
 
 
+def _count_workspaces(monkeypatch):
+    """Record every sampling_workspace() call (the sampler's scratch) from here on."""
+    from qwen_lab.kernels import sampling
+
+    calls, real = [], sampling.sampling_workspace
+    monkeypatch.setattr(sampling, "sampling_workspace", lambda *args: calls.append(args) or real(*args))
+    return calls
+
+
+def test_generate_allocates_the_sampling_scratch_once(tiny, monkeypatch):
+    """One workspace serves every draw of a generation (graph.sampler); a sampler that takes neither `out` nor
+    `workspace` (a learner's) is still called, and with the same uniforms draws the same tokens."""
+    from qwen_lab.kernels import sampling
+
+    prompt = torch.randint(0, tiny.config.vocab_size, (6,), generator=torch.Generator().manual_seed(6))
+    kwargs = dict(max_new_tokens=5, temperature=0.9, top_k=7, top_p=0.9, seed=3, cuda_graph=False, eos_token_ids=())
+    calls = _count_workspaces(monkeypatch)
+    got = qwen_lab.generate(tiny, prompt, **kwargs)
+    assert len(calls) == 1, f"{len(calls)} sampling workspaces for 5 draws; expected one per generation"
+    monkeypatch.setitem(tiny.ops, "sample", lambda logits, t, k, p, u: sampling.sample(logits, t, k, p, u))
+    plain = qwen_lab.generate(tiny, prompt, **kwargs)
+    assert len(calls) == 1 + 5, "the plain sampler should allocate its own scratch at each of the 5 draws"
+    assert got.tolist() == plain.tolist()
+
+
 # ---------------------------------------------------------------- GPU
 
 # The tests of the 0.8B model share its module-scoped fixtures (the model, its captured buckets, transformers' copy)
@@ -317,3 +342,18 @@ def test_prefill_graphs_refuse_a_prompt_longer_than_the_cache():
     assert torch.isfinite(graphs.run(ids[:8])).all()
     with pytest.raises(GenerationError, match="max_len=8"):
         qwen_lab.generate(model, ids, max_new_tokens=2, max_len=8, cuda_graph=True)
+
+
+@pytest.mark.gpu
+def test_decode_graph_samples_with_one_workspace_and_draws_the_eager_tokens(deterministic, monkeypatch):
+    """The captured step's sampler gets its scratch before the capture (no allocation or memset replayed per token)
+    and, with top-k and top-p, draws what the eager loop draws from the same uniforms."""
+    model = qwen_lab.load_model("tiny", device="cuda")
+    prompt = torch.randint(0, model.config.vocab_size, (11,), generator=torch.Generator().manual_seed(11))
+    kwargs = dict(max_new_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=5, eos_token_ids=())
+    eager = qwen_lab.generate(model, prompt, cuda_graph=False, **kwargs).tolist()
+    calls = _count_workspaces(monkeypatch)
+    graph = qwen_lab.generate(model, prompt, cuda_graph=True, **kwargs).tolist()
+    # one for the captured step, one for the eager draw of the prompt's last logits
+    assert len(calls) == 2, f"{len(calls)} sampling workspaces for a graphed generation; expected 2"
+    assert graph == eager
