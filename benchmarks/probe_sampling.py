@@ -1,6 +1,6 @@
 """Probe: what drawing a token costs inside a CUDA Graph, by sampling setting and by shape of the distribution.
 
-    python benchmarks/probe_sampling.py [--configs] [--profile]          (an NVIDIA GPU)
+    python benchmarks/probe_sampling.py [--configs [--repeat N]] [--profile]          (an NVIDIA GPU)
 
 `qwen_lab.generate` replays the decode step and the draw of the next token (`kernels.sampling.sample`) in one
 graph. Greedy is one launch over the 248320 logits; temperature adds a second; top-k or top-p add the radix-select
@@ -10,8 +10,11 @@ rounds (6 on a GPU) between them, each a launch that reads the logits again. Her
   flat:   N(0, 2) logits, where top-p 0.9 keeps tens of thousands of tokens;
   tied:   every logit equal (the worst case for the rounds: no block ever falls out of play).
 --configs times top-k 20 + top-p 0.9 under other launch configurations of the kernels (tokens per program, per
-step of a program's loop, bits per round, the test of each block for tokens in play, warps);
+step of a program's loop, bits per round, the test of each block and of each chunk for tokens in play, warps, rows
+of histograms summed at a time by a round's last program);
+--repeat N goes through those configurations N times (the spread between rounds on one machine);
 --profile lists each kernel of one draw with its GPU time.
+One more row times the draw without a workspace (its scratch allocated inside the graph).
 """
 
 import torch
@@ -38,14 +41,16 @@ def logits_of(kind: str) -> torch.Tensor:
     return x.to(torch.bfloat16)
 
 
-CONFIGS = [  # (block, chunk, nbits, skip_dead, warps): see kernels.sampling._Config
-    (1024, 128, 5, True, 4), (1024, 128, 5, False, 4), (2048, 128, 5, True, 4), (512, 128, 5, True, 4),
-    (1024, 64, 5, True, 4), (1024, 256, 5, True, 8),
+CONFIGS = [  # (block, chunk, nbits, skip_dead, warps[, rows[, skip_chunks]]): see kernels.sampling._Config
+    (1024, 128, 5, True, 4), (1024, 128, 5, False, 4, 0, True), (1024, 128, 5, True, 4, 0, True),
+    (1024, 128, 5, True, 4, 32), (512, 128, 5, True, 4, 32), (512, 64, 5, True, 4, 32), (256, 64, 5, True, 4, 32),
+    (1024, 64, 5, True, 4, 32), (1024, 128, 5, False, 4, 32, True), (2048, 128, 5, True, 4),
 ]
 
 
 def main() -> int:
     args = probe_args(__doc__, ("--configs", dict(action="store_true")), ("--profile", dict(action="store_true")),
+                      ("--repeat", dict(type=int, default=1, help="times through the configurations (default 1)")),
                       tokens=False, model=False)
     if args is None:
         return 0
@@ -62,6 +67,11 @@ def main() -> int:
             call = (lambda t=t, k=k, p=p: sample(logits, t, k, p, uniform, out=out, workspace=ws))
             us = graph_time_us([call] * 20, warmup=True, replays=20)
             print(f"{kind:6s} {name:28s} {us:7.1f} us per draw", flush=True)
+    # the same draw without a workspace: its scratch allocated and its counter cleared inside the graph, as
+    # generation did before graph.sampler gave it one
+    logits = logits_of("peaked")
+    us = graph_time_us([lambda: sample(logits, 0.7, 20, 0.9, uniform, out=out)] * 20, warmup=True, replays=20)
+    print(f"peaked top-k 20 + top-p 0.9, no workspace  {us:7.1f} us per draw", flush=True)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
         logits = logits_of("peaked")
@@ -77,7 +87,7 @@ def main() -> int:
         for ev in kernels[-len(kernels) // 5:]:
             print(f"  {ev.name[:60]:60s} {ev.device_time:8.1f} us")
     if args.configs:
-        for cfg in CONFIGS:
+        for cfg in CONFIGS * args.repeat:  # repeated: the spread between rounds, on the same machine
             sampling._GPU = sampling._Config(*cfg)
             ws = sampling_workspace(V, "cuda")
             for kind in ("peaked", "flat", "tied"):
