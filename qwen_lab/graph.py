@@ -230,12 +230,15 @@ class DecodeGraph:
         self.sampling = (temperature, top_k, top_p)
         self.logits = None
 
-        draw = sampler(model)  # its scratch allocated here, before the capture: the graph records only kernels
+        # The sampler's scratch is allocated here, before the capture, so the graph records only kernels. The graph
+        # keeps the addresses, not the tensors: this object holds them for as long as the graph may be replayed
+        # (freed, their memory would go to the next allocation, and every replay would write over it).
+        self.draw = sampler(model)
 
         def body():
             logits = model.step(self.token, self.position, cache)[-1]
             torch.index_select(self.uniforms, 0, self.counter, out=self.uniform)
-            draw(logits, *self.sampling, self.uniform[0], out=self.token[0])
+            self.draw(logits, *self.sampling, self.uniform[0], out=self.token[0])
             self.position.add_(1)
             self.counter.add_(1)
             return logits

@@ -256,7 +256,7 @@ def cases():
         out.append((f"conv1d_prefill {c}", lambda meta=meta, c=c: compile_case(
             conv1d.conv1d_prefill_kernel, meta, warps=c.num_warps, stages=c.num_stages)))
     # the sampler's GPU configuration over Qwen3.5-0.8B's vocabulary: round 0 (every token in play) and the later
-    # rounds (the look at the whole block first), with top-k and top-p each alone and together
+    # rounds (each chunk tested for tokens in play first), with top-k and top-p each alone and together
     from qwen_lab.kernels import sampling
     sc = sampling._GPU
     nb_p2 = max(2, triton.next_power_of_2(triton.cdiv(C.vocab_size, sc.block)))
@@ -269,7 +269,7 @@ def cases():
     for r, use_k, use_p in ((0, True, True), (1, True, True), (1, True, False), (1, False, True),
                             (sampling.KEY_BITS // sc.nbits - 1, True, True)):
         meta = dict(blocks, ROUND=r, USE_K=use_k, USE_P=use_p, NBITS=sc.nbits, KEY_BITS=sampling.KEY_BITS,
-                    SKIP_DEAD=sc.skip_dead, CHUNK=sc.chunk)
+                    SKIP_DEAD=sc.skip_dead, SKIP_CHUNKS=sc.skip_chunks, CHUNK=sc.chunk)
         out.append((f"sample_round {r} top_k={use_k} top_p={use_p}", lambda meta=meta: compile_case(
             sampling.sample_round_kernel, meta, sample_types, sc.warps)))
     for tau in (False, True):

@@ -174,6 +174,31 @@ def test_generate_allocates_the_sampling_scratch_once(tiny, monkeypatch):
     assert got.tolist() == plain.tolist()
 
 
+def test_decode_graph_keeps_the_sampling_scratch_alive(tiny, monkeypatch):
+    """A captured graph keeps the addresses it was captured with, not the tensors: the sampler's workspace, allocated
+    before the capture, must live as long as the DecodeGraph, or the next allocations take its memory and every
+    replay writes over them. (The capture itself needs a GPU; here a stand-in runs the step once instead.)"""
+    import gc
+    import weakref
+
+    from qwen_lab import graph
+    from qwen_lab.kernels import sampling
+
+    made, real = [], sampling.sampling_workspace
+
+    def tracked(*args):
+        ws = real(*args)
+        made.append(weakref.ref(ws))
+        return ws
+
+    monkeypatch.setattr(sampling, "sampling_workspace", tracked)
+    monkeypatch.setattr(graph, "capture", lambda fn, **kwargs: (None, fn()))
+    decode = graph.DecodeGraph(tiny, tiny.new_cache(8), 0.8, 5, 0.9, torch.rand(4))
+    gc.collect()
+    assert len(made) == 1 and made[0]() is not None, "the DecodeGraph let its sampling workspace be freed"
+    assert 0 <= int(decode.token) < tiny.config.vocab_size
+
+
 # ---------------------------------------------------------------- GPU
 
 # The tests of the 0.8B model share its module-scoped fixtures (the model, its captured buckets, transformers' copy)

@@ -175,19 +175,18 @@ def test_gpu_configuration_runs_right_under_the_interpreter(rt, gen, monkeypatch
                           reference.sample(logits, temperature, top_k, top_p, u), logits, temperature, top_k, top_p, u)
 
 
-@pytest.mark.parametrize("option", [dict(block=2048), dict(chunk=64), dict(skip_dead=False), dict(rows=2),
-                                    dict(skip_dead=False, skip_chunks=True), dict(skip_chunks=True)],
-                         ids=["block=2048", "chunk=64", "no-skip", "rows=2", "chunks", "block+chunks"])
+@pytest.mark.parametrize("option", [dict(block=2048), dict(chunk=64), dict(skip_chunks=False),
+                                    dict(skip_dead=True, skip_chunks=False), dict(skip_dead=True)],
+                         ids=["block=2048", "chunk=64", "no-skip", "block", "block+chunks"])
 def test_launch_configurations_give_the_same_search(rt, gen, monkeypatch, option):
     """The launch configurations benchmarks/probe_sampling.py times against the GPU's (kernels.sampling._Config):
-    other tokens per program, per step of a program's loop, no test of a block for tokens in play, a round's last
-    program summing the programs' histograms two rows at a time, each chunk tested for tokens in play instead of
-    (or after) the whole block. Every round must end in the same state: the threshold, the tokens above it, the
-    flag, and the token drawn."""
+    other tokens per program, per step of a program's loop, no test for tokens in play after round 0, one test of
+    the whole block instead of each chunk's, or both. Every round must end in the same state: the threshold, the
+    tokens above it, the flag, and the token drawn."""
     import dataclasses
 
     from qwen_lab.kernels import sampling
-    V = 4500                                                  # 5 blocks of 1024 (rows=2: 4 slices of 2), 3 of 2048
+    V = 4500                                                  # 5 blocks of 1024, 3 of 2048
     logits = checks.randn(V, g=gen, dtype=rt.dtype, device=rt.device, scale=2.0)
     logits[[7, 2100, V - 1]] = 9.0                            # a tie, one of it in the last block
     u = _u(0.6, rt.device)

@@ -95,7 +95,7 @@ def sample_round_kernel(logits_ptr, V, stride, scale, top_k, top_p,
                         mx_ptr, hcount_ptr, hmass_ptr, state_i_ptr, state_f_ptr, counter_ptr,
                         NB, ROUND: tl.constexpr, USE_K: tl.constexpr, USE_P: tl.constexpr,
                         NBITS: tl.constexpr, KEY_BITS: tl.constexpr, SKIP_DEAD: tl.constexpr,
-                        BLOCK: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr, ROWS: tl.constexpr = 0,
+                        BLOCK: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr,
                         SKIP_CHUNKS: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     """One radix-select round: fix the next NBITS bits of tau's key, unless an earlier round finished the search.
     state_i: [0] tau's key so far (all KEY_BITS of it once done), [1] tokens above, [2] done (0 / 1)."""
@@ -113,7 +113,7 @@ def sample_round_kernel(logits_ptr, V, stride, scale, top_k, top_p,
         go = tl.load(state_i_ptr + 2) == 0    # round 0 always writes the flag: no reset is needed between draws
     if go:
         _round(logits_ptr, V, stride, scale, top_k, top_p, mx, prefix, hcount_ptr, hmass_ptr, state_i_ptr,
-               state_f_ptr, counter_ptr, pid, NB, ROUND, USE_K, USE_P, NBITS, SHIFT, SKIP_DEAD, BLOCK, CHUNK, NB_P2, ROWS,
+               state_f_ptr, counter_ptr, pid, NB, ROUND, USE_K, USE_P, NBITS, SHIFT, SKIP_DEAD, BLOCK, CHUNK, NB_P2,
                SKIP_CHUNKS)
 
 
@@ -122,7 +122,7 @@ def _round(logits_ptr, V, stride, scale, top_k, top_p, mx, prefix,
            hcount_ptr, hmass_ptr, state_i_ptr, state_f_ptr, counter_ptr,
            pid, NB, ROUND: tl.constexpr, USE_K: tl.constexpr, USE_P: tl.constexpr,
            NBITS: tl.constexpr, SHIFT: tl.constexpr, SKIP_DEAD: tl.constexpr,
-           BLOCK: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr, ROWS: tl.constexpr,
+           BLOCK: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr,
            SKIP_CHUNKS: tl.constexpr):
     NBINS: tl.constexpr = 1 << NBITS
     bins = tl.arange(0, NBINS)
@@ -166,7 +166,10 @@ def _round(logits_ptr, V, stride, scale, top_k, top_p, mx, prefix,
 
     tl.debug_barrier()
     if tl.atomic_add(counter_ptr, 1, sem="acq_rel") == NB - 1:
-        count, mass = _histograms(hcount_ptr, hmass_ptr, NB, bins, USE_P, NBINS, NB_P2, ROWS)
+        rows = tl.arange(0, NB_P2)
+        tile = rows[:, None] * NBINS + bins[None, :]
+        rmask = (rows < NB)[:, None]
+        count = tl.sum(tl.load(hcount_ptr + tile, mask=rmask, other=0, cache_modifier=".cg"), axis=0).to(tl.int64)
         count_gt = tl.cumsum(count, axis=0, reverse=True) - count      # tokens in play in higher bins
         if ROUND == 0:
             n_above = tl.zeros((), dtype=tl.int64)
@@ -179,6 +182,7 @@ def _round(logits_ptr, V, stride, scale, top_k, top_p, mx, prefix,
         if USE_K:
             ok = ok & (n_above + count_gt < top_k)
         if USE_P:
+            mass = tl.sum(tl.load(hmass_ptr + tile, mask=rmask, other=0.0, cache_modifier=".cg"), axis=0)
             mass_ge = tl.cumsum(mass, axis=0, reverse=True)
             mass_gt = mass_ge - mass
             if ROUND == 0:
@@ -206,34 +210,6 @@ def _round(logits_ptr, V, stride, scale, top_k, top_p, mx, prefix,
         if USE_P:
             tl.store(state_f_ptr + 1, m_gt)
         tl.store(counter_ptr, 0)
-
-
-@triton.jit
-def _histograms(hcount_ptr, hmass_ptr, NB, bins, USE_P: tl.constexpr, NBINS: tl.constexpr, NB_P2: tl.constexpr,
-                ROWS: tl.constexpr):
-    """The last program's sum of the programs' histograms: counts (int64) and, with top-p, masses (fp64, else 0).
-    ROWS = 0 (or >= NB_P2) reads them as one [NB_P2, NBINS] tile. That tile can set the registers of the whole
-    kernel (a kernel gets those of its largest part): 0 < ROWS < NB_P2 reads ROWS rows at a time instead."""
-    if ROWS == 0 or ROWS >= NB_P2:
-        rows = tl.arange(0, NB_P2)
-        tile = rows[:, None] * NBINS + bins[None, :]
-        rmask = (rows < NB)[:, None]
-        count = tl.sum(tl.load(hcount_ptr + tile, mask=rmask, other=0, cache_modifier=".cg"), axis=0).to(tl.int64)
-        if USE_P:
-            mass = tl.sum(tl.load(hmass_ptr + tile, mask=rmask, other=0.0, cache_modifier=".cg"), axis=0)
-        else:
-            mass = tl.zeros((NBINS,), dtype=tl.float64)
-    else:
-        count = tl.zeros((NBINS,), dtype=tl.int64)
-        mass = tl.zeros((NBINS,), dtype=tl.float64)
-        for r in range(0, NB_P2, ROWS):
-            rows = r + tl.arange(0, ROWS)
-            tile = rows[:, None] * NBINS + bins[None, :]
-            rmask = (rows < NB)[:, None]
-            count += tl.sum(tl.load(hcount_ptr + tile, mask=rmask, other=0, cache_modifier=".cg"), axis=0)
-            if USE_P:
-                mass += tl.sum(tl.load(hmass_ptr + tile, mask=rmask, other=0.0, cache_modifier=".cg"), axis=0)
-    return count, mass
 
 
 @triton.jit
@@ -304,19 +280,19 @@ class _Config:
     block: int         # tokens per program
     chunk: int         # tokens per step of a program's loop
     nbits: int         # bits of tau fixed per radix round (KEY_BITS must be a multiple)
-    skip_dead: bool    # after round 0, test each block for tokens still in play (worth a reduction on a GPU only)
+    skip_dead: bool    # after round 0, test each block for tokens still in play (a reduction; on a GPU only)
     warps: int
-    rows: int = 0      # programs' histograms a round's last program sums at a time (0: all; else a power of 2)
-    skip_chunks: bool = False   # after round 0, also test each chunk of a block still in play (a reduction each)
+    skip_chunks: bool = False   # after round 0, test each chunk (of a block in play) for tokens in play
 
 
-# GPU: 243 programs of 1024 tokens for V = 248320, two per SM of an H200; 6 rounds of 32 bins. Timed in a graph
-# (benchmarks/probe_sampling.py, docs/perf-log.md, 2026-12-03): 35 us for a top-k 20 + top-p 0.9 draw, against
-# 51 us with blocks of 2048 (one program of 4 warps per SM leaves the one-hot tiles' latency bare), 39 with 512,
-# 52 with 64-token chunks, 40 with 8 warps and 256-token chunks. Unsettled: a test of each chunk instead of the
-# block (skip_dead=False, skip_chunks=True here) measured 32 us on a peaked or flat draw on another H200, but 97 on
-# tied logits against 89; the two are yet to be timed in one run (probe_sampling.py --configs).
-_GPU = _Config(block=1024, chunk=128, nbits=5, skip_dead=True, warps=4)
+# GPU: 243 programs of 1024 tokens for V = 248320, two per SM of an H200; 6 rounds of 32 bins; after round 0 each
+# chunk of 128 tokens tested for tokens still in play. Timed in a graph (benchmarks/probe_sampling.py,
+# docs/perf-log.md, 2026-12-03), top-k 20 + top-p 0.9, us per draw on peaked / flat / tied logits, two rounds in
+# one run: 30.2 / 30.8 / 92.0 and 29.9 / 30.5 / 91.4, against 34.7 / 36.0 / 87.4 and 34.9 / 36.1 / 87.9 with one
+# look at the whole block instead, and 30.6 / 31.2 / 94.6 with both. Slower in earlier runs: blocks of 2048 (one
+# program of 4 warps per SM leaves the one-hot tiles' latency bare), 512 or 256, 64- or 256-token chunks, 8 warps,
+# the last program summing the histograms in slices of 32 rows (fewer registers, 48 us).
+_GPU = _Config(block=1024, chunk=128, nbits=5, skip_dead=False, warps=4, skip_chunks=True)
 
 
 def _config(V: int) -> _Config:
@@ -443,7 +419,7 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, u
                                   ws.mx, ws.hcount, ws.hmass, ws.state_i, ws.state_f, ws.counter,
                                   nb, ROUND=r, USE_K=use_k, USE_P=use_p, NBITS=cfg.nbits, KEY_BITS=KEY_BITS,
                                   SKIP_DEAD=cfg.skip_dead, BLOCK=cfg.block, CHUNK=cfg.chunk, NB_P2=nb_p2,
-                                  ROWS=cfg.rows, SKIP_CHUNKS=cfg.skip_chunks, num_warps=cfg.warps, **pdl)
+                                  SKIP_CHUNKS=cfg.skip_chunks, num_warps=cfg.warps, **pdl)
     sample_draw_kernel[grid](logits, V, stride, scale, ws.mx, uniform, ws.state_i, ws.kmass, ws.klast,
                              ws.counter, out, nb, USE_TAU=use_k or use_p, BLOCK=cfg.block, CHUNK=cfg.chunk,
                              NB_P2=nb_p2, num_warps=cfg.warps, **pdl)
