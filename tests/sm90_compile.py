@@ -183,7 +183,7 @@ def cases():
 
     def decode_meta(c, dot_prec, pdl):
         return dict(c.kwargs, G=G, ROWS=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
-                    NUM_SPLITS=8, DOT_PREC=dot_prec, USE_PDL=pdl)
+                    DOT_PREC=dot_prec, USE_PDL=pdl)
 
     for c in attention._PREFILL_CONFIGS + attention._PREFILL_TMA_CONFIGS:
         meta = prefill_meta(c, prec, True)

@@ -203,6 +203,20 @@ def test_decode_any_split_count_gives_the_same_result(rt, gen, splits):
     checks.compare(f"decode with {splits} splits", out, reference.attention(q, k, v, positions))
 
 
+def test_decode_split_count_is_a_runtime_value_tuned_by_its_power_of_two():
+    """A cache's capacity sets the split count (decode_splits). As a constexpr, each new capacity a generation
+    brings (prompt + new tokens) would compile the split kernel again and tune it again; as a runtime value with
+    the autotuner keyed on its power of two, one kernel serves them all and similar sizes share one tuning."""
+    import inspect
+
+    for kernel in (A.flash_decode_split_kernel, A.flash_decode_combine_kernel):
+        params = inspect.signature(kernel.fn).parameters   # (annotations as written: the module defers them)
+        assert "num_splits" in params and params["num_splits"].annotation is inspect.Parameter.empty, (
+            f"{kernel.fn.__name__}: num_splits should be a runtime argument, not a constexpr")
+        assert "constexpr" in str(params["D"].annotation)   # (what a constexpr looks like here)
+    assert "splits_p2" in A._decode_kernel().keys and "num_splits" not in A._decode_kernel().keys
+
+
 def test_decode_after_prefill_through_the_cache(rt, gen):
     """Prefill 9 tokens into an empty cache, then decode 3 more one by one; each step against the reference."""
     Hq, Hkv, D, L = 4, 2, 32, 48
@@ -476,6 +490,18 @@ def test_gpu_decode_real_shapes(cached, capacity):
     ref = reference.attention(q, k, v, pos)
     checks.compare(f"decode bf16 over {cached} keys", A.attention(q, k, v, pos), ref)
     checks.compare("decode + gate bf16", A.attention(q, k, v, pos, gate=gate), reference.sigmoid_gate(ref, gate))
+
+
+@pytest.mark.gpu
+def test_gpu_decode_tunes_once_for_caches_of_a_similar_size():
+    """Capacities of 2112, 3000 and 4000 positions split the keys 33, 47 and 63 ways: one tuning for the three."""
+    tuned = A._decode_kernel()
+    before = len(tuned.cache)
+    for capacity in (2112, 3000, 4000):
+        q, gate, k, v, pos = _real(1, capacity, 2000, capacity)
+        checks.compare(f"decode over 2001 keys, capacity {capacity} ({A.decode_splits(capacity)} splits)",
+                       A.attention(q, k, v, pos), reference.attention(q, k, v, pos))
+    assert len(tuned.cache) - before <= 1, f"{len(tuned.cache) - before} tunings for one class of split counts"
 
 
 @pytest.mark.gpu

@@ -193,7 +193,7 @@ def test_decode_graph_keeps_the_sampling_scratch_alive(tiny, monkeypatch):
 
     monkeypatch.setattr(sampling, "sampling_workspace", tracked)
     monkeypatch.setattr(graph, "capture", lambda fn, **kwargs: (None, fn()))
-    decode = graph.DecodeGraph(tiny, tiny.new_cache(8), 0.8, 5, 0.9, torch.rand(4))
+    decode = graph.DecodeGraph(tiny, tiny.new_cache(8), 0.8, 5, 0.9, torch.rand(4, device=tiny.device))
     gc.collect()
     assert len(made) == 1 and made[0]() is not None, "the DecodeGraph let its sampling workspace be freed"
     assert 0 <= int(decode.token) < tiny.config.vocab_size

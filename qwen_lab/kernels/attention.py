@@ -26,8 +26,8 @@ Three forms:
 - decode (T == 1): flash-decoding. One query row per head is too little work for one program per KV head,
   so the keys are split in NUM_SPLITS chunks over programs; each writes a partial (m, l, acc), and a
   combine kernel merges them:  M = max_s m_s,  o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
-  NUM_SPLITS is fixed by the cache capacity L (a graph replays it), the chunk length is computed in the
-  kernel from the current length; splits that start past the length write a neutral partial (m = -inf,
+  NUM_SPLITS is fixed by the cache capacity L (a graph replays it) and passed as a runtime value, so one
+  compiled kernel serves every capacity; the chunk length is computed in the kernel from the current length; splits that start past the length write a neutral partial (m = -inf,
   l = 0, acc = 0) and exit. `qk_norm_rope_cache_attention` (the model's decode step) folds the q/k norm,
   RoPE and cache write of rope.qk_norm_rope_cache into the split kernel: each program prepares the query
   heads it reads, and the program whose chunk holds the new key stores it and v in the cache before its
@@ -329,12 +329,12 @@ def _prefetch_rows_l2(rows_ptr, start, end, stride_l, D: tl.constexpr, BLOCK_N: 
 
 
 @triton.jit
-def _decode_chunk(pos_ptr, L, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Keys [start, end) of split `split`: the n = pos + 1 keys (from device memory, at most L) shared by NUM_SPLITS
+def _decode_chunk(pos_ptr, L, split, num_splits, BLOCK_N: tl.constexpr):
+    """Keys [start, end) of split `split`: the n = pos + 1 keys (from device memory, at most L) shared by num_splits
     chunks at any length, each whole key blocks of BLOCK_N."""
     pos = tl.load(pos_ptr)
     n = tl.maximum(tl.minimum(pos + 1, L), 0).to(tl.int32)
-    chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(n, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk
     return start, tl.minimum(start + chunk, n)
 
@@ -343,13 +343,17 @@ def _decode_chunk(pos_ptr, L, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.const
 def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
                               stride_qh, stride_kl, stride_kh, stride_vl, stride_vh, stride_ws, stride_wh,
                               qw_ptr, kw_ptr, inv_freq_ptr, k_new_ptr, v_new_ptr, eps, stride_knh, stride_vnh,
+                              num_splits, splits_p2,
                               G: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                              NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr,
+                              DOT_PREC: tl.constexpr,
                               BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False,
                               PREP: tl.constexpr = False, HALF: tl.constexpr = 0,
                               PREFETCH: tl.constexpr = False):
     # program (KV head, split): the G query heads of this KV head (padded to ROWS >= 16 for tl.dot)
-    # against one chunk of the keys; writes the partial (acc, m, l) to the workspace
+    # against one chunk of the keys; writes the partial (acc, m, l) to the workspace.
+    # num_splits is a runtime value (the cache's capacity sets it, see decode_splits): one compiled kernel serves
+    # every capacity. splits_p2 (its next power of two) is read by nothing here: it is the autotuner's key, so
+    # caches of similar size share one tuning instead of tuning again for each capacity a generation brings.
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     rows = tl.arange(0, ROWS)
@@ -364,14 +368,14 @@ def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
         # finishes. The rows below pos come from earlier steps; the new row's stores below land in L2 over its
         # prefetched line. A hint that holds no register and changes no result: were the position not final yet
         # (it is the step's input), only the wrong lines would be warmed.
-        start, end = _decode_chunk(pos_ptr, L, split, NUM_SPLITS, BLOCK_N)
+        start, end = _decode_chunk(pos_ptr, L, split, num_splits, BLOCK_N)
         _prefetch_rows_l2(k_ptr + kvh * stride_kh, start, end, stride_kl, D, BLOCK_N)
         _prefetch_rows_l2(v_ptr + kvh * stride_vh, start, end, stride_vl, D, BLOCK_N)
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
         gdc_wait()
         gdc_launch_dependents()
     pos = tl.load(pos_ptr)
-    start, end = _decode_chunk(pos_ptr, L, split, NUM_SPLITS, BLOCK_N)
+    start, end = _decode_chunk(pos_ptr, L, split, num_splits, BLOCK_N)
 
     if PREP:
         # qk_norm_rope_cache folded in (qk_norm_rope_cache_attention): q_ptr, k_new_ptr, v_new_ptr hold this
@@ -412,8 +416,8 @@ def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
 
 
 @triton.jit
-def flash_decode_combine_kernel(ws_ptr, out_ptr, gate_ptr, stride_ws, stride_wh, stride_oh, stride_gh,
-                                D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P: tl.constexpr,
+def flash_decode_combine_kernel(ws_ptr, out_ptr, gate_ptr, stride_ws, stride_wh, stride_oh, stride_gh, num_splits,
+                                D: tl.constexpr, SPLITS_P: tl.constexpr,
                                 HAS_GATE: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr = False):
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
         gdc_wait()
@@ -423,7 +427,7 @@ def flash_decode_combine_kernel(ws_ptr, out_ptr, gate_ptr, stride_ws, stride_wh,
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     offs_s = tl.arange(0, SPLITS_P)
-    s_ok = offs_s < NUM_SPLITS
+    s_ok = offs_s < num_splits
     base = ws_ptr + offs_s * stride_ws + h * stride_wh
     m = tl.load(base + D, mask=s_ok, other=float("-inf"))
     l = tl.load(base + D + 1, mask=s_ok, other=0.0)
@@ -561,7 +565,7 @@ flash_attention_kernel.add_pre_run_hook(_fit_kv_descriptors)
 
 def _decode_kernel():
     if "decode" not in _tuned:
-        _tuned["decode"] = triton.autotune(_DECODE_CONFIGS, key=["G", "D", "NUM_SPLITS", "DOT_PREC", "PREP"])(
+        _tuned["decode"] = triton.autotune(_DECODE_CONFIGS, key=["G", "D", "splits_p2", "DOT_PREC", "PREP"])(
             flash_decode_split_kernel)
     return _tuned["decode"]
 
@@ -579,7 +583,7 @@ FORCE_PREFILL_CONFIG = None
 # Shorter prompts (the smallest prefill buckets), not measured, keep the epilogue and its saved launch.
 GATE_APART_FROM_TOKENS = 64
 _INTERP_DECODE_BLOCK_N = 16
-_DECODE_BLOCK_N = 64  # the chunk granularity used to choose NUM_SPLITS on the GPU
+_DECODE_BLOCK_N = 64  # the chunk granularity used to choose the number of splits on the GPU
 MAX_SPLITS = 64
 # Each program of the split kernel asks L2 for its chunk of keys and values before its PDL wait, while the q/k/v
 # projection still runs (flash_decode_split_kernel). The model's decode step on the H200, 2k cached tokens, three
@@ -590,9 +594,9 @@ DECODE_PREFETCH = True
 
 
 def decode_splits(cache_len: int) -> int:
-    """NUM_SPLITS of the decode kernel for a cache of capacity `cache_len` (fixed per cache, so per graph).
+    """The number of splits of the decode kernel for a cache of capacity `cache_len` (fixed per cache, so per graph).
 
-    Enough chunks that Hkv x NUM_SPLITS programs fill a large GPU (64 x 2 KV heads = 128 on 132 SMs of an
+    Enough chunks that Hkv x splits programs fill a large GPU (64 x 2 KV heads = 128 on 132 SMs of an
     H200), never more than one chunk per key block.
     """
     block = _INTERP_DECODE_BLOCK_N if runtime.interpreter_active() else _DECODE_BLOCK_N
@@ -600,7 +604,7 @@ def decode_splits(cache_len: int) -> int:
 
 
 def decode_workspace(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None) -> torch.Tensor:
-    """The fp32 scratch of decode attention: [NUM_SPLITS, Hq, D + 2] (acc, then m and l per head).
+    """The fp32 scratch of decode attention: [num_splits, Hq, D + 2] (acc, then m and l per head).
 
     Pass it as `attention(..., workspace=...)` to keep every allocation outside a captured graph.
     """
@@ -810,24 +814,25 @@ def _decode(q, k, v, positions, qk_scale, out, gate, num_splits, workspace, prep
         prep_args = (q_weight, k_weight, inv_freq, k_new, v_new, float(eps), k_new.stride(1), v_new.stride(1))
         prep_meta = dict(PREP=True, HALF=half)
     common = (q, k, v, positions, workspace, L, qk_scale, q.stride(1), k.stride(0), k.stride(1),
-              v.stride(0), v.stride(1), workspace.stride(0), workspace.stride(1), *prep_args)
+              v.stride(0), v.stride(1), workspace.stride(0), workspace.stride(1), *prep_args,
+              splits, triton.next_power_of_2(splits))
     prec = dot_precision(q.dtype)
     if runtime.interpreter_active():
-        flash_decode_split_kernel[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=splits,
+        flash_decode_split_kernel[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D,
                                                  DOT_PREC=prec, BLOCK_N=_INTERP_DECODE_BLOCK_N, **prep_meta)
     else:
         # (the prefetch walks whole 128-byte lines of a row: a power of two of them, as head_dim 128 or 256 gives)
         lines = D * k.element_size() // 128
         prefetch = bool(DECODE_PREFETCH) and D * k.element_size() % 128 == 0 and lines & (lines - 1) == 0
-        _decode_kernel()[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=splits,
+        _decode_kernel()[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D,
                                         DOT_PREC=prec, **prep_meta, PREFETCH=prefetch,
                                         **pdl_options(q.device))
     has_gate = gate is not None
     g = gate if has_gate else out  # never read when HAS_GATE is False
     block_dc = min(BLOCK_D, 64)
     flash_decode_combine_kernel[(Hq, triton.cdiv(D, block_dc))](
-        workspace, out, g, workspace.stride(0), workspace.stride(1), out.stride(1), g.stride(1),
-        D=D, NUM_SPLITS=splits, SPLITS_P=triton.next_power_of_2(splits), HAS_GATE=has_gate, BLOCK_D=block_dc,
+        workspace, out, g, workspace.stride(0), workspace.stride(1), out.stride(1), g.stride(1), splits,
+        D=D, SPLITS_P=triton.next_power_of_2(splits), HAS_GATE=has_gate, BLOCK_D=block_dc,
         num_warps=4, **pdl_options(q.device))
     return out
 
