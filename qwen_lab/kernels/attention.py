@@ -27,11 +27,12 @@ Three forms:
   so the keys are split in NUM_SPLITS chunks over programs; each writes a partial (m, l, acc), and a
   combine kernel merges them:  M = max_s m_s,  o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
   NUM_SPLITS is fixed by the cache capacity L (a graph replays it) and passed as a runtime value, so one
-  compiled kernel serves every capacity; the chunk length is computed in the kernel from the current length; splits that start past the length write a neutral partial (m = -inf,
-  l = 0, acc = 0) and exit. `qk_norm_rope_cache_attention` (the model's decode step) folds the q/k norm,
-  RoPE and cache write of rope.qk_norm_rope_cache into the split kernel: each program prepares the query
-  heads it reads, and the program whose chunk holds the new key stores it and v in the cache before its
-  key loop reads that row. Two launches instead of three. Launched early under programmatic dependent launch,
+  compiled kernel serves every capacity; the chunk length is computed in the kernel from the current
+  length; splits that start past the length write a neutral partial (m = -inf, l = 0, acc = 0) and exit.
+  `qk_norm_rope_cache_attention` (the model's decode step) folds the q/k norm, RoPE and cache write of
+  rope.qk_norm_rope_cache into the split kernel: each program prepares the query heads it reads, and the
+  program whose chunk holds the new key stores it and v in the cache before its key loop reads that row.
+  Two launches instead of three. Launched early under programmatic dependent launch,
   each program asks L2 for its chunk of keys and values before its wait (DECODE_PREFETCH), while the q/k/v
   projection before it still runs.
 
