@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 
 from .errors import GenerationError
+from .graph import DecodeGraph, sampler
 
 
 def check_sampling_args(max_new_tokens, temperature, top_k, top_p) -> None:
@@ -113,8 +114,6 @@ def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.
     rng = torch.Generator(device=device).manual_seed(int(seed))
     # one uniform number per new token, drawn once; two more for the graph's warm-up steps, which also draw
     uniforms = torch.rand(max_new_tokens + 2, generator=rng, device=device)
-    from .graph import sampler
-
     sample = sampler(model)  # one scratch for every draw of this generation
     cache = model.new_cache(capacity)
     runner = None
@@ -124,8 +123,6 @@ def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.
     say = status or (line.set_postfix_str if line is not None else (lambda phase: None))
     try:
         if use_graph:  # captured before the prefill: its warm-up writes the cache, which it then resets
-            from .graph import DecodeGraph
-
             say("capturing the decode step (its warm-up compiles and tunes the decode kernels on their first run)")
             runner = DecodeGraph(model, cache, temperature, top_k, top_p, uniforms)
         say(f"prefill of {T} tokens")

@@ -269,7 +269,7 @@ def cases():
     for r, use_k, use_p in ((0, True, True), (1, True, True), (1, True, False), (1, False, True),
                             (sampling.KEY_BITS // sc.nbits - 1, True, True)):
         meta = dict(blocks, ROUND=r, USE_K=use_k, USE_P=use_p, NBITS=sc.nbits, KEY_BITS=sampling.KEY_BITS,
-                    SKIP_DEAD=sc.skip_dead, SKIP_CHUNKS=sc.skip_chunks, CHUNK=sc.chunk)
+                    SKIP_DEAD=sc.skip_dead, CHUNK=sc.chunk)
         out.append((f"sample_round {r} top_k={use_k} top_p={use_p}", lambda meta=meta: compile_case(
             sampling.sample_round_kernel, meta, sample_types, sc.warps)))
     for tau in (False, True):

@@ -162,7 +162,7 @@ def test_draws_are_kept_tokens_and_follow_the_kept_probabilities(rt, gen):
 
 
 def test_gpu_configuration_runs_right_under_the_interpreter(rt, gen, monkeypatch):
-    """The GPU's constexpr configuration (1024-token blocks in 128-token chunks, 6 rounds of 5 bits, blocks
+    """The GPU's constexpr configuration (1024-token blocks in 128-token chunks, 6 rounds of 5 bits, chunks
     without live tokens skipped after round 0) is not what the interpreter runs by default: check it here too."""
     from qwen_lab.kernels import sampling
     monkeypatch.setattr(sampling, "_config", lambda V: sampling._GPU)
@@ -175,14 +175,12 @@ def test_gpu_configuration_runs_right_under_the_interpreter(rt, gen, monkeypatch
                           reference.sample(logits, temperature, top_k, top_p, u), logits, temperature, top_k, top_p, u)
 
 
-@pytest.mark.parametrize("option", [dict(block=2048), dict(chunk=64), dict(skip_chunks=False),
-                                    dict(skip_dead=True, skip_chunks=False), dict(skip_dead=True)],
-                         ids=["block=2048", "chunk=64", "no-skip", "block", "block+chunks"])
+@pytest.mark.parametrize("option", [dict(block=2048), dict(chunk=64), dict(skip_dead=False)],
+                         ids=["block=2048", "chunk=64", "no-skip"])
 def test_launch_configurations_give_the_same_search(rt, gen, monkeypatch, option):
     """The launch configurations benchmarks/probe_sampling.py times against the GPU's (kernels.sampling._Config):
-    other tokens per program, per step of a program's loop, no test for tokens in play after round 0, one test of
-    the whole block instead of each chunk's, or both. Every round must end in the same state: the threshold, the
-    tokens above it, the flag, and the token drawn."""
+    other tokens per program, per step of a program's loop, no test of each chunk for tokens in play after round 0.
+    Every round must end in the same state: the threshold, the tokens above it, the flag, and the token drawn."""
     import dataclasses
 
     from qwen_lab.kernels import sampling

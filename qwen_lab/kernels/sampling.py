@@ -95,8 +95,7 @@ def sample_round_kernel(logits_ptr, V, stride, scale, top_k, top_p,
                         mx_ptr, hcount_ptr, hmass_ptr, state_i_ptr, state_f_ptr, counter_ptr,
                         NB, ROUND: tl.constexpr, USE_K: tl.constexpr, USE_P: tl.constexpr,
                         NBITS: tl.constexpr, KEY_BITS: tl.constexpr, SKIP_DEAD: tl.constexpr,
-                        BLOCK: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr,
-                        SKIP_CHUNKS: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+                        BLOCK: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr, USE_PDL: tl.constexpr = False):
     """One radix-select round: fix the next NBITS bits of tau's key, unless an earlier round finished the search.
     state_i: [0] tau's key so far (all KEY_BITS of it once done), [1] tokens above, [2] done (0 / 1)."""
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
@@ -113,8 +112,7 @@ def sample_round_kernel(logits_ptr, V, stride, scale, top_k, top_p,
         go = tl.load(state_i_ptr + 2) == 0    # round 0 always writes the flag: no reset is needed between draws
     if go:
         _round(logits_ptr, V, stride, scale, top_k, top_p, mx, prefix, hcount_ptr, hmass_ptr, state_i_ptr,
-               state_f_ptr, counter_ptr, pid, NB, ROUND, USE_K, USE_P, NBITS, SHIFT, SKIP_DEAD, BLOCK, CHUNK, NB_P2,
-               SKIP_CHUNKS)
+               state_f_ptr, counter_ptr, pid, NB, ROUND, USE_K, USE_P, NBITS, SHIFT, SKIP_DEAD, BLOCK, CHUNK, NB_P2)
 
 
 @triton.jit
@@ -122,44 +120,31 @@ def _round(logits_ptr, V, stride, scale, top_k, top_p, mx, prefix,
            hcount_ptr, hmass_ptr, state_i_ptr, state_f_ptr, counter_ptr,
            pid, NB, ROUND: tl.constexpr, USE_K: tl.constexpr, USE_P: tl.constexpr,
            NBITS: tl.constexpr, SHIFT: tl.constexpr, SKIP_DEAD: tl.constexpr,
-           BLOCK: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr,
-           SKIP_CHUNKS: tl.constexpr):
+           BLOCK: tl.constexpr, CHUNK: tl.constexpr, NB_P2: tl.constexpr):
     NBINS: tl.constexpr = 1 << NBITS
     bins = tl.arange(0, NBINS)
     # 2-D accumulators, reduced once after the loop: adding a [CHUNK, NBINS] tile needs no traffic
     # between threads, reducing it at every chunk would.
     acc_n = tl.zeros((CHUNK, NBINS), dtype=tl.int32)
     acc_m = tl.zeros((CHUNK, NBINS), dtype=tl.float64)
-    if SKIP_DEAD and ROUND > 0:
-        # after round 0 most blocks hold no token still in play: one look at the whole block (one load, one
-        # reduction) spares them the chunk loop, whose loads and one-hot tiles come one after another
-        # (names of their own: a name the loop below assigns would become a loop-carried value of another shape)
-        offs_b = pid * BLOCK + tl.arange(0, BLOCK)
-        valid_b = offs_b < V
-        x_b = tl.load(logits_ptr + offs_b.to(tl.int64) * stride, mask=valid_b, other=float("-inf")).to(tl.float32)
-        key_b = tl.exp2((x_b - mx) * scale).to(tl.int32, bitcast=True)
-        todo = tl.max((valid_b & ((key_b >> (SHIFT + NBITS)) == prefix)).to(tl.int32), axis=0) > 0
-    else:
-        todo = True
-    if todo:
-        for c in range(0, BLOCK, CHUNK):
-            offs = pid * BLOCK + c + tl.arange(0, CHUNK)
-            valid = offs < V
-            x = tl.load(logits_ptr + offs.to(tl.int64) * stride, mask=valid, other=float("-inf")).to(tl.float32)
-            # subtract first, then scale: the max token gets exactly 1 and every kernel derives
-            # bit-identical keys (a fused multiply-add could round differently in different kernels)
-            e = tl.exp2((x - mx) * scale)
-            key = e.to(tl.int32, bitcast=True)
-            live = valid & ((key >> (SHIFT + NBITS)) == prefix)       # tokens whose key starts with prefix
-            if SKIP_CHUNKS and ROUND > 0:     # a reduction per chunk, to pass over those out of play
-                chunk_todo = tl.max(live.to(tl.int32), axis=0) > 0
-            else:
-                chunk_todo = True
-            if chunk_todo:
-                hit = live[:, None] & (((key >> SHIFT) & (NBINS - 1))[:, None] == bins[None, :])
-                acc_n += hit.to(tl.int32)
-                if USE_P:
-                    acc_m += tl.where(hit, e.to(tl.float64)[:, None], 0.0)
+    for c in range(0, BLOCK, CHUNK):
+        offs = pid * BLOCK + c + tl.arange(0, CHUNK)
+        valid = offs < V
+        x = tl.load(logits_ptr + offs.to(tl.int64) * stride, mask=valid, other=float("-inf")).to(tl.float32)
+        # subtract first, then scale: the max token gets exactly 1 and every kernel derives
+        # bit-identical keys (a fused multiply-add could round differently in different kernels)
+        e = tl.exp2((x - mx) * scale)
+        key = e.to(tl.int32, bitcast=True)
+        live = valid & ((key >> (SHIFT + NBITS)) == prefix)       # tokens whose key starts with prefix
+        if SKIP_DEAD and ROUND > 0:   # after round 0 most chunks hold no token in play: one reduction spares them
+            todo = tl.max(live.to(tl.int32), axis=0) > 0
+        else:
+            todo = True
+        if todo:
+            hit = live[:, None] & (((key >> SHIFT) & (NBINS - 1))[:, None] == bins[None, :])
+            acc_n += hit.to(tl.int32)
+            if USE_P:
+                acc_m += tl.where(hit, e.to(tl.float64)[:, None], 0.0)
     tl.store(hcount_ptr + pid * NBINS + bins, tl.sum(acc_n, axis=0))
     if USE_P:
         tl.store(hmass_ptr + pid * NBINS + bins, tl.sum(acc_m, axis=0))
@@ -280,19 +265,18 @@ class _Config:
     block: int         # tokens per program
     chunk: int         # tokens per step of a program's loop
     nbits: int         # bits of tau fixed per radix round (KEY_BITS must be a multiple)
-    skip_dead: bool    # after round 0, test each block for tokens still in play (a reduction; on a GPU only)
+    skip_dead: bool    # after round 0, test each chunk for tokens still in play (a reduction; on a GPU only)
     warps: int
-    skip_chunks: bool = False   # after round 0, test each chunk (of a block in play) for tokens in play
 
 
 # GPU: 243 programs of 1024 tokens for V = 248320, two per SM of an H200; 6 rounds of 32 bins; after round 0 each
 # chunk of 128 tokens tested for tokens still in play. Timed in a graph (benchmarks/probe_sampling.py,
 # docs/perf-log.md, 2026-12-03), top-k 20 + top-p 0.9, us per draw on peaked / flat / tied logits, two rounds in
 # one run: 30.2 / 30.8 / 92.0 and 29.9 / 30.5 / 91.4, against 34.7 / 36.0 / 87.4 and 34.9 / 36.1 / 87.9 with one
-# look at the whole block instead, and 30.6 / 31.2 / 94.6 with both. Slower in earlier runs: blocks of 2048 (one
-# program of 4 warps per SM leaves the one-hot tiles' latency bare), 512 or 256, 64- or 256-token chunks, 8 warps,
-# the last program summing the histograms in slices of 32 rows (fewer registers, 48 us).
-_GPU = _Config(block=1024, chunk=128, nbits=5, skip_dead=False, warps=4, skip_chunks=True)
+# look at the whole block instead (taken out), and 30.6 / 31.2 / 94.6 with both. Slower in earlier runs: blocks of
+# 2048 (one program of 4 warps per SM leaves the one-hot tiles' latency bare), 512 or 256, 64- or 256-token chunks,
+# 8 warps, the last program summing the histograms in slices of 32 rows (fewer registers, 48 us).
+_GPU = _Config(block=1024, chunk=128, nbits=5, skip_dead=True, warps=4)
 
 
 def _config(V: int) -> _Config:
@@ -419,7 +403,7 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, u
                                   ws.mx, ws.hcount, ws.hmass, ws.state_i, ws.state_f, ws.counter,
                                   nb, ROUND=r, USE_K=use_k, USE_P=use_p, NBITS=cfg.nbits, KEY_BITS=KEY_BITS,
                                   SKIP_DEAD=cfg.skip_dead, BLOCK=cfg.block, CHUNK=cfg.chunk, NB_P2=nb_p2,
-                                  SKIP_CHUNKS=cfg.skip_chunks, num_warps=cfg.warps, **pdl)
+                                  num_warps=cfg.warps, **pdl)
     sample_draw_kernel[grid](logits, V, stride, scale, ws.mx, uniform, ws.state_i, ws.kmass, ws.klast,
                              ws.counter, out, nb, USE_TAU=use_k or use_p, BLOCK=cfg.block, CHUNK=cfg.chunk,
                              NB_P2=nb_p2, num_warps=cfg.warps, **pdl)
