@@ -114,7 +114,6 @@ def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.
     rng = torch.Generator(device=device).manual_seed(int(seed))
     # one uniform number per new token, drawn once; two more for the graph's warm-up steps, which also draw
     uniforms = torch.rand(max_new_tokens + 2, generator=rng, device=device)
-    sample = sampler(model)  # one scratch for every draw of this generation
     cache = model.new_cache(capacity)
     runner = None
     # without a `status` of the caller's, a progress line of its own where the warm-up is long (a notebook's first
@@ -125,6 +124,9 @@ def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.
         if use_graph:  # captured before the prefill: its warm-up writes the cache, which it then resets
             say("capturing the decode step (its warm-up compiles and tunes the decode kernels on their first run)")
             runner = DecodeGraph(model, cache, temperature, top_k, top_p, uniforms)
+        # one scratch for every draw of this generation: the graph's own where there is one (the prompt's draw runs
+        # before the first replay, on the same stream, so the two never overlap)
+        sample = runner.draw if runner is not None else sampler(model)
         say(f"prefill of {T} tokens")
         # The prefill runs once per call, so it is launched eagerly: capturing it (graph.PrefillGraphs) costs a
         # warm-up step and a capture per bucket size, more than the launches it would save. The decode step
