@@ -14,6 +14,10 @@ LIMIT = 4000  # characters of each failure's report kept
 
 
 def pytest_runtest_logreport(report):
+    # Under xdist this hook runs in each worker too, and each report again where it reaches the controller: only the
+    # controller writes (a worker that dies has its reports, up to its death, there already).
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     out = os.environ.get("OUT", "gpu_out")
     # a test ends with its call, or earlier when its setup fails or skips it
     if report.when == "call" or (report.when == "setup" and not report.passed):
