@@ -146,12 +146,13 @@ def bench_qwen_lab(model, prefill_len: int, decode_steps: int, graph: bool, gen:
             decode_ms = time_ms(decode, dev, warmup=0 if cpu else 1, reps=1 if cpu else 3) / decode_steps
             host_launches = (prefill_launches, decode_launches)
         else:
-            from .graph import PrefillGraphs, capture
+            from .graph import PrefillGraphs, buckets_used, capture
 
             # the prefill replayed in bucket-sized pieces (for 2048 tokens, one replay), as a server holding its
-            # graphs across prompts would run it; the states are reset, untimed, before each run
+            # graphs across prompts would run it; the states are reset, untimed, before each run. Only the buckets
+            # this prompt is split into are captured: the others would only compile and tune their own lengths.
             status("capturing the prefill graphs")
-            prefill = PrefillGraphs(model, cache, max_len=prefill_len)
+            prefill = PrefillGraphs(model, cache, buckets=buckets_used(prefill_len))
             status("timing the prefill")
             prefill_ms = time_ms(lambda: prefill.run(ids), dev, reps=10, setup=cache.reset)
             cache.reset()

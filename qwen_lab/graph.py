@@ -101,6 +101,19 @@ def prefill_pieces(T: int, buckets=PREFILL_BUCKETS) -> list[int]:
     return pieces
 
 
+def buckets_used(*lengths: int, buckets=PREFILL_BUCKETS) -> tuple[int, ...]:
+    """The bucket sizes that prompts of these lengths are split into, and the bucket 1, largest first.
+
+    Capturing only these (`PrefillGraphs(model, cache, buckets=buckets_used(2048))`, here (2048, 1)) serves those
+    lengths in the same pieces as every bucket would: the greedy split never takes a size it skipped. Each bucket's
+    warm-up compiles and tunes the kernels for its length, minutes on a fresh GPU for the whole set.
+    """
+    sizes = {1}
+    for T in lengths:
+        sizes.update(prefill_pieces(T, buckets))
+    return tuple(sorted(sizes, reverse=True))
+
+
 def _check_buckets(buckets) -> list[int]:
     """The bucket sizes, validated, distinct and largest first."""
     try:

@@ -9,13 +9,15 @@ picks the tokens eager generation picks, and a prompt longer than the cache is r
 
 import os
 
+import types
+
 import pytest
 import torch
 
 import qwen_lab
 from qwen_lab import checks
 from qwen_lab.errors import GenerationError
-from qwen_lab.graph import PREFILL_BUCKETS, GraphCaptureError, PrefillGraphs, prefill_pieces
+from qwen_lab.graph import PREFILL_BUCKETS, GraphCaptureError, PrefillGraphs, buckets_used, prefill_pieces
 
 
 # ---------------------------------------------------------------- the split
@@ -44,6 +46,19 @@ def test_prefill_pieces_with_other_buckets():
     for T in range(1, 300):
         p = prefill_pieces(T)
         assert sum(p) == T and p == sorted(p, reverse=True)
+
+
+def test_the_buckets_a_prompt_uses_split_it_as_every_bucket_does():
+    """The benchmark captures only buckets_used(prefill_len): the pieces must be those of the full set."""
+    assert buckets_used(2048) == (2048, 1)
+    assert buckets_used(77) == (64, 4, 1)
+    assert buckets_used(16, 77, 300) == (256, 64, 16, 4, 1)
+    assert buckets_used(3000) == (2048, 256, 64, 16, 4, 1)
+    assert buckets_used(70, buckets=(16, 4, 1)) == (16, 4, 1)
+    for T in list(range(1, 600)) + [1023, 1024, 1025, 2047, 2048, 2049, 4100]:
+        assert prefill_pieces(T, buckets_used(T)) == prefill_pieces(T), T
+    with pytest.raises(GenerationError, match="T="):
+        buckets_used(0)
 
 
 @pytest.mark.parametrize("T", [0, -3, 2.0, True, None, "5"])
@@ -172,6 +187,33 @@ def test_generate_allocates_the_sampling_scratch_once(tiny, monkeypatch):
     plain = qwen_lab.generate(tiny, prompt, **kwargs)
     assert len(calls) == 1 + 5, "the plain sampler should allocate its own scratch at each of the 5 draws"
     assert got.tolist() == plain.tolist()
+
+
+def test_the_benchmark_captures_only_the_buckets_its_prompt_uses(tiny, monkeypatch):
+    """The graph row's prefill: each bucket's warm-up compiles and tunes its own length (minutes on a fresh GPU for
+    the whole set), and the benchmark replays only the pieces of its prompt. (Stand-ins for the capture, which needs
+    a GPU; the row's untimed warm-up runs the tiny model for real.)"""
+    from qwen_lab import bench, graph
+
+    made = []
+
+    class Recorded:
+        def __init__(self, model, cache, buckets=graph.PREFILL_BUCKETS, max_len=None, **kwargs):
+            made.append(tuple(buckets))
+            self.buckets = tuple(buckets)
+
+        def pieces(self, T):
+            return graph.prefill_pieces(T, self.buckets)
+
+        def run(self, ids, start=0):
+            return None
+
+    replays = types.SimpleNamespace(replay=lambda: None)
+    monkeypatch.setattr(graph, "PrefillGraphs", Recorded)
+    monkeypatch.setattr(graph, "capture", lambda fn, **kwargs: (replays, None))
+    row = bench.bench_qwen_lab(tiny, prefill_len=77, decode_steps=1, graph=True, gen=torch.Generator().manual_seed(0))
+    assert made == [(64, 4, 1)], f"captured buckets {made}; a 77-token prompt is replayed as 64 + 4 + 4 + 4 + 1"
+    assert row["host_launches_prefill"] == 3 * 5   # per piece: the ids, the positions, the replay
 
 
 def test_decode_graph_keeps_the_sampling_scratch_alive(tiny, monkeypatch):
