@@ -8,7 +8,6 @@ picks the tokens eager generation picks, and a prompt longer than the cache is r
 """
 
 import os
-
 import types
 
 import pytest
