@@ -6,6 +6,7 @@
 #   scan's launch forms, then its A/B) up to twice that: run its probes one at a time where a run's time is limited
 #   TEST_SHARD=0/2 bash benchmarks/gpu_session.sh tests      (then 1/2 in a second run: half the test files each)
 #   TEST_FILES="tests/test_conv1d.py tests/test_attention.py" bash benchmarks/gpu_session.sh tests   (chosen files)
+#   SAVE_TRITON_CACHE=1 bash benchmarks/gpu_session.sh tests   (then .tcache/triton-cache.tar.xz for the next call)
 # On a machine with two GPUs, run the timing targets on one and the tests and notebooks on the other:
 #   CUDA_VISIBLE_DEVICES=1 bash benchmarks/gpu_session.sh tests notebooks & CUDA_VISIBLE_DEVICES=0 bash benchmarks/gpu_session.sh bench profile
 set -u
@@ -20,6 +21,29 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/fla .whl/*.whl
   FLA_PATH="$PYTHONPATH:/tmp/fla"
 fi
+# The Triton cache of an earlier call of the session, carried: a fresh machine otherwise compiles every kernel
+# again, 1.5-2.5 minutes of each call. SAVE_TRITON_CACHE=1 leaves this call's cache in $OUT/triton-cache.tar.xz
+# (the compiled binaries, their metadata and PTX, and the tunings; not the other IR, which a cache hit never reads);
+# copy it to .tcache/ and name .tcache in the next call's carry. The cache's own keys (source, compiler, GPU, options)
+# decide what is reused; its index holds absolute paths, so both calls use the same TRITON_CACHE_DIR.
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
+if [ -f .tcache/triton-cache.tar.xz ]; then
+  mkdir -p "$TRITON_CACHE_DIR"
+  if tar -xJf .tcache/triton-cache.tar.xz -C "$TRITON_CACHE_DIR"; then
+    echo "Triton cache restored: $(find "$TRITON_CACHE_DIR" -name '*.cubin' | wc -l) compiled kernels" | tee "$OUT/cache.txt"
+  else
+    echo "Triton cache not restored: the kernels compile afresh" | tee "$OUT/cache.txt"
+  fi
+fi
+save_cache() {
+  [ "${SAVE_TRITON_CACHE:-0}" = 1 ] && [ -d "$TRITON_CACHE_DIR" ] || return 0
+  local archive; archive="$(cd "$OUT" && pwd)/triton-cache.tar.xz"
+  (cd "$TRITON_CACHE_DIR" && find . -type f \( -name '*.cubin' -o -name '*.json' -o -name '*.ptx' \) -print0 \
+      | tar --null -T - -cf - | xz -T0 -6 > "$archive")
+  local bytes; bytes=$(stat -c %s "$archive")
+  # (a file over 16 MiB does not come back from the device machine)
+  echo "Triton cache saved: $bytes bytes$([ "$bytes" -gt 16777216 ] && echo ', too large to come back')" | tee -a "$OUT/cache.txt"
+}
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 
@@ -91,3 +115,4 @@ fi
 if want notebooks; then
   timeout ${NB_TIMEOUT:-500} python3 benchmarks/run_notebooks.py solutions/*.ipynb 2>&1 | tee "$OUT/notebooks.txt"
 fi
+save_cache

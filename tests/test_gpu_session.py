@@ -1,0 +1,47 @@
+"""benchmarks/gpu_session.sh, the one command of a GPU call: the Triton cache it saves at the end of one call is what
+the next call restores, so that a fresh machine does not compile every kernel again."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _session(cwd, out, cache_dir, **env):
+    """The script with no target that runs anything (only its setup and its end), in a copy of the repository's
+    layout at cwd."""
+    env = {**os.environ, "OUT": str(out), "TRITON_CACHE_DIR": str(cache_dir), **env}
+    done = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_session.sh"), "nothing"], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+    return done.stdout + done.stderr
+
+
+@pytest.mark.skipif(not (shutil.which("tar") and shutil.which("xz")), reason="needs tar and xz")
+def test_the_triton_cache_saved_by_one_call_is_restored_by_the_next(tmp_path):
+    cache = tmp_path / "tcache"
+    files = {"k1/add_kernel.cubin": b"\x7fELF" + bytes(range(256)) * 40, "k1/add_kernel.json": b'{"name": "add"}',
+             "k1/__grp__add_kernel.json": b'{"child_paths": {}}', "k1/add_kernel.ptx": b".version 8.7",
+             "k1/add_kernel.ttgir": b"#blocked = ...", "k1/add_kernel.llir": b"define void",
+             "k2/matmul.autotune.json": b'{"configs_timings": []}'}
+    for name, data in files.items():
+        (cache / name).parent.mkdir(parents=True, exist_ok=True)
+        (cache / name).write_bytes(data)
+    first = tmp_path / "first"
+    log = _session(tmp_path, first, cache, SAVE_TRITON_CACHE="1")
+    archive = first / "triton-cache.tar.xz"
+    assert archive.is_file() and "Triton cache saved" in log, log
+
+    # the next call: a new machine (an empty cache directory), the archive carried in .tcache/
+    (tmp_path / ".tcache").mkdir()
+    shutil.copy(archive, tmp_path / ".tcache" / "triton-cache.tar.xz")
+    restored = tmp_path / "restored"
+    log = _session(tmp_path, tmp_path / "second", restored)
+    assert "Triton cache restored: 1 compiled kernels" in log, log
+    kept = {str(p.relative_to(restored)) for p in restored.rglob("*") if p.is_file()}
+    assert kept == {name for name in files if not name.endswith((".ttgir", ".llir"))}, kept
+    for name in kept:
+        assert (restored / name).read_bytes() == files[name], name
+    assert not (tmp_path / "second" / "triton-cache.tar.xz").exists(), "saved without SAVE_TRITON_CACHE=1"
