@@ -13,10 +13,19 @@ import os
 LIMIT = 4000  # characters of each failure's report kept
 
 
+_worker = False
+
+
+def pytest_configure(config):
+    # Under xdist this plugin runs in each worker too, and each report again where it reaches the controller: only
+    # the controller writes (a worker that dies has its reports, up to its death, there already). A worker is known
+    # by its config, not by PYTEST_XDIST_WORKER, which a pytest started from inside a worker's test inherits.
+    global _worker
+    _worker = hasattr(config, "workerinput")
+
+
 def pytest_runtest_logreport(report):
-    # Under xdist this hook runs in each worker too, and each report again where it reaches the controller: only the
-    # controller writes (a worker that dies has its reports, up to its death, there already).
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if _worker:
         return
     out = os.environ.get("OUT", "gpu_out")
     # a test ends with its call, or earlier when its setup fails or skips it
