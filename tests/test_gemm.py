@@ -32,8 +32,8 @@ def _case(M, K, N, rt, with_out=True):
 
 # ---------------------------------------------------------------- CPU and GPU: small ragged shapes
 
-# K and N are not multiples of any block size (interpreter: BLOCK_K 32/64; BLOCK_N 32 for the GEMM, 128 for the
-# decode GEMV, which the rows up to 16 take: N = 150 and 197 give it a full block and a ragged one)
+# K and N are not multiples of any block size (interpreter: the GEMM's tiles are 32 x 64 x 32, the decode GEMV's,
+# which the rows up to 16 take, 128 x 64: N = 150 and 197 give it a full block and a ragged one)
 RAGGED = [(1, 100, 50), (3, 100, 150), (17, 70, 45), (1, 200, 197)]
 
 

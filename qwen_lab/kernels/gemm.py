@@ -103,8 +103,10 @@ def _matmul_configs(swiglu: bool = False):
     """The tiled GEMM's candidate configurations on this machine: the plain GEMM's, or (swiglu) those whose two
     accumulators and doubled W tiles fit a Hopper SM; under the interpreter one small one for both."""
     if interpreter_active():
-        # The interpreter runs each program in NumPy: one small tile keeps the tiny shapes quick.
-        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}, num_warps=4, num_stages=1)]
+        # The interpreter runs each program in NumPy, one after another, at a fixed cost per program: one tile,
+        # large enough that the tiny model's prefills take few programs (64 tokens: 1.8 s on a CPU, 2.7 with
+        # 16 x 32 tiles), small enough that the tests' ragged shapes still span several of them.
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4}, num_warps=4, num_stages=1)]
     if swiglu:
         # Each program multiplies an effective BLOCK_M x 2 BLOCK_N tile (gate and up), so BLOCK_N is halved
         # against the plain shapes: the accumulators stay at 2 BLOCK_M BLOCK_N / (32 num_warps threads) <= 128 fp32
