@@ -23,7 +23,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 # The Triton cache of an earlier call of the session, carried: a fresh machine otherwise compiles every kernel
 # again, 1.5-2.5 minutes of each call. SAVE_TRITON_CACHE=1 leaves this call's cache in $OUT/triton-cache.tar.xz
-# (the compiled binaries, their metadata and PTX, and the tunings; not the other IR, which a cache hit never reads);
+# (the compiled binaries, their metadata and PTX, the tunings, and the launchers Triton builds with the host's C
+# compiler for each kernel signature; not the other IR, which a cache hit never reads);
 # copy it to .tcache/ and name .tcache in the next call's carry. The cache's own keys (source, compiler, GPU, options)
 # decide what is reused; its index holds absolute paths, so both calls use the same TRITON_CACHE_DIR.
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
@@ -38,7 +39,7 @@ fi
 save_cache() {
   [ "${SAVE_TRITON_CACHE:-0}" = 1 ] && [ -d "$TRITON_CACHE_DIR" ] || return 0
   local archive; archive="$(cd "$OUT" && pwd)/triton-cache.tar.xz"
-  (cd "$TRITON_CACHE_DIR" && find . -type f \( -name '*.cubin' -o -name '*.json' -o -name '*.ptx' \) -print0 \
+  (cd "$TRITON_CACHE_DIR" && find . -type f \( -name '*.cubin' -o -name '*.json' -o -name '*.ptx' -o -name '*.so' \) -print0 \
       | tar --null -T - -cf - | xz -T0 -6 > "$archive")
   local bytes; bytes=$(stat -c %s "$archive")
   # (a file over 16 MiB does not come back from the device machine)

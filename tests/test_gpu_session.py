@@ -25,7 +25,8 @@ def test_the_triton_cache_saved_by_one_call_is_restored_by_the_next(tmp_path):
     files = {"k1/add_kernel.cubin": b"\x7fELF" + bytes(range(256)) * 40, "k1/add_kernel.json": b'{"name": "add"}',
              "k1/__grp__add_kernel.json": b'{"child_paths": {}}', "k1/add_kernel.ptx": b".version 8.7",
              "k1/add_kernel.ttgir": b"#blocked = ...", "k1/add_kernel.llir": b"define void",
-             "k2/matmul.autotune.json": b'{"configs_timings": []}'}
+             "k2/matmul.autotune.json": b'{"configs_timings": []}',
+             "k3/__triton_launcher.cpython-312-x86_64-linux-gnu.so": b"\x7fELF launcher"}
     for name, data in files.items():
         (cache / name).parent.mkdir(parents=True, exist_ok=True)
         (cache / name).write_bytes(data)
