@@ -206,7 +206,8 @@ def test_decode_any_split_count_gives_the_same_result(rt, gen, splits):
 def test_decode_split_count_is_a_runtime_value_tuned_by_its_power_of_two():
     """A cache's capacity sets the split count (decode_splits). As a constexpr, each new capacity a generation
     brings (prompt + new tokens) would compile the split kernel again and tune it again; as a runtime value with
-    the autotuner keyed on its power of two, one kernel serves them all and similar sizes share one tuning."""
+    the autotuner keyed on its power of two, a new capacity compiles nothing new (beyond Triton's variants for an
+    integer equal to 1 or a multiple of 16) and similar sizes share one tuning."""
     import inspect
 
     for kernel in (A.flash_decode_split_kernel, A.flash_decode_combine_kernel):

@@ -26,9 +26,10 @@ Three forms:
 - decode (T == 1): flash-decoding. One query row per head is too little work for one program per KV head,
   so the keys are split in NUM_SPLITS chunks over programs; each writes a partial (m, l, acc), and a
   combine kernel merges them:  M = max_s m_s,  o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
-  NUM_SPLITS is fixed by the cache capacity L (a graph replays it) and passed as a runtime value, so one
-  compiled kernel serves every capacity; the chunk length is computed in the kernel from the current
-  length; splits that start past the length write a neutral partial (m = -inf, l = 0, acc = 0) and exit.
+  NUM_SPLITS is fixed by the cache capacity L (a graph replays it) and passed as a runtime value, so a new
+  capacity compiles nothing new (Triton compiles apart only a count of 1 and the multiples of 16, which it
+  specialises); the chunk length is computed in the kernel from the current length; splits that start past
+  the length write a neutral partial (m = -inf, l = 0, acc = 0) and exit.
   `qk_norm_rope_cache_attention` (the model's decode step) folds the q/k norm, RoPE and cache write of
   rope.qk_norm_rope_cache into the split kernel: each program prepares the query heads it reads, and the
   program whose chunk holds the new key stores it and v in the cache before its key loop reads that row.
@@ -352,9 +353,10 @@ def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
                               PREFETCH: tl.constexpr = False):
     # program (KV head, split): the G query heads of this KV head (padded to ROWS >= 16 for tl.dot)
     # against one chunk of the keys; writes the partial (acc, m, l) to the workspace.
-    # num_splits is a runtime value (the cache's capacity sets it, see decode_splits): one compiled kernel serves
-    # every capacity. splits_p2 (its next power of two) is read by nothing here: it is the autotuner's key, so
-    # caches of similar size share one tuning instead of tuning again for each capacity a generation brings.
+    # num_splits is a runtime value (the cache's capacity sets it, see decode_splits): a new capacity compiles
+    # nothing new, beyond Triton's own variants for an integer equal to 1 or a multiple of 16. splits_p2 (its next
+    # power of two) is read by nothing here: it is the autotuner's key, so caches of similar size share one tuning
+    # instead of tuning again for each capacity a generation brings.
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     rows = tl.arange(0, ROWS)
