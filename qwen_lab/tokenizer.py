@@ -19,6 +19,7 @@ and the JSON writing are done here by hand so that the files are identical on ev
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from collections import Counter
 from pathlib import Path
@@ -35,6 +36,8 @@ TOKENIZER_PATTERNS = ["tokenizer.json", "tokenizer_config.json", "generation_con
 PRETOKENIZE_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
                      r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+# what `decode` writes for an id the tokenizer does not know, and `encode` reads back
+_PLACEHOLDER = re.compile(r"<\|id:(\d+)\|>")
 TINY_VOCAB_SIZE = 512
 TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TINY_SPECIAL_IDS = {tok: TINY_VOCAB_SIZE - len(TINY_SPECIAL_TOKENS) + i for i, tok in enumerate(TINY_SPECIAL_TOKENS)}
@@ -173,19 +176,35 @@ class Tokenizer:
 
     # ---- text <-> ids
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Token ids of `text`. Special tokens written in the text (like <|im_start|>) become their single id."""
+        """Token ids of `text`. Special tokens written in the text (like <|im_start|>) become their single id.
+
+        A `<|id:N|>` that `decode` wrote for an id N the tokenizer does not know becomes N again, so a reply of a
+        random-weight model goes back into the next turn's prompt as the same ids, not as the characters of its
+        placeholders (a marker naming an id the tokenizer knows stays text: `decode` never writes one). Text with
+        such markers is encoded piece by piece without `add_special_tokens` (Qwen's tokenizers add none anyway)."""
         if not isinstance(text, str):
             raise TokenizerTypeError(f"text: expected a str, got {type(text).__name__}")
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        ids, start = [], 0
+        for m in _PLACEHOLDER.finditer(text):
+            n = int(m.group(1))
+            if self._known(n):
+                continue
+            ids += self._tok.encode(text[start:m.start()], add_special_tokens=False).ids if m.start() > start else []
+            ids.append(n)
+            start = m.end()
+        if start == 0:
+            return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if start < len(text):
+            ids += self._tok.encode(text[start:], add_special_tokens=False).ids
+        return ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         """Text of `ids`. An id the tokenizer does not know decodes to a visible `<|id:N|>` instead of failing
         (a random-weight model has a bigger vocabulary than the tiny tokenizer)."""
         ids = _id_list(ids)
-        valid = self._valid_ids()
         pieces, run = [], []
         for i in ids:
-            if 0 <= i < len(valid) and valid[i]:
+            if self._known(i):
                 run.append(i)
                 continue
             if run:
@@ -195,6 +214,10 @@ class Tokenizer:
         if run:
             pieces.append(self._tok.decode(run, skip_special_tokens=skip_special_tokens))
         return "".join(pieces)
+
+    def _known(self, token_id: int) -> bool:
+        valid = self._valid_ids()
+        return 0 <= token_id < len(valid) and valid[token_id]
 
     def _valid_ids(self) -> list[bool]:
         if self._valid is None:

@@ -317,3 +317,15 @@ def test_hub_unreachable(monkeypatch):
     monkeypatch.setattr(hub, "snapshot_download", offline)
     with pytest.raises(CheckpointError, match="could not fetch it from the Hugging Face hub"):
         load_tokenizer("Qwen/Qwen3.5-0.8B")
+
+
+def test_placeholders_of_unknown_ids_encode_back_to_their_ids(tok):
+    big = QWEN35_0_8B.vocab_size - 1
+    ids = tok.encode("a b") + [big, 512, big] + tok.encode(" c") + [510, 3000]
+    text = tok.decode(ids)
+    assert tok.encode(text) == ids
+    assert tok.encode(f"<|id:{big}|>") == [big]
+    # a marker naming an id the tokenizer knows, or a negative one, is ordinary text, encoded as the library does
+    for text in ("<|id:5|>", "<|id:-1|>", "x<|id:5|>y"):
+        assert tok.encode(text) == tok._tok.encode(text, add_special_tokens=False).ids
+        assert len(tok.encode(text)) > 1 and tok.decode(tok.encode(text)) == text
