@@ -124,3 +124,17 @@ def test_the_right_solution_passes_its_check(monkeypatch, benchmark_module):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     right = "    for s in range(S):         # a fixed order"
     run_with_mistake(benchmark_module("run_notebooks").run_cell, "04_split_k.ipynb", "Exercise 04.2", right, right)
+
+
+def test_the_retry_probe_changes_a_token_of_the_atomic_round_only(monkeypatch, benchmark_module):
+    """benchmarks/probe_check_retry.py runs chapter 12 up to Exercise 12.1's check, then the check's last part with
+    eager generation one token off unless the deterministic mode is on. On a GPU that part must retry and pass. Here
+    (the interpreter: never a retry) the same plumbing must reach the comparison and fail on exactly that token,
+    which shows the probe found the check, kept the notebook's namespace and changed what the check compares."""
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.chdir(SOLUTIONS)
+    probe = benchmark_module("probe_check_retry")
+    with pytest.raises(checks.CheckFailed) as failed:
+        probe.main(require_gpu=False)
+    assert "decode_step (case 0" in str(failed.value) and "1 of 3 values differ; first at (2,)" in str(failed.value)
+    assert os.environ.get("QWEN_LAB_DETERMINISTIC") is None
