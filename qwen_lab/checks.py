@@ -565,8 +565,9 @@ def _tagged_nan_(buf):
 
 
 class GuardedTensor:
-    """A copy of `src` as a view into a bigger buffer filled with `fill`, with a margin on both sides of at least
-    the tensor again plus 128 rows (a store with no row mask writes a whole block of rows past the last one).
+    """A copy of `src` as a view into a bigger buffer filled with `fill`, with a margin on both sides of the tensor
+    again plus 128 rows (at most 2**17 elements of them) and 256 elements (a store with no row mask writes a whole
+    block of rows past the last one).
     The view has `strides` (check_kernel keeps a case's own), or by default contiguous rows with every leading dim
     `pad` extra elements of pitch, so the gaps between rows are guarded too.
 

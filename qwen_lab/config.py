@@ -202,10 +202,11 @@ class Qwen35Config:
         # (transformers: a legacy rope_scaling given beside rope_parameters wins)
         rope = text.get("rope_scaling") or text.get("rope_parameters") or {}
         if not isinstance(rope, dict):
-            raise ConfigError(f"{name}: 'rope_parameters' must be an object")
+            raise ConfigError(f"{name}: 'rope_scaling' / 'rope_parameters' must be an object")
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", "mrope"):
-            raise UnsupportedModelError(f"{name}: rope_type={rope_type!r} is not supported (expected 'default')")
+            raise UnsupportedModelError(f"{name}: rope_type={rope_type!r} is not supported "
+                                        "(expected 'default' or 'mrope')")
         rope_theta = float(rope.get("rope_theta", text.get("rope_theta", 10000.0)))
         partial = float(rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25)))
 

@@ -3,9 +3,9 @@
     prefill:  logits = model.step(prompt, positions 0..T-1, cache)        (chunked delta rule, flash attention)
     decode:   token = sample(logits); logits = model.step(token, position, cache), until EOS or the budget
 
-With cuda_graph (the default on a GPU) each decode step is one replay of a captured step that also samples
-(qwen_lab.graph.DecodeGraph). The prefill runs once per call and is launched eagerly; a caller that prefills many
-prompts into one cache can replay it from qwen_lab.graph.PrefillGraphs.
+With cuda_graph (the default with the Triton backend on a GPU) each decode step is one replay of a captured step
+that also samples (qwen_lab.graph.DecodeGraph). The prefill runs once per call and is launched eagerly; a caller
+that prefills many prompts into one cache can replay it from qwen_lab.graph.PrefillGraphs.
 
 Sampling draws its uniform number on the device from a seeded generator, so a run is reproducible
 and the loop needs no host synchronisation except to look at the token (EOS, streaming).
@@ -70,8 +70,8 @@ def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.
     (included in the result): `eos_token_ids` defaults to the snapshot's. `max_len` is the cache capacity
     (default: prompt + max_new_tokens); a prompt that does not fit raises. `stream(token_id)` is called for
     each new token as it is produced; `status(phase)` before each phase of the warm-up (a progress display: on a GPU
-    the first call of each kernel compiles and tunes it). cuda_graph: None = on a GPU, replay each decode step from
-    a captured step (DecodeGraph).
+    the first call of each kernel compiles and tunes it). cuda_graph: None = with backend 'triton' on a GPU,
+    replay each decode step from a captured step (DecodeGraph).
     """
     check_sampling_args(max_new_tokens, temperature, top_k, top_p)
     check_seed(seed)
@@ -195,7 +195,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="seed of the sampling: the same seed gives the same tokens (default: %(default)s)")
     p.add_argument("--no-cuda-graph", action="store_true",
                    help="launch every kernel from Python instead of replaying a captured decode step "
-                        "(default: replay on a GPU)")
+                        "(default: replay on a GPU with --backend triton)")
     p.add_argument("--backend", choices=("triton", "torch"), default="triton",
                    help="'triton': the course's kernels; 'torch': the PyTorch reference (qwen_lab.reference) "
                         "(default: %(default)s)")

@@ -228,7 +228,8 @@ class DecodeGraph:
 
     The graph must be built before the prefill: warm-up runs the step for real, which writes the cache, so
     the cache is reset afterwards (`reset_cache=False` leaves that to a caller who captures more graphs). Then
-    `prime(token, position)` after the prefill and `replay()` per token.
+    `prime(token, position, counter)` after the prefill (counter: the index of the next uniform, 1 after the
+    prompt's draw) and `replay()` per token.
     """
 
     def __init__(self, model, cache, temperature: float, top_k: int, top_p: float, uniforms: torch.Tensor, *,

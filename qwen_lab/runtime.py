@@ -85,7 +85,7 @@ def choose(device=None, dtype=None) -> Runtime:
     except (RuntimeError, TypeError) as e:
         raise DeviceError(f"device={device!r}: {e}") from None
     if device.type == "cuda" and not _cuda_ok():
-        raise DeviceError("device='cuda' was asked for, but torch sees no CUDA GPU on this machine")
+        raise DeviceError(f"device={str(device)!r} was asked for, but torch sees no CUDA GPU on this machine")
     if isinstance(dtype, str):
         names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
                  "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}

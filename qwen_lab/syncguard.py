@@ -10,7 +10,8 @@ step's Python code make that impossible, and a CPU can detect both:
    permitted when stream is capturing". Host data copied into a new tensor inside the step
    (`torch.tensor([pos])`) is refused too (a pageable copy), or frozen at its capture-time value.
 2. A shape that changes between calls: a graph replays the exact launches, grids and addresses it
-   recorded, so every tensor of the step must have the same shape at every step (pad to a bucket).
+   recorded, so every tensor of the step must have the same shape at every step (a fixed set of sizes, as
+   graph.PrefillGraphs splits a prompt into buckets).
 
     from qwen_lab.syncguard import forbid_host_sync, find_host_syncs, record_shapes, assert_same_shapes
     with forbid_host_sync():          # raises HostSyncError at the first synchronising call, naming it
@@ -401,7 +402,7 @@ def assert_same_shapes(first: list[OpRecord], second: list[OpRecord], what: str 
                 f"{what} does not have frozen shapes: operation {i} differs between two calls\n"
                 f"  first call:  {a}\n  second call: {b}\n"
                 f"  a CUDA Graph replays the shapes it recorded; make this shape independent of the data "
-                f"(read positions and lengths inside the kernel, pad to a fixed bucket)")
+                f"(read positions and lengths inside the kernel, run a fixed set of sizes)")
     if len(first) != len(second):
         longer = first if len(first) > len(second) else second
         extra = longer[min(len(first), len(second))]

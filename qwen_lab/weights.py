@@ -256,8 +256,9 @@ def read_safetensors_header(path) -> dict[str, TensorInfo]:
                                   "8-byte header length); the file is truncated or empty, download it again")
         (n,) = struct.unpack("<Q", head)
         if n > min(size - 8, _MAX_HEADER):
-            raise CheckpointError(f"{path}: the header length field says {n} bytes but the file holds only "
-                                  f"{size - 8} bytes after it; the file is truncated or is not a safetensors file")
+            raise CheckpointError(f"{path}: the header length field says {n} bytes, more than a header can take here "
+                                  f"({min(size - 8, _MAX_HEADER)} bytes: the rest of the file, at most 100 MiB); the "
+                                  "file is truncated or is not a safetensors file")
         raw = f.read(n)
     try:
         header = json.loads(raw.decode("utf-8"))
@@ -726,7 +727,8 @@ def random_state_dict(config: Qwen35Config, seed: int = 0, layout: str = "causal
 
 
 def to_hf_state_dict(config: Qwen35Config, weights: ModelWeights, layout: str = "causal") -> dict[str, Tensor]:
-    """The inverse of the fusion: `weights` as Hugging Face names and unfused tensors (views, same device).
+    """The inverse of the fusion: `weights` as Hugging Face names and unfused tensors (views, same device; the
+    conv filter a contiguous copy).
 
     Lets transformers' own model run on exactly the weights qwen_lab runs (the benchmark's eager row, parity
     notebooks). 1-D parameters come back as float32.
