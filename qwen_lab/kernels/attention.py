@@ -24,9 +24,9 @@ Three forms:
   sm_90+, `QWEN_LAB_ATTN_TMA=1`) from the TMA unit through tensor descriptors the launcher makes, the
   cache seen as an [L, Hkv D] matrix.
 - decode (T == 1): flash-decoding. One query row per head is too little work for one program per KV head,
-  so the keys are split in NUM_SPLITS chunks over programs; each writes a partial (m, l, acc), and a
+  so the keys are split in `num_splits` chunks over programs; each writes a partial (m, l, acc), and a
   combine kernel merges them:  M = max_s m_s,  o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
-  NUM_SPLITS is fixed by the cache capacity L (a graph replays it) and passed as a runtime value, so a new
+  `num_splits` is fixed by the cache capacity L (a graph replays it) and passed as a runtime value, so a new
   capacity compiles nothing new (Triton compiles apart only a count of 1 and the multiples of 16, which it
   specialises); the chunk length is computed in the kernel from the current length; splits that start past
   the length write a neutral partial (m = -inf, l = 0, acc = 0) and exit.
@@ -535,8 +535,9 @@ def _prune_prefill_configs(configs, named_args, **kwargs):
 
 def _kv_tma_ok(k: torch.Tensor, v: torch.Tensor, block_d: int, forced: bool = False) -> bool:
     """Whether K and V [L, Hkv, D] can be described to the TMA unit as [L, Hkv D] matrices: heads side by side
-    (stride D) with unit stride inside, 16-bit values, 16-byte-aligned starts and rows, D = BLOCK_D. Unless `forced`
-    (a test or probe forcing a TMA configuration), also an sm_90+ GPU, not the interpreter, and QWEN_LAB_ATTN_TMA=1."""
+    (stride D) with unit stride inside, 16-byte-aligned starts and rows, D = BLOCK_D. Unless `forced` (a test or
+    probe forcing a TMA configuration), also 16-bit values, an sm_90+ GPU, not the interpreter, and
+    QWEN_LAB_ATTN_TMA=1."""
     if not forced and not (env_on("QWEN_LAB_ATTN_TMA", False) and k.element_size() == 2 and sm90_or_newer(k.device)):
         return False
     D = k.shape[2]

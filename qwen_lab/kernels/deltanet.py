@@ -945,12 +945,13 @@ def chunk_class(n_chunks: int) -> int:
 def _prep_programs(Hv: int, n_chunks: int, Dv: int, device) -> int | None:
     """The persistent prep's number of programs (PREP_PERSISTENT), or None for the grid (Hv, chunks).
 
-    On a GPU it only pays where the scan is launched beside the prep (PDL): every SM slot but one per scan program
-    (the scan's most, at BV = 32), never more programs than items. With P programs the prep publishes P / Hv chunks
-    of every head per PREP_ITEM_SCAN_STEPS scan steps; where that is less than one chunk per step (the larger
-    Qwen3.5s' 32 or 48 value heads leave 136 or 72 programs), the scan would wait on the prep, which then runs at a
-    fraction of the grid's rate: the grid again. (Measured on an H200 at 2048 tokens, benchmarks/probe_prep_heads.py:
-    85 us per layer against the grid's 91 at 16 value heads, 158 against 128 at 32, 363 against 190 at 48.)"""
+    On a GPU it only pays where the scan is launched beside the prep (PDL): every SM slot but one per program of a
+    BV = 32 scan (a 16-column scan has twice the programs and waits for room), never more programs than items. With
+    P programs the prep publishes P / Hv chunks of every head per PREP_ITEM_SCAN_STEPS scan steps; where that is
+    less than one chunk per step (the larger Qwen3.5s' 32 or 48 value heads leave 136 or 72 programs), the scan
+    would wait on the prep, which then runs at a fraction of the grid's rate: the grid again. (Measured on an H200
+    at 2048 tokens, benchmarks/probe_prep_heads.py: 85 us per layer against the grid's 91 at 16 value heads, 158
+    against 128 at 32, 363 against 190 at 48.)"""
     if PREP_PERSISTENT is False:
         return None
     items = Hv * n_chunks

@@ -7,7 +7,7 @@ BLOCK_H columns. The token ids are read *inside* the kernel from device memory, 
 synchronises with the GPU and a CUDA Graph can replay it with new ids written into the same buffer.
 
 An id outside [0, V) must never make the kernel read outside the table: the row address is computed
-from a clamped id and the load is masked off, so such a row of `out` is written as zeros. The model
+from row 0 in place of the bad id and the load is masked off, so such a row of `out` is written as zeros. The model
 checks ids on the host before it calls this kernel; the zeros are a safety net, not a feature.
 
 Memory traffic: T * H * 2 elements (read a row, write a row) plus T ids: a pure bandwidth kernel.

@@ -63,9 +63,9 @@ weight tiles before that wait (W is never written, so that is safe): the weight 
 kernel's tail and the launch gap.
 
 `linear` picks the regime from M. Launchers take an optional `out=` so that a CUDA Graph can own
-every buffer; the workspaces are allocated once per device (zeroed) on the first call (which must
-happen before graph capture: the warm-up run does it) and are reused by every later call on that
-device; calls on concurrent streams must not share a device.
+every buffer; the workspaces are allocated per device (zeroed) by the first call that needs them and
+grown when a later shape needs more (both must happen before graph capture: the warm-up run of the same
+shapes does it); later calls on that device reuse them; calls on concurrent streams must not share a device.
 """
 
 from __future__ import annotations
@@ -256,7 +256,7 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, x_desc, w_desc, xt_desc, M, N, K, M_BUC
                   PERSIST: tl.constexpr = False, JOIN: tl.constexpr = False, USE_PDL: tl.constexpr = False,
                   TAIL: tl.constexpr = 1, RES_NORM: tl.constexpr = False, ROW_SCALE: tl.constexpr = False,
                   SS_SLOTS: tl.constexpr = 1):
-    # M_BUCKET (M rounded to a power of two) is only an autotuning key: one tuning per prompt-length
+    # M_BUCKET (M rounded up to a power of two, at most 4096) is only an autotuning key: one tuning per prompt-length
     # bucket, not per prompt length; so is TMA_OK (whether the TMA configurations may be timed for this
     # call). With SWIGLU, N is I (the output's width) and W has 2N rows. x_desc, w_desc, xt_desc: the TMA
     # configurations' host tensor descriptors of x, W and (TAIL > 1 only) x in row slices (`_fit_descriptors`),
@@ -970,11 +970,11 @@ def linear_splitk(x: torch.Tensor, weight: torch.Tensor, split_k: int | None = N
                   deterministic: bool | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ weight^T with the GEMV / split-K kernel (the decode path). x [M, K], weight [N, K] -> [M, N].
 
-    split_k: how many slices of K (None: on a GPU the first call of the shape times SPLIT_CANDIDATES and
-    `choose_split_k`'s value and keeps the fastest, see `chosen_split_k`; elsewhere, or with QWEN_LAB_TUNE=0,
-    `choose_split_k`). deterministic: reduce the
-    partial sums in a fixed order (None: the QWEN_LAB_DETERMINISTIC environment variable), else with
-    atomic adds. Either way one kernel launch.
+    split_k: how many slices of K (None: on a GPU the first call of a shape that `choose_split_k` splits times
+    SPLIT_CANDIDATES and that value (those leaving at least 128 columns per split) and keeps the fastest, a shape it
+    does not split keeps SPLIT_K = 1 and times only block shapes, see `chosen_split_k`; elsewhere, or with
+    QWEN_LAB_TUNE=0, `choose_split_k`). deterministic: reduce the partial sums in a fixed order (None: the
+    QWEN_LAB_DETERMINISTIC environment variable), else with atomic adds. Either way one kernel launch.
     """
     return _gemv("linear_splitk", x, weight, split_k, deterministic, out, swiglu=False)
 

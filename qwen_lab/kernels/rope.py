@@ -12,8 +12,8 @@ so each pair (x_i, x_{i+half}) turns by the angle phi_{t,i}. q k^T then depends 
 through their difference, which is what makes this a relative position code.
 
 Shapes: x [T, heads, D], any strides on the two leading dims (q is a view of the fused projection),
-stride 1 on the last; positions a LongTensor [T] on the device. The position is read *inside* the kernel
-from device memory, so a captured CUDA Graph replays at any position without re-capture.
+stride 1 on the last; positions an int64 or int32 tensor [T] on the device. The position is read *inside* the
+kernel from device memory, so a captured CUDA Graph replays at any position without re-capture.
 
 `qk_norm_rope` fuses the zero-centred RMSNorm of each head row (x * rsqrt(mean(x^2) + eps) * (1 + w),
 weight [D]) with RoPE, for q and k in one launch: the reference composition
