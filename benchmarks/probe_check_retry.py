@@ -29,9 +29,7 @@ def main(require_gpu: bool = True) -> int:
         print("skipped: the check retries only on a GPU")
         return 0
     nb = json.load(open(NOTEBOOK))
-    (index,) = [i for title, i in exercises.list_exercises(NOTEBOOK) if title.startswith("Exercise 12.1")]
-    check = next(i for i in range(index + 1, len(nb["cells"]))
-                 if exercises.CHECK_TAG in nb["cells"][i].get("metadata", {}).get("tags", []))
+    _, check = exercises.exercise_and_check(NOTEBOOK, "Exercise 12.1")
     os.chdir(os.path.dirname(NOTEBOOK))
     namespace = {"__name__": "__main__"}
     for i, cell in enumerate(nb["cells"][:check + 1]):

@@ -38,7 +38,8 @@ manually graded answer worth one point. Then `nbgrader generate_assignment NN_na
 learners' version, and `nbgrader autograde` grades what they hand in.
 
 In Python: `strip_solutions(nb)` returns the learner's version of a notebook, `list_exercises(path)`
-the (title, cell index) of its exercises, `validate(nb, name)` the list of problems,
+the (title, cell index) of its exercises, `exercise_and_check(path, title)` the cells that grade one of them,
+`validate(nb, name)` the list of problems,
 `nbgrader_notebook(nb)` the nbgrader source version, `build()`, `check()` and `export_nbgrader()` what the
 commands do.
 """
@@ -307,6 +308,20 @@ def list_exercises(notebook) -> list[tuple[str, int]]:
         if any(line.strip() == stub for line in _lines(cell.get("source", ""))):
             found.append((title, i))
     return found
+
+
+def exercise_and_check(notebook, title: str) -> tuple[int, int]:
+    """(cell index of the one exercise whose title starts with `title`, cell index of the first check cell after
+    it): what a runner executes to grade that exercise alone (cells 0 .. the check)."""
+    nb = _as_notebook(notebook)
+    matches = [i for t, i in list_exercises(nb) if t.startswith(title)]
+    if len(matches) != 1:
+        raise ExerciseError(f"{title!r}: {len(matches)} exercises with that title in the notebook; expected one")
+    index = matches[0]
+    check = next((i for i in range(index + 1, len(nb.cells)) if _is_check(nb.cells[i])), None)
+    if check is None:
+        raise ExerciseError(f"{title!r} (cell {index}): no cell tagged {CHECK_TAG!r} after it")
+    return index, check
 
 
 def validate(notebook, name: str = "notebook") -> list[str]:

@@ -184,19 +184,15 @@ class Tokenizer:
         such markers is encoded piece by piece without `add_special_tokens` (Qwen's tokenizers add none anyway)."""
         if not isinstance(text, str):
             raise TokenizerTypeError(f"text: expected a str, got {type(text).__name__}")
-        ids, start = [], 0
-        for m in _PLACEHOLDER.finditer(text):
-            n = int(m.group(1))
-            if self._known(n):
-                continue
-            ids += self._tok.encode(text[start:m.start()], add_special_tokens=False).ids if m.start() > start else []
-            ids.append(n)
-            start = m.end()
-        if start == 0:
+        unknown = [m for m in _PLACEHOLDER.finditer(text) if not self._known(int(m.group(1)))]
+        if not unknown:
             return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
-        if start < len(text):
-            ids += self._tok.encode(text[start:], add_special_tokens=False).ids
-        return ids
+        ids, start = [], 0
+        for m in unknown:
+            ids += self._tok.encode(text[start:m.start()], add_special_tokens=False).ids  # ('' encodes to [])
+            ids.append(int(m.group(1)))
+            start = m.end()
+        return ids + self._tok.encode(text[start:], add_special_tokens=False).ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         """Text of `ids`. An id the tokenizer does not know decodes to a visible `<|id:N|>` instead of failing

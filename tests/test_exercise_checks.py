@@ -23,11 +23,9 @@ def run_with_mistake(run_cell, notebook: str, exercise: str, wrong: str, right: 
     when every cell ran; raises what a cell raised."""
     path = os.path.join(SOLUTIONS, notebook)
     nb = json.load(open(path))
-    (index,) = [i for title, i in exercises.list_exercises(path) if title.startswith(exercise)]
+    index, check = exercises.exercise_and_check(path, exercise)
     source = "".join(nb["cells"][index]["source"])
     assert source.count(right) == 1, f"{notebook}, cell {index}: {right!r} is not in the solution once"
-    check = next(i for i in range(index + 1, len(nb["cells"]))
-                 if exercises.CHECK_TAG in nb["cells"][i].get("metadata", {}).get("tags", []))
     namespace = {"__name__": "__main__"}
     for i, cell in enumerate(nb["cells"][:check + 1]):
         if cell["cell_type"] != "code":

@@ -517,3 +517,20 @@ def test_nbgrader_export_refuses_a_broken_solution_and_writes_nothing(tmp_path):
     assert proc.returncode == 1 and "nothing written" in proc.stderr, proc.stderr
     assert "cell 3" in proc.stderr
     assert not out.exists()
+
+
+def test_exercise_and_check_finds_the_cells_that_grade_one_exercise():
+    nb = new_notebook(cells=[
+        new_code_cell("import torch"),
+        new_code_cell("# Exercise 1.1: add\ndef f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION"),
+        new_code_cell("f()", metadata={"tags": ["check"]}),
+        new_code_cell("# Exercise 1.2: more\ndef g():\n    ### BEGIN SOLUTION\n    return 2\n    ### END SOLUTION"),
+        new_code_cell("print('no check after it')"),
+    ])
+    assert ex.exercise_and_check(nb, "Exercise 1.1") == (1, 2)
+    with pytest.raises(ex.ExerciseError, match="no cell tagged 'check' after it"):
+        ex.exercise_and_check(nb, "Exercise 1.2")
+    with pytest.raises(ex.ExerciseError, match="2 exercises with that title"):
+        ex.exercise_and_check(nb, "Exercise 1")
+    with pytest.raises(ex.ExerciseError, match="0 exercises"):
+        ex.exercise_and_check(nb, "Exercise 9")
