@@ -60,7 +60,7 @@ import triton.language as tl
 import triton.testing
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .. import runtime
+from .. import runtime, tunings
 from ..errors import KernelError
 from . import dot_precision, env_on, graph_bench, max_shared_memory, pdl_options, sm90_or_newer
 from .rope import _check_qk, _check_rotary, _norm_rope_rows, inv_freq_table
@@ -514,10 +514,11 @@ def _prefill_kernel():
         # of a similar size reuses the tuning instead of re-running it. Timed in a CUDA Graph (graph_bench): in
         # the model a prompt's attention reads the K and V just written, from L2, and do_bench's flushed L2
         # ranked the configurations differently (on the H200 at 2048 tokens it picked one 6% slower in a graph).
-        _tuned["prefill"] = triton.autotune(_PREFILL_CONFIGS + _PREFILL_TMA_CONFIGS + _SMALL_SMEM_PREFILL_CONFIGS,
-                                            key=["G", "D", "HAS_GATE", "DOT_PREC", "T_BUCKET", "TMA_OK"],
-                                            prune_configs_by={"early_config_prune": _prune_prefill_configs},
-                                            do_bench=graph_bench)(flash_attention_kernel)
+        _tuned["prefill"] = tunings.stored(triton.autotune(
+            _PREFILL_CONFIGS + _PREFILL_TMA_CONFIGS + _SMALL_SMEM_PREFILL_CONFIGS,
+            key=["G", "D", "HAS_GATE", "DOT_PREC", "T_BUCKET", "TMA_OK"],
+            prune_configs_by={"early_config_prune": _prune_prefill_configs},
+            do_bench=graph_bench)(flash_attention_kernel))
     return _tuned["prefill"]
 
 
@@ -569,8 +570,9 @@ flash_attention_kernel.add_pre_run_hook(_fit_kv_descriptors)
 
 def _decode_kernel():
     if "decode" not in _tuned:
-        _tuned["decode"] = triton.autotune(_DECODE_CONFIGS, key=["G", "D", "splits_p2", "DOT_PREC", "PREP"])(
-            flash_decode_split_kernel)
+        _tuned["decode"] = tunings.stored(triton.autotune(_DECODE_CONFIGS,
+                                                          key=["G", "D", "splits_p2", "DOT_PREC", "PREP"])(
+            flash_decode_split_kernel))
     return _tuned["decode"]
 
 

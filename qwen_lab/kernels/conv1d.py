@@ -37,7 +37,7 @@ import triton.language as tl
 
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .. import runtime
+from .. import runtime, tunings
 from ..errors import KernelError
 from . import pdl_options
 
@@ -153,8 +153,8 @@ _tuned: dict = {}
 def _tuned_prefill():
     if "prefill" not in _tuned:
         # restore_value: a timed run may replace the state (WRITE_STATE), and the next must read the same one
-        _tuned["prefill"] = triton.autotune(PREFILL_CONFIGS, key=["C", "T_BUCKET", "W"],
-                                            restore_value=["state_ptr"])(conv1d_prefill_kernel)
+        _tuned["prefill"] = tunings.stored(triton.autotune(PREFILL_CONFIGS, key=["C", "T_BUCKET", "W"],
+                                                           restore_value=["state_ptr"])(conv1d_prefill_kernel))
     return _tuned["prefill"]
 
 

@@ -75,7 +75,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .. import runtime
+from .. import runtime, tunings
 from ..errors import KernelError
 from . import device_key, dot_precision, gemm, graph_time_us, pdl_options, tensor_core_dots, uncounted
 
@@ -118,8 +118,8 @@ def _tuned(configs, key, restore=(), prune=None):
         _RESTORED[fn.fn.__name__] = tuple(restore)
         if INTERPRET:
             return fn
-        return triton.autotune(configs=configs, key=key, restore_value=list(restore),
-                               prune_configs_by={"early_config_prune": prune} if prune else None)(fn)
+        return tunings.stored(triton.autotune(configs=configs, key=key, restore_value=list(restore),
+                                              prune_configs_by={"early_config_prune": prune} if prune else None)(fn))
     return wrap
 
 
@@ -973,7 +973,8 @@ def _pick_in_place(kernel: str, key: tuple, launch, states, on_gpu: bool, calls:
     """`kernel`'s config for the calls of `key`: on the first such call, each of its GPU configs (those
     `autotune_configs(kernel, **named_args)` lists) timed through launch(config), the launcher's own launch as the
     model makes it, `calls` times back to back in a CUDA Graph; `states` (the tensors the launch updates in place)
-    are put back after each. None leaves the pick to Triton's autotuner: under the interpreter, with
+    are put back after each. The pick is recorded on disk, and a pick an earlier process recorded is taken without
+    timing (`qwen_lab.tunings`). None leaves the pick to Triton's autotuner: under the interpreter, with
     QWEN_LAB_TUNE=0, with a config forced, or inside a capture.
 
     Two kernels are picked this way, because Triton's autotuner times a kernel alone, launched from Python:
@@ -990,12 +991,19 @@ def _pick_in_place(kernel: str, key: tuple, launch, states, on_gpu: bool, calls:
     if (not on_gpu or kernel in _FORCED or not gemm.tuning_enabled()
             or any(s.is_cuda and torch.cuda.is_current_stream_capturing() for s in states)):
         return None
+    candidates = autotune_configs(kernel, **named_args)
+    device = states[0].device
+    kernel_id = tunings.kernel_id(globals()[kernel])
+    found = tunings.lookup(device, kernel_id, key, candidates)  # what an earlier process timed, if it did
+    if found is not None:
+        picks[key] = found[0]
+        return picks[key]
     times = {}
     # uncounted: the timing runs are not this call's launches. Inference mode: a state allocated under it (as the
     # model's generation allocates its cache) may be put back in place only under it, and a normal one either way.
     with uncounted(), torch.inference_mode():
         saved = [s.clone() for s in states]
-        for config in autotune_configs(kernel, **named_args):
+        for config in candidates:
             try:
                 times[config] = _time_in_graph([lambda c=config: launch(c)] * calls, warmup=True, replays=5)
             except triton.runtime.errors.OutOfResources:
@@ -1003,6 +1011,8 @@ def _pick_in_place(kernel: str, key: tuple, launch, states, on_gpu: bool, calls:
             for s, v in zip(states, saved):
                 s.copy_(v)
     picks[key] = min(times, key=times.get) if times else None
+    if picks[key] is not None:
+        tunings.record(device, kernel_id, key, picks[key], times)
     return picks[key]
 
 

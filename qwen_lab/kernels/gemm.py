@@ -56,11 +56,12 @@ Which form, block shape (and, for the narrow shapes, which SPLIT_K) serves a dec
 latencies, and the differences are a microsecond or two: too small to time one launch from Python. So the first
 call of each shape times every fitting plan inside a CUDA Graph, over copies of the weight that together exceed
 the L2 cache (as the model's layers do), and keeps the fastest (`gemv_plan` tells which; on the H200 the persistent
-form won every decode projection but the LM head). On Hopper and newer GPUs the GEMV is launched with programmatic
-dependent launch: it starts while the kernel before it finishes and only then waits for the previous kernel's
-results (`gdc_wait`); the one-row plans with PREFETCH, and the persistent kernel always, request their first
-weight tiles before that wait (W is never written, so that is safe): the weight stream overlaps the previous
-kernel's tail and the launch gap.
+form won every decode projection but the LM head). The pick is recorded on disk for later processes on the same
+kind of GPU (`qwen_lab.tunings`, which also keeps what Triton's autotuner picks for the tiled GEMM). On Hopper and
+newer GPUs the GEMV is launched with programmatic dependent launch: it starts while the kernel before it finishes
+and only then waits for the previous kernel's results (`gdc_wait`); the one-row plans with PREFETCH, and the
+persistent kernel always, request their first weight tiles before that wait (W is never written, so that is safe):
+the weight stream overlaps the previous kernel's tail and the launch gap.
 
 `linear` picks the regime from M. Launchers take an optional `out=` so that a CUDA Graph can own
 every buffer; the workspaces are allocated per device (zeroed) by the first call that needs them and
@@ -77,6 +78,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from .. import tunings
 from ..errors import KernelError
 from . import (device_key, dot_precision, env_on, graph_bench, graph_time_us, pdl_enabled, pdl_options,
                sm90_or_newer, uncounted)
@@ -243,6 +245,7 @@ def _fit_descriptors(*args, **meta) -> None:
         w_desc.shape, w_desc.strides, w_desc.block_shape = [rows, K], [stride_wn, 1], [bn, bk]
 
 
+@tunings.stored
 @triton.autotune(configs=_matmul_all_configs(), key=["M_BUCKET", "N", "K", "SWIGLU", "TMA_OK", "RES_NORM", "ROW_SCALE"],
                  do_bench=graph_bench,
                  prune_configs_by={"early_config_prune": _prune_matmul_configs})
@@ -1034,8 +1037,9 @@ def gemv_plan(M: int, N: int, K: int, prologue: int = PRO_NONE, deterministic: b
 
 def gemv_plan_times(M: int, N: int, K: int, prologue: int = PRO_NONE, deterministic: bool | None = None,
                     dtype=torch.bfloat16, device="cuda", split_k: int | None = None) -> dict:
-    """What the first-call timing measured for this call shape, {(SPLIT_K, triton.Config): microseconds per call};
-    empty when it did not time it (not yet called, the interpreter, QWEN_LAB_TUNE=0)."""
+    """What the first-call timing measured for this call shape, {(SPLIT_K, triton.Config): microseconds per call}
+    (read from `qwen_lab.tunings` when an earlier process timed it); empty when nothing was timed (not yet called,
+    the interpreter, QWEN_LAB_TUNE=0)."""
     return dict(plan_times.get(_call_key(M, N, K, prologue, deterministic, dtype, device, split_k), {}))
 
 
@@ -1170,8 +1174,15 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
             most = triton.cdiv(K, granule)
             splits = [split_k] if asked is not None or heuristic == 1 else sorted(
                 {s for s in (*SPLIT_CANDIDATES, heuristic) if s <= most and (s == 1 or K // s >= 128)})
-            with uncounted():  # the timing runs are not this call's launches
-                plan, plan_times[key] = _tune_plan(candidates(splits), launch, weight)
+            plans = candidates(splits)
+            kernels = tunings.kernel_id(gemv_rows_kernel, gemv_splitk_kernel)
+            found = tunings.lookup(x.device, kernels, key, plans)  # what an earlier process timed, if it did
+            if found is not None:
+                plan, plan_times[key] = found
+            else:
+                with uncounted():  # the timing runs are not this call's launches
+                    plan, plan_times[key] = _tune_plan(plans, launch, weight)
+                tunings.record(x.device, kernels, key, plan, plan_times[key])
             _plans[key] = plan
     last_plan = plan
     launch(plan, weight)

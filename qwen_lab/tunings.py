@@ -1,0 +1,250 @@
+"""What each kernel's first-call timing picked on this kind of GPU, kept on disk for the next process.
+
+On a GPU the first call of each kernel shape times its candidate configurations and keeps the fastest:
+Triton's autotuner for the prefill GEMM, the flash attention, the conv and the DeltaNet kernels; the launchers'
+own timing inside a CUDA Graph for the decode GEMV plans (`kernels.gemm`) and for two DeltaNet kernels
+(`kernels.deltanet._pick_in_place`). That is seconds per shape and minutes per notebook on a fresh machine.
+Triton keeps the compiled kernels on disk, but not what was picked, so without this module every new process
+(each notebook, each restart of its kernel, each run of the command line) times everything again.
+
+Each pick is recorded here with what every candidate measured, in one JSON file per GPU model and software:
+
+    <Triton's cache directory>/qwen_lab-tunings/<gpu name>-<hash>.json
+
+(the cache directory is TRITON_CACHE_DIR, by default ~/.triton/cache). The hash covers the GPU's name and compute
+capability, the versions of Triton and PyTorch, and the QWEN_LAB_* switches that change the kernels or their
+candidates. An entry is found by the kernel's name and source hash (Triton's `cache_key`: a kernel whose source
+changed is timed again) and by the call's tuning key, and is used only if its choice is still one of the call's
+candidates; otherwise the call times them as before and records the new pick.
+
+`QWEN_LAB_TUNING_CACHE=0` turns this off: nothing is read or written. The tests set it, so that each times what it
+tests and so that test workers sharing one GPU leave no picks timed under contention for later processes. `clear()`
+deletes the files, to time everything again (after a run that shared the GPU, say).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import re
+import tempfile
+import threading
+from pathlib import Path
+
+from .kernels import env_on
+
+ENV = "QWEN_LAB_TUNING_CACHE"
+FOLDER = "qwen_lab-tunings"
+# Switches that choose the model or where the course comes from, or this file itself: they change no kernel.
+_NOT_KERNEL_SWITCHES = {"QWEN_LAB_MODEL", "QWEN_LAB_SOURCE", ENV}
+
+_lock = threading.Lock()
+_loaded: dict = {}   # file path -> its entries, as read by this process (and grown by its records)
+
+
+def enabled() -> bool:
+    """Whether picks are read from and written to disk (QWEN_LAB_TUNING_CACHE, on unless set to 0)."""
+    return env_on(ENV, True)
+
+
+def cache_dir() -> Path:
+    """The folder of the tuning files: `qwen_lab-tunings` in Triton's cache directory."""
+    try:
+        from triton import knobs
+
+        base = knobs.cache.dir
+    except (ImportError, AttributeError):
+        base = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    return Path(base) / FOLDER
+
+
+def _device_identity(device) -> tuple[str, str]:
+    """(the GPU's name, its compute capability) of `device`, or ("cpu", "") for anything but a CUDA device."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device.type, ""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    return torch.cuda.get_device_name(index), f"sm_{major}{minor}"
+
+
+def path(device) -> Path:
+    """The tuning file of `device` under the present software and switches."""
+    import torch
+    import triton
+
+    name, capability = _device_identity(device)
+    switches = sorted((k, v) for k, v in os.environ.items()
+                      if k.startswith("QWEN_LAB_") and k not in _NOT_KERNEL_SWITCHES)
+    identity = json.dumps([name, capability, triton.__version__, torch.__version__, switches])
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower() or "device"
+    return cache_dir() / f"{slug}-{digest}.json"
+
+
+def kernel_id(*kernels) -> str:
+    """The name and source hash of the kernels a pick is for (JITFunctions, or Autotuners around one): an edit of
+    any of them, or of a function they call, makes a new id."""
+    parts = []
+    for kernel in kernels:
+        fn = kernel
+        while not hasattr(fn, "cache_key") and hasattr(fn, "fn"):
+            fn = fn.fn
+        if hasattr(fn, "cache_key"):
+            digest = fn.cache_key
+        else:  # the interpreter's kernels have no cache_key: the function's own source (nothing is timed there)
+            digest = hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
+        parts.append(f"{fn.__name__}:{digest}")
+    return "+".join(parts)
+
+
+def _plain(value):
+    """A candidate (a triton.Config, a tuple of them and numbers, a number) as JSON-ready data."""
+    if hasattr(value, "all_kwargs"):
+        return {"config": {k: v for k, v in sorted(value.all_kwargs().items()) if _jsonable(v)}}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _jsonable(value) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _key_text(key) -> str:
+    """A tuning key as text: torch devices by their kind only (the file is already per GPU model), dtypes by name."""
+    import torch
+
+    def part(v):
+        if isinstance(v, torch.device):
+            return v.type
+        if isinstance(v, (tuple, list)):
+            return [part(x) for x in v]
+        return v if _jsonable(v) else str(v)
+
+    return json.dumps(part(key))
+
+
+def _entries(file: Path) -> dict:
+    """The entries of `file`, read once per process (an unreadable or malformed file counts as empty)."""
+    entries = _loaded.get(file)
+    if entries is None:
+        try:
+            data = json.loads(file.read_text())
+            entries = data.get("entries", {}) if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            entries = {}
+        _loaded[file] = entries
+    return entries
+
+
+def lookup(device, kernel: str, key, candidates):
+    """The recorded pick among `candidates` for `kernel` (a `kernel_id`) and this tuning key, with what each
+    candidate measured when it was picked: (choice, {candidate: time}); None when there is no such record, when
+    its choice is no longer a candidate, or when the store is off."""
+    if not enabled():
+        return None
+    with _lock:
+        entry = _entries(path(device)).get(f"{kernel} {_key_text(key)}")
+    if not isinstance(entry, dict):
+        return None
+    by_text = {json.dumps(_plain(c), sort_keys=True): c for c in candidates}
+    choice = by_text.get(json.dumps(entry.get("choice"), sort_keys=True))
+    if choice is None:
+        return None
+    times = {}
+    for plain, time in entry.get("times", []):
+        candidate = by_text.get(json.dumps(plain, sort_keys=True))
+        if candidate is not None:
+            times[candidate] = time
+    return choice, times
+
+
+def record(device, kernel: str, key, choice, times: dict | None = None) -> None:
+    """Record `choice` (and what each candidate measured) as the pick for `kernel` and this tuning key. The file is
+    read again and replaced in one rename, so processes recording at once lose no other entry but the same one."""
+    if not enabled():
+        return
+    file = path(device)
+    entry = {"choice": _plain(choice),
+             "times": [[_plain(c), t] for c, t in (times or {}).items() if _jsonable(t) or isinstance(t, list)]}
+    with _lock:
+        _loaded.pop(file, None)  # another process may have recorded since this one read the file
+        entries = _entries(file)
+        entries[f"{kernel} {_key_text(key)}"] = entry
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=file.name, suffix=".tmp")
+            with os.fdopen(fd, "w") as out:
+                json.dump({"entries": entries}, out, indent=0)
+            os.replace(tmp, file)
+        except OSError:
+            pass  # a read-only cache: the pick still serves this process
+
+
+def clear() -> int:
+    """Delete every tuning file (every GPU and version); returns how many were deleted. The next first call of each
+    kernel shape, in any process, times its candidates again. (This process keeps what it has already picked.)"""
+    removed = 0
+    with _lock:
+        _loaded.clear()
+        for file in cache_dir().glob("*.json"):
+            try:
+                file.unlink()
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
+# ---------------------------------------------------------------- Triton's autotuner
+
+
+def _triton_disk_cache_asked() -> bool:
+    """Whether Triton's own switch for keeping autotuning results on disk (TRITON_CACHE_AUTOTUNING) is on now."""
+    try:
+        from triton import knobs
+
+        return bool(knobs.autotuning.cache)
+    except (ImportError, AttributeError):
+        return False
+
+
+def _autotuner_check(tuner, tuning_key, configs, bench_fn) -> bool:
+    """In place of `Autotuner.check_disk_cache`, which Triton calls with the call's tuning key and candidates when a
+    key is first met and which returns whether the timing was skipped: the recorded pick if there is one, else
+    the timing (`bench_fn`, which sets tuner.cache[key] and tuner.configs_timings), then its record. With the store
+    off, Triton's own disk cache where its switch (TRITON_CACHE_AUTOTUNING) asks for it, else the timing."""
+    import torch
+
+    if not enabled():
+        if getattr(tuner, "_triton_cache_results", False) or _triton_disk_cache_asked():
+            return type(tuner).check_disk_cache(tuner, tuning_key, configs, bench_fn)
+        bench_fn()
+        return False
+    device = torch.device("cuda", torch.cuda.current_device())
+    kernel = kernel_id(tuner)
+    found = lookup(device, kernel, tuning_key, configs)
+    if found is not None:
+        tuner.cache[tuning_key], tuner.configs_timings = found
+        return True
+    bench_fn()
+    record(device, kernel, tuning_key, tuner.cache[tuning_key], getattr(tuner, "configs_timings", None))
+    return False
+
+
+def stored(tuner):
+    """`tuner` (a triton.autotune object) reading and recording its picks here, on a GPU. Under the interpreter
+    (where the launchers pass a fixed config and nothing is timed) and with a Triton that lacks the hook, as is."""
+    from .runtime import interpreter_active
+
+    if interpreter_active() or not hasattr(tuner, "check_disk_cache") or not hasattr(tuner, "cache_results"):
+        return tuner
+    tuner._triton_cache_results = tuner.cache_results
+    tuner.cache_results = True  # so that run() asks check_disk_cache for every new key
+    tuner.check_disk_cache = lambda key, configs, bench_fn: _autotuner_check(tuner, key, configs, bench_fn)
+    return tuner

@@ -1,0 +1,252 @@
+"""qwen_lab.tunings: picks recorded on disk by one process and read back by the next, only where they still apply."""
+
+import json
+
+import pytest
+import torch
+import triton
+
+from qwen_lab import tunings
+from qwen_lab.kernels import deltanet, gemm
+
+CONFIGS = [triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=2),
+           triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=3),
+           triton.Config({"BLOCK_N": 64}, num_warps=8, num_stages=3)]
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """The store on, in a folder of this test's own, with nothing read yet (as in a new process)."""
+    monkeypatch.setenv(tunings.ENV, "1")
+    monkeypatch.setattr(tunings, "cache_dir", lambda: tmp_path / tunings.FOLDER)
+    monkeypatch.setattr(tunings, "_loaded", {})
+    return tmp_path / tunings.FOLDER
+
+
+def new_process(monkeypatch):
+    """Forget what this process has read, as a new one would start."""
+    monkeypatch.setattr(tunings, "_loaded", {})
+
+
+def copies(configs):
+    """Equal configs that are other objects, as a new process builds them."""
+    return [triton.Config(dict(c.kwargs), num_warps=c.num_warps, num_stages=c.num_stages) for c in configs]
+
+
+def test_a_recorded_pick_is_read_back_by_the_next_process(store, monkeypatch):
+    kernel = tunings.kernel_id(gemm.gemv_rows_kernel)
+    key = (1, 1024, 3584, torch.bfloat16, torch.device("cpu"))
+    times = {c: t for c, t in zip(CONFIGS, (3.1, 2.7, 4.0))}
+    assert tunings.lookup("cpu", kernel, key, CONFIGS) is None, "nothing recorded yet"
+    tunings.record("cpu", kernel, key, CONFIGS[1], times)
+    files = list(store.glob("*.json"))
+    assert len(files) == 1 and files[0].name.startswith("cpu-"), f"one file per device kind, named after it: {files}"
+
+    new_process(monkeypatch)
+    candidates = copies(CONFIGS)
+    found = tunings.lookup("cpu", kernel, key, candidates)
+    assert found is not None, "the next process must find the pick"
+    choice, read_times = found
+    assert choice is candidates[1], f"the pick must come back as the caller's own candidate, got {choice}"
+    assert read_times == {candidates[0]: 3.1, candidates[1]: 2.7, candidates[2]: 4.0}, read_times
+    assert tunings.lookup("cpu", kernel, (2,) + key[1:], candidates) is None, "another tuning key has no pick"
+    assert tunings.lookup("cpu", tunings.kernel_id(gemm.gemv_splitk_kernel), key, candidates) is None, \
+        "another kernel has no pick"
+
+
+def test_plans_of_split_and_config_round_trip(store, monkeypatch):
+    plans = [(s, c) for s in (1, 4) for c in CONFIGS]
+    kernel = tunings.kernel_id(gemm.gemv_rows_kernel, gemm.gemv_splitk_kernel)
+    tunings.record("cpu", kernel, ("k",), plans[4], {p: float(i) for i, p in enumerate(plans)})
+    new_process(monkeypatch)
+    again = [(s, c) for s in (1, 4) for c in copies(CONFIGS)]
+    choice, times = tunings.lookup("cpu", kernel, ("k",), again)
+    assert choice is again[4] and choice[0] == 4, choice
+    assert times[again[0]] == 0.0 and times[again[5]] == 5.0 and len(times) == 6
+
+
+def test_a_pick_no_longer_offered_is_not_used(store, monkeypatch):
+    kernel = tunings.kernel_id(gemm.gemv_rows_kernel)
+    tunings.record("cpu", kernel, ("k",), CONFIGS[2], {CONFIGS[2]: 1.0, CONFIGS[0]: 2.0})
+    new_process(monkeypatch)
+    assert tunings.lookup("cpu", kernel, ("k",), copies(CONFIGS[:2])) is None, \
+        "a recorded choice outside today's candidates (a config removed, or pruned for this call) must be timed anew"
+
+
+def test_the_switches_that_change_kernels_select_another_file(store, monkeypatch):
+    kernel = tunings.kernel_id(gemm.gemv_rows_kernel)
+    tunings.record("cpu", kernel, ("k",), CONFIGS[0])
+    first = tunings.path("cpu")
+    monkeypatch.setenv("QWEN_LAB_PDL", "0")
+    assert tunings.path("cpu") != first, "QWEN_LAB_PDL changes the kernels: its picks need a file of their own"
+    assert tunings.lookup("cpu", kernel, ("k",), CONFIGS) is None
+    monkeypatch.delenv("QWEN_LAB_PDL")
+    monkeypatch.setenv("QWEN_LAB_MODEL", "tiny")
+    assert tunings.path("cpu") == first, "the model a notebook loads changes no kernel"
+    assert tunings.lookup("cpu", kernel, ("k",), CONFIGS)[0] is CONFIGS[0]
+
+
+def test_switched_off_nothing_is_read_or_written(store, monkeypatch):
+    kernel = tunings.kernel_id(gemm.gemv_rows_kernel)
+    tunings.record("cpu", kernel, ("k",), CONFIGS[0])
+    monkeypatch.setenv(tunings.ENV, "0")
+    assert tunings.lookup("cpu", kernel, ("k",), CONFIGS) is None, "QWEN_LAB_TUNING_CACHE=0 must read nothing"
+    tunings.record("cpu", kernel, ("other",), CONFIGS[1])
+    monkeypatch.setenv(tunings.ENV, "1")
+    new_process(monkeypatch)
+    assert tunings.lookup("cpu", kernel, ("other",), CONFIGS) is None, "QWEN_LAB_TUNING_CACHE=0 must write nothing"
+
+
+def test_records_of_two_processes_are_merged(store, monkeypatch):
+    kernel = tunings.kernel_id(gemm.gemv_rows_kernel)
+    tunings._entries(tunings.path("cpu"))            # this process read the (empty) file first
+    other = dict(tunings._loaded)
+    monkeypatch.setattr(tunings, "_loaded", {})      # another process records meanwhile
+    tunings.record("cpu", kernel, ("a",), CONFIGS[0])
+    monkeypatch.setattr(tunings, "_loaded", other)   # back in the first one
+    tunings.record("cpu", kernel, ("b",), CONFIGS[1])
+    new_process(monkeypatch)
+    assert tunings.lookup("cpu", kernel, ("a",), CONFIGS)[0] is CONFIGS[0], "the other process's record was lost"
+    assert tunings.lookup("cpu", kernel, ("b",), CONFIGS)[0] is CONFIGS[1]
+
+
+def test_an_unreadable_file_counts_as_empty_and_clear_removes_the_files(store, monkeypatch):
+    kernel = tunings.kernel_id(gemm.gemv_rows_kernel)
+    store.mkdir(parents=True)
+    tunings.path("cpu").write_text("{ not json")
+    assert tunings.lookup("cpu", kernel, ("k",), CONFIGS) is None
+    tunings.record("cpu", kernel, ("k",), CONFIGS[2])
+    assert json.loads(tunings.path("cpu").read_text())["entries"], "the record replaces the broken file"
+    assert tunings.clear() == 1 and not list(store.glob("*.json"))
+    assert tunings.lookup("cpu", kernel, ("k",), CONFIGS) is None, "cleared: nothing to find, in this process too"
+
+
+def test_an_edited_kernel_has_another_id(tmp_path):
+    import importlib.util
+
+    def kernel_from(name, body):
+        (tmp_path / f"{name}.py").write_text("import triton\n\n\n@triton.jit\ndef k(x_ptr):\n" + body)
+        spec = importlib.util.spec_from_file_location(name, tmp_path / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.k
+    before, after = kernel_from("before", "    x = 1\n"), kernel_from("after", "    x = 2\n")
+    assert tunings.kernel_id(before).startswith("k:")
+    assert tunings.kernel_id(before) != tunings.kernel_id(after), "a kernel's id must follow its source"
+    assert tunings.kernel_id(before) == tunings.kernel_id(kernel_from("again", "    x = 1\n"))
+
+
+def test_the_autotuner_hook_times_once_then_reads_the_record(store, monkeypatch):
+    """_autotuner_check stands in for Triton's check_disk_cache: the first process times and records, the next one
+    takes the record without timing; with the store off it times every time."""
+    def make_tuner():
+        return triton.autotune(configs=copies(CONFIGS), key=["N"])(gemm.gemv_rows_kernel)
+    timed = []
+
+    def bench_for(tuner):
+        def bench():
+            timed.append(tuner)
+            tuner.configs_timings = {c: float(i + 1) for i, c in enumerate(tuner.configs)}
+            tuner.cache[(1024,)] = tuner.configs[2]
+        return bench
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(tunings, "_device_identity", lambda device: ("Test GPU", "sm_90"))
+    first = make_tuner()
+    assert tunings._autotuner_check(first, (1024,), first.configs, bench_for(first)) is False, "nothing to read yet"
+    assert timed == [first]
+    new_process(monkeypatch)
+    second = make_tuner()
+    assert tunings._autotuner_check(second, (1024,), second.configs, bench_for(second)) is True, \
+        "the next process must read the record instead of timing"
+    assert timed == [first], "it timed again"
+    assert second.cache[(1024,)] is second.configs[2], "the pick must be the tuner's own config object"
+    assert second.configs_timings[second.configs[0]] == 1.0, "the measured times come back with the pick"
+    assert list(store.glob("test-gpu-*.json")), "the file is named after the GPU"
+
+    monkeypatch.setenv(tunings.ENV, "0")
+    third = make_tuner()
+    third._triton_cache_results = False
+    assert tunings._autotuner_check(third, (1024,), third.configs, bench_for(third)) is False
+    assert timed == [first, third], "with the store off the call must be timed"
+
+
+def test_the_scan_pick_of_one_process_serves_the_next(store, monkeypatch):
+    """deltanet._pick_in_place (its timing replaced, as on a CPU): the first process times every config and records
+    the fastest; a new process takes it from the record and launches nothing to time it."""
+    kernel = "chunk_scan_kernel"
+    configs = deltanet.autotune_configs(kernel, Dv=128)
+    cost = {str(c): 10.0 + i for i, c in enumerate(configs)}
+    cost[str(configs[3])] = 1.0
+    launched = []
+
+    def launch(config):
+        launched.append(str(config))
+
+    def timer(calls, warmup, replays):
+        for call in calls:
+            call()
+        return cost[launched[-1]]
+    monkeypatch.setattr(deltanet, "_time_in_graph", timer)
+    monkeypatch.setitem(deltanet._PICKS, kernel, {})
+    state = torch.zeros(3)
+    key = (torch.device("cpu"), torch.bfloat16, 16, 128, 128, 64, 5, True, 200)
+    assert str(deltanet._pick_in_place(kernel, key, launch, (state,), True, calls=2, Dv=128)) == str(configs[3])
+    assert len(launched) == 2 * len(configs)
+
+    new_process(monkeypatch)
+    monkeypatch.setitem(deltanet._PICKS, kernel, {})
+    launched.clear()
+    assert str(deltanet._pick_in_place(kernel, key, launch, (state,), True, calls=2, Dv=128)) == str(configs[3])
+    assert launched == [], f"the next process timed again: {launched}"
+
+
+@pytest.mark.gpu
+def test_gpu_a_decode_gemv_plan_is_read_back_and_computes_the_same(store, monkeypatch):
+    """A real decode GEMV: its plan timed and recorded on the first call; after the process's own plans are
+    forgotten, the next call takes the recorded plan (timing forbidden) and gives the same bits."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(3000, 1024, device="cuda", dtype=torch.bfloat16) / 32
+    monkeypatch.setattr(gemm, "_plans", {})
+    monkeypatch.setattr(gemm, "plan_times", {})
+    first = gemm.linear(x, w)
+    plan = gemm.gemv_plan(1, 3000, 1024, device="cuda")
+    times = gemm.gemv_plan_times(1, 3000, 1024, device="cuda")
+    assert plan is not None and times, "the first call must time its plans"
+
+    new_process(monkeypatch)
+    monkeypatch.setattr(gemm, "_plans", {})
+    monkeypatch.setattr(gemm, "plan_times", {})
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("the plan was timed again instead of read from the store")
+    monkeypatch.setattr(gemm, "_tune_plan", no_timing)
+    again = gemm.linear(x, w)
+    assert str(gemm.gemv_plan(1, 3000, 1024, device="cuda")) == str(plan)
+    assert {str(p): t for p, t in gemm.gemv_plan_times(1, 3000, 1024, device="cuda").items()} == \
+        {str(p): t for p, t in times.items()}
+    assert torch.equal(first, again)
+
+
+@pytest.mark.gpu
+def test_gpu_the_prefill_gemm_tuning_is_read_back(store, monkeypatch):
+    """Triton's autotuner around the prefill GEMM: a new key tuned and recorded; with the in-memory tuning forgotten,
+    the next call reads the record (timing forbidden) and keeps the same config."""
+    torch.manual_seed(0)
+    x = torch.randn(200, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1536, 1024, device="cuda", dtype=torch.bfloat16) / 32
+    tuner = gemm.matmul_kernel
+    monkeypatch.setattr(tuner, "cache", {})
+    first = gemm.linear(x, w)
+    best = tuner.best_config
+    assert list(store.glob("*.json")), "the tuning must be recorded"
+
+    new_process(monkeypatch)
+    monkeypatch.setattr(tuner, "cache", {})
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("the GEMM was tuned again instead of read from the store")
+    monkeypatch.setattr(tuner, "_bench", no_timing)
+    again = gemm.linear(x, w)
+    assert str(tuner.best_config) == str(best)
+    assert torch.equal(first, again)
