@@ -164,10 +164,20 @@ def test_the_autotuner_hook_times_once_then_reads_the_record(store, monkeypatch)
     assert list(store.glob("test-gpu-*.json")), "the file is named after the GPU"
 
     monkeypatch.setenv(tunings.ENV, "0")
+    monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", "0")
     third = make_tuner()
     third._triton_cache_results = False
     assert tunings._autotuner_check(third, (1024,), third.configs, bench_for(third)) is False
     assert timed == [first, third], "with the store off the call must be timed"
+
+    # the store off and Triton's own switch on (the GPU test runs share tunings that way): Triton's disk cache
+    asked = []
+    monkeypatch.setattr(triton.runtime.autotuner.Autotuner, "check_disk_cache",
+                        lambda self, key, configs, bench: asked.append(key) or True)
+    monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", "1")
+    fourth = make_tuner()
+    assert tunings._autotuner_check(fourth, (1024,), fourth.configs, bench_for(fourth)) is True
+    assert asked == [(1024,)] and timed == [first, third], "Triton's own disk cache must answer"
 
 
 def test_the_scan_pick_of_one_process_serves_the_next(store, monkeypatch):
@@ -222,9 +232,12 @@ def test_gpu_a_decode_gemv_plan_is_read_back_and_computes_the_same(store, monkey
         raise AssertionError("the plan was timed again instead of read from the store")
     monkeypatch.setattr(gemm, "_tune_plan", no_timing)
     again = gemm.linear(x, w)
-    assert str(gemm.gemv_plan(1, 3000, 1024, device="cuda")) == str(plan)
-    assert {str(p): t for p, t in gemm.gemv_plan_times(1, 3000, 1024, device="cuda").items()} == \
-        {str(p): t for p, t in times.items()}
+
+    def text(plan):  # (SPLIT_K, config) as text (a tuple's str shows the config's address)
+        return f"{plan[0]} {plan[1]}"
+    assert text(gemm.gemv_plan(1, 3000, 1024, device="cuda")) == text(plan)
+    assert {text(p): t for p, t in gemm.gemv_plan_times(1, 3000, 1024, device="cuda").items()} == \
+        {text(p): t for p, t in times.items()}
     assert torch.equal(first, again)
 
 
