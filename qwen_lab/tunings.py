@@ -248,3 +248,31 @@ def stored(tuner):
     tuner.cache_results = True  # so that run() asks check_disk_cache for every new key
     tuner.check_disk_cache = lambda key, configs, bench_fn: _autotuner_check(tuner, key, configs, bench_fn)
     return tuner
+
+
+def main(argv=None) -> int:
+    """`python -m qwen_lab.tunings [--clear]`: where the tuning files are and how many picks each holds; --clear
+    deletes them."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m qwen_lab.tunings",
+                                     description="The kernel tunings kept on disk: list them, or delete them.")
+    parser.add_argument("--clear", action="store_true", help="delete every tuning file, so that the next first "
+                        "call of each kernel shape times its candidates again")
+    args = parser.parse_args(argv)
+    if args.clear:
+        print(f"deleted {clear()} tuning file(s) in {cache_dir()}")
+        return 0
+    files = sorted(cache_dir().glob("*.json"))
+    state = "on" if enabled() else f"off ({ENV}=0)"
+    print(f"tunings on disk: {state}; folder {cache_dir()}")
+    for file in files:
+        count = len(_entries(file))
+        print(f"  {file.name}: {count} pick(s)")
+    if not files:
+        print("  no file yet: a GPU process records the picks of its first calls here")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

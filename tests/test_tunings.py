@@ -263,3 +263,16 @@ def test_gpu_the_prefill_gemm_tuning_is_read_back(store, monkeypatch):
     again = gemm.linear(x, w)
     assert str(tuner.best_config) == str(best)
     assert torch.equal(first, again)
+
+
+def test_the_command_line_lists_and_clears(store, monkeypatch, capsys):
+    tunings.record("cpu", tunings.kernel_id(gemm.gemv_rows_kernel), ("a",), CONFIGS[0])
+    tunings.record("cpu", tunings.kernel_id(gemm.gemv_rows_kernel), ("b",), CONFIGS[1])
+    new_process(monkeypatch)
+    assert tunings.main([]) == 0
+    out = capsys.readouterr().out
+    assert f"{tunings.path('cpu').name}: 2 pick(s)" in out and "on;" in out, out
+    assert tunings.main(["--clear"]) == 0
+    assert "deleted 1 tuning file(s)" in capsys.readouterr().out
+    tunings.main([])
+    assert "no file yet" in capsys.readouterr().out
