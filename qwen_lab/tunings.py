@@ -14,8 +14,8 @@ Each pick is recorded here with what every candidate measured, in one JSON file 
 (the cache directory is TRITON_CACHE_DIR, by default ~/.triton/cache). The hash covers the GPU's name and compute
 capability, the versions of Triton and PyTorch, and the QWEN_LAB_* switches that change the kernels or their
 candidates. An entry is found by the kernel's name and source hash (Triton's `cache_key`: a kernel whose source
-changed is timed again) and by the call's tuning key, and is used only if its choice is still one of the call's
-candidates; otherwise the call times them as before and records the new pick.
+changed is timed again) and by the call's tuning key, and is used only if the call offers the same candidates as
+the call that timed them; otherwise the call times them as before and records the new pick.
 
 `QWEN_LAB_TUNING_CACHE=0` turns this off: nothing is read or written. The tests set it, so that each times what it
 tests and so that test workers sharing one GPU leave no picks timed under contention for later processes. `clear()`
@@ -142,17 +142,28 @@ def _entries(file: Path) -> dict:
     return entries
 
 
+def _texts(candidates) -> dict:
+    """{a candidate's JSON text: the candidate}."""
+    return {json.dumps(_plain(c), sort_keys=True): c for c in candidates}
+
+
+def _offer(texts) -> str:
+    """A digest of a set of candidates (their JSON texts): a pick stands only against the offer it was made from."""
+    return hashlib.sha256("\n".join(sorted(texts)).encode()).hexdigest()[:16]
+
+
 def lookup(device, kernel: str, key, candidates):
-    """The recorded pick among `candidates` for `kernel` (a `kernel_id`) and this tuning key, with what each
-    candidate measured when it was picked: (choice, {candidate: time}); None when there is no such record, when
-    its choice is no longer a candidate, or when the store is off."""
+    """The recorded pick for `kernel` (a `kernel_id`) and this tuning key among `candidates`, with what each candidate
+    measured when it was picked: (choice, {candidate: time}) as the caller's own candidate objects. None when there
+    is no such record, when the record was timed over another set of candidates (one added, removed or pruned
+    differently: the new set must be timed), or when the store is off."""
     if not enabled():
         return None
     with _lock:
         entry = _entries(path(device)).get(f"{kernel} {_key_text(key)}")
-    if not isinstance(entry, dict):
+    by_text = _texts(candidates)
+    if not isinstance(entry, dict) or entry.get("offer") != _offer(by_text):
         return None
-    by_text = {json.dumps(_plain(c), sort_keys=True): c for c in candidates}
     choice = by_text.get(json.dumps(entry.get("choice"), sort_keys=True))
     if choice is None:
         return None
@@ -164,13 +175,14 @@ def lookup(device, kernel: str, key, candidates):
     return choice, times
 
 
-def record(device, kernel: str, key, choice, times: dict | None = None) -> None:
-    """Record `choice` (and what each candidate measured) as the pick for `kernel` and this tuning key. The file is
-    read again and replaced in one rename, so processes recording at once lose no other entry but the same one."""
+def record(device, kernel: str, key, candidates, choice, times: dict | None = None) -> None:
+    """Record `choice` as the pick for `kernel` and this tuning key among `candidates` (what was timed), with what
+    each candidate measured. The file is read again and replaced in one rename, so processes recording at once lose
+    no other entry but the same one."""
     if not enabled():
         return
     file = path(device)
-    entry = {"choice": _plain(choice),
+    entry = {"choice": _plain(choice), "offer": _offer(_texts(candidates)),
              "times": [[_plain(c), t] for c, t in (times or {}).items() if _jsonable(t) or isinstance(t, list)]}
     with _lock:
         _loaded.pop(file, None)  # another process may have recorded since this one read the file
@@ -233,7 +245,7 @@ def _autotuner_check(tuner, tuning_key, configs, bench_fn) -> bool:
         tuner.cache[tuning_key], tuner.configs_timings = found
         return True
     bench_fn()
-    record(device, kernel, tuning_key, tuner.cache[tuning_key], getattr(tuner, "configs_timings", None))
+    record(device, kernel, tuning_key, configs, tuner.cache[tuning_key], getattr(tuner, "configs_timings", None))
     return False
 
 

@@ -38,7 +38,7 @@ def test_a_recorded_pick_is_read_back_by_the_next_process(store, monkeypatch):
     key = (1, 1024, 3584, torch.bfloat16, torch.device("cpu"))
     times = {c: t for c, t in zip(CONFIGS, (3.1, 2.7, 4.0))}
     assert tunings.lookup("cpu", kernel, key, CONFIGS) is None, "nothing recorded yet"
-    tunings.record("cpu", kernel, key, CONFIGS[1], times)
+    tunings.record("cpu", kernel, key, CONFIGS, CONFIGS[1], times)
     files = list(store.glob("*.json"))
     assert len(files) == 1 and files[0].name.startswith("cpu-"), f"one file per device kind, named after it: {files}"
 
@@ -57,7 +57,7 @@ def test_a_recorded_pick_is_read_back_by_the_next_process(store, monkeypatch):
 def test_plans_of_split_and_config_round_trip(store, monkeypatch):
     plans = [(s, c) for s in (1, 4) for c in CONFIGS]
     kernel = tunings.kernel_id(gemm.gemv_rows_kernel, gemm.gemv_splitk_kernel)
-    tunings.record("cpu", kernel, ("k",), plans[4], {p: float(i) for i, p in enumerate(plans)})
+    tunings.record("cpu", kernel, ("k",), plans, plans[4], {p: float(i) for i, p in enumerate(plans)})
     new_process(monkeypatch)
     again = [(s, c) for s in (1, 4) for c in copies(CONFIGS)]
     choice, times = tunings.lookup("cpu", kernel, ("k",), again)
@@ -65,17 +65,22 @@ def test_plans_of_split_and_config_round_trip(store, monkeypatch):
     assert times[again[0]] == 0.0 and times[again[5]] == 5.0 and len(times) == 6
 
 
-def test_a_pick_no_longer_offered_is_not_used(store, monkeypatch):
+def test_a_pick_made_over_other_candidates_is_not_used(store, monkeypatch):
     kernel = tunings.kernel_id(gemm.gemv_rows_kernel)
-    tunings.record("cpu", kernel, ("k",), CONFIGS[2], {CONFIGS[2]: 1.0, CONFIGS[0]: 2.0})
+    tunings.record("cpu", kernel, ("k",), CONFIGS, CONFIGS[2], {CONFIGS[2]: 1.0, CONFIGS[0]: 2.0})
     new_process(monkeypatch)
     assert tunings.lookup("cpu", kernel, ("k",), copies(CONFIGS[:2])) is None, \
         "a recorded choice outside today's candidates (a config removed, or pruned for this call) must be timed anew"
+    more = copies(CONFIGS) + [triton.Config({"BLOCK_N": 128}, num_warps=8, num_stages=2)]
+    assert tunings.lookup("cpu", kernel, ("k",), more) is None, \
+        "a candidate added since the pick was made has never been timed: the call must time them all"
+    assert tunings.lookup("cpu", kernel, ("k",), copies(CONFIGS)[::-1])[0].num_warps == 8, \
+        "the same candidates in another order are the same offer"
 
 
 def test_the_switches_that_change_kernels_select_another_file(store, monkeypatch):
     kernel = tunings.kernel_id(gemm.gemv_rows_kernel)
-    tunings.record("cpu", kernel, ("k",), CONFIGS[0])
+    tunings.record("cpu", kernel, ("k",), CONFIGS, CONFIGS[0])
     first = tunings.path("cpu")
     monkeypatch.setenv("QWEN_LAB_PDL", "0")
     assert tunings.path("cpu") != first, "QWEN_LAB_PDL changes the kernels: its picks need a file of their own"
@@ -88,10 +93,10 @@ def test_the_switches_that_change_kernels_select_another_file(store, monkeypatch
 
 def test_switched_off_nothing_is_read_or_written(store, monkeypatch):
     kernel = tunings.kernel_id(gemm.gemv_rows_kernel)
-    tunings.record("cpu", kernel, ("k",), CONFIGS[0])
+    tunings.record("cpu", kernel, ("k",), CONFIGS, CONFIGS[0])
     monkeypatch.setenv(tunings.ENV, "0")
     assert tunings.lookup("cpu", kernel, ("k",), CONFIGS) is None, "QWEN_LAB_TUNING_CACHE=0 must read nothing"
-    tunings.record("cpu", kernel, ("other",), CONFIGS[1])
+    tunings.record("cpu", kernel, ("other",), CONFIGS, CONFIGS[1])
     monkeypatch.setenv(tunings.ENV, "1")
     new_process(monkeypatch)
     assert tunings.lookup("cpu", kernel, ("other",), CONFIGS) is None, "QWEN_LAB_TUNING_CACHE=0 must write nothing"
@@ -102,9 +107,9 @@ def test_records_of_two_processes_are_merged(store, monkeypatch):
     tunings._entries(tunings.path("cpu"))            # this process read the (empty) file first
     other = dict(tunings._loaded)
     monkeypatch.setattr(tunings, "_loaded", {})      # another process records meanwhile
-    tunings.record("cpu", kernel, ("a",), CONFIGS[0])
+    tunings.record("cpu", kernel, ("a",), CONFIGS, CONFIGS[0])
     monkeypatch.setattr(tunings, "_loaded", other)   # back in the first one
-    tunings.record("cpu", kernel, ("b",), CONFIGS[1])
+    tunings.record("cpu", kernel, ("b",), CONFIGS, CONFIGS[1])
     new_process(monkeypatch)
     assert tunings.lookup("cpu", kernel, ("a",), CONFIGS)[0] is CONFIGS[0], "the other process's record was lost"
     assert tunings.lookup("cpu", kernel, ("b",), CONFIGS)[0] is CONFIGS[1]
@@ -115,7 +120,7 @@ def test_an_unreadable_file_counts_as_empty_and_clear_removes_the_files(store, m
     store.mkdir(parents=True)
     tunings.path("cpu").write_text("{ not json")
     assert tunings.lookup("cpu", kernel, ("k",), CONFIGS) is None
-    tunings.record("cpu", kernel, ("k",), CONFIGS[2])
+    tunings.record("cpu", kernel, ("k",), CONFIGS, CONFIGS[2])
     assert json.loads(tunings.path("cpu").read_text())["entries"], "the record replaces the broken file"
     assert tunings.clear() == 1 and not list(store.glob("*.json"))
     assert tunings.lookup("cpu", kernel, ("k",), CONFIGS) is None, "cleared: nothing to find, in this process too"
@@ -266,8 +271,8 @@ def test_gpu_the_prefill_gemm_tuning_is_read_back(store, monkeypatch):
 
 
 def test_the_command_line_lists_and_clears(store, monkeypatch, capsys):
-    tunings.record("cpu", tunings.kernel_id(gemm.gemv_rows_kernel), ("a",), CONFIGS[0])
-    tunings.record("cpu", tunings.kernel_id(gemm.gemv_rows_kernel), ("b",), CONFIGS[1])
+    tunings.record("cpu", tunings.kernel_id(gemm.gemv_rows_kernel), ("a",), CONFIGS, CONFIGS[0])
+    tunings.record("cpu", tunings.kernel_id(gemm.gemv_rows_kernel), ("b",), CONFIGS, CONFIGS[1])
     new_process(monkeypatch)
     assert tunings.main([]) == 0
     out = capsys.readouterr().out

@@ -1012,7 +1012,7 @@ def _pick_in_place(kernel: str, key: tuple, launch, states, on_gpu: bool, calls:
                 s.copy_(v)
     picks[key] = min(times, key=times.get) if times else None
     if picks[key] is not None:
-        tunings.record(device, kernel_id, key, picks[key], times)
+        tunings.record(device, kernel_id, key, candidates, picks[key], times)
     return picks[key]
 
 

@@ -1182,7 +1182,7 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
             else:
                 with uncounted():  # the timing runs are not this call's launches
                     plan, plan_times[key] = _tune_plan(plans, launch, weight)
-                tunings.record(x.device, kernels, key, plan, plan_times[key])
+                tunings.record(x.device, kernels, key, plans, plan, plan_times[key])
             _plans[key] = plan
     last_plan = plan
     launch(plan, weight)
