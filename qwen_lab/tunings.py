@@ -18,8 +18,9 @@ changed is timed again) and by the call's tuning key, and is used only if the ca
 the call that timed them; otherwise the call times them as before and records the new pick.
 
 `QWEN_LAB_TUNING_CACHE=0` turns this off: nothing is read or written. The tests set it, so that each times what it
-tests and so that test workers sharing one GPU leave no picks timed under contention for later processes. `clear()`
-deletes the files, to time everything again (after a run that shared the GPU, say).
+tests and so that test workers sharing one GPU leave no picks timed under contention for later processes.
+`python -m qwen_lab.tunings` lists the files and how many picks each holds; `--clear` (or `clear()`) deletes them,
+to time everything again (after a run that shared the GPU with other work, say).
 """
 
 from __future__ import annotations
