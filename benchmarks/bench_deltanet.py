@@ -34,6 +34,7 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+os.environ.setdefault("QWEN_LAB_TUNING_CACHE", "0")  # report what this run times, not an earlier process's record
 
 import qwen_lab  # noqa: E402,F401  (sets up the runtime before any kernel module is imported)
 from qwen_lab import checks, reference, runtime  # noqa: E402

@@ -70,7 +70,8 @@ if want tests; then
   # loadgroup: the tests marked xdist_group (the 0.8B graph and parity tests) stay on one worker each, which builds
   # their module's model and graphs once
   # TRITON_CACHE_AUTOTUNING: the workers share Triton's autotuning results through its disk cache instead of each
-  # tuning the same shapes again (only the tests: the benchmarks tune for themselves, on a quiet GPU)
+  # tuning the same shapes again (only the tests, which record nothing in qwen_lab.tunings either: the benchmarks
+  # tune on a quiet GPU, or take what an earlier run recorded there; the kernel benchmarks always time afresh)
   # (a per-test limit where pytest-timeout is installed: one hung kernel then fails its test, not the whole run)
   per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 300")
   # TEST_SHARD=i/n runs every n-th test file from the i-th (0-based): the whole suite takes ~8 minutes with 12

@@ -12,8 +12,11 @@ advances the recurrent states, so the logits are not compared here; tests/test_d
 """
 
 import contextlib
+import os
 
 from probe_ab import decode_setup, probe_args
+
+os.environ.setdefault("QWEN_LAB_TUNING_CACHE", "0")  # report what this run times, not an earlier process's record
 
 
 def main() -> int:

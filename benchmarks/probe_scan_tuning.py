@@ -14,6 +14,8 @@ import os
 
 from probe_ab import deltanet_layer_calls, probe_args
 
+os.environ.setdefault("QWEN_LAB_TUNING_CACHE", "0")  # report what this run times, not an earlier process's record
+
 
 def main() -> int:
     args = probe_args(__doc__, ("--short", dict(type=int, default=150)), model=False)

@@ -12,10 +12,11 @@ Each pick is recorded here with what every candidate measured, in one JSON file 
     <Triton's cache directory>/qwen_lab-tunings/<gpu name>-<hash>.json
 
 (the cache directory is TRITON_CACHE_DIR, by default ~/.triton/cache). The hash covers the GPU's name and compute
-capability, the versions of Triton and PyTorch, and the QWEN_LAB_* switches that change the kernels or their
-candidates. An entry is found by the kernel's name and source hash (Triton's `cache_key`: a kernel whose source
-changed is timed again) and by the call's tuning key, and is used only if the call offers the same candidates as
-the call that timed them; otherwise the call times them as before and records the new pick.
+capability, the versions of Triton and PyTorch, Triton's settings that change compiled code, the QWEN_LAB_*
+switches as set (unset and set to their default count as different), and the source of the kernel modules and of
+this file (an edit of any kernel, launcher or timer starts a new file). An entry is found by the kernel's name and
+hash (Triton's `cache_key`) and by the call's tuning key, and is used only if the call offers the same candidates
+as the call that timed them; otherwise the call times them as before and records the new pick.
 
 `QWEN_LAB_TUNING_CACHE=0` turns this off: nothing is read or written. The tests set it, so that each times what it
 tests and so that test workers sharing one GPU leave no picks timed under contention for later processes.
@@ -25,6 +26,8 @@ to time everything again (after a run that shared the GPU with other work, say).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import inspect
 import json
@@ -46,7 +49,8 @@ _loaded: dict = {}   # file path -> its entries, as read by this process (and gr
 
 
 def enabled() -> bool:
-    """Whether picks are read from and written to disk (QWEN_LAB_TUNING_CACHE, on unless set to 0)."""
+    """Whether picks are read from and written to disk: QWEN_LAB_TUNING_CACHE unset, or 1, true, yes or on (any
+    other value turns it off)."""
     return env_on(ENV, True)
 
 
@@ -81,10 +85,32 @@ def path(device) -> Path:
     name, capability = _device_identity(device)
     switches = sorted((k, v) for k, v in os.environ.items()
                       if k.startswith("QWEN_LAB_") and k not in _NOT_KERNEL_SWITCHES)
-    identity = json.dumps([name, capability, triton.__version__, torch.__version__, switches])
+    identity = json.dumps([name, capability, triton.__version__, torch.__version__, switches, _triton_settings(),
+                           _code_digest()])
     digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
     slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower() or "device"
     return cache_dir() / f"{slug}-{digest}.json"
+
+
+def _triton_settings() -> list:
+    """The Triton settings (environment variables) that its own caches treat as changing compiled code."""
+    try:
+        from triton.runtime.cache import get_cache_invalidating_env_vars
+
+        return sorted(get_cache_invalidating_env_vars().items())
+    except (ImportError, AttributeError):
+        return []
+
+
+@functools.lru_cache(maxsize=None)
+def _code_digest() -> str:
+    """A digest of the kernel modules' source and of this file's: any edit of a kernel, of a launcher that times its
+    candidates (the GEMV plans' grids, the scan timed beside its prep) or of the timers, starts a new file."""
+    folder = Path(__file__).parent
+    digest = hashlib.sha256()
+    for file in sorted((folder / "kernels").glob("*.py")) + [Path(__file__)]:
+        digest.update(file.name.encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def kernel_id(*kernels) -> str:
@@ -106,7 +132,7 @@ def kernel_id(*kernels) -> str:
 def _plain(value):
     """A candidate (a triton.Config, a tuple of them and numbers, a number) as JSON-ready data."""
     if hasattr(value, "all_kwargs"):
-        return {"config": {k: v for k, v in sorted(value.all_kwargs().items()) if _jsonable(v)}}
+        return {"config": {k: v if _jsonable(v) else repr(v) for k, v in sorted(value.all_kwargs().items())}}
     if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
     return value
@@ -130,22 +156,43 @@ def _key_text(key) -> str:
     return json.dumps(part(key))
 
 
-def _entries(file: Path) -> dict:
-    """The entries of `file`, read once per process (an unreadable or malformed file counts as empty)."""
-    entries = _loaded.get(file)
-    if entries is None:
-        try:
-            data = json.loads(file.read_text())
-            entries = data.get("entries", {}) if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            entries = {}
-        _loaded[file] = entries
-    return entries
+def _read(file: Path):
+    """The entries of `file` as {entry name: entry}: {} for a missing file or one whose content is not a tuning file
+    (it is replaced by the next record); None for a file that exists but cannot be read (permissions), which this
+    process then neither uses nor overwrites."""
+    try:
+        data = json.loads(file.read_text())
+    except FileNotFoundError:
+        return {}
+    except OSError:
+        return None
+    except ValueError:
+        return {}
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(entries, dict):
+        return {}
+    return {name: entry for name, entry in entries.items() if isinstance(entry, dict)}
 
 
-def _texts(candidates) -> dict:
-    """{a candidate's JSON text: the candidate}."""
-    return {json.dumps(_plain(c), sort_keys=True): c for c in candidates}
+def _entries(file: Path):
+    """The entries of `file`, read once per process (see _read; None: unreadable)."""
+    if file not in _loaded:
+        _loaded[file] = _read(file)
+    return _loaded[file]
+
+
+def _texts(candidates):
+    """{a candidate's JSON text: the candidate}, or None if two candidates have the same text or one carries a
+    pre-hook (which no text describes): such a set is always timed, as Triton's own disk cache does."""
+    if any(getattr(c, "pre_hook", None) for c in _configs_in(candidates)):
+        return None
+    texts = {json.dumps(_plain(c), sort_keys=True): c for c in candidates}
+    return texts if len(texts) == len(candidates) else None
+
+
+def _configs_in(candidates):
+    for c in candidates:
+        yield from (x for x in c if hasattr(x, "all_kwargs")) if isinstance(c, tuple) else (c,)
 
 
 def _offer(texts) -> str:
@@ -161,42 +208,75 @@ def lookup(device, kernel: str, key, candidates):
     if not enabled():
         return None
     with _lock:
-        entry = _entries(path(device)).get(f"{kernel} {_key_text(key)}")
+        entries = _entries(path(device))
     by_text = _texts(candidates)
-    if not isinstance(entry, dict) or entry.get("offer") != _offer(by_text):
+    entry = (entries or {}).get(f"{kernel} {_key_text(key)}")
+    if by_text is None or entry is None or entry.get("offer") != _offer(by_text):
         return None
     choice = by_text.get(json.dumps(entry.get("choice"), sort_keys=True))
     if choice is None:
         return None
     times = {}
-    for plain, time in entry.get("times", []):
-        candidate = by_text.get(json.dumps(plain, sort_keys=True))
-        if candidate is not None:
-            times[candidate] = time
+    for pair in entry.get("times") if isinstance(entry.get("times"), list) else []:
+        if isinstance(pair, list) and len(pair) == 2:
+            candidate = by_text.get(json.dumps(pair[0], sort_keys=True))
+            if candidate is not None:
+                times[candidate] = pair[1]
     return choice, times
 
 
 def record(device, kernel: str, key, candidates, choice, times: dict | None = None) -> None:
     """Record `choice` as the pick for `kernel` and this tuning key among `candidates` (what was timed), with what
-    each candidate measured. The file is read again and replaced in one rename, so processes recording at once lose
-    no other entry but the same one."""
-    if not enabled():
+    each candidate measured. Under a lock shared by the processes of this machine, the file is read again, the
+    entry added and the file replaced in one rename: processes recording at once lose no entry of each other's."""
+    by_text = _texts(candidates)
+    if not enabled() or by_text is None:
         return
     file = path(device)
-    entry = {"choice": _plain(choice), "offer": _offer(_texts(candidates)),
+    entry = {"choice": _plain(choice), "offer": _offer(by_text),
              "times": [[_plain(c), t] for c, t in (times or {}).items() if _jsonable(t) or isinstance(t, list)]}
     with _lock:
-        _loaded.pop(file, None)  # another process may have recorded since this one read the file
-        entries = _entries(file)
-        entries[f"{kernel} {_key_text(key)}"] = entry
         try:
             file.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=file.name, suffix=".tmp")
-            with os.fdopen(fd, "w") as out:
-                json.dump({"entries": entries}, out, indent=0)
-            os.replace(tmp, file)
+            with _file_lock(file):
+                entries = _read(file)  # as it is now: another process may have recorded since this one read it
+                if entries is None:
+                    return  # a file this process cannot read is not overwritten; the pick still serves this process
+                entries[f"{kernel} {_key_text(key)}"] = entry
+                _loaded[file] = entries
+                fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=file.name, suffix=".tmp")
+                try:
+                    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; the file follows the umask
+                    with os.fdopen(fd, "w") as out:
+                        json.dump({"entries": entries}, out, indent=0)
+                    os.replace(tmp, file)
+                except BaseException:
+                    os.unlink(tmp)
+                    raise
         except OSError:
-            pass  # a read-only cache: the pick still serves this process
+            pass  # a read-only cache folder: the pick still serves this process
+
+
+@contextlib.contextmanager
+def _file_lock(file: Path):
+    """An exclusive lock on `file`'s companion `.lock` between processes (where the OS offers flock)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): records made at the same moment may lose one another
+        yield
+        return
+    with open(file.with_name(file.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def clear() -> int:
@@ -205,6 +285,11 @@ def clear() -> int:
     removed = 0
     with _lock:
         _loaded.clear()
+        for lock in cache_dir().glob("*.json.lock"):
+            try:
+                lock.unlink()
+            except OSError:
+                pass
         for file in cache_dir().glob("*.json"):
             try:
                 file.unlink()
@@ -280,8 +365,8 @@ def main(argv=None) -> int:
     state = "on" if enabled() else f"off ({ENV}=0)"
     print(f"tunings on disk: {state}; folder {cache_dir()}")
     for file in files:
-        count = len(_entries(file))
-        print(f"  {file.name}: {count} pick(s)")
+        entries = _read(file)
+        print(f"  {file.name}: " + ("unreadable" if entries is None else f"{len(entries)} pick(s)"))
     if not files:
         print("  no file yet: a GPU process records the picks of its first calls here")
     return 0

@@ -9,9 +9,9 @@ import torch
 import qwen_lab  # noqa: F401  (sets TRITON_INTERPRET=1 on a CPU-only machine before any kernel is defined)
 from qwen_lab import runtime
 
-# No tuning read from or written to disk (qwen_lab.tunings): each test times what it tests, and test workers sharing
-# one GPU leave no picks timed under contention for later processes. The notebooks nbval runs inherit it.
-# (tests/test_tunings.py turns the store on in a folder of its own.)
+# No tuning read from or written to disk (qwen_lab.tunings), unless the environment asks for it: each test times what
+# it tests, and test workers sharing one GPU leave no picks timed under contention for later processes. The notebooks
+# nbval runs inherit it. (tests/test_tunings.py turns the store on in a folder of its own.)
 os.environ.setdefault("QWEN_LAB_TUNING_CACHE", "0")
 
 HAS_GPU = torch.cuda.is_available() and not runtime.interpreter_active()
