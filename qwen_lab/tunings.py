@@ -95,7 +95,7 @@ def path(device) -> Path:
 def _triton_settings() -> list:
     """The Triton settings (environment variables) that its own caches treat as changing compiled code."""
     try:
-        from triton.runtime.cache import get_cache_invalidating_env_vars
+        from triton._C.libtriton import get_cache_invalidating_env_vars  # where Triton 3.6's autotuner takes it from
 
         return sorted(get_cache_invalidating_env_vars().items())
     except (ImportError, AttributeError):

@@ -339,6 +339,13 @@ def test_an_edit_of_the_kernel_modules_starts_a_new_file(store, monkeypatch):
     assert tunings.path("cpu") != first, "an edited launcher or timer must not reuse the old picks"
 
 
+def test_triton_settings_that_change_compiled_code_start_a_new_file(store, monkeypatch):
+    first = tunings.path("cpu")
+    monkeypatch.setenv("MLIR_ENABLE_DUMP", "1")   # one of Triton's cache-invalidating settings
+    assert tunings._triton_settings(), "Triton's list of code-changing settings was not read"
+    assert tunings.path("cpu") != first
+
+
 @pytest.mark.gpu
 def test_gpu_a_decode_gemv_plan_is_read_back_and_computes_the_same(store, monkeypatch):
     """A real decode GEMV: its plan timed and recorded on the first call; after the process's own plans are
