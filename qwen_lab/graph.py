@@ -2,7 +2,8 @@
 
 A decode step launches about 130 small kernels (129 for Qwen3.5-0.8B, and the sampler's); from Python each
 launch costs 11-16 us on the H200, more than most of these kernels run. A CUDA Graph records the whole step
-once and replays it with one call, at about 1 us per kernel. The four steps:
+once and replays it with one call: the GPU then starts the kernels back to back, with no host between them. The
+four steps:
 
 1. static buffers: the input token, its position, the uniform number for sampling, the logits and every
    scratch tensor live at fixed addresses (the cache is already preallocated);
