@@ -55,8 +55,14 @@ MISTAKES = [
     ("04_split_k.ipynb", "Exercise 04.1",
      "tl.atomic_add(acc_ptr + m * N + offs_n, total, mask=offs_n < N)",
      "tl.store(acc_ptr + m * N + offs_n, total, mask=offs_n < N)", "split-K linear"),
+    ("03_gemm.ipynb", "Exercise 03.1",   # W's rows taken as K apart: the strided weight of the last case
+     "b = tl.load(w_ptr + offs_n[None, :] * stride_wn + k[:, None],",
+     "b = tl.load(w_ptr + offs_n[None, :] * K + k[:, None],", "case 3"),
     ("04_split_k.ipynb", "Exercise 04.1",
      "k_ok = (k < K) & (k < k_lo + K_PER_SPLIT)", "k_ok = k < K", "split-K linear"),   # a slice read past its end
+    ("04_split_k.ipynb", "Exercise 04.1",   # W's rows taken as K apart: the strided case
+     "wv = tl.load(w_ptr + offs_n[:, None] * stride_wn + k[None, :],",
+     "wv = tl.load(w_ptr + offs_n[:, None] * K + k[None, :],", "case 4"),
     ("04_split_k.ipynb", "Exercise 04.2",
      "    for s in range(S):         # a fixed order", "    for s in range(S - 1, -1, -1):  # reversed", "bit for bit"),
     ("05_swiglu_mlp.ipynb", "Exercise 05.1",
