@@ -48,6 +48,8 @@ MISTAKES = [
      "tl.sum(x * x, axis=1) / D + eps", "tl.sum(x * x, axis=1) / D", "case 3"),   # the tiny rows, where eps matters
     ("02_rmsnorm.ipynb", "Exercise 02.2",   # the residual read with x's row stride: the strided case
      "r = tl.load(r_ptr + rows[:, None] * sr", "r = tl.load(r_ptr + rows[:, None] * sx", "add_rms_norm (case 3"),
+    ("02_rmsnorm.ipynb", "Exercise 02.2",   # the residual stream stored with out's row stride: the strided case
+     "tl.store(rout_ptr + rows[:, None] * sro", "tl.store(rout_ptr + rows[:, None] * so", "add_rms_norm (case 3"),
     ("02_rmsnorm.ipynb", "Exercise 02.3",   # the gated norm's weight is plain w, not 1 + w
      "* w[None, :]) * (z * tl.sigmoid(z))", "* (1.0 + w)[None, :]) * (z * tl.sigmoid(z))", "gated_rms_norm"),
     ("03_gemm.ipynb", "Exercise 03.1",   # the last K step reads past the row: the guard's NaN comes in
@@ -67,6 +69,8 @@ MISTAKES = [
      "    for s in range(S):         # a fixed order", "    for s in range(S - 1, -1, -1):  # reversed", "bit for bit"),
     ("05_swiglu_mlp.ipynb", "Exercise 05.1",
      "y = gate * tl.sigmoid(gate) * up", "y = up * tl.sigmoid(up) * gate", "silu_mul"),   # gate and up swapped
+    ("05_swiglu_mlp.ipynb", "Exercise 05.1",   # out's rows taken as I apart: the cases with padded rows
+     "tl.store(out_ptr + row * stride_om + cols,", "tl.store(out_ptr + row * I + cols,", "silu_mul (case 1"),
     ("06_rope.ipynb", "Exercise 06.1",
      "sin = tl.where(is_first, -tl.sin(phi),", "sin = tl.where(is_first, tl.sin(phi),", "rope"),   # rotated backwards
     ("07_gated_attention.ipynb", "Exercise 07.1",
