@@ -36,6 +36,13 @@ if [ -f .tcache/triton-cache.tar.xz ]; then
     echo "Triton cache not restored: the kernels compile afresh" | tee "$OUT/cache.txt"
   fi
 fi
+# The tuning picks (qwen_lab.tunings) travel on their own too: a few KB that come back even when the archive is too
+# large to (then copy $OUT/qwen_lab-tunings/ to .tcache/qwen_lab-tunings/ for the next call).
+if ls .tcache/qwen_lab-tunings/*.json >/dev/null 2>&1; then
+  mkdir -p "$TRITON_CACHE_DIR/qwen_lab-tunings"
+  cp .tcache/qwen_lab-tunings/*.json "$TRITON_CACHE_DIR/qwen_lab-tunings/"
+  echo "tuning picks restored: $(ls .tcache/qwen_lab-tunings/*.json | wc -l) file(s)" | tee -a "$OUT/cache.txt"
+fi
 save_cache() {
   [ "${SAVE_TRITON_CACHE:-0}" = 1 ] && [ -d "$TRITON_CACHE_DIR" ] || return 0
   local archive; archive="$(cd "$OUT" && pwd)/triton-cache.tar.xz"
@@ -44,6 +51,11 @@ save_cache() {
   local bytes; bytes=$(stat -c %s "$archive")
   # (a file over 16 MiB does not come back from the device machine)
   echo "Triton cache saved: $bytes bytes$([ "$bytes" -gt 16777216 ] && echo ', too large to come back')" | tee -a "$OUT/cache.txt"
+  if ls "$TRITON_CACHE_DIR"/qwen_lab-tunings/*.json >/dev/null 2>&1; then
+    mkdir -p "$OUT/qwen_lab-tunings"
+    cp "$TRITON_CACHE_DIR"/qwen_lab-tunings/*.json "$OUT/qwen_lab-tunings/"
+    echo "tuning picks saved: $(ls "$OUT"/qwen_lab-tunings/*.json | wc -l) file(s)" | tee -a "$OUT/cache.txt"
+  fi
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"

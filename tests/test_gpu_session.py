@@ -26,7 +26,8 @@ def test_the_triton_cache_saved_by_one_call_is_restored_by_the_next(tmp_path):
              "k1/__grp__add_kernel.json": b'{"child_paths": {}}', "k1/add_kernel.ptx": b".version 8.7",
              "k1/add_kernel.ttgir": b"#blocked = ...", "k1/add_kernel.llir": b"define void",
              "k2/matmul.autotune.json": b'{"configs_timings": []}',
-             "k3/__triton_launcher.cpython-312-x86_64-linux-gnu.so": b"\x7fELF launcher"}
+             "k3/__triton_launcher.cpython-312-x86_64-linux-gnu.so": b"\x7fELF launcher",
+             "qwen_lab-tunings/nvidia-h200-0123.json": b'{"entries": {}}'}
     for name, data in files.items():
         (cache / name).parent.mkdir(parents=True, exist_ok=True)
         (cache / name).write_bytes(data)
@@ -46,3 +47,24 @@ def test_the_triton_cache_saved_by_one_call_is_restored_by_the_next(tmp_path):
     for name in kept:
         assert (restored / name).read_bytes() == files[name], name
     assert not (tmp_path / "second" / "triton-cache.tar.xz").exists(), "saved without SAVE_TRITON_CACHE=1"
+
+
+@pytest.mark.skipif(not (shutil.which("tar") and shutil.which("xz")), reason="needs tar and xz")
+def test_the_tuning_picks_travel_without_the_archive(tmp_path):
+    """The picks of qwen_lab.tunings come back on their own, so that they are carried even when the archive is too
+    large to come back: saved to $OUT/qwen_lab-tunings/, restored from .tcache/qwen_lab-tunings/."""
+    cache = tmp_path / "tcache"
+    (cache / "qwen_lab-tunings").mkdir(parents=True)
+    picks = b'{"entries": {"k": {"choice": 1}}}'
+    (cache / "qwen_lab-tunings" / "nvidia-h200-0123.json").write_bytes(picks)
+    first = tmp_path / "first"
+    log = _session(tmp_path, first, cache, SAVE_TRITON_CACHE="1")
+    assert (first / "qwen_lab-tunings" / "nvidia-h200-0123.json").read_bytes() == picks, log
+    assert "tuning picks saved: 1 file(s)" in log, log
+
+    (tmp_path / ".tcache").mkdir()
+    shutil.copytree(first / "qwen_lab-tunings", tmp_path / ".tcache" / "qwen_lab-tunings")   # no archive carried
+    restored = tmp_path / "restored"
+    log = _session(tmp_path, tmp_path / "second", restored)
+    assert (restored / "qwen_lab-tunings" / "nvidia-h200-0123.json").read_bytes() == picks, log
+    assert "tuning picks restored: 1 file(s)" in log, log
