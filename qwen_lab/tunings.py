@@ -246,7 +246,7 @@ def record(device, kernel: str, key, candidates, choice, times: dict | None = No
                 _loaded[file] = entries
                 fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=file.name, suffix=".tmp")
                 try:
-                    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; the file follows the umask
+                    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes it private; the file follows the umask
                     with os.fdopen(fd, "w") as out:
                         json.dump({"entries": entries}, out, indent=0)
                     os.replace(tmp, file)
@@ -273,10 +273,15 @@ def _file_lock(file: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _umask() -> int:
-    mask = os.umask(0)
+def _read_umask() -> int:
+    """The process's umask, read once at import: reading it means setting it, which another thread creating a file at
+    that moment would see."""
+    mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+_UMASK = _read_umask()
 
 
 def clear() -> int:

@@ -47,6 +47,8 @@ def test_a_recorded_pick_is_read_back_by_the_next_process(store, monkeypatch):
     tunings.record("cpu", kernel, key, CONFIGS, CONFIGS[1], times)
     files = list(store.glob("*.json"))
     assert len(files) == 1 and files[0].name.startswith("cpu-"), f"one file per device kind, named after it: {files}"
+    assert files[0].stat().st_mode & 0o777 == 0o666 & ~tunings._UMASK, \
+        "the file must follow the umask (readable by the other users of a shared cache), not stay private"
 
     new_process(monkeypatch)
     candidates = copies(CONFIGS)
