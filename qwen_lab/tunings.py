@@ -257,6 +257,20 @@ def record(device, kernel: str, key, candidates, choice, times: dict | None = No
             pass  # a read-only cache folder: the pick still serves this process
 
 
+def pick(device, kernel: str, key, candidates, time_them):
+    """The pick for `kernel` and this tuning key among `candidates`, with what each candidate measured: the
+    recorded one if an earlier process timed the same candidates (see `lookup`), else `time_them()` -> (choice,
+    {candidate: time}), recorded for the next process (a choice of None, nothing timed, is not recorded).
+    Returns (choice, times, timed): whether this call did the timing."""
+    found = lookup(device, kernel, key, candidates)
+    if found is not None:
+        return (*found, False)
+    choice, times = time_them()
+    if choice is not None:
+        record(device, kernel, key, candidates, choice, times)
+    return choice, times, True
+
+
 @contextlib.contextmanager
 def _file_lock(file: Path):
     """An exclusive lock on `file`'s companion `.lock` between processes (where the OS offers flock)."""
@@ -329,15 +343,12 @@ def _autotuner_check(tuner, tuning_key, configs, bench_fn) -> bool:
             return type(tuner).check_disk_cache(tuner, tuning_key, configs, bench_fn)
         bench_fn()
         return False
+    def bench():
+        bench_fn()
+        return tuner.cache[tuning_key], getattr(tuner, "configs_timings", None)
     device = torch.device("cuda", torch.cuda.current_device())
-    kernel = kernel_id(tuner)
-    found = lookup(device, kernel, tuning_key, configs)
-    if found is not None:
-        tuner.cache[tuning_key], tuner.configs_timings = found
-        return True
-    bench_fn()
-    record(device, kernel, tuning_key, configs, tuner.cache[tuning_key], getattr(tuner, "configs_timings", None))
-    return False
+    tuner.cache[tuning_key], tuner.configs_timings, timed = pick(device, kernel_id(tuner), tuning_key, configs, bench)
+    return not timed
 
 
 def stored(tuner):

@@ -967,8 +967,6 @@ def _prep_programs(Hv: int, n_chunks: int, Dv: int, device) -> int | None:
 # kernel name -> {the kind of call (a tuple) -> triton.Config}
 _PICKS: dict = {"chunk_scan_kernel": {}, "conv_decode_step_kernel": {}}
 _time_in_graph = graph_time_us  # the timer of _pick_in_place (tests replace it on the CPU)
-# the kernels whose launch a pick times, where it is more than the picked kernel's own
-_TIMED_WITH = {"chunk_scan_kernel": ("chunk_scan_kernel", "chunk_prep_kernel")}
 
 
 def _pick_in_place(kernel: str, key: tuple, launch, states, on_gpu: bool, calls: int, **named_args):
@@ -994,28 +992,25 @@ def _pick_in_place(kernel: str, key: tuple, launch, states, on_gpu: bool, calls:
             or any(s.is_cuda and torch.cuda.is_current_stream_capturing() for s in states)):
         return None
     candidates = autotune_configs(kernel, **named_args)
-    device = states[0].device
-    # (the scan is timed beside the prep it runs with: a pick stands for the pair)
-    kernel_id = tunings.kernel_id(*[globals()[k] for k in _TIMED_WITH.get(kernel, (kernel,))])
-    found = tunings.lookup(device, kernel_id, key, candidates)  # what an earlier process timed, if it did
-    if found is not None:
-        picks[key] = found[0]
-        return picks[key]
-    times = {}
-    # uncounted: the timing runs are not this call's launches. Inference mode: a state allocated under it (as the
-    # model's generation allocates its cache) may be put back in place only under it, and a normal one either way.
-    with uncounted(), torch.inference_mode():
-        saved = [s.clone() for s in states]
-        for config in candidates:
-            try:
-                times[config] = _time_in_graph([lambda c=config: launch(c)] * calls, warmup=True, replays=5)
-            except triton.runtime.errors.OutOfResources:
-                pass
-            for s, v in zip(states, saved):
-                s.copy_(v)
-    picks[key] = min(times, key=times.get) if times else None
-    if picks[key] is not None:
-        tunings.record(device, kernel_id, key, candidates, picks[key], times)
+
+    def time_them():
+        times = {}
+        # uncounted: the timing runs are not this call's launches. Inference mode: a state allocated under it (as
+        # the model's generation allocates its cache) may be put back in place only under it, and a normal one
+        # either way.
+        with uncounted(), torch.inference_mode():
+            saved = [s.clone() for s in states]
+            for config in candidates:
+                try:
+                    times[config] = _time_in_graph([lambda c=config: launch(c)] * calls, warmup=True, replays=5)
+                except triton.runtime.errors.OutOfResources:
+                    pass
+                for s, v in zip(states, saved):
+                    s.copy_(v)
+        return (min(times, key=times.get) if times else None), times
+    # what an earlier process timed, if it did (qwen_lab.tunings; the file changes with any kernel module, so the
+    # scan's pick follows the prep it is timed beside), else timed here and recorded
+    picks[key] = tunings.pick(states[0].device, tunings.kernel_id(globals()[kernel]), key, candidates, time_them)[0]
     return picks[key]
 
 

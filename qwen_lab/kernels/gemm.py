@@ -1175,14 +1175,13 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
             splits = [split_k] if asked is not None or heuristic == 1 else sorted(
                 {s for s in (*SPLIT_CANDIDATES, heuristic) if s <= most and (s == 1 or K // s >= 128)})
             plans = candidates(splits)
-            kernels = tunings.kernel_id(gemv_rows_kernel, gemv_splitk_kernel)
-            found = tunings.lookup(x.device, kernels, key, plans)  # what an earlier process timed, if it did
-            if found is not None:
-                plan, plan_times[key] = found
-            else:
+
+            def time_plans():
                 with uncounted():  # the timing runs are not this call's launches
-                    plan, plan_times[key] = _tune_plan(plans, launch, weight)
-                tunings.record(x.device, kernels, key, plans, plan, plan_times[key])
+                    return _tune_plan(plans, launch, weight)
+            # what an earlier process timed, if it did (qwen_lab.tunings), else timed here and recorded
+            plan, plan_times[key], _ = tunings.pick(x.device, tunings.kernel_id(gemv_rows_kernel, gemv_splitk_kernel),
+                                                    key, plans, time_plans)
             _plans[key] = plan
     last_plan = plan
     launch(plan, weight)
