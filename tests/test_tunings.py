@@ -236,6 +236,8 @@ def test_a_real_autotuner_goes_through_the_store(store, monkeypatch):
 
     configs = [triton.Config({"BLOCK": b}, num_warps=4) for b in (16, 32, 64)]
     cost = {16: 3.0, 32: 1.0, 64: 2.0}
+    # the tensors where the kernel really runs: the interpreter's CPU, else the GPU (decided before the patch below)
+    dev = "cpu" if runtime.interpreter_active() or not torch.cuda.is_available() else "cuda"
 
     def fake_bench(kernel_call, quantiles):  # the GPU's timer, here: run the candidate, give it a time
         kernel_call()
@@ -253,7 +255,7 @@ def test_a_real_autotuner_goes_through_the_store(store, monkeypatch):
             return original(*args, config=config, **kwargs)
         t._bench = bench
         return t
-    x = torch.arange(100, dtype=torch.float32)
+    x = torch.arange(100, dtype=torch.float32, device=dev)
     out = torch.empty_like(x)
     tuner = make()
     assert tuner.cache_results, "stored() must make Triton ask the store for every new key"
