@@ -257,6 +257,11 @@ def run(source: str = "qwen3.5-0.8b", prefill_len: int = 2048, decode_steps: int
         raise ConfigError(f"rows: unknown {unknown}; expected some of {list(ROWS)}")
     rt = runtime.choose()
     model = load_model(source, backend="triton")
+    limit = model.config.max_position_embeddings
+    if prefill_len + decode_steps + 1 > limit:  # the cache holds the prompt, the timed steps and one warm-up step
+        raise ConfigError(f"prefill_len={prefill_len} + decode_steps={decode_steps} (+ 1 warm-up step) exceed the "
+                          f"model's max_position_embeddings={limit} ({model.config.name}); shorten --prefill-len or "
+                          "--decode-steps")
     gen = torch.Generator().manual_seed(seed)
     floors = measure_floors(rt.device, rt.dtype)
     costs = model_costs(model.config, model.weights, prefill_len)
@@ -338,7 +343,12 @@ def plot(result: dict, path: str | None = None):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from .errors import ConfigError
+
     rows = result["rows"]
+    if not rows:
+        raise ConfigError("plot: the result has no measured row to draw (" + ("; ".join(result.get("skipped", ()))
+                                                                             or "no row was asked for") + ")")
     names = [r["name"] for r in rows]
     fig = Figure(figsize=(11, 4))
     FigureCanvasAgg(fig)
@@ -395,7 +405,10 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
     if args.plot:
-        plot(result, args.plot)
+        if result["rows"]:
+            plot(result, args.plot)
+        else:  # every row asked for was skipped (a CPU, or no transformers): nothing to draw, and no PNG
+            print(f"--plot {args.plot}: not drawn, no row was measured", file=sys.stderr)
     return 0
 
 

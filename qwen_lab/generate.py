@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import numbers
 import operator
 import sys
 import types
@@ -26,17 +27,41 @@ from .errors import GenerationError
 from .graph import DecodeGraph, sampler
 
 
-def check_sampling_args(max_new_tokens, temperature, top_k, top_p) -> None:
-    """Raise GenerationError naming the first bad argument."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+# the sampler scales the logits by log2(e) / temperature in float32 (kernels/sampling.py): where that factor
+# overflows, every probability would be NaN, so such a temperature is refused before any work (the same test as the
+# kernel's, so both backends refuse the same values)
+_LOG2E, _FLOAT32_MAX = math.log2(math.e), torch.finfo(torch.float32).max
+
+
+def _number(name, value, kind, expect):
+    """value as a Python int or float when it is one (NumPy scalars included: a sweep over np.arange gives them);
+    GenerationError naming the argument otherwise. A bool is not a number here."""
+    if isinstance(value, bool) or not isinstance(value, kind):
+        kind_name = f"{type(value).__module__}.{type(value).__name__}"
+        got = f" (a {kind_name})" if type(value).__module__ != "builtins" else ""  # a tensor prints like a number
+        raise GenerationError(f"{name}={value!r}{got}; expected {expect}")
+    return int(value) if kind is numbers.Integral else float(value)
+
+
+def check_sampling_args(max_new_tokens, temperature, top_k, top_p) -> tuple[int, float, int, float]:
+    """The sampling arguments as Python numbers; GenerationError naming the first bad one."""
+    integer, real = numbers.Integral, numbers.Real
+    max_new_tokens = _number("max_new_tokens", max_new_tokens, integer, "an integer >= 0")
+    if max_new_tokens < 0:
         raise GenerationError(f"max_new_tokens={max_new_tokens!r}; expected an integer >= 0")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
-            or temperature < 0:
+    temperature = _number("temperature", temperature, real, "a finite number >= 0 (0 = greedy)")
+    if not math.isfinite(temperature) or temperature < 0:
         raise GenerationError(f"temperature={temperature!r}; expected a finite number >= 0 (0 = greedy)")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+    if temperature > 0 and not _LOG2E / temperature < _FLOAT32_MAX:
+        raise GenerationError(f"temperature={temperature!r} is too small for the sampler's float32 math (more than "
+                              f"{_LOG2E / _FLOAT32_MAX:.3g} needed); use 0 for greedy")
+    top_k = _number("top_k", top_k, integer, "an integer >= 0 (0 = no top-k filter)")
+    if top_k < 0:
         raise GenerationError(f"top_k={top_k!r}; expected an integer >= 0 (0 = no top-k filter)")
-    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not (0 < top_p <= 1):
+    top_p = _number("top_p", top_p, real, "a number in (0, 1] (1 = no nucleus filter)")
+    if not (0 < top_p <= 1):
         raise GenerationError(f"top_p={top_p!r}; expected a number in (0, 1] (1 = no nucleus filter)")
+    return max_new_tokens, temperature, top_k, top_p
 
 
 def _token_id_list(ids) -> list[int]:
@@ -55,7 +80,7 @@ def _token_id_list(ids) -> list[int]:
 
 def check_seed(seed) -> None:
     """The sampling seed: an integer that fits a 64-bit generator seed (GenerationError otherwise)."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or not -2**63 <= seed < 2**64:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not -2**63 <= int(seed) < 2**64:
         raise GenerationError(f"seed={seed!r}; expected an integer (a 64-bit seed)")
 
 
@@ -73,10 +98,18 @@ def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.
     the first call of each kernel compiles and tunes it). cuda_graph: None = with backend 'triton' on a GPU,
     replay each decode step from a captured step (DecodeGraph).
     """
-    check_sampling_args(max_new_tokens, temperature, top_k, top_p)
+    if not all(hasattr(model, attr) for attr in ("check_ids", "step", "new_cache", "config")):
+        raise GenerationError(f"model={model!r}; expected a model from qwen_lab.load_model() (a Qwen35Model), "
+                              f"not a {type(model).__name__}")
+    max_new_tokens, temperature, top_k, top_p = check_sampling_args(max_new_tokens, temperature, top_k, top_p)
     check_seed(seed)
-    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
-        raise GenerationError(f"max_len={max_len!r}; expected a positive integer (the cache's capacity in tokens)")
+    if cuda_graph is not None and not isinstance(cuda_graph, bool):
+        raise GenerationError(f"cuda_graph={cuda_graph!r}; expected True, False or None (None: a graph with "
+                              "backend 'triton' on a GPU)")
+    if max_len is not None:
+        max_len = _number("max_len", max_len, numbers.Integral, "a positive integer (the cache's capacity in tokens)")
+        if max_len < 1:
+            raise GenerationError(f"max_len={max_len!r}; expected a positive integer (the cache's capacity in tokens)")
     if eos_token_ids is not None:
         eos_token_ids = _token_id_list(eos_token_ids)
     for name, fn in (("stream", stream), ("status", status)):
@@ -103,7 +136,7 @@ def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.
     eos = set(model.config.eos_token_ids if eos_token_ids is None else eos_token_ids)
     if cuda_graph is None:
         cuda_graph = model.device.type == "cuda" and model.backend == "triton"
-    use_graph = bool(cuda_graph)
+    use_graph = cuda_graph
     if use_graph and model.device.type != "cuda":
         raise GenerationError("cuda_graph=True needs the model on a CUDA GPU; this model is on "
                               f"{model.device}")
@@ -182,7 +215,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="wrap the prompt in the snapshot's chat template as a user message (default: off)")
     p.add_argument("--max-new-tokens", type=int, default=32, metavar="N",
                    help="stop after N new tokens, or earlier at an end-of-sequence token; on a CPU (the Triton "
-                        "interpreter) each token takes seconds (default: %(default)s)")
+                        "interpreter) each token of the tiny model takes about half a second, of the real shapes far longer "
+                        "(default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="sampling temperature; 0 picks the most likely token every time (greedy) "
                         "(default: %(default)s)")
@@ -223,13 +257,15 @@ def main(argv=None) -> int:
         check_seed(args.seed)
         if args.backend == "triton":
             print(runtime.choose(args.device, args.dtype).reason, file=sys.stderr)
+        tok = load_tokenizer(args.model)  # first: a snapshot without its tokenizer fails before its weights load
         model = load_model(args.model, device=args.device, dtype=args.dtype, backend=args.backend)
-        tok = load_tokenizer(args.model)
         text = args.prompt
         if args.chat:
             text = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
         ids = tok.encode(text)
-        eos = list(tok.eos_token_ids) or list(model.config.eos_token_ids)
+        # the ids of both generation_config.json (the tokenizer's) and config.json (the model's), as generate()
+        # stops by default
+        eos = list(dict.fromkeys([*tok.eos_token_ids, *model.config.eos_token_ids]))
         decoder = tok.stream_decoder()
         limit = model.config.max_position_embeddings
         if len(ids) + args.max_new_tokens > limit:

@@ -140,6 +140,10 @@ class Qwen35Model:
     def forward(self, input_ids) -> torch.Tensor:
         """Logits for every position of a prompt, with no cache kept: ids [T] or [1, T] -> float32 [T, V]."""
         ids = self.check_ids(input_ids)
+        limit = self.config.max_position_embeddings
+        if ids.numel() > limit:  # as generate() refuses: positions past the limit were never trained
+            raise GenerationError(f"input_ids: {ids.numel()} tokens exceed the model's max_position_embeddings="
+                                  f"{limit} ({self.config.name})")
         cache = self.new_cache(ids.numel())
         positions = torch.arange(ids.numel(), device=self.device)
         return self.step(ids, positions, cache, all_logits=True).float()
@@ -162,7 +166,11 @@ class Qwen35Model:
             raise GenerationError("input_ids: the prompt is empty; expected at least one token id")
         if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
             raise GenerationError(f"input_ids: expected integer token ids, got dtype {input_ids.dtype}")
-        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if input_ids.dtype in (torch.uint16, torch.uint32, torch.uint64):  # torch has no min/max for these
+            values = input_ids.tolist()
+            lo, hi = min(values), max(values)
+        else:
+            lo, hi = int(input_ids.min()), int(input_ids.max())
         if lo < 0 or hi >= self.config.vocab_size:
             bad = lo if lo < 0 else hi
             raise GenerationError(f"input_ids: token id {bad} is outside [0, {self.config.vocab_size}) "
@@ -424,6 +432,11 @@ def load_model(source="tiny", device=None, dtype=None, backend: str = "triton") 
 
     _check_backend(backend)  # before the weights are read
     rt = runtime.choose(device, dtype)
+    if backend == "triton" and rt.interpreter and rt.dtype == torch.bfloat16:
+        # NumPy has no bf16: the interpreter's tl.dot on bf16 operands returns garbage, and so would every logit
+        raise DeviceError("dtype=bfloat16 with backend='triton' under the Triton interpreter (a CPU): the "
+                          "interpreter computes tl.dot on bf16 operands wrongly; use float32 (the default here) or "
+                          "float16, or backend='torch'")
     config, weights = load_weights(source, device=rt.device, dtype=rt.dtype)
     return Qwen35Model(config, weights, device=rt.device, dtype=rt.dtype, backend=backend)
 

@@ -397,7 +397,10 @@ def deltanet_chunked(q, k, v, a, b, A_log, dt_bias, state, scale: float | None =
 def kept_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: float):
     """sample's filter: p = softmax(logits / temperature) [V] (temperature > 0) and the kept set, a bool [V] (see
     `sample` for the order-free definitions of top-k and top-p). -> (p, keep)."""
-    p = torch.softmax(logits.float() / temperature, dim=-1)
+    x = logits.float()
+    # the largest logit subtracted first: (x - max) / T is <= 0 and at worst -inf, never inf - inf = NaN, however
+    # small T is (the same softmax)
+    p = torch.softmax((x - x.max()) / temperature, dim=-1)
     asc = torch.sort(p).values
     upper = torch.searchsorted(asc, p, right=True)  # number of tokens with probability <= p_i
     n_greater = p.numel() - upper

@@ -84,6 +84,9 @@ def choose(device=None, dtype=None) -> Runtime:
         device = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise DeviceError(f"device={device!r}: {e}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise DeviceError(f"device={str(device)!r}: expected 'cpu' or 'cuda' (optionally 'cuda:N'); the course's "
+                          "kernels run on NVIDIA GPUs through Triton, and on the CPU through its interpreter")
     if device.type == "cuda" and not _cuda_ok():
         raise DeviceError(f"device={str(device)!r} was asked for, but torch sees no CUDA GPU on this machine")
     if isinstance(dtype, str):
@@ -111,8 +114,8 @@ def choose(device=None, dtype=None) -> Runtime:
                       f"{str(dtype).removeprefix('torch.')} (the interpreter gets bf16 tl.dot wrong)")
         else:
             reason = "CPU without the Triton interpreter: only backend='torch' can run here"
-        if dtype != torch.float32 and interp:
-            reason += "; warning: a dtype other than float32 under the interpreter gives wrong tl.dot results"
+        if dtype == torch.bfloat16 and interp:
+            reason += "; warning: bf16 under the interpreter gives wrong tl.dot results"
     return Runtime(device=device, dtype=dtype, interpreter=interp, reason=reason)
 
 

@@ -378,7 +378,7 @@ def main(argv=None) -> int:
         print(f"deleted {clear()} tuning file(s) in {cache_dir()}")
         return 0
     files = sorted(cache_dir().glob("*.json"))
-    state = "on" if enabled() else f"off ({ENV}=0)"
+    state = "on" if enabled() else f"off ({ENV}={os.environ.get(ENV)!r})"
     print(f"tunings on disk: {state}; folder {cache_dir()}")
     for file in files:
         entries = _read(file)

@@ -129,6 +129,78 @@ def test_generation_stops_at_eos_and_streams(model):
     assert seen == out.tolist()
 
 
+def test_numpy_numbers_are_numbers(model):
+    """A sweep over np.arange hands generate() NumPy scalars: they are the integers and numbers they hold (and are
+    passed on as Python numbers, which the kernels' own checks ask for)."""
+    np = pytest.importorskip("numpy")
+    plain = qwen_lab.generate(model, [3, 4, 5], max_new_tokens=4, temperature=0.75, top_k=9, top_p=0.875, seed=2,
+                              eos_token_ids=(), max_len=16)
+    numpy = qwen_lab.generate(model, np.array([3, 4, 5]), max_new_tokens=np.int64(4), temperature=np.float32(0.75),
+                              top_k=np.int32(9), top_p=np.float16(0.875), seed=np.uint64(2), eos_token_ids=(),
+                              max_len=np.int64(16))
+    assert numpy.tolist() == plain.tolist()
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(temperature=torch.tensor(0.5)), r"temperature=tensor\(0.5000\) \(a torch.Tensor\); expected a finite"),
+    (dict(top_k=torch.tensor(3)), r"top_k=.* \(a torch.Tensor\); expected an integer"),
+    (dict(cuda_graph="no"), "cuda_graph='no'; expected True, False or None"),
+])
+def test_arguments_of_the_wrong_kind_are_named(model, kwargs, fragment):
+    with pytest.raises(GenerationError, match=fragment):
+        qwen_lab.generate(model, [1, 2, 3], max_new_tokens=2, **kwargs)
+
+
+def test_a_source_name_in_place_of_the_model_is_named():
+    for model in ("tiny", None):
+        with pytest.raises(GenerationError, match="expected a model from qwen_lab.load_model"):
+            qwen_lab.generate(model, [1, 2, 3], max_new_tokens=2)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_temperature_too_small_for_float32_is_refused_before_any_work(backend, monkeypatch):
+    """Below log2(e) / float32's max the sampler's scaled logits overflow: the reference drew a wrong token (an EOS
+    id, so generation stopped) or failed deep inside, the kernel refused only after the prefill. Both backends now
+    refuse it first; just above it, both draw the greedy token."""
+    model = qwen_lab.load_model("tiny", device="cpu", dtype=torch.float32, backend=backend)
+
+    def no_prefill(*args, **kwargs):
+        raise AssertionError("the prompt was prefilled before the temperature was checked")
+    monkeypatch.setattr(model, "step", no_prefill)
+    for t in (1e-40, 1e-300, 4e-39):
+        with pytest.raises(GenerationError, match=f"temperature={t!r} is too small"):
+            qwen_lab.generate(model, [3, 4, 5], max_new_tokens=2, temperature=t)
+    monkeypatch.undo()
+    greedy = qwen_lab.generate(model, [3, 4, 5], max_new_tokens=3, eos_token_ids=())
+    cold = qwen_lab.generate(model, [3, 4, 5], max_new_tokens=3, temperature=1e-37, top_p=0.5, eos_token_ids=())
+    assert cold.tolist() == greedy.tolist()
+
+
+def test_cli_stops_at_the_eos_ids_of_both_config_files(monkeypatch, capsys):
+    """generate() stops by default at the ids of generation_config.json and config.json (model.config merges
+    them); the command line took the tokenizer's, generation_config.json's alone, and ran past config.json's."""
+    import qwen_lab.generate as cli
+
+    real_load = qwen_lab.load_model
+    first = int(qwen_lab.generate(real_load("tiny", backend="torch"), cli_prompt_ids(), max_new_tokens=1,
+                                  eos_token_ids=())[0])
+
+    def load(*args, **kwargs):
+        m = real_load(*args, **kwargs)
+        m.config = m.config.replace(eos_token_ids=(first,))  # as if config.json named it, generation_config.json not
+        return m
+    monkeypatch.setattr(qwen_lab, "load_model", load)
+    assert cli.main(["--backend", "torch", "--max-new-tokens", "6"]) == 0
+    assert "[1 tokens in" in capsys.readouterr().err
+
+
+def cli_prompt_ids():
+    """The command line's default prompt, as its tokens."""
+    from qwen_lab.generate import _parser
+
+    return qwen_lab.load_tokenizer("tiny").encode(_parser().get_default("prompt"))
+
+
 def test_cuda_graph_on_cpu_is_refused(model):
     with pytest.raises(GenerationError, match="cuda_graph"):
         qwen_lab.generate(model, [1, 2], max_new_tokens=2, cuda_graph=True)
@@ -173,7 +245,7 @@ def test_cli_help_describes_every_flag_with_its_default(capsys):
     assert e.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines: compare with single spaces
     for fragment in ("(default: tiny)", "(default: 32)", "(default: 0.0)", "(default: 1.0)",
-                     "on a CPU (the Triton interpreter) each token takes seconds"):
+                     "on a CPU (the Triton interpreter) each token of the tiny model takes about half a second"):
         assert fragment in text, fragment
 
 

@@ -158,3 +158,55 @@ def test_runtime_names_a_device_or_dtype_it_cannot_serve():
     if not torch.cuda.is_available():
         with pytest.raises(QwenLabError, match="no CUDA GPU"):
             runtime.choose(device="cuda")
+
+
+def test_runtime_refuses_devices_the_kernels_cannot_run_on():
+    """'mps', 'meta' and the like failed later with torch's own errors (or, 'meta', loaded and then failed)."""
+    from qwen_lab import runtime
+    from qwen_lab.errors import DeviceError
+
+    for device in ("mps", "meta", "xpu", torch.device("meta")):
+        with pytest.raises(DeviceError, match="expected 'cpu' or 'cuda'"):
+            runtime.choose(device=device)
+    with pytest.raises(DeviceError, match="device='meta'"):
+        qwen_lab.load_model("tiny", device="meta")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's bf16 tl.dot: a CPU-only machine")
+def test_bf16_under_the_interpreter_is_refused_for_the_triton_backend():
+    """The interpreter's tl.dot on bf16 operands is wrong: such a model's logits were garbage, with no error."""
+    from qwen_lab.errors import DeviceError
+
+    with pytest.raises(DeviceError, match="bfloat16 with backend='triton' under the Triton interpreter"):
+        qwen_lab.load_model("tiny", dtype="bf16")
+    model = qwen_lab.load_model("tiny", dtype="bf16", backend="torch")  # the reference computes bf16 on the CPU
+    assert model.dtype == torch.bfloat16 and torch.isfinite(model.forward([1, 2, 3])).all()
+
+
+def test_bench_refuses_a_prompt_past_the_models_positions(monkeypatch):
+    from qwen_lab.errors import ConfigError
+
+    def never(*args, **kwargs):
+        raise AssertionError("the floors were measured before the lengths were checked")
+    monkeypatch.setattr(bench, "measure_floors", never)
+    limit = qwen_lab.load_model("tiny", backend="torch").config.max_position_embeddings
+    with pytest.raises(ConfigError, match=f"prefill_len={limit} \\+ decode_steps=4 .* max_position_embeddings="):
+        bench.run("tiny", prefill_len=limit, decode_steps=4, progress=False)
+
+
+def test_a_plot_with_no_measured_row_is_skipped_with_a_reason(tmp_path, capsys, monkeypatch):
+    """Every row skipped (the graph row on a CPU): the table prints, and --plot says why it drew nothing instead of
+    failing inside matplotlib (it log-scaled an empty axis)."""
+    from qwen_lab.errors import ConfigError
+
+    monkeypatch.setattr(bench, "measure_floors", lambda device, dtype: {"copy_GBps": None, "matmul_TFLOPs": None})
+    empty = {"rows": [], "skipped": ["triton+cuda-graph: CUDA Graphs need an NVIDIA GPU"], "floors": {},
+             "prefill_len": 4, "config": "tiny", "gpu": "cpu"}
+    with pytest.raises(ConfigError, match="no measured row to draw \\(triton\\+cuda-graph: CUDA Graphs"):
+        bench.plot(empty)
+    if torch.cuda.is_available():
+        return  # there the graph row runs; the rest is the CPU's case
+    path = tmp_path / "bench.png"
+    assert bench.main(["--model", "tiny", "--prefill-len", "4", "--decode-steps", "1", "--rows", "triton+cuda-graph",
+                       "--plot", str(path)]) == 0
+    assert "not drawn, no row was measured" in capsys.readouterr().err and not path.exists()

@@ -106,6 +106,19 @@ def test_forward_accepts_batch_of_one_and_lists():
     a = model.forward(torch.tensor([[1, 2, 3]]))
     b = model.forward([1, 2, 3])
     assert torch.equal(a, b)
+    # unsigned ids (torch has no min/max for uint16-64: the range check failed with NotImplementedError)
+    for dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64):
+        assert torch.equal(model.forward(torch.tensor([1, 2, 3], dtype=dtype)), b), dtype
+    with pytest.raises(GenerationError, match="token id 600 is outside"):
+        model.forward(torch.tensor([1, 600], dtype=torch.uint32))
+
+
+def test_forward_refuses_more_positions_than_the_model_has():
+    """As generate() does: positions past max_position_embeddings were never trained."""
+    model = load_model("tiny", device="cpu", dtype=torch.float32, backend="torch")
+    limit = model.config.max_position_embeddings
+    with pytest.raises(GenerationError, match=f"{limit + 1} tokens exceed the model's max_position_embeddings"):
+        model.forward(torch.zeros(limit + 1, dtype=torch.long))
 
 
 def test_divergence_report_names_the_broken_operator():
