@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,19 @@ from .errors import ConfigError, UnsupportedModelError
 LINEAR = "linear_attention"
 FULL = "full_attention"
 SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
+
+# transformers' Qwen3_5TextConfig defaults (transformers 5.17, configuration_qwen3_5.py): a key absent from
+# config.json takes these there, so it takes them here too, and both read a config.json the same way
+HF_DEFAULTS = {
+    "vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 32,
+    "num_attention_heads": 16, "num_key_value_heads": 4, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+    "head_dim": 256, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "tie_word_embeddings": False,
+    "partial_rotary_factor": 0.25, "full_attention_interval": 4, "rope_theta": 10000.0,
+}
+_SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "head_dim",
+                "num_attention_heads", "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads",
+                "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "max_position_embeddings")
 
 
 @dataclass(frozen=True)
@@ -58,11 +72,22 @@ class Qwen35Config:
         bad = sorted(set(self.layer_types) - {LINEAR, FULL})
         if bad:
             problems.append(f"layer_types holds {bad}; expected only '{LINEAR}' and '{FULL}'")
-        for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "head_dim",
-                  "num_attention_heads", "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads",
-                  "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim"):
+        for f in _SIZE_FIELDS:
             if getattr(self, f) <= 0:
                 problems.append(f"{f}={getattr(self, f)}; expected a positive integer")
+        # (written so that NaN fails too: every comparison with NaN is false)
+        if not (0 < self.rms_norm_eps < math.inf):
+            problems.append(f"rms_norm_eps={self.rms_norm_eps}; expected a finite number > 0")
+        if not (0 < self.rope_theta < math.inf):
+            problems.append(f"rope_theta={self.rope_theta}; expected a finite number > 0")
+        if not (0 < self.partial_rotary_factor <= 1):
+            problems.append(f"partial_rotary_factor={self.partial_rotary_factor}; expected a number in (0, 1]")
+        # the ids index the logits (stopping, padding): one outside the vocabulary would never match, or fail late
+        for f, ids in (("eos_token_ids", self.eos_token_ids), ("bos_token_id", (self.bos_token_id,)),
+                       ("pad_token_id", (self.pad_token_id,))):
+            bad = [i for i in ids if i is not None and not 0 <= i < self.vocab_size]
+            if bad:
+                problems.append(f"{f} holds {bad[0]}; expected token ids in [0, vocab_size={self.vocab_size})")
         if problems:  # before the ratios below, which divide by these sizes
             raise ConfigError(f"config '{self.name}': " + "; ".join(problems))
         if self.num_attention_heads % self.num_key_value_heads:
@@ -181,14 +206,37 @@ class Qwen35Config:
         if text.get("num_experts") or text.get("num_local_experts"):
             raise UnsupportedModelError(f"{name}: a mixture-of-experts config (num_experts) is not supported")
 
-        def need(key, default=None, cast=int):
-            value = text.get(key, default)
+        inner = " in text_config" if text is not raw else ""
+
+        def bad(key, value, expected, where=inner):
+            return ConfigError(f"{name}: field '{key}'={_show(value)}{where}; expected {expected}")
+
+        def size(key):
+            # a JSON integer: transformers' strict config refuses 48.9, "48" and true, so must we (int() would
+            # quietly turn them into 48, 48 and 1); absent takes transformers' default, an explicit null is refused
+            value = text.get(key, HF_DEFAULTS[key])
+            if not _is_int(value):
+                raise bad(key, value, "a positive integer")
+            return value
+
+        def number(key, value, where=inner):
+            if not _is_number(value):
+                raise bad(key, value, "a number", where)
+            return float(value)
+
+        def token_ids(key):
+            # transformers writes "eos_token_id": null into a saved text_config while the top level holds the id:
+            # a null inside falls back to the top level rather than hiding it
+            value, where = text.get(key), inner
+            if value is None and text is not raw:
+                value, where = raw.get(key), ""
             if value is None:
-                raise ConfigError(f"{name}: missing field '{key}'" + (" in text_config" if text is not raw else ""))
-            try:
-                return cast(value)
-            except (TypeError, ValueError):
-                raise ConfigError(f"{name}: field '{key}'={value!r} is not a valid {cast.__name__}") from None
+                return ()
+            ids = value if isinstance(value, list) and key == "eos_token_id" else [value]
+            if not all(_is_int(i) for i in ids):
+                raise bad(key, value, "a token id (an integer)" + (", a list of them" if key == "eos_token_id" else "")
+                          + " or null", where)
+            return tuple(ids)
 
         # what the model computes that qwen_lab does not make configurable: SiLU in the MLP and the conv, no biases
         act = text.get("hidden_act", "silu")
@@ -200,51 +248,61 @@ class Qwen35Config:
                                         "projections have no bias)")
 
         # (transformers: a legacy rope_scaling given beside rope_parameters wins)
-        rope = text.get("rope_scaling") or text.get("rope_parameters") or {}
+        rope_key = "rope_scaling" if text.get("rope_scaling") else "rope_parameters"
+        rope = text.get(rope_key) or {}
         if not isinstance(rope, dict):
             raise ConfigError(f"{name}: 'rope_scaling' / 'rope_parameters' must be an object")
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", "mrope"):
             raise UnsupportedModelError(f"{name}: rope_type={rope_type!r} is not supported "
                                         "(expected 'default' or 'mrope')")
-        rope_theta = float(rope.get("rope_theta", text.get("rope_theta", 10000.0)))
-        partial = float(rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25)))
+        rope_fields = {}
+        for key in ("rope_theta", "partial_rotary_factor"):
+            # inside the rope object first, then the legacy top-level key, then transformers' default
+            where = f" in {rope_key}{inner}" if key in rope else inner
+            value = rope[key] if key in rope else text.get(key, HF_DEFAULTS[key])
+            rope_fields[key] = number(key, value, where)
 
-        num_layers = need("num_hidden_layers")
+        num_layers = size("num_hidden_layers")
         layer_types = text.get("layer_types")
-        if layer_types is None:
-            interval = int(text.get("full_attention_interval", 4))
+        if layer_types is None:  # absent or null: transformers derives them from the interval
+            interval = text.get("full_attention_interval", HF_DEFAULTS["full_attention_interval"])
+            if not _is_int(interval) or interval < 1:
+                raise bad("full_attention_interval", interval,
+                          "a positive integer (every interval-th layer is full attention)")
             layer_types = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers)]
-        heads = need("num_attention_heads")
-        hidden = need("hidden_size")
+        elif not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
+            raise bad("layer_types", layer_types, f"a list of '{LINEAR}' / '{FULL}' strings, one per layer")
 
-        eos_ids = eos_token_ids(text.get("eos_token_id", raw.get("eos_token_id")))
         # transformers ties the head from the config of the class it builds: the top level of a multimodal
         # config (Qwen3_5ForConditionalGeneration), the flat config otherwise; absent means untied.
-        tie = raw.get("tie_word_embeddings", False)
+        tie = raw.get("tie_word_embeddings", HF_DEFAULTS["tie_word_embeddings"])
+        if not isinstance(tie, bool):
+            raise bad("tie_word_embeddings", tie, "true or false", where="")
 
+        bos, pad = token_ids("bos_token_id"), token_ids("pad_token_id")
         return cls(
-            vocab_size=need("vocab_size"),
-            hidden_size=hidden,
-            intermediate_size=need("intermediate_size"),
+            vocab_size=size("vocab_size"),
+            hidden_size=size("hidden_size"),
+            intermediate_size=size("intermediate_size"),
             num_hidden_layers=num_layers,
             layer_types=tuple(layer_types),
-            num_attention_heads=heads,
-            num_key_value_heads=need("num_key_value_heads"),
-            head_dim=need("head_dim", 256),  # transformers' default for Qwen3.5, not hidden / heads
-            rope_theta=rope_theta,
-            partial_rotary_factor=partial,
-            linear_num_key_heads=need("linear_num_key_heads"),
-            linear_num_value_heads=need("linear_num_value_heads"),
-            linear_key_head_dim=need("linear_key_head_dim"),
-            linear_value_head_dim=need("linear_value_head_dim"),
-            linear_conv_kernel_dim=need("linear_conv_kernel_dim", 4),
-            rms_norm_eps=need("rms_norm_eps", 1e-6, float),
-            max_position_embeddings=need("max_position_embeddings", 32768),
-            tie_word_embeddings=bool(tie),
-            eos_token_ids=eos_ids,
-            bos_token_id=text.get("bos_token_id", raw.get("bos_token_id")),
-            pad_token_id=text.get("pad_token_id", raw.get("pad_token_id")),
+            num_attention_heads=size("num_attention_heads"),
+            num_key_value_heads=size("num_key_value_heads"),
+            head_dim=size("head_dim"),  # transformers' default for Qwen3.5 is 256, not hidden / heads
+            rope_theta=rope_fields["rope_theta"],
+            partial_rotary_factor=rope_fields["partial_rotary_factor"],
+            linear_num_key_heads=size("linear_num_key_heads"),
+            linear_num_value_heads=size("linear_num_value_heads"),
+            linear_key_head_dim=size("linear_key_head_dim"),
+            linear_value_head_dim=size("linear_value_head_dim"),
+            linear_conv_kernel_dim=size("linear_conv_kernel_dim"),
+            rms_norm_eps=number("rms_norm_eps", text.get("rms_norm_eps", HF_DEFAULTS["rms_norm_eps"])),
+            max_position_embeddings=size("max_position_embeddings"),
+            tie_word_embeddings=tie,
+            eos_token_ids=token_ids("eos_token_id"),
+            bos_token_id=bos[0] if bos else None,
+            pad_token_id=pad[0] if pad else None,
             name=name,
         )
 
@@ -255,22 +313,48 @@ class Qwen35Config:
             path = path / "config.json"
         if not path.is_file():
             raise ConfigError(f"{path}: no such file; a Qwen3.5 snapshot needs a config.json")
-        try:
-            raw = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{path}: not valid JSON ({e})") from None
-        config = cls.from_dict(raw, name=str(path))
+        config = cls.from_dict(_read_json(path), name=str(path))
         # A released snapshot's config.json names <|endoftext|> alone; generation_config.json adds the chat's
         # <|im_end|>, and transformers' generate stops at its ids. So do qwen_lab's, theirs first.
         gen = path.parent / "generation_config.json"
         if gen.is_file():
-            try:
-                eos = eos_token_ids(json.loads(gen.read_text()).get("eos_token_id"))
-            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, TypeError, ValueError) as e:
-                raise ConfigError(f"{gen}: not a valid generation config ({e})") from None
-            merged = tuple(dict.fromkeys(eos + config.eos_token_ids))
+            gen_raw = _read_json(gen, "not a valid generation config")
+            if not isinstance(gen_raw, dict):
+                raise ConfigError(f"{gen}: not a valid generation config (expected a JSON object, got "
+                                  f"{type(gen_raw).__name__})")
+            value = gen_raw.get("eos_token_id")
+            ids = value if isinstance(value, list) else [] if value is None else [value]
+            wrong = [i for i in ids if not _is_int(i) or not 0 <= i < config.vocab_size]
+            if wrong:
+                raise ConfigError(f"{gen}: not a valid generation config (eos_token_id={_show(value)}; expected "
+                                  f"token ids, integers in [0, vocab_size={config.vocab_size}))")
+            merged = tuple(dict.fromkeys(tuple(ids) + config.eos_token_ids))
             config = config.replace(eos_token_ids=merged)
         return config
+
+
+def _read_json(path: Path, invalid: str = "not valid JSON"):
+    """The JSON value in `path`; ConfigError naming the file when it cannot be read or parsed."""
+    try:
+        return json.loads(path.read_text())
+    except OSError as e:  # permissions, an I/O error: say which file, not a bare traceback
+        raise ConfigError(f"{path}: could not read the file ({e.strerror or e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: {invalid} ({e})") from None
+
+
+def _is_int(value) -> bool:
+    """A JSON integer (json.loads gives int); a bool is not one, though Python's bool subclasses int."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _show(value) -> str:
+    """A config value as the reader of config.json wrote it (null, true), strings and numbers as Python shows them."""
+    return json.dumps(value) if value is None or isinstance(value, bool) else repr(value)
 
 
 def eos_token_ids(value) -> tuple[int, ...]:

@@ -8,12 +8,15 @@ Two key layouts occur:
 - multimodal (`Qwen3_5ForConditionalGeneration`): `model.language_model.layers.N....`, ...; the vision tower
   (`model.visual.*`) and the multi-token-prediction head (`mtp.*`) are ignored.
 
-`lm_head.weight` sits at the top level in both, and only when the embeddings are untied.
+`lm_head.weight` sits at the top level in both, and only when the embeddings are untied. (As in transformers,
+a tied config with a stored `lm_head.weight` ties it only when it equals the embedding, and uses it untied
+otherwise; one stored without the embedding serves as both.) The layout is decided by where the embedding lives.
 
 Everything is checked from the safetensors headers before a single weight is read: every tensor the
 config implies is present with its exact shape, no text-model tensor is left over (that would mean the
-config and the weights disagree), no file is truncated. Each problem raises one `CheckpointError` that
-names the file, the tensor and what was expected.
+config and the weights disagree) and no tensor lies outside the text model but the ignored parts, every
+file's byte ranges tile its data exactly (none truncated, overlapping or with gaps). Each problem raises
+one `CheckpointError` that names the file, the tensor and what was expected.
 
 What the model consumes is a `ModelWeights`: per layer, the projections that read the same input are
 fused into one matrix so that one GEMM serves them (rows stacked in this order):
@@ -40,6 +43,7 @@ import re
 import shutil
 import struct
 import sys
+import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,23 +247,29 @@ class TensorInfo:
 def read_safetensors_header(path) -> dict[str, TensorInfo]:
     """Parse a safetensors header (8-byte little-endian length, then JSON) and check it against the file size.
 
-    Raises CheckpointError for a file too short, a header that is not JSON or not a safetensors header, a tensor
-    whose byte range disagrees with its dtype and shape, or one that ends past the end of the file (a truncated
-    download). Reads no tensor data.
+    Raises CheckpointError for a file that cannot be read or is too short, a header that is not JSON or not a
+    safetensors header (shapes and offsets lists of non-negative integers, `__metadata__` an object of strings), a
+    tensor whose byte range disagrees with its dtype and shape, one that ends past the end of the file (a truncated
+    download), and byte ranges that leave a gap, overlap, or do not end exactly at the end of the file: the rules
+    the safetensors library itself enforces when it opens the file, checked here before any weight is read.
+    Reads no tensor data.
     """
     path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise CheckpointError(f"{path}: only {size} bytes, too short for a safetensors file (it starts with an "
-                                  "8-byte header length); the file is truncated or empty, download it again")
-        (n,) = struct.unpack("<Q", head)
-        if n > min(size - 8, _MAX_HEADER):
-            raise CheckpointError(f"{path}: the header length field says {n} bytes, more than a header can take here "
-                                  f"({min(size - 8, _MAX_HEADER)} bytes: the rest of the file, at most 100 MiB); the "
-                                  "file is truncated or is not a safetensors file")
-        raw = f.read(n)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"{path}: only {size} bytes, too short for a safetensors file (it starts with "
+                                      "an 8-byte header length); the file is truncated or empty, download it again")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(size - 8, _MAX_HEADER):
+                raise CheckpointError(f"{path}: the header length field says {n} bytes, more than a header can take "
+                                      f"here ({min(size - 8, _MAX_HEADER)} bytes: the rest of the file, at most 100 "
+                                      "MiB); the file is truncated or is not a safetensors file")
+            raw = f.read(n)
+    except OSError as e:  # permissions, an I/O error: name the file rather than fail with a bare traceback
+        raise CheckpointError(f"{path}: could not read the file ({e.strerror or e})") from None
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -268,6 +278,10 @@ def read_safetensors_header(path) -> dict[str, TensorInfo]:
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: corrupt safetensors header, expected a JSON object mapping tensor names "
                               f"to dtype/shape/data_offsets, got {type(header).__name__}")
+    meta = header.get("__metadata__")
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise CheckpointError(f"{path}: corrupt safetensors header, '__metadata__' is {meta!r}; expected an object "
+                              "of string values (the safetensors library refuses to open this file)")
     data_size = size - 8 - n
     out = {}
     for name, info in header.items():
@@ -275,15 +289,18 @@ def read_safetensors_header(path) -> dict[str, TensorInfo]:
             continue
         where = f"{path}: tensor '{name}'"
         try:
-            code, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
-            shape = tuple(int(s) for s in shape)
-            begin, end = int(begin), int(end)
-        except (TypeError, KeyError, ValueError):
-            raise CheckpointError(f"{where}: corrupt header entry {info!r}; expected "
-                                  "{'dtype': ..., 'shape': [...], 'data_offsets': [begin, end]}") from None
+            code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+            # JSON integers only, as the safetensors library reads them: 48.9 or true is a corrupt header
+            if not (isinstance(shape, list) and isinstance(offsets, list) and len(offsets) == 2
+                    and all(_is_uint(s) for s in shape + offsets)):
+                raise TypeError
+        except (TypeError, KeyError):
+            raise CheckpointError(f"{where}: corrupt header entry {info!r}; expected {{'dtype': ..., 'shape': "
+                                  "[non-negative integers], 'data_offsets': [begin, end]}") from None
+        shape, (begin, end) = tuple(shape), offsets
         if code not in _ST_DTYPES:
             raise CheckpointError(f"{where}: unknown dtype {code!r}; expected one of {sorted(_ST_DTYPES)}")
-        if any(s < 0 for s in shape) or not 0 <= begin <= end:
+        if begin > end:
             raise CheckpointError(f"{where}: corrupt header entry (shape {list(shape)}, data_offsets "
                                   f"[{begin}, {end}])")
         need = math.prod(shape) * _ST_DTYPES[code][1]
@@ -298,7 +315,33 @@ def read_safetensors_header(path) -> dict[str, TensorInfo]:
             f"{path}: tensor '{first.name}' ends at byte {8 + n + first.offsets[1]} but the file has only {size} bytes"
             f"{f' ({len(cut) - 1} more tensors lie past the end)' if len(cut) > 1 else ''}; the file is truncated "
             "(an interrupted download?), download it again")
+    # The byte ranges, in offset order (not the header's order, which is free), must tile the data section:
+    # the first starts at 0, each starts where the one before ends, the last ends at the end of the file.
+    # Tensors with no elements take no bytes and may share an offset. An overlap is reported before a gap: two
+    # tensors given the same bytes leave a gap where one of them should be, and the overlap names the culprit.
+    pos, before, wrong = 0, None, {}
+    for info in sorted(out.values(), key=lambda info: info.offsets):
+        begin, end = info.offsets
+        if begin != pos:
+            after = f"the previous tensor '{before.name}' ends at {pos}" if before else "the data starts at 0"
+            problem = f"a gap of {begin - pos} bytes" if begin > pos else f"{pos - begin} bytes overlap"
+            wrong.setdefault(begin < pos, f"{path}: tensor '{info.name}' has data_offsets [{begin}, {end}] but "
+                             f"{after} ({problem}); expected each tensor's bytes to follow the previous one's, so "
+                             "the header is corrupt")
+        if end >= pos:
+            pos, before = end, info
+    if wrong:
+        raise CheckpointError(wrong.get(True, wrong.get(False)))
+    if pos != data_size:
+        raise CheckpointError(f"{path}: {data_size - pos} bytes follow the last tensor's data (the header covers "
+                              f"{pos} of the {data_size} data bytes); expected the file to end where its last "
+                              "tensor ends, so it is damaged or not a safetensors file")
     return out
+
+
+def _is_uint(value) -> bool:
+    """A non-negative JSON integer (a bool is not one, though Python's bool subclasses int)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def write_safetensors(path, tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) -> None:
@@ -336,12 +379,17 @@ def resolve_source(source, allow_patterns=None) -> Path | Qwen35Config:
     "tiny" is the committed snapshot `qwen_lab/data/tiny`; other presets have no files and come back as their
     config (random weights). A hub id ("Org/Name") that is not a local directory is fetched with
     `huggingface_hub.snapshot_download` (only `allow_patterns`, by default configs, weights and tokenizer files).
+    A local directory holding a config.json wins over a preset of the same name: `hf download Qwen/Qwen3.5-0.8B
+    --local-dir Qwen3.5-0.8B` makes one, and its real weights are what its name asks for.
     """
     if isinstance(source, os.PathLike):
         return _existing_dir(Path(source))
     if not isinstance(source, str):
         raise CheckpointError(f"source={source!r}: expected a snapshot directory, a preset name "
                               f"({', '.join(PRESETS)}) or a hub id such as 'Qwen/Qwen3.5-0.8B'")
+    path = Path(source).expanduser()
+    if (path / "config.json").is_file():  # (a folder named like a preset but holding no snapshot does not count)
+        return path
     key = source.strip().lower()
     if key == "tiny":
         if not (TINY_DIR / "config.json").is_file():
@@ -350,7 +398,6 @@ def resolve_source(source, allow_patterns=None) -> Path | Qwen35Config:
         return TINY_DIR
     if key in PRESETS:
         return PRESETS[key]
-    path = Path(source).expanduser()
     if path.exists():
         return _existing_dir(path)
     if HUB_ID.match(source):
@@ -403,13 +450,18 @@ def load_weights(source, device=None, dtype=None, *, seed: int = 0,
     if isinstance(where, Qwen35Config):
         return where, random_weights(where, rt.device, rt.dtype, seed=seed)
     config, reader = open_snapshot(where)
-    if isinstance(source, str) and source.strip().lower() == "tiny":
+    if where == TINY_DIR and isinstance(source, str) and source.strip().lower() == "tiny":
         config = config.replace(name="tiny")
     elif isinstance(source, str) and HUB_ID.match(source) and not Path(source).exists():
         config = config.replace(name=source)
     with reader:
         weights = _assemble(config, reader.get, rt.device, rt.dtype, progress=progress,
-                            desc=f"loading {config.name}")
+                            desc=f"loading {config.name}", stored_head="lm_head.weight" in reader.infos)
+    if config.tie_word_embeddings and not weights.tied:
+        # the config asked for a tied head, but the checkpoint stores a different one, which transformers uses
+        # (untied, with a warning): say so in the config too, so that what is built from it (to_hf_state_dict,
+        # the benchmark's transformers model) has the same head
+        config = config.replace(tie_word_embeddings=False)
     return config, weights
 
 
@@ -447,7 +499,11 @@ def _weight_files(directory: Path) -> tuple[list[Path], dict | None, Path | None
     index = directory / INDEX_FILE
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            text = index.read_text()
+        except OSError as e:  # permissions, an I/O error: name the file rather than fail with a bare traceback
+            raise CheckpointError(f"{index}: could not read the file ({e.strerror or e})") from None
+        try:
+            weight_map = json.loads(text)["weight_map"]
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise TypeError
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
@@ -471,9 +527,22 @@ def _weight_files(directory: Path) -> tuple[list[Path], dict | None, Path | None
 
 
 def _detect_prefix(infos: dict[str, TensorInfo]) -> str:
-    if any(k.startswith(LAYOUT_PREFIX["multimodal"]) for k in infos):
-        return LAYOUT_PREFIX["multimodal"]
-    return LAYOUT_PREFIX["causal"]
+    """The key layout's prefix, decided by where the embedding lives, not by any one key: a stray tensor of the
+    other layout is then reported by name instead of turning the whole snapshot into the other layout."""
+    causal, mm = LAYOUT_PREFIX["causal"], LAYOUT_PREFIX["multimodal"]
+    # the embedding; without one, the final norm (a tied checkpoint may store its embedding as lm_head.weight)
+    for anchor in ("embed_tokens.weight", "norm.weight"):
+        found = [info for info in (infos.get(mm + anchor), infos.get(causal + anchor)) if info is not None]
+        if len(found) == 2:
+            a, b = found
+            raise CheckpointError(f"{b.file}: holds tensor '{b.name}' (the causal LM layout) and {a.file} holds "
+                                  f"'{a.name}' (the multimodal layout); expected the text model under one prefix "
+                                  f"('{causal}' or '{mm}'), not both")
+        if found:
+            return mm if found[0].name.startswith(mm) else causal
+    # neither (the missing tensors are reported next): the prefix most of the tensors use
+    n_mm = sum(k.startswith(mm) for k in infos)
+    return mm if n_mm > sum(k.startswith(causal) for k in infos) - n_mm else causal
 
 
 def _text_tensors(infos: dict[str, TensorInfo], prefix: str) -> dict[str, TensorInfo]:
@@ -498,6 +567,19 @@ def _check_against_config(config: Qwen35Config, infos: dict[str, TensorInfo], pr
     text = _text_tensors(infos, prefix)
     n = config.num_hidden_layers
     src = "config.json"
+    tied = config.tie_word_embeddings
+    if tied and "lm_head.weight" in text and "embed_tokens.weight" not in text:
+        # a tied checkpoint that stores its one matrix as lm_head.weight alone: transformers ties the embedding
+        # to it (tie_weights swaps source and target when the source is missing), so the embedding is read from it
+        text["embed_tokens.weight"] = text.pop("lm_head.weight")
+
+    def check(info, shape, why):
+        if info.shape != shape:
+            raise CheckpointError(f"{info.file}: tensor '{info.name}' has shape {info.shape}, expected {shape} "
+                                  f"from {src} ({why})")
+        if info.dtype not in _FLOAT_CODES:
+            raise CheckpointError(f"{info.file}: tensor '{info.name}' has dtype {info.dtype}, expected a floating "
+                                  f"point dtype ({', '.join(_FLOAT_CODES)}); quantized checkpoints are not supported")
 
     # 1. more layers in the weights than in the config
     for name, info in sorted(text.items(), key=lambda kv: kv[0]):
@@ -527,20 +609,28 @@ def _check_against_config(config: Qwen35Config, infos: dict[str, TensorInfo], pr
             more = f" ({len(missing) - 1} other expected tensors are missing too)" if len(missing) > 1 else ""
             raise CheckpointError(f"{where} tensor '{full}' (expected shape {shape} from {src}: "
                                   f"{_shape_reason(config, name)}){more}{_layer_hint(config, name, text)}")
-        if info.shape != shape:
-            raise CheckpointError(f"{info.file}: tensor '{info.name}' has shape {info.shape}, expected {shape} "
-                                  f"from {src} ({_shape_reason(config, name)})")
-        if info.dtype not in _FLOAT_CODES:
-            raise CheckpointError(f"{info.file}: tensor '{info.name}' has dtype {info.dtype}, expected a floating "
-                                  f"point dtype ({', '.join(_FLOAT_CODES)}); quantized checkpoints are not supported")
+        check(info, shape, _shape_reason(config, name))
+    if tied and "lm_head.weight" in text:
+        # stored beside the embedding of a tied config: transformers uses it when it differs (see _assemble),
+        # so it must have the embedding's shape
+        check(text["lm_head.weight"], specs["embed_tokens.weight"],
+              f"{_shape_reason(config, 'embed_tokens.weight')}: the LM head has the embedding's shape")
 
-    # 3. nothing left over in the text model (lm_head of a tied model is allowed and ignored)
+    # 3. nothing left over in the text model
     for name, info in text.items():
         if name not in specs and name != "lm_head.weight":
             raise CheckpointError(
                 f"{info.file}: tensor '{info.name}' is not part of the Qwen3.5 text model that {src} describes"
                 f"{_layer_hint(config, name, text)}; the config disagrees with the weights")
-    return {k: v for k, v in text.items() if k in specs}
+
+    # 4. nor beside it: only the parts of a Qwen3.5 snapshot that qwen_lab ignores (vision tower, MTP head)
+    for name, info in infos.items():
+        if not (name.startswith((prefix,) + IGNORED_PREFIXES) or name == "lm_head.weight"):
+            raise CheckpointError(
+                f"{info.file}: tensor '{info.name}' is not part of the Qwen3.5 text model, whose tensors are named "
+                f"'{prefix}*' in this snapshot (the prefix of its embedding), nor one of the parts qwen_lab "
+                f"ignores ({', '.join(p + '*' for p in IGNORED_PREFIXES)}); expected no other tensor")
+    return {k: v for k, v in text.items() if k in specs or k == "lm_head.weight"}
 
 
 def _layer_hint(config: Qwen35Config, name: str, text: dict) -> str:
@@ -591,16 +681,18 @@ class SnapshotReader:
 
 
 def _assemble(config: Qwen35Config, fetch: Callable[[str], Tensor], device, dtype, *, progress: bool = False,
-              desc: str = "weights") -> ModelWeights:
+              desc: str = "weights", stored_head: bool = False) -> ModelWeights:
     """Build ModelWeights from a fetch(name) of unprefixed checkpoint tensors.
 
     Fusion happens where fetch returns its tensors (the host for a snapshot, in the checkpoint dtype), then each
-    result moves to the device in one copy.
+    result moves to the device in one copy. `stored_head`: fetch also serves "lm_head.weight" though the config
+    ties the head; as transformers does, it is tied only if equal to the embedding, and used untied otherwise.
     """
     from tqdm import tqdm
 
-    bar = tqdm(total=len(expected_tensors(config)), desc=desc, unit="tensor", disable=not progress, leave=False,
-               delay=0.5)  # shown only when loading takes a while
+    tied_but_stored = config.tie_word_embeddings and stored_head
+    bar = tqdm(total=len(expected_tensors(config)) + tied_but_stored, desc=desc, unit="tensor",
+               disable=not progress, leave=False, delay=0.5)  # shown only when loading takes a while
 
     def get(name):
         t = fetch(name)
@@ -641,6 +733,15 @@ def _assemble(config: Qwen35Config, fetch: Callable[[str], Tensor], device, dtyp
             layers.append(LayerWeights(**lw))
         final_norm = vec("norm.weight")
         lm_head = embed if config.tie_word_embeddings else mat("lm_head.weight")
+        if tied_but_stored:
+            # transformers (PreTrainedModel.tie_weights) compares the two as loaded, in the model dtype: equal, it
+            # ties them (one tensor in memory); different, it keeps the stored head untied and warns
+            head = mat("lm_head.weight")
+            if not torch.equal(head, embed):
+                warnings.warn(f"{config.name}: tie_word_embeddings is true, but the checkpoint stores an "
+                              "lm_head.weight that differs from the embedding; using it as an untied LM head, as "
+                              "transformers does", stacklevel=3)
+                lm_head = head
     finally:
         bar.close()
     return ModelWeights(embed=embed, final_norm=final_norm, lm_head=lm_head, layers=layers)
@@ -888,7 +989,8 @@ def main(argv=None) -> int:
     except Exception as e:
         from .errors import QwenLabError
 
-        if isinstance(e, QwenLabError):
+        # (an OSError here is one no read above turned into a CheckpointError: writing build-tiny's DIR, say)
+        if isinstance(e, (QwenLabError, OSError)):
             print(f"error: {e}", file=sys.stderr)
             return 2
         raise

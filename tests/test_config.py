@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -175,18 +176,52 @@ def test_mixture_of_experts_is_rejected():
         Qwen35Config.from_dict(flat(num_experts=64))
 
 
-def test_missing_field_is_named():
-    d = flat()
-    del d["hidden_size"]
-    with pytest.raises(ConfigError, match="missing field 'hidden_size'"):
+def test_null_field_is_named():
+    # absent takes transformers' default (below); an explicit null is refused, as transformers' strict config does
+    d = flat(hidden_size=None)
+    with pytest.raises(ConfigError, match="field 'hidden_size'=null; expected a positive integer"):
         Qwen35Config.from_dict(d)
 
 
-def test_missing_field_in_text_config_is_named():
+def test_null_field_in_text_config_is_named():
     d = hf_config_dict(TINY, "multimodal")
-    del d["text_config"]["linear_num_key_heads"]
-    with pytest.raises(ConfigError, match="missing field 'linear_num_key_heads' in text_config"):
+    d["text_config"]["linear_num_key_heads"] = None
+    with pytest.raises(ConfigError, match="field 'linear_num_key_heads'=null in text_config"):
         Qwen35Config.from_dict(d)
+
+
+# transformers 5.17's Qwen3_5TextConfig defaults, spelled out so that a change on either side shows here
+HF_TEXT_DEFAULTS = dict(vocab_size=248320, hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
+                        num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                        head_dim=256, linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                        linear_num_key_heads=16, linear_num_value_heads=32, tie_word_embeddings=False,
+                        partial_rotary_factor=0.25, rope_theta=10000.0)
+
+
+@pytest.mark.parametrize("form", ["flat", "multimodal"])
+def test_absent_fields_take_transformers_defaults(form):
+    raw = {"model_type": "qwen3_5_text"} if form == "flat" else {"model_type": "qwen3_5", "text_config": {}}
+    cfg = Qwen35Config.from_dict(raw)
+    for field, value in HF_TEXT_DEFAULTS.items():
+        assert getattr(cfg, field) == value, field
+    assert cfg.layer_types == (LINEAR, LINEAR, LINEAR, FULL) * 8  # full_attention_interval 4
+    assert cfg.eos_token_ids == () and cfg.bos_token_id is None and cfg.pad_token_id is None
+
+
+def test_absent_fields_read_as_transformers_reads_them():
+    """Each key dropped in turn from a full config.json: qwen_lab and transformers read the same config."""
+    transformers = pytest.importorskip("transformers")
+    full = {k: v for k, v in QWEN35_0_8B.to_hf_dict().items() if k not in ("architectures", "torch_dtype")}
+    for key in [k for k in full if k in HF_TEXT_DEFAULTS or k in ("layer_types", "rope_parameters")]:
+        # (without num_hidden_layers the 24 layer_types would disagree with the default 32: drop both)
+        d = {k: v for k, v in full.items() if k != key and not (key == "num_hidden_layers" and k == "layer_types")}
+        ours = Qwen35Config.from_dict(d)
+        hf = transformers.Qwen3_5TextConfig(**{k: v for k, v in d.items() if k != "model_type"})
+        for field in HF_TEXT_DEFAULTS:
+            theirs = (hf.rope_parameters[field] if field in ("rope_theta", "partial_rotary_factor")
+                      else getattr(hf, field))
+            assert getattr(ours, field) == theirs, f"without '{key}': {field} {getattr(ours, field)} vs {theirs}"
+        assert list(ours.layer_types) == hf.layer_types, f"without '{key}'"
 
 
 def test_multimodal_without_text_config():
@@ -256,3 +291,127 @@ def test_multimodal_config_ties_the_head_from_the_top_level_like_transformers():
     text["tie_word_embeddings"] = True
     del raw["tie_word_embeddings"]
     assert Qwen35Config.from_dict(raw).tie_word_embeddings is False
+
+
+def write_config(tmp_path, d, name="config.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(d))
+    return path
+
+
+def without_layer_types(**changes):
+    d = flat(**changes)
+    del d["layer_types"]
+    return d
+
+
+def with_rope(**changes):
+    d = flat()
+    d["rope_parameters"] = dict(d["rope_parameters"], **changes)
+    return d
+
+
+# each malformed field is one ConfigError naming the file and the field, never a bare TypeError / ValueError /
+# ZeroDivisionError from inside the parser
+@pytest.mark.parametrize("d, fragment", [
+    (with_rope(rope_theta=None), "field 'rope_theta'=null in rope_parameters; expected a number"),
+    (with_rope(rope_theta="abc"), "field 'rope_theta'='abc' in rope_parameters; expected a number"),
+    (with_rope(partial_rotary_factor=None), "field 'partial_rotary_factor'=null in rope_parameters"),
+    (without_layer_types(full_attention_interval=0), "field 'full_attention_interval'=0; expected a positive integer"),
+    (without_layer_types(full_attention_interval="four"), "field 'full_attention_interval'='four'"),
+    (without_layer_types(full_attention_interval=None), "field 'full_attention_interval'=null"),
+    (flat(layer_types=[{"a": 1}, LINEAR, LINEAR, FULL]), "field 'layer_types'=[{'a': 1}, "),
+    (flat(layer_types=LINEAR), "field 'layer_types'='linear_attention'; expected a list"),
+    (flat(eos_token_id="abc"), "field 'eos_token_id'='abc'; expected a token id"),
+    (flat(eos_token_id=[1, "x"]), "field 'eos_token_id'=[1, 'x']; expected a token id"),
+    (flat(bos_token_id="abc"), "field 'bos_token_id'='abc'; expected a token id"),
+], ids=["theta-null", "theta-str", "partial-null", "interval-0", "interval-str", "interval-null", "layer-types-dict",
+        "layer-types-str", "eos-str", "eos-list-str", "bos-str"])
+def test_malformed_field_is_named_with_the_file(tmp_path, d, fragment):
+    path = write_config(tmp_path, d)
+    with pytest.raises(ConfigError) as e:
+        Qwen35Config.from_file(path)
+    assert str(e.value).startswith(f"{path}: "), str(e.value)
+    assert fragment in str(e.value)
+
+
+# values int() / bool() / float() used to accept silently; transformers' strict config refuses them too
+@pytest.mark.parametrize("changes, fragment", [
+    (dict(hidden_size=48.9), "field 'hidden_size'=48.9; expected a positive integer"),
+    (dict(hidden_size=64.0), "field 'hidden_size'=64.0; expected a positive integer"),
+    (dict(hidden_size=True), "field 'hidden_size'=true; expected a positive integer"),
+    (dict(hidden_size="64"), "field 'hidden_size'='64'; expected a positive integer"),
+    (dict(num_hidden_layers=4.5), "field 'num_hidden_layers'=4.5"),
+    (dict(head_dim=-32), "head_dim=-32; expected a positive integer"),
+    (dict(max_position_embeddings=0), "max_position_embeddings=0; expected a positive integer"),
+    (dict(tie_word_embeddings="false"), "field 'tie_word_embeddings'='false'; expected true or false"),
+    (dict(tie_word_embeddings=None), "field 'tie_word_embeddings'=null; expected true or false"),
+    (dict(tie_word_embeddings=1), "field 'tie_word_embeddings'=1; expected true or false"),
+    (dict(rms_norm_eps=-1), "rms_norm_eps=-1.0; expected a finite number > 0"),
+    (dict(rms_norm_eps=0.0), "rms_norm_eps=0.0; expected a finite number > 0"),
+    (dict(rms_norm_eps=float("nan")), "rms_norm_eps=nan; expected a finite number > 0"),
+    (dict(rms_norm_eps="1e-6"), "field 'rms_norm_eps'='1e-6'; expected a number"),
+    (dict(rope_parameters={"rope_theta": float("inf")}), "rope_theta=inf; expected a finite number > 0"),
+    (dict(rope_parameters={"rope_theta": 0}), "rope_theta=0.0; expected a finite number > 0"),
+    (dict(rope_parameters={"rope_theta": 1e4, "partial_rotary_factor": 1.5}),
+     "partial_rotary_factor=1.5; expected a number in (0, 1]"),
+    (dict(rope_parameters={"rope_theta": 1e4, "partial_rotary_factor": 0}), "partial_rotary_factor=0.0"),
+    (dict(eos_token_id=True), "field 'eos_token_id'=true; expected a token id"),
+    (dict(eos_token_id=[511, 512]), "eos_token_ids holds 512; expected token ids in [0, vocab_size=512)"),
+    (dict(pad_token_id=99999), "pad_token_id holds 99999; expected token ids in [0, vocab_size=512)"),
+    (dict(bos_token_id=-1), "bos_token_id holds -1; expected token ids in [0, vocab_size=512)"),
+    (dict(pad_token_id=[1]), "field 'pad_token_id'=[1]; expected a token id (an integer) or null"),
+], ids=lambda v: json.dumps(v) if isinstance(v, dict) else None)
+def test_bad_value_is_refused_naming_the_field(tmp_path, changes, fragment):
+    path = write_config(tmp_path, flat(**changes))
+    with pytest.raises(ConfigError) as e:
+        Qwen35Config.from_file(path)
+    assert str(path) in str(e.value) and fragment in str(e.value), str(e.value)
+
+
+def test_values_transformers_accepts_are_read():
+    # a JSON integer where a float is expected, partial_rotary_factor 1 (all of the head rotates), no eos at all
+    cfg = Qwen35Config.from_dict(flat(rope_parameters={"rope_theta": 10000, "partial_rotary_factor": 1},
+                                      eos_token_id=[], pad_token_id=None, rms_norm_eps=1e-5))
+    assert cfg.rope_theta == 10000.0 and cfg.rotary_dim == TINY.head_dim
+    assert cfg.eos_token_ids == () and cfg.pad_token_id is None and cfg.rms_norm_eps == 1e-5
+    d = without_layer_types()
+    d["layer_types"] = None  # transformers derives them from the interval, as when absent
+    assert Qwen35Config.from_dict(d).layer_types == TINY.layer_types
+
+
+def test_generation_config_with_bad_eos_ids_is_named(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(flat()))
+    for value in ("abc", [511, 9999], True):
+        write_config(tmp_path, {"eos_token_id": value}, "generation_config.json")
+        with pytest.raises(ConfigError, match=r"generation_config.json: not a valid generation config \(eos_token_id="):
+            Qwen35Config.from_file(tmp_path)
+
+
+@pytest.mark.parametrize("key, expected", [("eos_token_id", (7,)), ("bos_token_id", 7), ("pad_token_id", 7)])
+def test_null_in_text_config_falls_back_to_the_top_level(key, expected):
+    # transformers writes "eos_token_id": null into the text_config it saves while the top level holds the id
+    d = hf_config_dict(TINY, "multimodal")
+    d["text_config"][key] = None
+    d[key] = 7
+    cfg = Qwen35Config.from_dict(d)
+    assert (cfg.eos_token_ids if key == "eos_token_id" else getattr(cfg, key)) == expected
+    d["text_config"][key] = 9  # a value inside still wins
+    cfg = Qwen35Config.from_dict(d)
+    assert (cfg.eos_token_ids if key == "eos_token_id" else getattr(cfg, key)) == ((9,) if key == "eos_token_id" else 9)
+
+
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json"])
+def test_unreadable_file_is_named(tmp_path, monkeypatch, name):
+    (tmp_path / "config.json").write_text(json.dumps(flat()))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 511}))
+    target, read_text = tmp_path / name, Path.read_text
+
+    def denied(self, *args, **kwargs):
+        if self == target:
+            raise PermissionError(13, "Permission denied", str(self))
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    with pytest.raises(ConfigError, match=f"{target}: could not read the file \\(Permission denied\\)"):
+        Qwen35Config.from_file(tmp_path)

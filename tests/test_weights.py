@@ -4,6 +4,8 @@ and every bad input it must reject with a message naming the file and the tensor
 import json
 import math
 import struct
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +14,8 @@ from hf_models import make_hf_model, random_tiny_config, save_hf_snapshot
 from qwen_lab.config import FULL, LINEAR, PRESETS, QWEN35_0_8B, TINY, Qwen35Config
 from qwen_lab.errors import CheckpointError, ConfigError, QwenLabError, UnsupportedModelError
 from qwen_lab.weights import (INDEX_FILE, TINY_DIR, build_tiny_checkpoint, expected_tensors, load_weights, main,
-                              random_state_dict, random_weights, read_safetensors_header, save_snapshot)
+                              random_state_dict, random_weights, read_safetensors_header, resolve_source,
+                              save_snapshot)
 
 UNTIED = TINY.replace(tie_word_embeddings=False)
 
@@ -251,12 +254,70 @@ def test_untied_head_is_its_own_tensor(tmp_path):
     assert w.nbytes() == expected_nbytes(UNTIED, 4)
 
 
-def test_tied_config_ignores_a_stored_lm_head(tmp_path):
+def test_tied_config_with_a_different_stored_head_uses_it_untied_as_transformers_does(tmp_path):
     state = random_state_dict(TINY)
     state["lm_head.weight"] = torch.zeros(512, 64, dtype=torch.bfloat16)
-    _, w = load(write(tmp_path, TINY, state))
-    assert w.lm_head is w.embed and w.embed.abs().sum() > 0
+    with pytest.warns(UserWarning, match="stores an lm_head.weight that differs from the embedding") as record:
+        config, w = load(write(tmp_path, TINY, state))
+    assert len(record) == 1
+    assert w.lm_head is not w.embed and w.lm_head.abs().sum() == 0 and w.embed.abs().sum() > 0
+    # the config says what the weights are, so that what is built from it (to_hf_state_dict) keeps the head
+    assert not config.tie_word_embeddings
+    assert w.nbytes() == expected_nbytes(UNTIED, 4)
+
+
+def test_tied_config_with_an_equal_stored_head_ties_it(tmp_path):
+    state = random_state_dict(TINY)
+    state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config, w = load(write(tmp_path, TINY, state))
+    assert config.tie_word_embeddings and w.lm_head is w.embed
     assert w.nbytes() == expected_nbytes(TINY, 4)  # the tied head counted once
+
+
+def test_tied_config_with_a_stored_head_of_the_wrong_shape(tmp_path):
+    state = random_state_dict(TINY)
+    state["lm_head.weight"] = torch.zeros(7, 3, dtype=torch.bfloat16)
+    snap = write(tmp_path, TINY, state)
+    raises(snap, CheckpointError, snap / "model.safetensors", "tensor 'lm_head.weight' has shape (7, 3), expected "
+           "(512, 64)", "vocab_size=512")
+
+
+def test_tied_checkpoint_storing_only_the_head_uses_it_as_the_embedding(tmp_path):
+    # transformers' tie_weights swaps source and target when only lm_head.weight is stored
+    state = random_state_dict(TINY)
+    state["lm_head.weight"] = state.pop("model.embed_tokens.weight")
+    config, w = load(write(tmp_path, TINY, state))
+    assert config.tie_word_embeddings and w.lm_head is w.embed
+    assert_fused(TINY, w, unprefixed(random_state_dict(TINY), "model."))
+
+
+@pytest.mark.parametrize("multimodal", [False, True], ids=["causal", "multimodal"])
+def test_tied_config_with_a_different_stored_head_gives_transformers_logits(tmp_path, multimodal):
+    transformers = pytest.importorskip("transformers")
+    from qwen_lab import checks, load_model
+
+    hf = make_hf_model(UNTIED, seed=2, multimodal=multimodal)
+    snap = save_hf_snapshot(hf, tmp_path / "snap")
+    config = json.loads((snap / "config.json").read_text())
+    config["tie_word_embeddings"] = True  # the key transformers reads in either layout
+    (snap / "config.json").write_text(json.dumps(config))
+    cls = transformers.Qwen3_5ForConditionalGeneration if multimodal else transformers.Qwen3_5ForCausalLM
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # its own "we will NOT tie them" warning
+    try:
+        theirs = cls.from_pretrained(snap, dtype=torch.float32, attn_implementation="eager").eval()
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    ids = torch.tensor([3, 17, 250, 5, 99, 1, 42, 300, 7])
+    with torch.no_grad():
+        want = theirs(input_ids=ids[None]).logits[0].float()
+    with pytest.warns(UserWarning, match="untied LM head"):
+        ours = load_model(str(snap), device="cpu", dtype=torch.float32, backend="torch")
+    assert checks.relative_error(ours.forward(ids), want) <= 1e-4
+    ours.weights.lm_head = ours.weights.embed  # what the loader did before: far from transformers' logits
+    assert checks.relative_error(ours.forward(ids), want) > 0.5
 
 
 def test_mixed_dtypes_convert_per_the_rule(tmp_path):
@@ -356,6 +417,28 @@ def test_source_as_path_and_as_string(tmp_path):
     for source in (snap, str(snap)):
         config, w = load(source)
         assert config.hidden_size == 64
+
+
+@pytest.mark.parametrize("folder", ["Qwen3.5-0.8B", "tiny"])
+def test_local_snapshot_named_like_a_preset_wins_over_it(tmp_path, monkeypatch, folder):
+    # what `hf download Qwen/Qwen3.5-0.8B --local-dir Qwen3.5-0.8B` makes: its real weights, not the random preset
+    snap = write(tmp_path, UNTIED, name=folder)
+    monkeypatch.chdir(tmp_path)
+    assert resolve_source(folder) == Path(folder)
+    config, w = load(folder)
+    assert config.name == str(Path(folder) / "config.json") and not config.tie_word_embeddings
+    assert torch.equal(w.lm_head, random_state_dict(UNTIED)["lm_head.weight"].float())
+    assert resolve_source(str(snap)) == snap
+
+
+@pytest.mark.parametrize("folder, preset", [("tiny", TINY_DIR), ("Qwen3.5-0.8B", QWEN35_0_8B),
+                                            ("qwen3.5-0.8b", QWEN35_0_8B)])
+def test_folder_without_config_json_does_not_hide_the_preset(tmp_path, monkeypatch, folder, preset):
+    (tmp_path / folder).mkdir()
+    (tmp_path / folder / "notes.txt").write_text("not a snapshot")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_source(folder) == preset
+    assert resolve_source(folder.upper()) == preset  # preset names stay case-insensitive
 
 
 def test_hub_id_downloads_configs_weights_and_tokenizer(tmp_path, monkeypatch):
@@ -477,6 +560,100 @@ def test_header_offsets_disagree_with_shape(tmp_path):
     raises(snap, CheckpointError, path, f"tensor '{name}'", "needs 64", "corrupt")
 
 
+def rewrite_header(path, edit):
+    """Rewrite a safetensors file through edit(header, data) -> data, which may also change the header in place."""
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    data = edit(header, raw[8 + n:])
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+def _shift_all(header, data):
+    for name, info in header.items():
+        if name != "__metadata__":
+            info["data_offsets"] = [o + 16 for o in info["data_offsets"]]
+    return bytes(16) + data
+
+
+def _share_bytes(header, data):
+    header["model.norm.weight"]["data_offsets"] = header["model.layers.0.input_layernorm.weight"]["data_offsets"]
+    return data
+
+
+def _set(name, key, value):
+    def edit(header, data):
+        header[name][key] = value
+        return data
+    return edit
+
+
+def _metadata(value):
+    def edit(header, data):
+        header["__metadata__"] = value
+        return data
+    return edit
+
+
+_NORM = "model.norm.weight"  # bf16 [64]
+
+
+# each file is also one the safetensors library refuses to open: checked first, with a message that names the tensor
+@pytest.mark.parametrize("edit, fragments", [
+    (_shift_all, ["but the data starts at 0 (a gap of 16 bytes)"]),
+    (_share_bytes, [f"tensor '{_NORM}' has data_offsets", "but the previous tensor "
+                    "'model.layers.0.input_layernorm.weight' ends at", "(128 bytes overlap)"]),
+    (lambda header, data: data + bytes(64), ["64 bytes follow the last tensor's data"]),
+    (_set(_NORM, "shape", [64.0]), [f"tensor '{_NORM}': corrupt header entry", "[non-negative integers]"]),
+    (_set(_NORM, "shape", [True, 64]), [f"tensor '{_NORM}': corrupt header entry"]),
+    (_set(_NORM, "shape", [-64]), [f"tensor '{_NORM}': corrupt header entry"]),
+    (_set(_NORM, "data_offsets", [0.0, 128]), [f"tensor '{_NORM}': corrupt header entry"]),
+    (_metadata({"format": 5}), ["'__metadata__' is {'format': 5}; expected an object of string values"]),
+    (_metadata(["pt"]), ["'__metadata__' is ['pt']"]),
+], ids=["gap", "overlap", "trailing-bytes", "float-shape", "bool-shape", "negative-shape", "float-offset",
+        "metadata-int", "metadata-list"])
+def test_header_breaking_the_safetensors_rules(tmp_path, capsys, edit, fragments):
+    from safetensors import safe_open
+
+    snap = write(tmp_path)
+    path = snap / "model.safetensors"
+    rewrite_header(path, edit)
+    with pytest.raises(Exception):
+        with safe_open(str(path), framework="pt") as f:
+            [f.get_tensor(k) for k in f.keys()]
+    raises(snap, CheckpointError, path, *fragments)
+    assert main(["check", str(snap)]) == 2
+    assert f"error: {path}" in capsys.readouterr().err
+
+
+def test_header_that_the_safetensors_rules_allow(tmp_path):
+    """Tensors with no elements (sharing an offset, or at the very end), entries in another order than their bytes,
+    a null __metadata__: the safetensors library opens such files, so they must pass."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    path = tmp_path / "edge.safetensors"
+    save_file({"empty": torch.zeros(0, 4), "also_empty": torch.zeros(2, 0, dtype=torch.float16),
+               "a": torch.ones(3), "b": torch.ones(2, dtype=torch.bfloat16)}, str(path))
+
+    def reverse(header, data):
+        entries = list(header.items())[::-1]
+        header.clear()
+        header.update(entries)
+        header["__metadata__"] = None
+        header["tail"] = {"dtype": "F32", "shape": [0], "data_offsets": [len(data), len(data)]}
+        return data
+
+    rewrite_header(path, reverse)
+    info = read_safetensors_header(path)
+    assert {k: v.shape for k, v in info.items()} == {"empty": (0, 4), "also_empty": (2, 0), "a": (3,), "b": (2,),
+                                                     "tail": (0,)}
+    with safe_open(str(path), framework="pt") as f:
+        assert set(f.keys()) == set(info)
+
+
 def test_missing_tensor(tmp_path):
     state = random_state_dict(TINY)
     del state["model.layers.1.mlp.up_proj.weight"]
@@ -539,6 +716,51 @@ def test_unexpected_tensor_in_the_text_model(tmp_path):
            "not part of the Qwen3.5 text model")
 
 
+def test_stray_multimodal_tensor_in_a_causal_snapshot_is_named(tmp_path):
+    # the layout follows the embedding: one stray key no longer turns the snapshot into the other layout
+    state = random_state_dict(TINY)
+    state["model.language_model.norm.weight"] = torch.zeros(64, dtype=torch.bfloat16)
+    snap = write(tmp_path, TINY, state)
+    msg = raises(snap, CheckpointError, snap / "model.safetensors", "'model.language_model.norm.weight'",
+                 "not part of the Qwen3.5 text model")
+    assert "missing" not in msg
+
+
+@pytest.mark.parametrize("stray, shape", [("model.layers.0.mlp.up_proj.weight", (160, 64)),
+                                          ("model.norm.weight", (64,))])
+def test_stray_causal_tensor_in_a_multimodal_snapshot_is_named(tmp_path, stray, shape):
+    state = random_state_dict(TINY, layout="multimodal")
+    state[stray] = torch.zeros(shape, dtype=torch.bfloat16)
+    snap = write(tmp_path, TINY, state, layout="multimodal")
+    raises(snap, CheckpointError, snap / "model.safetensors", f"tensor '{stray}' is not part of the Qwen3.5 text "
+           "model, whose tensors are named 'model.language_model.*' in this snapshot")
+
+
+@pytest.mark.parametrize("layout", ["causal", "multimodal"])
+@pytest.mark.parametrize("extra, shape", [("lm_head.bias", (512,)), ("score.weight", (2, 64))])
+def test_top_level_tensor_beside_the_text_model_is_named(tmp_path, layout, extra, shape):
+    state = random_state_dict(UNTIED, layout=layout)
+    state[extra] = torch.zeros(shape, dtype=torch.bfloat16)
+    snap = write(tmp_path, UNTIED, state, layout=layout)
+    raises(snap, CheckpointError, snap / "model.safetensors", f"tensor '{extra}' is not part of the Qwen3.5 text "
+           "model", "model.visual.*, mtp.*, model.mtp.*")
+
+
+def test_embedding_in_both_layouts_is_refused(tmp_path):
+    state = random_state_dict(TINY)
+    state["model.language_model.embed_tokens.weight"] = state["model.embed_tokens.weight"].clone()
+    snap = write(tmp_path, TINY, state)
+    raises(snap, CheckpointError, "'model.embed_tokens.weight'", "'model.language_model.embed_tokens.weight'",
+           "not both")
+
+
+def test_layout_without_an_embedding_follows_the_final_norm(tmp_path):
+    state = random_state_dict(TINY, layout="multimodal")
+    del state["model.language_model.embed_tokens.weight"]
+    snap = write(tmp_path, TINY, state, layout="multimodal")
+    raises(snap, CheckpointError, "no tensor 'model.language_model.embed_tokens.weight'", "expected shape (512, 64)")
+
+
 def test_integer_tensor_is_rejected(tmp_path):
     state = random_state_dict(TINY)
     state["model.norm.weight"] = torch.zeros(64, dtype=torch.int32)
@@ -568,6 +790,28 @@ def test_index_not_json(tmp_path):
     snap = write(tmp_path, TINY, shard=100_000)
     (snap / INDEX_FILE).write_text("{")
     raises(snap, CheckpointError, INDEX_FILE, "weight_map")
+
+
+@pytest.mark.parametrize("which", ["config", "index", "shard", "generation_config"])
+def test_unreadable_file_is_named_and_the_check_command_reports_it(tmp_path, monkeypatch, capsys, which):
+    import builtins
+
+    snap = write(tmp_path, TINY, shard=100_000)
+    target = {"config": snap / "config.json", "index": snap / INDEX_FILE, "generation_config":
+              snap / "generation_config.json", "shard": sorted(snap.glob("model-*.safetensors"))[1]}[which]
+    real_open, read_text = builtins.open, Path.read_text
+
+    # (as root, chmod 000 stops no read: the read itself is made to fail)
+    def deny(file):
+        if isinstance(file, (str, Path)) and Path(file) == target:
+            raise PermissionError(13, "Permission denied", str(file))
+
+    monkeypatch.setattr(builtins, "open", lambda file, *a, **k: deny(file) or real_open(file, *a, **k))
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: deny(self) or read_text(self, *a, **k))
+    exc = ConfigError if "config" in which else CheckpointError
+    raises(snap, exc, f"{target}: could not read the file (Permission denied)")
+    assert main(["check", str(snap)]) == 2
+    assert f"error: {target}: could not read the file (Permission denied)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("layout", ["seq2seq", "Causal", None])
