@@ -387,6 +387,9 @@ def resolve_source(source, allow_patterns=None) -> Path | Qwen35Config:
     if not isinstance(source, str):
         raise CheckpointError(f"source={source!r}: expected a snapshot directory, a preset name "
                               f"({', '.join(PRESETS)}) or a hub id such as 'Qwen/Qwen3.5-0.8B'")
+    if not source.strip():  # Path("") is the current directory: an empty --model would quietly mean "."
+        raise CheckpointError(f"source={source!r} is empty; expected a snapshot directory, a preset name "
+                              f"({', '.join(PRESETS)}) or a hub id such as 'Qwen/Qwen3.5-0.8B'")
     path = Path(source).expanduser()
     if (path / "config.json").is_file():  # (a folder named like a preset but holding no snapshot does not count)
         return path

@@ -481,6 +481,12 @@ def test_missing_directory_given_as_a_string(tmp_path):
     raises(str(tmp_path / "nowhere" / "deeper"), CheckpointError, "nowhere", "no such directory")
 
 
+@pytest.mark.parametrize("source", ["", "  "])
+def test_an_empty_source_is_refused_not_read_as_the_current_directory(source):
+    with pytest.raises(CheckpointError, match=f"source={source!r} is empty; expected a snapshot directory"):
+        resolve_source(source)
+
+
 def test_source_is_a_file(tmp_path):
     snap = write(tmp_path)
     raises(snap / "model.safetensors", CheckpointError, "model.safetensors", "is a file")
