@@ -19,9 +19,11 @@ and the JSON writing are done here by hand so that the files are identical on ev
 from __future__ import annotations
 
 import json
+import numbers
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 from .config import eos_token_ids
@@ -169,10 +171,17 @@ class Tokenizer:
         return {t.content: i for i, t in sorted(self._tok.get_added_tokens_decoder().items()) if t.special}
 
     def token_to_id(self, token: str) -> int | None:
+        """The id of `token` (a token's own text, like 'Ġthe' or '<|im_end|>'), None if the tokenizer has no such
+        token."""
+        if not isinstance(token, str):
+            raise TokenizerTypeError(f"token: expected a str, got {type(token).__name__}")
+        _check_unicode(token, "token")
         return self._tok.token_to_id(token)
 
     def id_to_token(self, token_id: int) -> str | None:
-        return self._tok.id_to_token(int(token_id))
+        """The token of `token_id` (an int), None for an id the tokenizer does not know."""
+        token_id = _one_id(token_id, "token_id")
+        return self._tok.id_to_token(token_id) if self._known(token_id) else None
 
     # ---- text <-> ids
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -184,6 +193,7 @@ class Tokenizer:
         such markers is encoded piece by piece without `add_special_tokens` (Qwen's tokenizers add none anyway)."""
         if not isinstance(text, str):
             raise TokenizerTypeError(f"text: expected a str, got {type(text).__name__}")
+        _check_unicode(text, "text")
         unknown = [m for m in _PLACEHOLDER.finditer(text) if not self._known(int(m.group(1)))]
         if not unknown:
             return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
@@ -195,8 +205,12 @@ class Tokenizer:
         return ids + self._tok.encode(text[start:], add_special_tokens=False).ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        """Text of `ids`. An id the tokenizer does not know decodes to a visible `<|id:N|>` instead of failing
-        (a random-weight model has a bigger vocabulary than the tiny tokenizer)."""
+        """Text of `ids`: an int, a list or tuple of ints (NumPy integers and 0-d integer tensors count as ints), or an
+        integer tensor or NumPy array of 0 or 1 dimensions. Floats (even 1.0), bools, strings, nested lists and
+        2-d tensors raise `TokenizerTypeError` naming `ids`.
+
+        An id the tokenizer does not know decodes to a visible `<|id:N|>` instead of failing (a random-weight model
+        has a bigger vocabulary than the tiny tokenizer)."""
         ids = _id_list(ids)
         pieces, run = [], []
         for i in ids:
@@ -229,6 +243,12 @@ class Tokenizer:
     def apply_chat_template(self, messages, add_generation_prompt: bool = True, **kwargs) -> str:
         """Render `messages` ([{"role": ..., "content": ...}, ...]) with the snapshot's Jinja chat template.
 
+        Each message is a dict with a str `role` and a `content` that is a str, a list of content parts (dicts such
+        as {"type": "text", "text": ...}) or None (an assistant turn holding only `tool_calls`), as Qwen's templates
+        read them; other keys (tool_calls, reasoning_content, ...) reach the template unchecked. A message that is
+        not one raises `TokenizerTypeError`, and any failure of the template while rendering a `TokenizerError`,
+        both naming the message's index.
+
         Returns text (special tokens written out); encode it with `encode`. Extra keyword arguments reach the
         template (e.g. `enable_thinking=False` for templates that read it).
         """
@@ -236,13 +256,17 @@ class Tokenizer:
             raise CheckpointError(f"{self.source}: the tokenizer has no chat template (no 'chat_template' in "
                                   "tokenizer_config.json and no chat_template.jinja)")
         if not isinstance(messages, (list, tuple)) or not all(
-                isinstance(m, dict) and "role" in m and "content" in m for m in messages):
+                isinstance(m, Mapping) and "role" in m and "content" in m for m in messages):
             raise TokenizerError("messages: expected a list of {'role': ..., 'content': ...} dicts, got "
                                  f"{messages!r:.200}")
+        for i, m in enumerate(messages):
+            _check_message(m, f"messages[{i}]")
         ctx = dict(bos_token=self.bos_token or "", eos_token=self.eos_token or "", tools=None, documents=None)
         ctx.update(kwargs)
-        return _render(self.chat_template, self.source, messages=list(messages),
+        text = _render(self.chat_template, self.source, messages=list(messages),
                        add_generation_prompt=add_generation_prompt, **ctx)
+        _check_unicode(text, "the rendered chat template text")  # a keyword argument may have brought one
+        return text
 
     def __repr__(self) -> str:
         return (f"Tokenizer({self.source}: {self.vocab_size} tokens, eos {list(self.eos_token_ids)}, "
@@ -268,7 +292,7 @@ class StreamDecoder:
 
     def push(self, token_id) -> str:
         """Add one token id; return the newly printable text ('' while a character is incomplete)."""
-        self.ids.append(int(token_id))
+        self.ids.append(_one_id(token_id, "token_id"))
         return self._emit(final=False)
 
     def flush(self) -> str:
@@ -320,12 +344,126 @@ def _eos_ids(cfg) -> tuple[int, ...]:
     return eos_token_ids(cfg.get("eos_token_id")) if isinstance(cfg, dict) else ()
 
 
-def _id_list(ids) -> list[int]:
-    if hasattr(ids, "tolist"):  # a tensor or an array
-        ids = ids.tolist()
-    if isinstance(ids, int):
-        return [ids]
-    return [int(i) for i in ids]
+_IDS_EXPECTED = ("token ids: an int, a list or tuple of ints, or an integer tensor or NumPy array of 0 or 1 "
+                 "dimensions")
+
+
+def _is_array(x) -> bool:
+    """A torch tensor, a NumPy array or a NumPy scalar."""
+    return hasattr(x, "tolist") and hasattr(x, "dtype") and hasattr(x, "ndim")
+
+
+def _is_integer_dtype(dtype) -> bool:
+    kind = getattr(dtype, "kind", None)  # NumPy: 'i' signed, 'u' unsigned ('b' bool, 'f' float, ...)
+    if kind is not None:
+        return kind in "iu"
+    if getattr(dtype, "is_floating_point", True) or getattr(dtype, "is_complex", True):  # torch
+        return False
+    return str(dtype) != "torch.bool"
+
+
+def _describe(x) -> str:
+    if _is_array(x):
+        return f"a {type(x).__module__.split('.')[0]}.{type(x).__name__} of dtype {x.dtype} and shape {tuple(x.shape)}"
+    return "None" if x is None else f"{type(x).__name__} {x!r:.80}"
+
+
+def _bad_ids(name: str, what, where: str = "", hint: str = "") -> TokenizerTypeError:
+    at = f" at {where}" if where else ""
+    hint = f"; {hint}" if hint else ""
+    return TokenizerTypeError(f"{name}: expected {_IDS_EXPECTED}, got {_describe(what)}{at}{hint}")
+
+
+def _hint_for(x) -> str:
+    if isinstance(x, bool) or _is_array(x) and str(x.dtype).endswith("bool"):
+        return "a bool is not a token id"
+    if isinstance(x, (float, complex)) or _is_array(x) and not _is_integer_dtype(x.dtype):
+        return ("token ids are integers, so a float is refused, even a whole one like 1.0, rather than rounded: "
+                "convert deliberately (int(x), tensor.long())")
+    if isinstance(x, (str, bytes)):
+        return "to turn text into ids, use encode(text)"
+    if _is_array(x) or isinstance(x, (list, tuple)):
+        return "decode one sequence at a time (ids[0] of a [1, T] batch)"
+    return ""
+
+
+def _one_id(x, name: str, where: str = "") -> int:
+    """`x` as a Python int: an int, a NumPy integer or an integer tensor or array of 0 dimensions (bools refused)."""
+    if _is_array(x):
+        if x.ndim == 0 and _is_integer_dtype(x.dtype):
+            return int(x.tolist())
+    elif isinstance(x, numbers.Integral) and not isinstance(x, bool):
+        return int(x)
+    raise _bad_ids(name, x, where, _hint_for(x))
+
+
+def _id_list(ids, name: str = "ids") -> list[int]:
+    """`ids` (see `Tokenizer.decode`) as a list of Python ints; anything else raises TokenizerTypeError naming
+    `name`."""
+    if _is_array(ids):
+        if ids.ndim > 1 or not _is_integer_dtype(ids.dtype):
+            raise _bad_ids(name, ids, hint=_hint_for(ids))
+        out = ids.tolist()
+        return [out] if ids.ndim == 0 else out
+    if isinstance(ids, (list, tuple, range)):
+        return [_one_id(x, name, f"{name}[{j}]") for j, x in enumerate(ids)]
+    return [_one_id(ids, name)]
+
+
+def _check_unicode(text: str, name: str) -> None:
+    """Refuse a lone surrogate (U+D800 to U+DFFF): no Unicode character, so UTF-8 cannot encode it and the
+    `tokenizers` library fails on it with a bare TypeError. Python makes one of each byte that is not UTF-8 when it
+    decodes with errors='surrogateescape', as it does for the command line (`--prompt $'abc\\xff'`)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        why = (f"an undecodable byte 0x{code - 0xDC00:02X} of the input?" if 0xDC80 <= code <= 0xDCFF
+               else "half of a UTF-16 surrogate pair?")
+        raise TokenizerError(f"{name}: character U+{code:04X} at index {e.start} is not valid Unicode ({why}); "
+                             "expected text that encodes to UTF-8 (read the input's bytes with "
+                             "errors='replace', or fix its encoding)") from None
+
+
+def _check_message(m, name: str) -> None:
+    """A chat message as Qwen's templates read it (see `Tokenizer.apply_chat_template`), its text valid Unicode."""
+    role, content = m["role"], m["content"]
+    if not isinstance(role, str):
+        raise TokenizerTypeError(f"{name}['role']: expected a str such as 'user', 'assistant' or 'system', got "
+                                 f"{_describe(role)}")
+    _check_unicode(role, f"{name}['role']")
+    if isinstance(content, str):
+        _check_unicode(content, f"{name}['content']")
+    elif isinstance(content, (list, tuple)):
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping):
+                raise TokenizerTypeError(f"{name}['content'][{j}]: expected a content part, a dict such as "
+                                         f"{{'type': 'text', 'text': ...}}, got {_describe(part)}")
+            if isinstance(part.get("text"), str):
+                _check_unicode(part["text"], f"{name}['content'][{j}]['text']")
+    elif content is not None:
+        raise TokenizerTypeError(f"{name}['content']: expected a str, a list of content parts such as "
+                                 f"{{'type': 'text', 'text': ...}}, or None, got {_describe(content)}")
+
+
+def _first_failing_message(compiled, ctx: dict, error: Exception) -> int | None:
+    """The index of the message with which a render first fails as it did with all of them (the same exception and
+    text), rendering the messages before it and it; None where the messages cannot tell (the template fails so without
+    any message, or no prefix fails so)."""
+    messages = ctx.get("messages")
+    if not isinstance(messages, list):
+        return None
+
+    def same(k: int) -> bool:
+        try:
+            compiled.render(**{**ctx, "messages": messages[:k]})
+        except Exception as e:  # any failure is compared; none escapes
+            return type(e) is type(error) and str(e) == str(error)
+        return False
+
+    if same(0):
+        return None
+    return next((k - 1 for k in range(1, len(messages) + 1) if same(k)), None)
 
 
 def _render(template: str, source: str, /, **ctx) -> str:
@@ -335,7 +473,7 @@ def _render(template: str, source: str, /, **ctx) -> str:
     own variables may use any name."""
     from datetime import datetime
 
-    from jinja2 import TemplateError, TemplateSyntaxError
+    from jinja2 import TemplateSyntaxError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     where = f"{source}: the chat template" if source else "the chat template"
@@ -359,9 +497,13 @@ def _render(template: str, source: str, /, **ctx) -> str:
             from None
     try:
         return compiled.render(**ctx)
-    except TemplateError as e:
-        raise TokenizerError(f"{where} could not be rendered with these messages ({type(e).__name__}: {e}); "
-                             "expected messages with the fields the template reads") from None
+    except TokenizerError:  # raise_exception: the template refused the messages, in its own words
+        raise
+    except Exception as e:  # a TemplateError, or the TypeError, KeyError, ... of a value the template cannot use
+        k = _first_failing_message(compiled, ctx, e)
+        at = f", first failing once messages[{k}] is included" if k is not None else ""
+        raise TokenizerError(f"{where} could not be rendered with these messages{at} ({type(e).__name__}: {e}); "
+                             "expected messages with the fields the template reads") from e
 
 
 # ------------------------------------------------------------------ building the tiny tokenizer

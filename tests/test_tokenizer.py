@@ -3,11 +3,12 @@
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
 from qwen_lab.config import QWEN35_0_8B, TINY
-from qwen_lab.errors import CheckpointError, QwenLabError, TokenizerError
+from qwen_lab.errors import CheckpointError, QwenLabError, TokenizerError, TokenizerTypeError
 from qwen_lab.tokenizer import (TINY_CORPUS, TINY_SPECIAL_IDS, Tokenizer, bytes_to_unicode, load_tokenizer,
                                 tiny_tokenizer_json, train_bpe)
 from qwen_lab.weights import TINY_DIR, load_weights
@@ -76,11 +77,73 @@ def test_decode_accepts_tensors_and_single_ids(tok):
     assert tok.decode(ids[0]) == tok.decode(ids[:1])
 
 
+def test_decode_accepts_integer_ids_of_every_kind(tok):
+    ids = tok.encode("Triton kernels")
+    text = tok.decode(ids)
+    for same in (tuple(ids), np.array(ids), np.array(ids, dtype=np.int32), [np.int64(i) for i in ids],
+                 torch.tensor(ids, dtype=torch.int32), [torch.tensor(i) for i in ids]):
+        assert tok.decode(same) == text, type(same)
+    assert tok.decode(torch.tensor(ids[0])) == tok.decode(np.int16(ids[0])) == tok.decode(ids[:1])
+    assert tok.decode([]) == tok.decode(torch.tensor([], dtype=torch.long)) == ""
+
+
+@pytest.mark.parametrize("ids, got, hint", [
+    ([1.7], r"float 1\.7 at ids\[0\]", "a float is refused, even a whole one like 1.0"),
+    ([3, 1.0], r"float 1\.0 at ids\[1\]", "a float is refused"),
+    (2.0, "float 2.0", "a float is refused"),
+    (torch.tensor([1.0, 2.0]), r"a torch\.Tensor of dtype torch\.float32 and shape \(2,\)", "a float is refused"),
+    (np.array([1.5]), r"a numpy\.ndarray of dtype float64", "a float is refused"),
+    ([True, 2], "bool True at ids\\[0\\]", "a bool is not a token id"),
+    (torch.tensor([True]), r"a torch\.Tensor of dtype torch\.bool", "a bool is not a token id"),
+    ("abc", "str 'abc'", "use encode(text)"),
+    (b"ab", "bytes b'ab'", "use encode(text)"),
+    (None, "None", ""),
+    ([[1, 2]], r"list \[1, 2\] at ids\[0\]", "decode one sequence at a time"),
+    (torch.tensor([[1, 2]]), r"a torch\.Tensor of dtype torch\.int64 and shape \(1, 2\)",
+     "decode one sequence at a time (ids[0] of a [1, T] batch)"),
+    ({1, 2}, r"set \{1, 2\}", ""),
+])
+def test_decode_rejects_what_is_not_token_ids(tok, ids, got, hint):
+    expected = "an int, a list or tuple of ints, or an integer tensor or NumPy array of 0 or 1 dimensions"
+    with pytest.raises(TokenizerTypeError, match=rf"ids: expected token ids: {expected}, got {got}") as e:
+        tok.decode(ids)
+    assert hint in str(e.value)
+    assert isinstance(e.value, QwenLabError) and isinstance(e.value, TypeError)
+
+
+def test_single_id_entries_check_their_id(tok):
+    with pytest.raises(TokenizerTypeError, match="token_id: expected token ids.*got float 5.0"):
+        tok.id_to_token(5.0)
+    with pytest.raises(TokenizerTypeError, match="token_id: expected token ids.*got str '5'"):
+        tok.stream_decoder().push("5")
+    assert tok.id_to_token(np.int64(510)) == tok.id_to_token(torch.tensor(510)) == "<|im_start|>"
+    assert tok.id_to_token(-1) is None and tok.id_to_token(512) is None and tok.id_to_token(2**70) is None
+
+
 def test_encode_rejects_non_text(tok):
     with pytest.raises(TokenizerError, match="text: expected a str, got list") as e:
         tok.encode([1, 2, 3])
     assert isinstance(e.value, QwenLabError)
     assert isinstance(e.value, TypeError), "a caller's `except TypeError` still catches it"
+
+
+def test_encode_rejects_a_lone_surrogate_naming_the_character_and_its_index(tok):
+    # what `--prompt $'abc\xff'` becomes: Python decodes the command line with errors='surrogateescape'
+    text = b"abc\xff".decode("utf-8", "surrogateescape")
+    with pytest.raises(TokenizerError, match=r"text: character U\+DCFF at index 3 is not valid Unicode "
+                                             r"\(an undecodable byte 0xFF of the input\?\)") as e:
+        tok.encode(text)
+    assert isinstance(e.value, QwenLabError) and isinstance(e.value, ValueError)
+    with pytest.raises(TokenizerError, match=r"text: character U\+D83D at index 2 .*surrogate pair"):
+        tok.encode("hi\ud83d")  # half of 🙂 in UTF-16
+    big = QWEN35_0_8B.vocab_size - 1
+    text = f"a <|id:{big}|>\udcff"  # also on the path that encodes the text piece by piece around placeholders
+    with pytest.raises(TokenizerError, match=rf"text: character U\+DCFF at index {len(text) - 1} "):
+        tok.encode(text)
+    with pytest.raises(TokenizerError, match=r"token: character U\+DCFF at index 0"):
+        tok.token_to_id("\udcff")
+    with pytest.raises(TokenizerTypeError, match="token: expected a str, got int"):
+        tok.token_to_id(5)
 
 
 def test_bpe_training_on_too_short_a_corpus_names_both_arguments():
@@ -176,6 +239,71 @@ def test_chat_template_rejects_malformed_messages(tok):
         with pytest.raises(TokenizerError, match="messages: expected a list of") as e:
             tok.apply_chat_template(bad)
         assert isinstance(e.value, QwenLabError) and isinstance(e.value, ValueError)
+
+
+@pytest.mark.parametrize("messages, match", [
+    ([{"role": "user", "content": 5}], r"messages\[0\]\['content'\]: expected a str, a list of content parts .*"
+                                       r"or None, got int 5"),
+    ([{"role": "user", "content": "hi"}, {"role": None, "content": "x"}],
+     r"messages\[1\]\['role'\]: expected a str such as 'user'.*got None"),
+    ([{"role": "user", "content": {"type": "text", "text": "hi"}}], r"messages\[0\]\['content'\]: .*got dict"),
+    ([{"role": "user", "content": ["hi"]}], r"messages\[0\]\['content'\]\[0\]: expected a content part, a dict"),
+])
+def test_chat_template_rejects_messages_of_the_wrong_types(tok, messages, match):
+    with pytest.raises(TokenizerTypeError, match=match) as e:
+        tok.apply_chat_template(messages)
+    assert isinstance(e.value, QwenLabError) and isinstance(e.value, TypeError) and isinstance(e.value, ValueError)
+
+
+def test_chat_template_accepts_what_qwens_templates_read(tmp_path):
+    # as Qwen's own templates do: content None for an assistant turn holding only tool calls, other keys passed on
+    snap = copy_tiny(tmp_path)
+    (snap / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% set c = m.content if m.content is string else '' %}"
+        "<|im_start|>{{ m.role }}\n{{ c }}{% for t in m.tool_calls or [] %}<tool_call>{{ t.function.name }}"
+        "</tool_call>{% endfor %}<|im_end|>\n{% endfor %}")
+    messages = [{"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "weather"}}]},
+                {"role": "tool", "content": "sunny"}]
+    assert load_tokenizer(snap).apply_chat_template(messages) == (
+        "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n<tool_call>weather</tool_call><|im_end|>\n"
+        "<|im_start|>tool\nsunny<|im_end|>\n")
+
+
+def test_chat_template_failing_with_a_python_error_names_the_message(tmp_path):
+    # a template that adds the content to a str, as Qwen's do for user turns: None (allowed for tool calls) fails
+    snap = copy_tiny(tmp_path)
+    (snap / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}")
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None},
+                {"role": "user", "content": "again"}]
+    with pytest.raises(TokenizerError, match=r"the chat template could not be rendered with these messages, first "
+                                             r"failing once messages\[1\] is included \(TypeError: ") as e:
+        load_tokenizer(snap).apply_chat_template(messages)
+    assert str(snap) in str(e.value) and isinstance(e.value, QwenLabError)
+    assert isinstance(e.value.__cause__, TypeError), "chained to the template's own error"
+
+
+def test_chat_template_failing_without_any_message_names_none(tmp_path):
+    snap = copy_tiny(tmp_path)
+    (snap / "chat_template.jinja").write_text("{{ (tools | length) }}")  # tools is None
+    with pytest.raises(TokenizerError, match=r"could not be rendered with these messages \(TypeError: ") as e:
+        load_tokenizer(snap).apply_chat_template([{"role": "user", "content": "hi"}])
+    assert "messages[" not in str(e.value) and isinstance(e.value.__cause__, TypeError)
+
+
+def test_chat_template_rejects_a_lone_surrogate(tmp_path, tok):
+    with pytest.raises(TokenizerError, match=r"messages\[1\]\['content'\]: character U\+DCFF at index 2 is not "
+                                             r"valid Unicode"):
+        tok.apply_chat_template([{"role": "system", "content": "Be brief."},
+                                 {"role": "user", "content": "hi\udcff"}])
+    with pytest.raises(TokenizerError, match=r"messages\[0\]\['content'\]\[1\]\['text'\]: character U\+DCFF"):
+        tok.apply_chat_template([{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                              {"type": "text", "text": "\udcff"}]}])
+    snap = copy_tiny(tmp_path)
+    (snap / "chat_template.jinja").write_text("<|im_start|>system\n{{ system }}<|im_end|>\n")
+    with pytest.raises(TokenizerError, match=r"the rendered chat template text: character U\+DCFF at index 19"):
+        load_tokenizer(snap).apply_chat_template([{"role": "user", "content": "hi"}], system="\udcff")
 
 
 def test_missing_chat_template(tmp_path):
