@@ -162,7 +162,7 @@ def test_a_temperature_too_small_for_float32_is_refused_before_any_work(backend,
     """Below log2(e) / float32's max the sampler's scaled logits overflow: the reference drew a wrong token (an EOS
     id, so generation stopped) or failed deep inside, the kernel refused only after the prefill. Both backends now
     refuse it first; just above it, both draw the greedy token."""
-    model = qwen_lab.load_model("tiny", device="cpu", dtype=torch.float32, backend=backend)
+    model = qwen_lab.load_model("tiny", backend=backend)  # the GPU where there is one: the kernel's own test there
 
     def no_prefill(*args, **kwargs):
         raise AssertionError("the prompt was prefilled before the temperature was checked")
