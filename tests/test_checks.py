@@ -290,3 +290,66 @@ def test_the_masked_load_note_names_only_loads_without_other():
     found = checks.unfilled_masked_loads({"_row_max_kernel": _row_max_kernel.fn, "_copy_kernel": _copy_kernel.fn})
     assert len(found) == 1 + 2 and all("mask" in f for f in found)  # one here, the two of _copy_kernel
     assert not checks.unfilled_masked_loads({"_head_copy_kernel": _head_copy_kernel.fn})
+
+
+@triton.jit
+def _accumulate_kernel(x_ptr, acc_ptr, n, row_width, BLOCK: tl.constexpr):
+    # acc[i * row_width] += x[i]: the accumulator's index scaled by another size than its own, the mistake of an
+    # atomic_add into acc[m * K + n] where acc is [M, N]
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.atomic_add(acc_ptr + offs * row_width, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def test_a_stray_atomic_add_into_a_zeroed_buffer_is_reported_not_a_crash():
+    """An accumulator made with torch.zeros was not guarded: an atomic_add past its end corrupted the CPU process's
+    heap (it died with "double free or corruption", no message). Zeroed buffers are guarded now, and stay zero."""
+    def accumulate(x, row_width):
+        acc = torch.zeros(x.numel(), dtype=torch.float32, device=x.device)
+        _accumulate_kernel[(triton.cdiv(x.numel(), 32),)](x, acc, x.numel(), row_width, BLOCK=32)
+        return acc
+    case = [lambda g: dict(x=checks.randn(40, g=g, device=DEV))]
+    assert len(checks.check_kernel("accumulate", lambda x: accumulate(x, 1), lambda x: x.clone(), case,
+                                   quiet=True)) == 1
+    with pytest.raises(checks.CheckFailed, match="outside a buffer your function allocated \\(\\(40,\\), "):
+        checks.check_kernel("accumulate", lambda x: accumulate(x, 3), lambda x: x.clone(), case, quiet=True)
+    assert torch.zeros(3).sum() == 0 and torch.zeros_like(torch.ones(2)).sum() == 0  # itself again after the check
+
+
+def test_the_masked_load_note_leaves_the_librarys_kernels_alone():
+    """A learner's step launches qwen_lab's own kernels beside theirs: a masked load without `other` in one of those
+    is not theirs to fix, and the note must not send them there."""
+    from qwen_lab.kernels import rope
+
+    library = {name: getattr(rope, name).fn for name in dir(rope) if name.endswith("_kernel")}
+    assert library and not checks.unfilled_masked_loads(library)
+    assert len(checks.unfilled_masked_loads({**library, "_row_max_kernel": _row_max_kernel.fn})) == 1
+
+
+def test_a_scalar_output_is_not_said_to_miss_a_scale_factor():
+    """One value is always some multiple of the reference's: the scale-factor sentence needs two values to say
+    anything (it misled the checks of counted bytes and FLOPs)."""
+    with pytest.raises(checks.CheckFailed) as one:
+        checks.compare("bytes per token", torch.tensor([1.25e6]), torch.tensor([1.0e6]))
+    assert "scale factor" not in str(one.value)
+    with pytest.raises(checks.CheckFailed, match="reference times 1.25: a missing or extra scale factor"):
+        checks.compare("bytes", torch.tensor([1.25e6, 2.5e6]), torch.tensor([1.0e6, 2.0e6]))
+
+
+@triton.jit
+def _row_sums_kernel(x_ptr, out_ptr, D: tl.constexpr, WRONG_AXIS: tl.constexpr):
+    rows, cols = tl.arange(0, 4), tl.arange(0, D)
+    x = tl.load(x_ptr + rows[:, None] * D + cols[None, :])
+    s = tl.sum(x, axis=0 if WRONG_AXIS else 1)   # axis 0 sums each column: D values where 4 are wanted
+    tl.store(out_ptr + rows, s * 1.0 + tl.zeros([4], dtype=tl.float32))
+
+
+def test_a_shape_mismatch_inside_the_kernel_gets_a_hint():
+    def row_sums(x, wrong_axis):
+        out = torch.empty(4, dtype=x.dtype, device=x.device)
+        _row_sums_kernel[(1,)](x, out, D=16, WRONG_AXIS=wrong_axis)
+        return out
+    case = [lambda g: dict(x=checks.randn(4, 16, g=g, device=DEV))]
+    assert len(checks.check_kernel("row sums", lambda x: row_sums(x, False), lambda x: x.sum(1), case,
+                                   quiet=True)) == 1
+    with pytest.raises(checks.CheckFailed, match="two tiles of different shapes met in one operation"):
+        checks.check_kernel("row sums", lambda x: row_sums(x, True), lambda x: x.sum(1), case, quiet=True)
