@@ -23,10 +23,12 @@ step's Python code make that impossible, and a CPU can detect both:
     assert_same_shapes(a, b)          # raises ShapeChangeError at the first operation whose shapes differ
 
 `forbid_host_sync` is a `torch.overrides.TorchFunctionMode`: every torch function and tensor method called
-from Python passes through it, and the ones that synchronise raise. `torch.cuda.synchronize` and the
-`synchronize` methods of streams and events are not torch functions; they are patched for the duration.
-What a C++ extension does internally, and names imported before the guard (`from torch.cuda import
-synchronize`), are not seen. The Triton interpreter's own copies (it runs kernels on the CPU in NumPy) are
+from Python passes through it, and the ones that synchronise by what they are raise. Below it, a
+`TorchDispatchMode` sees every ATen operation those calls run, and raises where one reads a tensor's value into
+a number (`x[:i]` or `torch.arange(t)` with a tensor `i` or `t`: ATen's `_local_scalar_dense`, what `.item()`
+does). `torch.cuda.synchronize` and the `synchronize` methods of streams and events are not torch functions;
+they are patched for the duration. What a C++ extension does internally, a copy between devices by `copy_`, and
+names imported before the guard (`from torch.cuda import synchronize`), are not seen. The Triton interpreter's own copies (it runs kernels on the CPU in NumPy) are
 exempt: on a GPU they do not exist.
 """
 
@@ -97,7 +99,20 @@ _CALLS = {
     torch.Tensor.unique: ("tensor.unique()", _SHAPE, _FIXED_SHAPE),
     torch.unique_consecutive: ("torch.unique_consecutive(x)", _SHAPE, _FIXED_SHAPE),
     torch.Tensor.unique_consecutive: ("tensor.unique_consecutive()", _SHAPE, _FIXED_SHAPE),
+    torch.bincount: ("torch.bincount(x)", _SHAPE, "a fixed number of bins: zeros(n).index_add_(0, x, ones) or "
+                                                   "scatter_add_"),
+    torch.Tensor.bincount: ("tensor.bincount()", _SHAPE, "a fixed number of bins: zeros(n).index_add_(0, x, ones) "
+                                                          "or scatter_add_"),
 }
+
+# a tensor's value read into a number below the Python call (in C++): a 0-d tensor as an index or a slice bound,
+# or given where a size or a count goes (torch.arange(t), torch.topk(x, t), torch.full(shape, t))
+_SCALAR_READ = ("a tensor read as a number inside {call} (a tensor given as an index, a slice bound, a size, a "
+                "count or a fill value)", _FETCH,
+                "keep indices on the device (x.index_select(0, i) or x[i] with a 1-element LongTensor i, "
+                "x.narrow with a Python int fixed outside the step), and pass sizes as Python ints")
+_REPEATS = ("repeat_interleave with a tensor of repeats and no output_size", _SHAPE,
+            "pass output_size= (the total, known outside the step), or repeat a fixed number of times")
 _HOST_DATA = ("it copies host memory into a new tensor at every call: a capture either refuses the copy or "
               "freezes the value it had at capture time",
               "allocate a static device buffer once, outside the step, and update it with .copy_() or .fill_() "
@@ -150,7 +165,25 @@ def _classify(func, args, kwargs):
         return ("torch.where(cond) with one argument (it is nonzero)", _SHAPE, _FIXED_SHAPE)
     if func in (torch.tensor, torch.as_tensor) and args and not isinstance(args[0], torch.Tensor):
         return (f"torch.{func.__name__}(python data)",) + _HOST_DATA
+    if func in (torch.repeat_interleave, torch.Tensor.repeat_interleave) and kwargs.get("output_size") is None \
+            and len(args) < 4 and any(isinstance(a, torch.Tensor) and a.numel() > 1 for a in args[1:2]):
+        return _REPEATS
+    if func in (torch.Tensor.index_put_, torch.Tensor.index_put, torch.index_put) and len(args) > 1 \
+            and _has_bool_index(tuple(args[1])):
+        return _BOOL_ASSIGN
     return None
+
+
+def _call_name(func) -> str:
+    """How a learner wrote a torch function or tensor method: torch.arange, tensor.__getitem__ as x[...]."""
+    name = getattr(func, "__name__", None) or str(func)
+    if name == "__getitem__":
+        return "x[...]"
+    if name == "__setitem__":
+        return "x[...] = ..."
+    owner = "tensor" if getattr(func, "__qualname__", "").startswith("Tensor.") or \
+        getattr(func, "__objclass__", None) is torch._C.TensorBase else "torch"
+    return f"{owner}.{name}()"
 
 
 # ---------------------------------------------------------------- where a call came from
@@ -235,17 +268,45 @@ def _allowed() -> bool:
 
 
 class _SyncMode(TorchFunctionMode):
+    """Each torch function or tensor method called from Python: the ones that synchronise by what they are."""
+
     def __init__(self, on_sync):
         super().__init__()
         self.on_sync = on_sync
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        hit = None
         if not _allowed():
             hit = _classify(func, args, kwargs)
             if hit is not None:
                 self.on_sync(hit)
-        return func(*args, **kwargs)
+        # what the call does below Python is _ScalarReadMode's to see, named after this call; once this call is
+        # reported (an .item(), say), its own read of the value is not reported again
+        outer = getattr(_local, "calling", None), getattr(_local, "reported", False)
+        _local.calling, _local.reported = func, outer[1] or hit is not None
+        try:
+            return func(*args, **kwargs)
+        finally:
+            _local.calling, _local.reported = outer
+
+
+class _ScalarReadMode(TorchDispatchMode):
+    """Below the Python calls: a tensor's value read into a C++ number (ATen's `_local_scalar_dense`, what .item()
+    does) while a torch function runs. `x[:i]`, `x[i]` with a 0-d tensor, `torch.arange(t)`, `torch.topk(x, t)`:
+    none is a synchronising call by its name, but each fetches a value from the GPU to size or index its work."""
+
+    def __init__(self, on_sync):
+        super().__init__()
+        self.on_sync = on_sync
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default and not _allowed() \
+                and not getattr(_local, "reported", False):
+            outer = getattr(_local, "calling", None)
+            label, why, fix = _SCALAR_READ
+            self.on_sync((label.format(call=_call_name(outer) if outer is not None else "a torch call"), why, fix))
+        return func(*args, **(kwargs or {}))
 
 
 _patch_lock = threading.Lock()
@@ -306,7 +367,7 @@ def _guard(on_hit):
     _handlers.append(on_sync)
     _patch_cuda()
     try:
-        with _SyncMode(on_sync):
+        with _SyncMode(on_sync), _ScalarReadMode(on_sync):
             yield
     finally:
         _unpatch_cuda()

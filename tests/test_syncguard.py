@@ -42,7 +42,38 @@ SYNCS = {
     "torch.tensor(python data)": lambda: torch.tensor([1, 2]),
     "torch.as_tensor(python data)": lambda: torch.as_tensor([1.0]),
     "torch.cuda.synchronize()": lambda: torch.cuda.synchronize(),
+    "torch.bincount(x)": lambda: torch.bincount(I.reshape(1)),
+    "repeat_interleave with a tensor of repeats": lambda: X[:2].repeat_interleave(I.repeat(2)),
 }
+
+# a tensor's value read in C++ below a Python call that does not synchronise by its name: each fetches the value
+# from the GPU (the H200 refuses every one of these in a capture), and each was missed before the dispatch mode
+SCALAR_READS = {
+    "x[...]": lambda: X[:I],
+    "x[...] ": lambda: X[I],
+    "x[...]  ": lambda: X[I.reshape(1)[0]],
+    "torch.arange()": lambda: torch.arange(I),
+    "torch.full()": lambda: torch.full((2,), S),
+    "torch.topk()": lambda: torch.topk(X, I),
+    "tensor.narrow()": lambda: X.narrow(0, 0, I),
+}
+
+
+@pytest.mark.parametrize("call", sorted(SCALAR_READS))
+def test_a_tensor_read_as_a_number_below_python_is_named_with_its_call(call):
+    with pytest.raises(HostSyncError, match=f"a tensor read as a number inside {re.escape(call.strip())} .*\n  at "
+                                            rf".*test_syncguard.py:\d+"):
+        with forbid_host_sync():
+            SCALAR_READS[call]()
+
+
+def test_a_call_named_once_is_not_reported_again_for_its_own_read():
+    """.item() reads the value through the same ATen operation the dispatch mode watches: one report, not two."""
+    with find_host_syncs() as found:
+        S.item()
+        int(I)
+        _ = X[I.reshape(1)]  # a LongTensor index stays on the device: nothing
+    assert [f.call for f in found] == ["tensor.item()", "int(tensor)"]
 
 
 @pytest.mark.parametrize("label", sorted(SYNCS))
