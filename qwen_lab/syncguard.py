@@ -157,6 +157,14 @@ def _classify(func, args, kwargs):
         if dst.type != "cpu" and src.device.type == "cpu":
             return _TO_DEVICE
         return None
+    if func is torch.Tensor.copy_ and len(args) > 1 and isinstance(args[1], torch.Tensor):
+        dst, src = args[0].device.type, args[1].device.type
+        if dst == "cpu" and src != "cpu":
+            return ("cpu_tensor.copy_(gpu_tensor)", _FETCH, _DEVICE_VALUE)
+        if dst != "cpu" and src == "cpu":
+            return ("gpu_tensor.copy_(cpu_tensor)",) + _HOST_DATA[:1] + (
+                "fill the static device buffer before the replay, outside the step",)
+        return None
     if func is torch.Tensor.__getitem__ and len(args) > 1 and _has_bool_index(args[1]):
         return _BOOL_INDEX
     if func is torch.Tensor.__setitem__ and len(args) > 1 and _has_bool_index(args[1]):
@@ -319,8 +327,9 @@ _handlers: list = []                                  # the active guards' on_sy
 def _cuda_sync_called(label):
     def blocked(*args, **kwargs):
         if not _allowed() and _handlers:
-            _handlers[-1]((label, "it blocks the host until the GPU is idle, which capture refuses",
-                           "synchronise outside the step (before replay, or when reading the result)"))
+            why = ("it asks the GPU whether its work is done, which capture refuses (nothing has run yet)"
+                   if label.endswith("query()") else "it blocks the host until the GPU is idle, which capture refuses")
+            _handlers[-1]((label, why, "synchronise outside the step (before replay, or when reading the result)"))
         return _patched_originals[label](*args, **kwargs)
     return blocked
 
@@ -332,8 +341,11 @@ def _patch_cuda():
         if _patch_depth > 1:
             return
         targets = [(torch.cuda, "synchronize", "torch.cuda.synchronize()"),
+                   (getattr(torch, "accelerator", None), "synchronize", "torch.accelerator.synchronize()"),
                    (torch.cuda.Stream, "synchronize", "stream.synchronize()"),
-                   (torch.cuda.Event, "synchronize", "event.synchronize()")]
+                   (torch.cuda.Stream, "query", "stream.query()"),
+                   (torch.cuda.Event, "synchronize", "event.synchronize()"),
+                   (torch.cuda.Event, "query", "event.query()")]
         for owner, attr, label in targets:
             original = getattr(owner, attr, None)
             if original is None:

@@ -42,6 +42,7 @@ SYNCS = {
     "torch.tensor(python data)": lambda: torch.tensor([1, 2]),
     "torch.as_tensor(python data)": lambda: torch.as_tensor([1.0]),
     "torch.cuda.synchronize()": lambda: torch.cuda.synchronize(),
+    "torch.accelerator.synchronize()": lambda: torch.accelerator.synchronize(),
     "torch.bincount(x)": lambda: torch.bincount(I.reshape(1)),
     "repeat_interleave with a tensor of repeats": lambda: X[:2].repeat_interleave(I.repeat(2)),
 }
@@ -252,7 +253,11 @@ def test_on_a_gpu_transfers_are_caught_and_the_triton_decode_step_is_clean():
     x = torch.ones(4, device="cuda")
     for label, fn in (("tensor.to('cpu')", lambda: x.to("cpu")), ("tensor.cpu()", lambda: x.cpu()),
                       ("copying a CPU tensor to the GPU", lambda: torch.ones(2).cuda()),
-                      ("stream.synchronize()", lambda: torch.cuda.current_stream().synchronize())):
+                      ("stream.synchronize()", lambda: torch.cuda.current_stream().synchronize()),
+                      ("stream.query()", lambda: torch.cuda.current_stream().query()),
+                      ("cpu_tensor.copy_(gpu_tensor)", lambda: torch.empty(4).copy_(x)),
+                      ("gpu_tensor.copy_(cpu_tensor)", lambda: x.copy_(torch.zeros(4))),
+                      ("a tensor read as a number inside x[...]", lambda: x[:x.sum().long()])):
         with pytest.raises(HostSyncError, match=re.escape(label)):
             with forbid_host_sync():
                 fn()
