@@ -50,8 +50,20 @@ MISTAKES = [
      "r = tl.load(r_ptr + rows[:, None] * sr", "r = tl.load(r_ptr + rows[:, None] * sx", "add_rms_norm (case 3"),
     ("02_rmsnorm.ipynb", "Exercise 02.2",   # the residual stream stored with out's row stride: the strided case
      "tl.store(rout_ptr + rows[:, None] * sro", "tl.store(rout_ptr + rows[:, None] * so", "add_rms_norm (case 3"),
+    ("02_rmsnorm.ipynb", "Exercise 02.2",   # eps dropped: the tiny case, where eps is as large as the mean square
+     "tl.math.rsqrt(tl.sum(s * s, axis=1) / D + eps)", "tl.math.rsqrt(tl.sum(s * s, axis=1) / D)",
+     "add_rms_norm (case 4"),
+    ("02_rmsnorm.ipynb", "Exercise 02.2",   # eps added after the rsqrt: the tiny case again
+     "tl.math.rsqrt(tl.sum(s * s, axis=1) / D + eps)", "(tl.math.rsqrt(tl.sum(s * s, axis=1) / D) + eps)",
+     "add_rms_norm (case 4"),
     ("02_rmsnorm.ipynb", "Exercise 02.3",   # the gated norm's weight is plain w, not 1 + w
      "* w[None, :]) * (z * tl.sigmoid(z))", "* (1.0 + w)[None, :]) * (z * tl.sigmoid(z))", "gated_rms_norm"),
+    ("02_rmsnorm.ipynb", "Exercise 02.3",   # eps dropped: the tiny x of the last case
+     "tl.math.rsqrt(tl.sum(x * x, axis=1) / D + eps)", "tl.math.rsqrt(tl.sum(x * x, axis=1) / D)",
+     "gated_rms_norm (case 3"),
+    ("02_rmsnorm.ipynb", "Exercise 02.3",   # eps added after the rsqrt: the tiny x again
+     "tl.math.rsqrt(tl.sum(x * x, axis=1) / D + eps)", "(tl.math.rsqrt(tl.sum(x * x, axis=1) / D) + eps)",
+     "gated_rms_norm (case 3"),
     ("03_gemm.ipynb", "Exercise 03.1",   # the last K step reads past the row: the guard's NaN comes in
      "mask=(offs_m[:, None] < M) & (k[None, :] < K), other=0.0)", "mask=offs_m[:, None] < M, other=0.0)", "NaN"),
     ("04_split_k.ipynb", "Exercise 04.1",
@@ -75,17 +87,30 @@ MISTAKES = [
      "sin = tl.where(is_first, -tl.sin(phi),", "sin = tl.where(is_first, tl.sin(phi),", "rope"),   # rotated backwards
     ("07_gated_attention.ipynb", "Exercise 07.1",
      "s = tl.dot(q, tl.trans(k)) * scale ", "s = tl.dot(q, tl.trans(k)) ", "missing or extra scale factor"),
+    ("07_gated_attention.ipynb", "Exercise 07.1",   # k's heads taken as D apart: the case where k is a wider view
+     "kv_head * stride_kh", "kv_head * D", "scores (case 3"),
     ("07_gated_attention.ipynb", "Exercise 07.2",
      'm = tl.where(m == float("-inf"), 0.0, m)', "m = m", "NaN"),   # a fully masked row: -inf - (-inf)
     ("07_gated_attention.ipynb", "Exercise 07.3",
      "(h // G) * stride_vh", "(h % G) * stride_vh", "weighted sum"),   # GQA: the wrong KV head
+    ("07_gated_attention.ipynb", "Exercise 07.3",   # G hard-coded as 2: the G = 3 case (first, so on a GPU too)
+     "(h // G) * stride_vh", "(h // 2) * stride_vh", "weighted sum (case 0"),
+    ("07_gated_attention.ipynb", "Exercise 07.3",   # v's heads taken as D apart: the case where v is a wider view
+     "(h // G) * stride_vh", "(h // G) * D", "weighted sum (case 3"),
     ("08_gated_deltanet_recurrent.ipynb", "Exercise 08.1",   # a short input drops the old state's columns
      "new = tl.where((r >= 0)[None, :], xv.to(state_ptr.dtype.element_ty), sv)",
      "new = xv.to(state_ptr.dtype.element_ty)", "in-place 'state'"),
     ("08_gated_deltanet_recurrent.ipynb", "Exercise 08.2",
      "x = a + tl.load(dt_bias_ptr", "x = a - tl.load(dt_bias_ptr", "deltanet_gates"),
+    ("08_gated_deltanet_recurrent.ipynb", "Exercise 08.2",   # b read with a's row stride: the case where they differ
+     "b = tl.load(b_ptr + t * stride_bt", "b = tl.load(b_ptr + t * stride_at", "deltanet_gates (case 4"),
     ("08_gated_deltanet_recurrent.ipynb", "Exercise 08.3",
      "S = S * tl.exp(g)  ", "S = S  ", "in-place 'state'"),   # the state never forgets
+    ("08_gated_deltanet_recurrent.ipynb", "Exercise 08.3",   # k's l2 norm without eps: the all-zero k row is NaN
+     "k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)", "k = k * tl.rsqrt(tl.sum(k * k, 0))", "delta_rule_recurrent (case 3"),
+    ("08_gated_deltanet_recurrent.ipynb", "Exercise 08.3",   # beta read with g's row stride: g a wider view
+     "beta = tl.load(beta_ptr + t * stride_bt + h)", "beta = tl.load(beta_ptr + t * stride_gt + h)",
+     "delta_rule_recurrent (case 4"),
     ("09_gated_deltanet_chunked.ipynb", "Exercise 09.1",
      "row = (r == i).to(tl.float32) - tl.sum(", "row = (r == i).to(tl.float32) + tl.sum(", "tril_inverse"),
     ("09_gated_deltanet_chunked.ipynb", "Exercise 09.2",
@@ -101,6 +126,13 @@ MISTAKES = [
      'o = ops["attention"](q, k_cache, v_cache, positions)', "attention_block"),   # the output gate forgotten
     ("11_decode_and_sampling.ipynb", "Exercise 11.1",
      "keep &= n_greater < top_k", "keep &= n_greater <= top_k", "outside the kept set"),   # top-k keeps k + 1
+    ("11_decode_and_sampling.ipynb", "Exercise 11.1",   # the count of tokens <= p_i one short: nothing is kept
+     "n_at_most = torch.searchsorted(asc, p, right=True)", "n_at_most = torch.searchsorted(asc, p, right=False)",
+     "did your filter keep no token at all"),
+    ("11_decode_and_sampling.ipynb", "Exercise 11.1",   # the draw's search on the left: u = 0 gives a filtered token 0
+     "idx = torch.searchsorted(cdf, (uniform.float() * cdf[-1]).reshape(1), right=True)[0]",
+     "idx = torch.searchsorted(cdf, (uniform.float() * cdf[-1]).reshape(1), right=False)[0]",
+     "sample_on_device (case 51"),
     ("12_cuda_graph.ipynb", "Exercise 12.1",   # every replay would draw with the same uniform
      "    s.counter.add_(1)\n", "\n", "s.counter ends at 1 after"),
     ("12_cuda_graph.ipynb", "Exercise 12.1",   # a Python index synchronises: named with its line, before any capture
@@ -109,9 +141,14 @@ MISTAKES = [
      "that must be capturable: int(tensor)\n  at <12_cuda_graph.ipynb cell 18>:6 in decode_step()"),
     ("13_generation_and_benchmark.ipynb", "Exercise 13.1",   # the states read but not written back
      "(n_weights * bytes_per_weight + 2 * state)", "(n_weights * bytes_per_weight + state)", "bytes too few"),
+    ("13_generation_and_benchmark.ipynb", "Exercise 13.1",   # each state Dv x Dv: the config with Dk != Dv
+     "config.linear_key_head_dim \\", "config.linear_value_head_dim \\", "decode_floor_ms (case 5"),
     ("13_generation_and_benchmark.ipynb", "Exercise 13.2:",   # the LM head counted for every prompt token
      "flops = 2 * per_token * T + 2 * c.hidden_size * c.vocab_size",
      "flops = 2 * per_token * T + 2 * c.hidden_size * c.vocab_size * T", "the LM head counted per token"),
+    ("13_generation_and_benchmark.ipynb", "Exercise 13.2:",   # the delta rule's Dk x Dk: the config with Dk != Dv
+     "c.linear_key_head_dim * c.linear_value_head_dim * T", "c.linear_key_head_dim * c.linear_key_head_dim * T",
+     "prefill_flops (case 4"),
 ]
 
 
