@@ -17,14 +17,29 @@
   `raises-exception`, so nbval and nbclient expect it to fail in the learner's version.
 - Outputs, execution counts and run metadata are dropped; cell ids are kept (cells without one get
   an id derived from their position), so building twice gives byte-identical files.
-- Notebooks without exercises are copied with outputs cleared; `notebooks/*.ipynb` files without a
-  solution are removed.
+- The instructor's editor state is dropped: cell metadata `editable`, `deletable`, `jupyter` (hidden
+  source or outputs), `nbgrader`, `vscode`, `colab`; the notebook metadata becomes the default kernel
+  `{"name": "python3", "display_name": "Python 3", "language": "python"}` with language_info
+  `{"name": "python"}` (only `title` and `authors` are kept besides), so a learner's notebook opens on
+  Colab or a fresh machine whatever kernel the solution was last run with. Cell tags are kept.
+- Notebooks without exercises are copied with outputs cleared. A `notebooks/*.ipynb` file without a
+  solution is removed only when build wrote it: named like a solution (`NN_name.ipynb`) and in the
+  form build writes (the learner's notebook metadata above and nothing else, no outputs, execution
+  counts or editor metadata, check cells tagged `raises-exception`; see `is_generated_notebook`). Any
+  other file there (`my_analysis.ipynb`, a notebook somebody ran) is left alone, with a note.
+- With only `--solutions DIR`, the notebooks go to `notebooks/` beside DIR. With neither option, both
+  folders are those of the current directory when it holds `solutions/`, else of the checkout the
+  package is imported from (the output line says which). `build` refuses a `--notebooks` folder that
+  is the solutions folder or inside it, before writing anything.
 
 Before writing anything, `build` validates every solution and stops on any problem, naming the
 notebook and the cell (cells counted from 0, as in `nb.cells[i]`): unmatched or nested markers, a
-line that looks like a marker but is not one, markers in a cell whose first line is no `# Exercise`
-title, a stub that would run as soon as its cell runs (not inside a function body), an exercise
-notebook without a `check` cell, a check cell before the exercise it grades.
+line that looks like a marker but is not exactly one (it mentions BEGIN or END and a word starting
+with SOLUT, in any case, anywhere in the line: `### BEGIN SOLUTON`, `### END SOLUTIONS`,
+`x = 0  ### BEGIN SOLUTION`; named by its line), a code cell titled `# Exercise ...` without a
+solution block (it would reach the learner whole), markers in a cell whose first line is no
+`# Exercise` title, a stub that would run as soon as its cell runs (not inside a function body), an
+exercise notebook without a `check` cell, a check cell before the exercise it grades.
 
 `check` builds in memory and compares byte for byte with what is in notebooks/: it exits 1 listing
 every missing, differing or stale file, and 0 when they are in sync.
@@ -41,7 +56,7 @@ In Python: `strip_solutions(nb)` returns the learner's version of a notebook, `l
 the (title, cell index) of its exercises, `exercise_and_check(path, title)` the cells that grade one of them,
 `validate(nb, name)` the list of problems,
 `nbgrader_notebook(nb)` the nbgrader source version, `build()`, `check()` and `export_nbgrader()` what the
-commands do.
+commands do, `resolve_dirs()` their default folders, `is_generated_notebook(path)` whether build may remove a file.
 """
 
 from __future__ import annotations
@@ -70,12 +85,30 @@ MARKDOWN_STUB = "*Your answer here.*"
 REBUILD = "run python -m qwen_lab.exercises build"
 
 # Something that was meant as a marker but is not exactly one (`# BEGIN SOLUTION`, `### End solution`,
-# `### BEGIN SOLUTION here`): left alone it would leak the solution into the learner's notebook.
-_NEAR_MARKER = re.compile(r"^\s*#+\s*(BEGIN|END)[\s_-]*SOLUTION\b", re.IGNORECASE)
+# `### BEGIN SOLUTON`, `### END SOLUTIONS`, `x = 0  ### BEGIN SOLUTION`): left alone it would leak the solution
+# into the learner's notebook. A line is one when, anywhere in it and in any case, a run of '#' is followed by BEGIN
+# or END and then a word starting with SOLUT (spaces, '_' or '-' between them, or none), and it is not exactly BEGIN
+# or END. Prose that merely mentions the end and a solution ("in the end, compare your solution") is not one.
+_LOOKALIKE = re.compile(r"#+[ \t]*(?:begin|end)[\s_-]*solut", re.IGNORECASE)
+# A code cell whose first line reads as an exercise title (`# Exercise 02.1: ...`, `## exercise 2`): it must hold a
+# solution block, or the whole cell, solution included, would reach the learner.
+_CODE_TITLE_LIKE = re.compile(r"^\s*#+\s*exercise\b", re.IGNORECASE)
 _MARKDOWN_TITLE = re.compile(r"^\s*(?:#{1,6}\s*|\*\*)?(Exercise\b.*?)(?:\*\*)?\s*$")
 _NUMBERED = re.compile(r"^Exercise\s+(\d+)\.(\d+)\b")
 # Cell metadata a run writes (timings, scroll state): never part of the learner's notebook.
 _RUN_METADATA = ("execution", "ExecuteTime", "scrolled", "collapsed")
+# Cell metadata of the instructor's editor or grader (read-only or hidden cells, nbgrader ids, Colab and VS Code
+# state): dropped from the learner's notebook, where it would lock or hide cells.
+_EDITOR_CELL_METADATA = ("editable", "deletable", "jupyter", "nbgrader", "trusted", "vscode", "colab", "id",
+                         "outputId")
+# The learner's notebook metadata, whatever the solution carries: a kernel every Jupyter, Colab and VS Code has.
+LEARNER_KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
+LEARNER_LANGUAGE_INFO = {"name": "python"}
+# Notebook metadata kept from the solution besides those two (nbformat's own keys); any other key (vscode, colab,
+# widgets, toc, jupytext...) belongs to the instructor's editor and is dropped.
+_NOTEBOOK_METADATA_KEPT = ("title", "authors")
+# The names `build` gives learner notebooks (those of the solutions: NN_name.ipynb).
+_NOTEBOOK_NAME = re.compile(r"^\d+_[A-Za-z0-9_]+\.ipynb$")
 
 
 class ExerciseError(QwenLabError, ValueError):
@@ -133,8 +166,27 @@ def _where(name: str, index: int, cell) -> str:
     return f"{name}, cell {index} ({cell.get('cell_type')}, {json.dumps(first, ensure_ascii=False)})"
 
 
+def _near_markers(cell, where: str) -> list[str]:
+    """A problem for every line of the cell that looks like a solution marker but is not exactly one."""
+    problems = []
+    for i, line in enumerate(_lines(cell.get("source", ""))):
+        text = line.strip()
+        if text not in (BEGIN, END) and _LOOKALIKE.search(line):
+            problems.append(f"{where}: line {i + 1} looks like a solution marker but is not exactly {BEGIN!r} "
+                            f"or {END!r}: {text!r}; as written, the solution would reach the learner. Write the "
+                            f"marker exactly, alone on its line, or reword the line")
+    return problems
+
+
 def _blocks(cell, where: str) -> tuple[list[_Block], list[str]]:
-    """The marker blocks of one cell, and the problems with its markers."""
+    """The marker blocks of one cell, and the problems with its markers.
+
+    A line that looks like a marker but is not one makes the cell's only problems (and no blocks): pairing the
+    exact markers around it would only report its partner as unmatched.
+    """
+    near = _near_markers(cell, where)
+    if near:
+        return [], near
     blocks, problems = [], []
     open_at: int | None = None
     indent = ""
@@ -152,9 +204,6 @@ def _blocks(cell, where: str) -> tuple[list[_Block], list[str]]:
                 continue
             blocks.append(_Block(open_at, i, indent))
             open_at = None
-        elif _NEAR_MARKER.match(line):
-            problems.append(f"{where}: line {i + 1} looks like a solution marker but is not exactly {BEGIN!r} "
-                            f"or {END!r}: {text!r}; as written, the solution would reach the learner")
     if open_at is not None:
         problems.append(f"{where}: unmatched marker: {BEGIN!r} on line {open_at + 1} is never closed by {END!r}")
     return blocks, problems
@@ -333,11 +382,24 @@ def validate(notebook, name: str = "notebook") -> list[str]:
     stem_number = re.match(r"^(\d+)", Path(name).name)
     for i, cell in enumerate(nb.cells):
         where = _where(name, i, cell)
+        kind = cell.get("cell_type")
+        near = _near_markers(cell, where)
+        if near:      # the cell's only problems: whatever else it has follows from them
+            problems.extend(near)
+            if kind == "code" and cell_title(cell):
+                code_exercises.append((cell_title(cell), i))
+            continue
         blocks, marker_problems = _blocks(cell, where)
         problems.extend(marker_problems)
         if not blocks and not marker_problems:
+            lines = _lines(cell.get("source", ""))
+            if kind == "code" and lines and _CODE_TITLE_LIKE.match(lines[0]):
+                problems.append(f"{where}: line 1 titles the cell as an exercise but the cell holds no solution "
+                                f"block, so the whole cell, solution included, would reach the learner; enclose "
+                                f"the solution between lines {BEGIN!r} and {END!r}, or, if the cell is no "
+                                f"exercise, do not start it with '# Exercise'")
+                code_exercises.append((cell_title(cell) or DEFAULT_TITLE, i))
             continue
-        kind = cell.get("cell_type")
         if kind not in ("code", "markdown"):
             problems.append(f"{where}: solution markers in a {kind} cell; only code and markdown cells can "
                             f"hold an exercise")
@@ -444,15 +506,18 @@ def strip_solutions(notebook):
     """The learner's version of a solution notebook (a new NotebookNode; the argument is not changed).
 
     Solution blocks become stubs, check cells get the tag `raises-exception`, outputs and run metadata
-    go, cell ids are kept (missing ones derived from the cell's position). Raises ExerciseError on
-    markers that cannot be paired; it does not enforce the course's other rules (see `validate`).
+    go, cell ids are kept (missing ones derived from the cell's position). The editor's cell metadata
+    (`editable`, `deletable`, `jupyter` (hidden source or outputs), `nbgrader`, `vscode`, `colab`...) goes;
+    the notebook's metadata becomes LEARNER_KERNELSPEC and LEARNER_LANGUAGE_INFO (plus `title` and
+    `authors` if the solution has them), so the notebook opens with the default kernel anywhere.
+    Raises ExerciseError on markers that cannot be paired and on lines that look like a marker but are not
+    one (either would leak a solution); it does not enforce the course's other rules (see `validate`).
     Cells without a title line get the stub `raise NotImplementedError("Exercise: fill in this block")`.
     """
     nb = copy.deepcopy(_as_notebook(notebook))
     problems = []
     for i, cell in enumerate(nb.cells):
         blocks, cell_problems = _blocks(cell, _where("notebook", i, cell))
-        cell_problems = [p for p in cell_problems if "looks like a solution marker" not in p]
         problems.extend(cell_problems)
         if blocks and not cell_problems and cell.get("cell_type") in ("code", "markdown"):
             cell["source"] = _stripped_cell_source(cell, blocks)
@@ -466,15 +531,22 @@ def strip_solutions(notebook):
             cell["id"] = _cell_id(i, taken | seen)
         seen.add(cell["id"])
         _clear_run_state(cell)
+        for key in _EDITOR_CELL_METADATA:
+            cell.metadata.pop(key, None)
         tags = _tags(cell)
         if CHECK_TAG in tags and RAISES_TAG not in tags:
             cell.metadata["tags"] = tags + [RAISES_TAG]
-    meta = nb.metadata
-    meta.pop("widgets", None)  # widget state is output
-    if isinstance(meta.get("language_info"), dict):
-        meta["language_info"].pop("version", None)  # changes with whoever last ran the solution
+    nb.metadata = _learner_metadata(nb.metadata)
     nb.nbformat, nb.nbformat_minor = 4, max(5, int(nb.get("nbformat_minor", 5)))
     return nb
+
+
+def _learner_metadata(meta) -> nbformat.NotebookNode:
+    """The notebook metadata of a learner's (or nbgrader source) notebook: the fixed kernelspec and language_info,
+    and of the solution's own metadata only `title` and `authors`."""
+    kept = {k: copy.deepcopy(meta[k]) for k in _NOTEBOOK_METADATA_KEPT if k in meta}
+    return nbformat.from_dict({"kernelspec": dict(LEARNER_KERNELSPEC), "language_info": dict(LEARNER_LANGUAGE_INFO),
+                               **kept})
 
 
 def dumps(notebook) -> str:
@@ -505,9 +577,72 @@ def _display(path: Path) -> str:
 
 
 def default_root() -> Path:
-    """The checkout this package lives in when it has solutions/, else the current directory."""
+    """Where solutions/ and notebooks/ are when no option names them: the current directory when it holds
+    solutions/ (the checkout you are working in), else the checkout this package was imported from when that has
+    solutions/, else the current directory."""
+    cwd = Path.cwd()
+    if (cwd / "solutions").is_dir():
+        return cwd
     here = Path(__file__).resolve().parent.parent
-    return here if (here / "solutions").is_dir() else Path.cwd()
+    return here if (here / "solutions").is_dir() else cwd
+
+
+def _default_root_note(root: Path) -> str:
+    """Which checkout the default folders came from, for the output line."""
+    if root.resolve() == Path.cwd().resolve():
+        return "the current directory"
+    return f"the checkout of the imported qwen_lab package, {root}"
+
+
+def resolve_dirs(solutions=None, notebooks=None) -> tuple[Path, Path]:
+    """(solutions, notebooks) with their defaults: with only `solutions` given, notebooks/ beside it; with neither,
+    solutions/ and notebooks/ of `default_root()`; with only `notebooks`, solutions/ of `default_root()`."""
+    if solutions is None:
+        root = default_root()
+        return root / "solutions", Path(notebooks) if notebooks is not None else root / "notebooks"
+    solutions = Path(solutions)
+    if notebooks is None:
+        notebooks = Path(os.path.abspath(solutions)).parent / "notebooks"
+    return solutions, Path(notebooks)
+
+
+def _refuse_overlap(solutions: Path, notebooks: Path) -> None:
+    """ExerciseError when the learner's notebooks would be written over or among the solutions."""
+    sol, out = solutions.resolve(), notebooks.resolve()
+    if out == sol or sol in out.parents:
+        where = "is the solutions folder" if out == sol else "is inside the solutions folder"
+        raise ExerciseError(f"--notebooks {_display(notebooks)}/ {where} {_display(solutions)}/: the build would "
+                            f"write the learner's stubs over or among the solutions; pass a separate folder for "
+                            f"--notebooks (by default, notebooks/ beside the solutions folder)")
+
+
+def is_generated_notebook(path) -> bool:
+    """Whether a file in notebooks/ is one `build` could have written, so that `build` may remove it when its
+    solution is gone. It must be named like a solution (`NN_name.ipynb`) and be in the form `build` writes: a
+    readable notebook whose metadata is exactly the learner's (LEARNER_KERNELSPEC, LEARNER_LANGUAGE_INFO, at most
+    `title` and `authors` besides), no code cell with outputs or an execution count, no run or editor cell
+    metadata, and every cell tagged 'check' also tagged 'raises-exception'. A notebook anybody ran, saved from an
+    editor, or named otherwise (`my_analysis.ipynb`) is not one."""
+    path = Path(path)
+    if not _NOTEBOOK_NAME.match(path.name):
+        return False
+    try:
+        nb = nbformat.read(str(path), as_version=4)
+    except Exception:
+        return False
+    meta = nb.get("metadata", {})
+    if (meta.get("kernelspec") != LEARNER_KERNELSPEC or meta.get("language_info") != LEARNER_LANGUAGE_INFO
+            or set(meta) - {"kernelspec", "language_info", *_NOTEBOOK_METADATA_KEPT}):
+        return False
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "code" and (cell.get("outputs") or cell.get("execution_count") is not None):
+            return False
+        if any(key in cell.get("metadata", {}) for key in _RUN_METADATA + _EDITOR_CELL_METADATA):
+            return False
+        tags = _tags(cell)
+        if CHECK_TAG in tags and RAISES_TAG not in tags:
+            return False
+    return True
 
 
 @dataclass
@@ -517,6 +652,7 @@ class Report:
     exercises: int = 0
     written: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)      # notebooks without a solution that build leaves alone
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -547,14 +683,26 @@ def _build_all(solutions: Path) -> tuple[dict[str, str], Report]:
     return built, report
 
 
+def _without_solution(notebooks: Path, built: dict[str, str]) -> tuple[list[Path], list[Path]]:
+    """(stale notebooks build removes, other notebooks it leaves alone) among notebooks/*.ipynb without a solution."""
+    stale, other = [], []
+    if notebooks.is_dir():
+        for path in sorted(notebooks.glob("*.ipynb")):
+            if path.name not in built:
+                (stale if is_generated_notebook(path) else other).append(path)
+    return stale, other
+
+
 def build(solutions=None, notebooks=None) -> Report:
     """Write notebooks/ from solutions/ (only files whose text changes) and remove stale notebooks.
 
-    Nothing is written when any solution has a problem: ExerciseError lists them all.
+    Defaults as in `resolve_dirs`. A notebook in notebooks/ without a solution is removed only when
+    `is_generated_notebook` says build wrote it (a chapter whose solution was deleted or renamed); any other file
+    is left alone and listed in `kept`. Nothing is written when any solution has a problem (ExerciseError lists them
+    all), nor when notebooks/ is the solutions folder or inside it.
     """
-    root = default_root()
-    solutions = Path(solutions) if solutions is not None else root / "solutions"
-    notebooks = Path(notebooks) if notebooks is not None else root / "notebooks"
+    solutions, notebooks = resolve_dirs(solutions, notebooks)
+    _refuse_overlap(solutions, notebooks)
     built, report = _build_all(solutions)
     notebooks.mkdir(parents=True, exist_ok=True)
     for fname, text in built.items():
@@ -562,19 +710,20 @@ def build(solutions=None, notebooks=None) -> Report:
         if not target.exists() or target.read_bytes() != text.encode("utf-8"):
             target.write_bytes(text.encode("utf-8"))
             report.written.append(_display(target))
-    for stale in sorted(notebooks.glob("*.ipynb")):
-        if stale.name not in built:
-            stale.unlink()
-            report.removed.append(_display(stale))
+    stale, other = _without_solution(notebooks, built)
+    for path in stale:
+        path.unlink()
+        report.removed.append(_display(path))
+    report.kept = [_display(path) for path in other]
     return report
 
 
 def check(solutions=None, notebooks=None) -> Report:
-    """Compare notebooks/ with what solutions/ builds; `problems` lists each missing, differing, stale file."""
-    root = default_root()
-    solutions = Path(solutions) if solutions is not None else root / "solutions"
-    notebooks = Path(notebooks) if notebooks is not None else root / "notebooks"
+    """Compare notebooks/ with what solutions/ builds; `problems` lists each missing, differing, stale file (stale:
+    one `build` would remove; others are listed in `kept`). Defaults as in `resolve_dirs`."""
+    solutions, notebooks = resolve_dirs(solutions, notebooks)
     try:
+        _refuse_overlap(solutions, notebooks)
         built, report = _build_all(solutions)
     except ExerciseError as e:
         return Report(problems=e.problems)
@@ -584,11 +733,11 @@ def check(solutions=None, notebooks=None) -> Report:
             report.problems.append(f"{_display(target)} is missing; {_display(source)} builds it: {REBUILD}")
         elif target.read_bytes() != text.encode("utf-8"):
             report.problems.append(f"{_display(target)} differs from what {_display(source)} builds: {REBUILD}")
-    if notebooks.is_dir():
-        for stale in sorted(notebooks.glob("*.ipynb")):
-            if stale.name not in built:
-                report.problems.append(f"{_display(stale)} has no counterpart in {_display(solutions)}/ "
-                                       f"(build removes it): {REBUILD}")
+    stale, other = _without_solution(notebooks, built)
+    for path in stale:
+        report.problems.append(f"{_display(path)} has no counterpart in {_display(solutions)}/ "
+                               f"(build removes it): {REBUILD}")
+    report.kept = [_display(path) for path in other]
     return report
 
 
@@ -640,7 +789,8 @@ def nbgrader_notebook(notebook, name: str = "notebook"):
     (markdown) a manually graded answer worth 1 point. Grade ids follow the exercise numbers (`exercise-02-1`,
     `check-02-1`, `check-02-1-b`, `answer-13-2`); a check takes the number of the last exercise whose names it
     uses, or else of the last exercise before it.
-    Outputs and run metadata are dropped. Raises ExerciseError where `validate` finds a problem.
+    Outputs and run metadata are dropped, and the notebook metadata becomes the learner's (the default python3
+    kernel, as in `strip_solutions`). Raises ExerciseError where `validate` finds a problem.
     """
     nb = copy.deepcopy(_as_notebook(notebook))
     problems = validate(nb, name)
@@ -670,7 +820,7 @@ def nbgrader_notebook(notebook, name: str = "notebook"):
             graded = [t for t, names in defines.items() if names & used] or [last_title]
             meta["nbgrader"] = _nbgrader_meta(_grade_id("check", graded[-1], taken), grade=True, solution=False,
                                               locked=True, points=1)
-    nb.metadata.pop("widgets", None)
+    nb.metadata = _learner_metadata(nb.metadata)   # nbgrader copies it into the learners' version
     return nb
 
 
@@ -716,16 +866,19 @@ def main(argv=None) -> int:
                                                  "are in sync.")
     dirs = argparse.ArgumentParser(add_help=False)
     dirs.add_argument("--solutions", type=Path, default=None, metavar="DIR",
-                      help="the solution notebooks (default: solutions/ of this checkout)")
+                      help="the solution notebooks (default: solutions/ of the current directory when it has one, "
+                           "else of the checkout qwen_lab is imported from)")
     dirs.add_argument("--notebooks", type=Path, default=None, metavar="DIR",
-                      help="where the learner's notebooks go (default: notebooks/ of this checkout)")
+                      help="where the learner's notebooks go (default: notebooks/ beside --solutions DIR when that "
+                           "is given, else notebooks/ of the same checkout as the default solutions/)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", parents=[dirs], help="write notebooks/ from solutions/")
     sub.add_parser("check", parents=[dirs], help="exit 1 unless notebooks/ is what solutions/ builds")
     sub.add_parser("list", parents=[dirs], help="list every exercise of every solution notebook")
     grader = sub.add_parser("nbgrader", help="write an nbgrader course directory (source/ and nbgrader_config.py)")
     grader.add_argument("--solutions", type=Path, default=None, metavar="DIR",
-                        help="the solution notebooks (default: solutions/ of this checkout)")
+                        help="the solution notebooks (default: solutions/ of the current directory when it has "
+                             "one, else of the checkout qwen_lab is imported from)")
     grader.add_argument("--out", type=Path, required=True, metavar="COURSE_DIR",
                         help="the nbgrader course directory to write (created if missing; its source/ notebooks "
                              "and nbgrader_config.py are overwritten)")
@@ -733,6 +886,8 @@ def main(argv=None) -> int:
 
     root = default_root()
     solutions = args.solutions if args.solutions is not None else root / "solutions"
+    # which checkout the default folders come from, named on the output line
+    defaults = "" if args.solutions is not None else f"; default folders from {_default_root_note(root)}"
     if args.command == "nbgrader":
         try:
             report = export_nbgrader(args.out, solutions)
@@ -742,7 +897,7 @@ def main(argv=None) -> int:
               f"({report.exercises} exercises) and {_display(args.out / 'nbgrader_config.py')}")
         print(f"then, in {_display(args.out)}: nbgrader generate_assignment NN_name (one per chapter)")
         return 0
-    notebooks = args.notebooks if args.notebooks is not None else root / "notebooks"
+    solutions, notebooks = resolve_dirs(args.solutions, args.notebooks)
     where = f"{_display(notebooks)}/ in sync with {_display(solutions)}/"
 
     if args.command == "list":
@@ -769,8 +924,10 @@ def main(argv=None) -> int:
             print(f"wrote {path}")
         for path in report.removed:
             print(f"removed {path} (no solution)")
+        _print_kept(report)
         print(f"{_display(notebooks)}/ built from {_display(solutions)}/ ({report.notebooks} notebooks, "
-              f"{report.exercises} exercises; {len(report.written)} written, {len(report.removed)} removed)")
+              f"{report.exercises} exercises; {len(report.written)} written, {len(report.removed)} removed)"
+              f"{defaults}")
         return 0
 
     report = check(solutions, notebooks)
@@ -778,8 +935,14 @@ def main(argv=None) -> int:
         for p in report.problems:
             print(p, file=sys.stderr)
         return 1
-    print(f"{where} ({report.notebooks} notebooks, {report.exercises} exercises)")
+    _print_kept(report)
+    print(f"{where} ({report.notebooks} notebooks, {report.exercises} exercises){defaults}")
     return 0
+
+
+def _print_kept(report: Report) -> None:
+    for path in report.kept:
+        print(f"left {path} alone: it has no solution, and build did not write it")
 
 
 if __name__ == "__main__":

@@ -204,11 +204,13 @@ def test_notebook_without_exercises_copied_and_stale_removed(tmp_path):
     tour.cells[1].outputs = [new_output("stream", name="stdout", text="1\n")]
     tour.cells[1].execution_count = 1
     nbformat.write(tour, str(sol / "00_tour.ipynb"))
-    (out / "07_gone.ipynb").write_text("{}")
+    nbformat.write(new_notebook(cells=GOOD), str(sol / "02_gone.ipynb"))   # built once, then its solution goes
+    ex.build(sol, out)
+    (sol / "02_gone.ipynb").unlink()
     (out / "README.md").write_text("generated from solutions/\n")
     report = ex.build(sol, out)
     assert sorted(p.name for p in out.iterdir()) == ["00_tour.ipynb", "README.md"]
-    assert report.removed and report.removed[0].endswith("07_gone.ipynb") and report.exercises == 0
+    assert report.removed and report.removed[0].endswith("02_gone.ipynb") and report.exercises == 0
     built = _read(out / "00_tour.ipynb")
     assert [c.source for c in built.cells] == ["# Tour", "print(1)"]
     assert built.cells[1].outputs == [] and built.cells[1].execution_count is None
@@ -235,12 +237,140 @@ def test_check_reports_differing_missing_and_stale(tmp_path, capsys):
     assert "1 written" in capsys.readouterr().out
     assert ex.check(sol, out).ok
 
+    (out / "05_stale.ipynb").write_bytes(nb_path.read_bytes())   # what build wrote for a solution now gone
     nb_path.unlink()
-    (out / "05_stale.ipynb").write_text("{}")
     problems = ex.check(sol, out).problems
     assert len(problems) == 2
     assert any("99_fixture.ipynb is missing" in p for p in problems)
     assert any("05_stale.ipynb has no counterpart" in p for p in problems)
+
+
+def test_build_removes_only_notebooks_it_wrote(tmp_path, capsys):
+    """`build --notebooks other` used to delete every other/*.ipynb without a solution, an analysis of one's own
+    included. Now only a notebook build wrote goes; anything else stays, with a note."""
+    sol, out = tmp_path / "solutions", tmp_path / "other"
+    sol.mkdir()
+    nbformat.write(new_notebook(cells=GOOD), str(sol / "02_a.ipynb"))
+    nbformat.write(new_notebook(cells=GOOD), str(sol / "02_gone.ipynb"))
+    ex.build(sol, out)
+    (sol / "02_gone.ipynb").unlink()
+    mine = new_notebook(cells=[new_code_cell("print(1)")])
+    nbformat.write(mine, str(out / "my_analysis.ipynb"))              # not named like a chapter
+    nbformat.write(mine, str(out / "03_mine.ipynb"))                  # named like one, but an editor's metadata
+    ran = _read(out / "02_a.ipynb")                                   # a built chapter somebody ran
+    ran.cells[2].outputs = [new_output("stream", name="stdout", text="1\n")]
+    ran.cells[2].execution_count = 1
+    nbformat.write(ran, str(out / "02_ran.ipynb"))
+    (out / "04_broken.ipynb").write_text("{}")
+    kept = ["02_ran.ipynb", "03_mine.ipynb", "04_broken.ipynb", "my_analysis.ipynb"]
+    before = {name: (out / name).read_bytes() for name in kept}
+
+    assert [n for n in kept if ex.is_generated_notebook(out / n)] == []
+    assert ex.is_generated_notebook(out / "02_gone.ipynb") and ex.is_generated_notebook(out / "02_a.ipynb")
+    check = ex.check(sol, out)
+    assert len(check.problems) == 1 and "02_gone.ipynb has no counterpart" in check.problems[0]
+    assert [Path(p).name for p in check.kept] == kept
+
+    assert ex.main(["build", "--solutions", str(sol), "--notebooks", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == sorted(kept + ["02_a.ipynb"])
+    assert all((out / name).read_bytes() == data for name, data in before.items())
+    assert re.search(r"removed .*02_gone\.ipynb \(no solution\)", stdout)
+    for name in kept:
+        assert re.search(rf"left .*{re.escape(name)} alone: it has no solution, and build did not write it", stdout)
+    assert "1 removed" in stdout
+    assert ex.check(sol, out).ok
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_build_refuses_notebooks_in_the_solutions_folder(tmp_path, capsys, inside):
+    """`build --solutions s --notebooks s` used to write the stubs over the solutions."""
+    sol = tmp_path / "solutions"
+    sol.mkdir()
+    nbformat.write(new_notebook(cells=GOOD), str(sol / "02_a.ipynb"))
+    before = (sol / "02_a.ipynb").read_bytes()
+    out = sol / "notebooks" if inside else sol
+    with pytest.raises(ex.ExerciseError, match="is (inside )?the solutions folder"):
+        ex.build(sol, out)
+    assert ex.main(["build", "--solutions", str(sol), "--notebooks", str(tmp_path / "solutions" / ".." / "solutions"
+                                                                       / ("notebooks" if inside else ""))]) == 1
+    err = capsys.readouterr().err
+    assert "nothing written" in err and "pass a separate folder for --notebooks" in err
+    assert sorted(p.name for p in sol.iterdir()) == ["02_a.ipynb"]
+    assert (sol / "02_a.ipynb").read_bytes() == before
+    assert not ex.check(sol, out).ok
+
+
+def test_learner_notebook_drops_the_editors_kernel_and_cell_metadata(tmp_path):
+    """A solution last saved with a custom kernel, VS Code, Colab, and read-only or hidden cells gave learners
+    'kernel qwen-venv not found' and cells they could not edit or see."""
+    nb = new_notebook(cells=copy.deepcopy(GOOD), metadata={
+        "kernelspec": {"display_name": "Python (qwen-venv)", "language": "python", "name": "qwen-venv"},
+        "language_info": {"name": "python", "version": "3.11.9", "codemirror_mode": {"name": "ipython", "version": 3},
+                          "pygments_lexer": "ipython3", "file_extension": ".py", "mimetype": "text/x-python",
+                          "nbconvert_exporter": "python"},
+        "vscode": {"interpreter": {"hash": "deadbeef"}}, "colab": {"provenance": []}, "accelerator": "GPU",
+        "widgets": {"application/vnd.jupyter.widget-state+json": {}}, "title": "RMSNorm"})
+    editor = {"editable": False, "deletable": False, "jupyter": {"source_hidden": True, "outputs_hidden": True},
+              "nbgrader": {"solution": True}, "vscode": {"languageId": "python"}, "colab": {"base_uri": "x"},
+              "ExecuteTime": {"start": "x"}, "collapsed": True, "scrolled": True, "slideshow": {"slide_type": "-"}}
+    for cell in nb.cells:
+        cell.metadata.update(copy.deepcopy(editor))
+    sol = tmp_path / "solutions"
+    sol.mkdir()
+    nbformat.write(nb, str(sol / "02_meta.ipynb"))
+    ex.build(sol, tmp_path / "notebooks")
+    built = json.loads((tmp_path / "notebooks" / "02_meta.ipynb").read_text())
+    assert built["metadata"] == {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                                 "language_info": {"name": "python"}, "title": "RMSNorm"}
+    assert [c["metadata"] for c in built["cells"]] == [
+        {"slideshow": {"slide_type": "-"}}, {"slideshow": {"slide_type": "-"}},
+        {"slideshow": {"slide_type": "-"}, "tags": ["check", "raises-exception"]}]
+    assert ex.is_generated_notebook(tmp_path / "notebooks" / "02_meta.ipynb")
+    # nbgrader copies its source notebook's metadata into the learners' version: the same kernel there
+    assert ex.nbgrader_notebook(nb, "02_meta.ipynb").metadata == built["metadata"]
+
+
+def test_course_notebooks_carry_the_learners_metadata():
+    """The metadata build writes is what notebooks/ holds today (no rebuild needed for it)."""
+    for path in sorted((REPO / "notebooks").glob("*.ipynb")):
+        meta = json.loads(path.read_text())["metadata"]
+        assert meta == {"kernelspec": ex.LEARNER_KERNELSPEC, "language_info": ex.LEARNER_LANGUAGE_INFO}, path.name
+
+
+def test_default_folders(tmp_path, monkeypatch, capsys):
+    """With only --solutions, notebooks/ goes beside it (it used to go to the imported package's checkout, so a second
+    checkout's build wrote into the first one's notebooks/); with neither option, the current directory's checkout
+    when it has solutions/, else the package's."""
+    package, second, elsewhere = tmp_path / "package", tmp_path / "second", tmp_path / "elsewhere"
+    for root in (package, second):
+        (root / "solutions").mkdir(parents=True)
+        nbformat.write(new_notebook(cells=GOOD), str(root / "solutions" / "02_a.ipynb"))
+    elsewhere.mkdir()
+    monkeypatch.setattr(ex, "__file__", str(package / "qwen_lab" / "exercises.py"))   # the imported checkout
+
+    monkeypatch.chdir(elsewhere)
+    assert ex.main(["build", "--solutions", str(second / "solutions")]) == 0
+    assert (second / "notebooks" / "02_a.ipynb").exists() and not (package / "notebooks").exists()
+    assert ex.resolve_dirs("solutions") == (Path("solutions"), elsewhere / "notebooks")
+    capsys.readouterr()
+
+    assert ex.main(["build"]) == 0                    # no solutions/ here: the package's checkout
+    assert (package / "notebooks" / "02_a.ipynb").exists()
+    assert f"default folders from the checkout of the imported qwen_lab package, {package}" in capsys.readouterr().out
+
+    monkeypatch.chdir(second)                         # a checkout of its own: its folders, not the package's
+    (second / "notebooks" / "02_a.ipynb").unlink()
+    (package / "notebooks" / "02_a.ipynb").unlink()
+    assert ex.main(["build"]) == 0
+    assert "default folders from the current directory" in capsys.readouterr().out
+    assert (second / "notebooks" / "02_a.ipynb").exists() and not (package / "notebooks" / "02_a.ipynb").exists()
+    assert ex.check().ok and ex.main(["check"]) == 0
+
+    monkeypatch.chdir(second / "solutions")           # `--solutions .` from inside the folder
+    (second / "notebooks" / "02_a.ipynb").unlink()
+    assert ex.main(["build", "--solutions", "."]) == 0
+    assert (second / "notebooks" / "02_a.ipynb").exists() and not (second / "solutions" / "notebooks").exists()
 
 
 def test_strip_solutions_fallback_title_and_list_exercises_on_learner_version():
@@ -279,6 +409,18 @@ INVALID = {
                               f"    {ex.END}\n"), _check()], 0, "nested markers"),
     "near-miss": ([new_code_cell("# Exercise 02.1: f\ndef f(x):\n    # BEGIN SOLUTION\n    return x\n"
                                  "    # END SOLUTION\n"), _check()], 0, "looks like a solution marker"),
+    "near-miss-misspelled": ([new_code_cell("# Exercise 02.1: f\ndef f(x):\n    ### BEGIN SOLUTON\n    return x\n"
+                                            "    ### END SOLUTON\n"), _check()], 0, "looks like a solution marker"),
+    "near-miss-plural": ([new_code_cell("# Exercise 02.1: f\ndef f(x):\n    ### BEGIN SOLUTIONS\n    return x\n"
+                                        "    ### END SOLUTIONS\n"), _check()], 0, "looks like a solution marker"),
+    "near-miss-after-code": ([new_code_cell(f"# Exercise 02.1: f\ndef f(x):\n    y = 0  {ex.BEGIN}\n    return x"
+                                            f"  {ex.END}\n"), _check()], 0, "looks like a solution marker"),
+    "near-miss-lone-begin": ([new_code_cell(f"# Exercise 02.1: f\ndef f(x):\n    ### BEGIN SOLUTON\n    return x\n"
+                                            f"    {ex.END}\n"), _check()], 0, "line 3 looks like a solution marker"),
+    "near-miss-markdown": (GOOD + [new_markdown_cell("### Exercise 02.2: why?\n\n### begin solution\nBecause.\n"
+                                                     "### end solution")], 3, "looks like a solution marker"),
+    "exercise-without-block": ([new_code_cell("# Exercise 02.1: f\ndef f(x):\n    return x\n"), _check()],
+                               0, "line 1 titles the cell as an exercise but the cell holds no solution block"),
     "no-title": ([new_code_cell(f"def f(x):\n    {ex.BEGIN}\n    return x\n    {ex.END}\n"), _check()],
                  0, "first line is not an exercise title"),
     "markdown-no-title": (GOOD + [new_markdown_cell(f"Why?\n\n{ex.BEGIN}\nBecause.\n{ex.END}")],
@@ -326,8 +468,55 @@ def test_valid_variants_pass():
     built = nbformat.reads(text, as_version=4)
     assert built.cells[1].source.splitlines()[2] == 'raise NotImplementedError("Exercise 02.1: y")'
     assert built.cells[4].source.endswith("*Your answer here.*")
+    # prose that mentions the end and a solution is no marker lookalike: only '#' then BEGIN/END then SOLUT* is
+    prose = new_markdown_cell("In the end, compare your solution with the reference; begin solving by hand.")
+    ex.build_notebook(new_notebook(cells=cells[:1] + [prose] + cells[1:]), "solutions/02_ok.ipynb")
     assert [t for t, _ in ex.list_exercises(built)] == ["Exercise 02.1: y", "Exercise 02.2: f", "Exercise 02.3: g",
                                                         "Exercise 02.4: why?"]
+
+
+LEAKS = {   # solution text that a marker the build does not recognise would leave in the learner's notebook
+    "misspelled": ("    ### BEGIN SOLUTON\n    return 'SECRET'\n    ### END SOLUTON\n", [3, 5]),
+    "plural": ("    ### BEGIN SOLUTIONS\n    return 'SECRET'\n    ### END SOLUTIONS\n", [3, 5]),
+    "after-code": (f"    x = 0  {ex.BEGIN}\n    return 'SECRET'  {ex.END}\n", [3, 4]),
+    "lone-misspelled-begin": (f"    ### BEGIN SOLUTON\n    return 'SECRET'\n    {ex.END}\n", [3]),
+    "lone-misspelled-end": (f"    {ex.BEGIN}\n    return 'SECRET'\n    ### END SOLUTON\n", [5]),
+    "glued": ("    ###BEGIN_SOLUTION\n    return 'SECRET'\n    ### ENDSOLUTION\n", [3, 5]),
+    "lower-case": ("    ### begin solution\n    return 'SECRET'\n    ### end solution\n", [3, 5]),
+    "no-block": ("    return 'SECRET'\n", [1]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LEAKS))
+def test_a_marker_build_does_not_recognise_stops_it_naming_the_line(tmp_path, case):
+    """Beside a valid exercise, a misspelled, plural, glued or inline marker (or none at all under an exercise title)
+    used to pass through with the solution in it; now build stops, naming the notebook, the cell and each line."""
+    body, lines = LEAKS[case]
+    sol, out = tmp_path / "solutions", tmp_path / "notebooks"
+    sol.mkdir()
+    cells = GOOD + [new_code_cell(f"# Exercise 02.2: g\ndef g():\n{body}"), _check("g()")]
+    nbformat.write(new_notebook(cells=cells), str(sol / "02_leak.ipynb"))
+    with pytest.raises(ex.ExerciseError) as err:
+        ex.build(sol, out)
+    assert not out.exists()
+    problems = err.value.problems
+    assert len(problems) == len(lines), problems
+    for problem, line in zip(problems, lines):
+        assert re.search(rf"02_leak\.ipynb, cell 3 \(code, \"# Exercise 02\.2: g\"\): line {line} ", problem), problem
+        assert "unmatched" not in problem and "reach the learner" in problem
+    if case != "no-block":                  # nor does the library function strip around it quietly
+        with pytest.raises(ex.ExerciseError, match="looks like a solution marker"):
+            ex.strip_solutions(new_notebook(cells=cells))
+
+
+def test_marker_lookalikes_in_the_course_are_only_exact_markers():
+    """Every line of the course's solutions that mentions BEGIN/END and SOLUT* is an exact marker, and every code
+    cell titled as an exercise holds a block (what validation now enforces)."""
+    for path in sorted((REPO / "solutions").glob("*.ipynb")):
+        nb = _read(path)
+        for i, cell in enumerate(nb.cells):
+            assert ex._near_markers(cell, f"{path.name}, cell {i}") == []
+        assert [p for p in ex.validate(nb, path.name) if "no solution block" in p] == []
 
 
 def test_build_reports_every_problem_and_writes_nothing(tmp_path, capsys):
