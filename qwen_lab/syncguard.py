@@ -431,8 +431,9 @@ def allowing_host_sync(fn):
 
 @dataclass(frozen=True)
 class OpRecord:
-    op: str                      # the aten operator, e.g. "aten.slice.Tensor"
-    shapes: tuple                # the shapes of its tensor outputs
+    op: str                      # the aten operator, e.g. "aten.slice.Tensor", or a Triton launch with its grid and
+    #                              Python scalars, e.g. "triton rms_norm_kernel(4,)(1024, 1e-06, BLOCK=1024)"
+    shapes: tuple                # the shapes of its tensor outputs (of a launch: of its tensor arguments)
     where: str                   # the first frame outside torch that called it
 
     def __str__(self) -> str:
@@ -458,12 +459,45 @@ class _ShapeMode(TorchDispatchMode):
         return out
 
 
+_KERNELS_INIT = os.path.join("qwen_lab", "kernels", "__init__.py")
+
+
+def _launch_site():
+    """(filename, line, function) of the code that launched a Triton kernel: the first frame above the launch hook."""
+    f = sys._getframe(1)
+    while f is not None and (f.f_code.co_filename.endswith(_KERNELS_INIT) or os.path.abspath(f.f_code.co_filename)
+                             == _HERE):
+        f = f.f_back
+    return (f.f_code.co_filename, f.f_lineno, f.f_code.co_name) if f is not None else None
+
+
+def _launch_record(name, grid, args, kwargs) -> OpRecord:
+    """A Triton launch as an OpRecord: its grid and Python scalars in `op` (a graph freezes them: the grid it was
+    captured with, the numbers baked into the launch), the shapes of its tensor arguments in `shapes`."""
+    tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+    scalars = [repr(a) for a in args if isinstance(a, (bool, int, float, str))]
+    scalars += [f"{k}={v!r}" for k, v in kwargs.items() if isinstance(v, (bool, int, float, str))]
+    grid_text = str(tuple(grid)) if isinstance(grid, (tuple, list)) else "grid(meta)"
+    site = _launch_site()
+    return OpRecord(f"triton {name}{grid_text}({', '.join(scalars)})", tuple(tuple(t.shape) for t in tensors),
+                    _place(*site) if site else "<unknown>")
+
+
 @contextlib.contextmanager
 def record_shapes():
-    """Record every tensor operation of the block with its output shapes: `with record_shapes() as ops:`.
-    Two calls of a capturable step must record the same list (compare with assert_same_shapes)."""
+    """Record every tensor operation of the block with its output shapes, and every Triton launch with its grid,
+    its Python scalars and the shapes of its tensor arguments: `with record_shapes() as ops:`. Two calls of a
+    capturable step must record the same list (compare with assert_same_shapes)."""
+    from .kernels import LaunchCounter, count_launches
+
     records: list[OpRecord] = []
-    with _ShapeMode(records):
+
+    class Launches(LaunchCounter):
+        def observe(self, name, grid, args, kwargs):
+            if not _allowed():
+                records.append(_launch_record(name, grid, args, kwargs))
+
+    with _ShapeMode(records), count_launches(Launches()):
         yield records
 
 
@@ -474,8 +508,9 @@ def assert_same_shapes(first: list[OpRecord], second: list[OpRecord], what: str 
             raise ShapeChangeError(
                 f"{what} does not have frozen shapes: operation {i} differs between two calls\n"
                 f"  first call:  {a}\n  second call: {b}\n"
-                f"  a CUDA Graph replays the shapes it recorded; make this shape independent of the data "
-                f"(read positions and lengths inside the kernel, run a fixed set of sizes)")
+                f"  a CUDA Graph replays the shapes it recorded, and a kernel's grid and Python numbers with them; "
+                f"make them independent of the step (read positions and lengths from device tensors inside the "
+                f"kernel, run a fixed set of sizes)")
     if len(first) != len(second):
         longer = first if len(first) > len(second) else second
         extra = longer[min(len(first), len(second))]

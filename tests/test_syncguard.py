@@ -8,6 +8,8 @@ import re
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import qwen_lab
 from qwen_lab import reference
@@ -246,6 +248,52 @@ def test_the_torch_backend_decode_step_is_caught_and_shapes_change():
             model.step(token, pos, cache)
     with pytest.raises(ShapeChangeError, match="attention"):
         assert_same_shapes(a, b, "the decode step")
+
+
+@triton.jit
+def _scale_kernel(x_ptr, n, factor, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * factor, mask=offs < n)
+
+
+def test_record_shapes_sees_a_triton_launchs_grid_and_numbers():
+    """On the Triton backend a step is almost all launches, which no tensor operation records: a graph freezes
+    each launch's grid and the Python numbers passed to it, so a length handed over as an int changes the step."""
+    x = torch.ones(40)
+
+    def step(n, factor=2.0):
+        _scale_kernel[(triton.cdiv(n, 16),)](x, n, factor, BLOCK=16)
+    runs = []
+    for n in (20, 20, 40):
+        with record_shapes() as ops:
+            step(n)
+        runs.append(ops)
+    assert [op.op for op in runs[0]] == ["triton _scale_kernel(2,)(20, 2.0, BLOCK=16)"]
+    assert runs[0][0].shapes == ((40,),) and "test_syncguard.py" in runs[0][0].where
+    assert_same_shapes(runs[0], runs[1])
+    with pytest.raises(ShapeChangeError, match=r"triton _scale_kernel\(2,\)\(20.*\n.*triton _scale_kernel\(3,\)\(40"):
+        assert_same_shapes(runs[0], runs[2])
+
+
+def test_the_triton_decode_step_records_the_same_launches_twice():
+    """The model's Triton decode step reads positions from device memory: two steps launch the same kernels with
+    the same grids and numbers (what lets generate() capture it once and replay it)."""
+    model = qwen_lab.load_model("tiny", backend="triton")
+    dev = model.device
+    cache = model.new_cache(16)
+    with torch.inference_mode():
+        model.step(torch.tensor([5, 6, 7], device=dev), torch.arange(3, device=dev), cache)
+        token, pos = torch.tensor([8], device=dev), torch.tensor([3], device=dev)
+        model.step(token, pos, cache)  # warm-up: on a GPU the first call of each shape tunes (launches of its own)
+        pos.add_(1)
+        with record_shapes() as a:
+            model.step(token, pos, cache)
+        pos.add_(1)
+        with record_shapes() as b:
+            model.step(token, pos, cache)
+    launches = [op for op in a if op.op.startswith("triton ")]
+    assert len(launches) >= model.config.num_hidden_layers, [str(op) for op in a]
+    assert_same_shapes(a, b, "the Triton decode step")
 
 
 @pytest.mark.gpu

@@ -39,11 +39,15 @@ def _python_function(kernel):
 
 class LaunchCounter(Counter):
     """Launches per kernel name (a Counter), and `functions`: each launched kernel's Python function by name (for
-    the checks, which read a failing kernel's source)."""
+    the checks, which read a failing kernel's source). A subclass that overrides `observe` sees each launch's grid
+    and arguments too (syncguard.record_shapes)."""
 
     def __init__(self):
         super().__init__()
         self.functions = {}
+
+    def observe(self, name: str, grid, args: tuple, kwargs: dict) -> None:
+        """Called at each launch counted here, before the kernel runs."""
 
 
 _patched = False
@@ -70,6 +74,7 @@ def _install_hook() -> None:
             for c in counters:
                 c[name] += 1
                 c.functions.setdefault(name, fn)
+                c.observe(name, grid, args, kwargs)
             return launch(*args, **kwargs)
 
         return counted
@@ -91,11 +96,11 @@ def uncounted():
 
 
 @contextlib.contextmanager
-def count_launches():
+def count_launches(counter: LaunchCounter | None = None):
     """`with count_launches() as c: ...` then `sum(c.values())`, `c["rms_norm_kernel"]`; `c.functions[name]` is the
-    launched kernel's Python function."""
+    launched kernel's Python function. `counter`: a LaunchCounter (subclass) of the caller's to fill instead."""
     _install_hook()
-    counter = LaunchCounter()
+    counter = LaunchCounter() if counter is None else counter
     stack = getattr(_state, "counters", None)
     if stack is None:
         stack = _state.counters = []
