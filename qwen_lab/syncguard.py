@@ -72,7 +72,6 @@ _CALLS = {
     torch.Tensor.tolist: ("tensor.tolist()", _FETCH, _DEVICE_VALUE),
     torch.Tensor.numpy: ("tensor.numpy()", _FETCH, _DEVICE_VALUE),
     torch.Tensor.__array__: ("numpy.asarray(tensor)", _FETCH, _DEVICE_VALUE),
-    torch.Tensor.cpu: ("tensor.cpu()", _FETCH, _DEVICE_VALUE),
     torch.Tensor.__int__: ("int(tensor)", _FETCH, _DEVICE_VALUE),
     torch.Tensor.__float__: ("float(tensor)", _FETCH, _DEVICE_VALUE),
     torch.Tensor.__complex__: ("complex(tensor)", _FETCH, _DEVICE_VALUE),
@@ -118,6 +117,15 @@ _HOST_DATA = ("it copies host memory into a new tensor at every call: a capture 
               "allocate a static device buffer once, outside the step, and update it with .copy_() or .fill_() "
               "before each replay")
 _TO_HOST = ("tensor.to('cpu')", _FETCH, _DEVICE_VALUE)
+_TENSOR_CPU = ("tensor.cpu()", _FETCH, _DEVICE_VALUE)
+
+
+def _gpu_in_use() -> bool:
+    """Whether the code under test can run on a GPU here (then only GPU tensors are fetched from it)."""
+    try:
+        return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
+    except Exception:
+        return False
 _TO_DEVICE = ("copying a CPU tensor to the GPU inside the step (.cuda() / .to('cuda'))",) + _HOST_DATA
 _BOOL_INDEX = ("boolean-mask indexing x[mask]", _SHAPE, _FIXED_SHAPE)
 _BOOL_ASSIGN = ("boolean-mask assignment x[mask] = v", _SHAPE,
@@ -147,13 +155,16 @@ def _classify(func, args, kwargs):
     hit = _CALLS.get(func)
     if hit is not None:
         return hit
-    if func is torch.Tensor.to or func is torch.Tensor.cuda:
+    if func is torch.Tensor.to or func is torch.Tensor.cuda or func is torch.Tensor.cpu:
         src = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        dst = torch.device("cuda") if func is torch.Tensor.cuda else _device_of(args, kwargs)
+        dst = (torch.device("cuda") if func is torch.Tensor.cuda else torch.device("cpu") if func is torch.Tensor.cpu
+               else _device_of(args, kwargs))
         if src is None or dst is None:
             return None
-        if dst.type == "cpu" and src.device.type != "cpu":
-            return _TO_HOST
+        # a move to the host: from a GPU tensor, or from any tensor where no GPU is in use (the CPU then stands in
+        # for the device: the same line fetches from the GPU when the course runs there)
+        if dst.type == "cpu" and (src.device.type != "cpu" or not _gpu_in_use()):
+            return _TENSOR_CPU if func is torch.Tensor.cpu else _TO_HOST
         if dst.type != "cpu" and src.device.type == "cpu":
             return _TO_DEVICE
         return None

@@ -26,6 +26,7 @@ SYNCS = {
     "tensor.numpy()": lambda: X.numpy(),
     "numpy.asarray(tensor)": lambda: np.asarray(X),
     "tensor.cpu()": lambda: X.cpu(),
+    "tensor.to('cpu')": lambda: X.to("cpu"),
     "int(tensor)": lambda: int(I),
     "float(tensor)": lambda: float(S),
     "Python index": lambda: [10, 20, 30][I],
@@ -103,7 +104,7 @@ def test_device_side_code_passes_untouched():
         token.copy_(torch.minimum(idx, torch.argmax(p).reshape(1)))
         position.add_(1)
         picked = torch.index_select(logits, 0, position)
-        _ = logits.to(torch.float64).to("cpu")  # already on the CPU: no transfer, no sync
+        _ = logits.to(torch.float64)  # a cast on the device
         _ = logits.masked_fill(logits > 0, 0.0)
         _ = logits[position]  # a LongTensor index has a fixed shape
         n = logits.shape[0] + len(logits)  # shapes are host metadata, never a sync
