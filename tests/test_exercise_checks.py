@@ -183,3 +183,38 @@ def test_the_retry_probe_changes_a_token_of_the_atomic_round_only(monkeypatch, b
         probe.main(require_gpu=False)
     assert "decode_step (case 0" in str(failed.value) and "1 of 3 values differ; first at (2,)" in str(failed.value)
     assert os.environ.get("QWEN_LAB_DETERMINISTIC") is None
+
+
+NOTEBOOKS = os.path.join(os.path.dirname(SOLUTIONS), "notebooks")
+LEARNER_NOTEBOOKS = sorted(name for name in os.listdir(NOTEBOOKS) if name.endswith(".ipynb"))
+
+
+@pytest.mark.parametrize("notebook", LEARNER_NOTEBOOKS)
+def test_each_exercise_of_a_learners_notebook_is_checked_by_its_own_stub(notebook, monkeypatch, benchmark_module):
+    """nbval lets a cell tagged raises-exception raise; it does not require it to. Here every code exercise of a
+    learner's notebook, run as a kernel would, must reach a check cell that raises its own stub's
+    NotImplementedError ("Exercise NN.M: ..."), and no check may raise anything else: a stub that never runs, a
+    solution left in the notebook, or a check that passes an unfinished exercise would each fail this."""
+    monkeypatch.chdir(NOTEBOOKS)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    run_cell = benchmark_module("run_notebooks").run_cell
+    nb = json.load(open(os.path.join(NOTEBOOKS, notebook)))
+    namespace, raised = {"__name__": "__main__"}, {}
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        try:
+            run_cell("".join(cell["source"]), f"<{notebook} cell {i}>", namespace)
+        except Exception as e:  # noqa: BLE001 (every exception is looked at below)
+            tags = cell.get("metadata", {}).get("tags", [])
+            assert "raises-exception" in tags, f"{notebook}, cell {i} (not a check cell) raised {e!r}"
+            unfinished = checks._unfinished(e)
+            assert unfinished is not None, f"{notebook}, cell {i}: a check raised {type(e).__name__}: {e}, " \
+                                           "not an exercise stub's NotImplementedError"
+            raised[i] = str(unfinished)
+    code_exercises = [title for title, i in exercises.list_exercises(os.path.join(NOTEBOOKS, notebook))
+                      if nb["cells"][i]["cell_type"] == "code"]
+    for title in code_exercises:
+        number = title.split(":")[0].strip()   # "Exercise 04.1"
+        assert any(message.startswith(number + ":") for message in raised.values()), (
+            f"{notebook}: no check cell raised {number}'s stub (raised: {sorted(set(raised.values()))})")
