@@ -332,15 +332,24 @@ _patch_lock = threading.Lock()
 _patch_depth = 0
 _patched: list[tuple[object, str, object]] = []      # (owner, attribute, original) to restore
 _patched_originals: dict[str, object] = {}            # label -> the original function
-_handlers: list = []                                  # the active guards' on_sync callbacks, innermost last
+
+
+def _handlers() -> list:
+    """This thread's active guards' on_sync callbacks, innermost last (the patches below are process-wide, but a
+    guard watches its own thread, as the torch function modes do)."""
+    if not hasattr(_local, "handlers"):
+        _local.handlers = []
+    return _local.handlers
 
 
 def _cuda_sync_called(label):
     def blocked(*args, **kwargs):
-        if not _allowed() and _handlers:
+        handlers = _handlers()
+        if not _allowed() and handlers:
             why = ("it asks the GPU whether its work is done, which capture refuses (nothing has run yet)"
                    if label.endswith("query()") else "it blocks the host until the GPU is idle, which capture refuses")
-            _handlers[-1]((label, why, "synchronise outside the step (before replay, or when reading the result)"))
+            for on_sync in reversed(list(handlers)):  # every guard of this thread, innermost first, as for .item()
+                on_sync((label, why, "synchronise outside the step (before replay, or when reading the result)"))
         return _patched_originals[label](*args, **kwargs)
     return blocked
 
@@ -387,14 +396,14 @@ def _guard(on_hit):
         filename, line, function = where or ("<unknown>", 0, "?")
         on_hit(HostSync(hit[0], filename, line, function, hit[1], hit[2]))
 
-    _handlers.append(on_sync)
+    _handlers().append(on_sync)
     _patch_cuda()
     try:
         with _SyncMode(on_sync), _ScalarReadMode(on_sync):
             yield
     finally:
         _unpatch_cuda()
-        _handlers.remove(on_sync)
+        _handlers().remove(on_sync)
 
 
 @contextlib.contextmanager

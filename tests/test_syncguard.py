@@ -327,3 +327,29 @@ def test_on_a_gpu_transfers_are_caught_and_the_triton_decode_step_is_clean():
     assert not kernels, f"Triton launchers synchronise with the host: {kernels}"
     assert found == [] or model.fallbacks
     assert float(y.sum()) == 8.0
+
+
+def test_a_guard_watches_its_own_thread_and_every_nested_guard_sees_a_sync():
+    """torch.cuda.synchronize is patched process-wide: another thread's call used to reach this thread's guard
+    (while that thread's .item() did not), and of two nested guards only the innermost saw it."""
+    import threading
+
+    errors = []
+
+    def other_thread():
+        try:
+            S.item()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    with find_host_syncs() as found:
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+    # (the other thread's own call runs as it would unguarded: on a machine without CUDA, torch's own error)
+    assert not any(isinstance(e, HostSyncError) for e in errors) and found == []
+    with pytest.raises(HostSyncError, match=re.escape("torch.cuda.synchronize()")):
+        with forbid_host_sync():
+            with find_host_syncs() as inner:
+                torch.cuda.synchronize()
+    assert [f.call for f in inner] == ["torch.cuda.synchronize()"]
