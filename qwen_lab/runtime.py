@@ -13,6 +13,7 @@ are imported only when a kernel is first used.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,10 @@ def ensure_interpreter() -> bool:
         os.environ["TRITON_INTERPRET"] = "1"
     if interpreter_active():
         _patch_interpreter_scalars()
+        # NumPy warns where a kernel's math overflows or divides by zero (exp of a large gate, say); a GPU computes
+        # the same inf or NaN silently, which the kernels expect (a tl.where then picks the finite branch). Without
+        # this a learner's CPU notebook shows "RuntimeWarning: overflow encountered in exp" under correct kernels.
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
     return interpreter_active()
 
 

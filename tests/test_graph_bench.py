@@ -210,3 +210,21 @@ def test_a_plot_with_no_measured_row_is_skipped_with_a_reason(tmp_path, capsys, 
     assert bench.main(["--model", "tiny", "--prefill-len", "4", "--decode-steps", "1", "--rows", "triton+cuda-graph",
                        "--plot", str(path)]) == 0
     assert "not drawn, no row was measured" in capsys.readouterr().err and not path.exists()
+
+
+@pytest.mark.skipif(not qwen_lab.runtime.interpreter_active(), reason="the Triton interpreter's NumPy math")
+def test_the_interpreter_overflows_silently_as_a_gpu_does():
+    """exp of a large gate overflows to inf in NumPy with a RuntimeWarning that a GPU never gives, and the kernels
+    expect the inf (a tl.where keeps the finite branch): a learner's CPU notebook showed the warning under correct
+    kernels (chapter 08's library check)."""
+    import warnings
+
+    from qwen_lab.kernels import deltanet
+
+    a = torch.tensor([[100.0, -100.0]])
+    with warnings.catch_warnings(record=True) as seen:
+        # (what importing qwen_lab does in a learner's process; pytest restored the filters after its import)
+        qwen_lab.runtime.ensure_interpreter()
+        g, beta = deltanet.deltanet_gates(a, a, torch.zeros(2), torch.zeros(2))
+    assert torch.isfinite(g).all() and torch.isfinite(beta).all()
+    assert not [w for w in seen if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in seen]
