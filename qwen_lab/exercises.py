@@ -34,8 +34,8 @@
 
 Before writing anything, `build` validates every solution and stops on any problem, naming the
 notebook and the cell (cells counted from 0, as in `nb.cells[i]`): unmatched or nested markers, a
-line that looks like a marker but is not exactly one (it mentions BEGIN or END and a word starting
-with SOLUT, in any case, anywhere in the line: `### BEGIN SOLUTON`, `### END SOLUTIONS`,
+line that looks like a marker but is not exactly one (anywhere in it and in any case, '#' then BEGIN
+or END then a word starting with SOLUT: `### BEGIN SOLUTON`, `### END SOLUTIONS`,
 `x = 0  ### BEGIN SOLUTION`; named by its line), a code cell titled `# Exercise ...` without a
 solution block (it would reach the learner whole), markers in a cell whose first line is no
 `# Exercise` title, a stub that would run as soon as its cell runs (not inside a function body), an
@@ -248,8 +248,23 @@ def _parse(source: str):
         return None
 
 
-def _syntax_error(source: str) -> str | None:
-    """None when the cell parses as Python (IPython syntax allowed), else the parser's complaint."""
+def _solution_line(blocks: list[_Block], line: int) -> int:
+    """A line (1-based) of the learner's version of a cell as the line of the solution cell the instructor edits:
+    each block, markers included, became one stub line, which stands for its BEGIN marker's line."""
+    shift = 0
+    for b in blocks:
+        stub = b.begin - shift + 1
+        if line < stub:
+            break
+        if line == stub:
+            return b.begin + 1
+        shift += b.end - b.begin
+    return line + shift
+
+
+def _syntax_error(source: str, blocks: list[_Block] = ()) -> str | None:
+    """None when the cell parses as Python (IPython syntax allowed), else the parser's complaint, located in the
+    solution cell (`blocks`: how the learner's version `source` was made from it)."""
     try:
         ast.parse(source)
         return None
@@ -263,7 +278,10 @@ def _syntax_error(source: str) -> str | None:
         error = e
     except Exception:
         pass
-    return f"{error.msg} (line {error.lineno})"
+    where = f"line {_solution_line(list(blocks), error.lineno)} of the solution cell" if blocks else \
+        f"line {error.lineno}"
+    return f"{error.msg} ({where}; the message's own line numbers count the learner's version)" if blocks and \
+        re.search(r"\bline \d", error.msg) else f"{error.msg} ({where})"
 
 
 def _eager_stubs(tree, title: str) -> list[int]:
@@ -429,7 +447,7 @@ def validate(notebook, name: str = "notebook") -> list[str]:
         stripped = _stripped_cell_source(cell, blocks)
         if _parse(cell["source"]) is None:
             continue  # the solution itself does not parse: nbval over solutions/ reports it
-        error = _syntax_error(stripped)
+        error = _syntax_error(stripped, blocks)
         if error:
             problems.append(f"{where}: with its blocks replaced by the stub the cell is no longer valid Python: "
                             f"{error}; put each marker at the indentation of the code it encloses")
@@ -437,7 +455,8 @@ def validate(notebook, name: str = "notebook") -> list[str]:
         tree = _parse(stripped)
         eager = _eager_stubs(tree, title) if tree is not None else []
         if eager and not _is_check(cell):
-            problems.append(f"{where}: the stub on line {eager[0]} would run as soon as the cell runs (it is not "
+            problems.append(f"{where}: the stub of the block on line {_solution_line(blocks, eager[0])} would run "
+                            f"as soon as the cell runs (it is not "
                             f"inside a function body), so the learner's notebook would stop here; put the block "
                             f"inside the kernel or launcher body, or tag the cell {CHECK_TAG!r}")
 

@@ -723,3 +723,18 @@ def test_exercise_and_check_finds_the_cells_that_grade_one_exercise():
         ex.exercise_and_check(nb, "Exercise 1")
     with pytest.raises(ex.ExerciseError, match="0 exercises"):
         ex.exercise_and_check(nb, "Exercise 9")
+
+
+def test_a_stub_that_breaks_the_cell_is_located_in_the_solution_cell():
+    """The parser sees the learner's version, where each block is one stub line: its line numbers are not the
+    solution's, which is what the instructor edits. A 12-line block at lines 3-14, then a marker under-indented at
+    line 17 (inside the `for` of line 16): the error names line 17 of the solution cell."""
+    body = "".join(f"    a{i} = {i}\n" for i in range(10))
+    source = (f"# Exercise 02.1: f\ndef f():\n    {ex.BEGIN}\n{body}    {ex.END}\n    s = 0\n    for i in range(3):\n"
+              f"    {ex.BEGIN}\n        s += i\n    {ex.END}\n    return s\n")
+    assert source.splitlines()[16] == f"    {ex.BEGIN}"
+    with pytest.raises(ex.ExerciseError, match=r"no longer valid Python: .*\(line 17 of the solution cell"):
+        ex.build_notebook(new_notebook(cells=[new_markdown_cell("# 02"), new_code_cell(source), _check("f()")]),
+                          "solutions/02_lines.ipynb")
+    assert [ex._solution_line([ex._Block(2, 13, "    "), ex._Block(16, 18, "    ")], n) for n in (1, 3, 4, 6, 7)] \
+        == [1, 3, 15, 17, 20]
