@@ -347,9 +347,26 @@ def _as_notebook(notebook):
 
 def _read(path: Path):
     try:
-        return nbformat.read(str(path), as_version=4)
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        _stable_ids(raw)
+        return nbformat.reads(json.dumps(raw), as_version=4)
     except Exception as e:
         raise ExerciseError(f"{_display(path)}: not a readable notebook: {type(e).__name__}: {e}") from e
+
+
+def _stable_ids(raw) -> None:
+    """Give the cells of a raw nbformat 4.5+ notebook that lack an id, or repeat one, the ids a build derives from
+    their position. nbformat repairs such ids with random ones as it reads, and two builds would then differ."""
+    if not (isinstance(raw, dict) and raw.get("nbformat") == 4 and isinstance(raw.get("nbformat_minor"), int)
+            and raw["nbformat_minor"] >= 5 and isinstance(raw.get("cells"), list)):
+        return
+    cells = [c for c in raw["cells"] if isinstance(c, dict)]
+    taken = {c.get("id") for c in cells if isinstance(c.get("id"), str) and c.get("id")}
+    seen: set[str] = set()
+    for i, cell in enumerate(cells):
+        if not isinstance(cell.get("id"), str) or not cell["id"] or cell["id"] in seen:
+            cell["id"] = _cell_id(i, taken | seen)
+        seen.add(cell["id"])
 
 
 def list_exercises(notebook) -> list[tuple[str, int]]:

@@ -196,6 +196,26 @@ def test_cells_without_ids_get_stable_ones(tmp_path):
     assert len(set(ids)) == len(ids) and all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", i) for i in ids)
 
 
+@pytest.mark.parametrize("damage", ["duplicate", "missing"])
+def test_cells_of_a_4_5_notebook_with_bad_ids_get_stable_ones(tmp_path, damage):
+    """nbformat 4.5 requires ids; reading one with a repeated or missing id, nbformat repairs it with a random one,
+    so two builds differed and `check` right after `build` reported the notebook stale."""
+    data = json.loads(FIXTURE.read_text())
+    data["nbformat_minor"] = 5
+    if damage == "duplicate":
+        data["cells"][1]["id"] = data["cells"][0]["id"]
+    else:
+        data["cells"][1].pop("id")
+    sol = tmp_path / "solutions"
+    sol.mkdir()
+    (sol / "99_ids.ipynb").write_text(json.dumps(data))
+    ex.build(sol, tmp_path / "a")
+    ex.build(sol, tmp_path / "b")
+    assert (tmp_path / "a" / "99_ids.ipynb").read_bytes() == (tmp_path / "b" / "99_ids.ipynb").read_bytes()
+    ids = [c.id for c in _read(tmp_path / "a" / "99_ids.ipynb").cells]
+    assert len(set(ids)) == len(ids)
+
+
 def test_notebook_without_exercises_copied_and_stale_removed(tmp_path):
     sol, out = tmp_path / "solutions", tmp_path / "notebooks"
     sol.mkdir()
