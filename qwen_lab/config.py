@@ -82,12 +82,12 @@ class Qwen35Config:
             problems.append(f"rope_theta={self.rope_theta}; expected a finite number > 0")
         if not (0 < self.partial_rotary_factor <= 1):
             problems.append(f"partial_rotary_factor={self.partial_rotary_factor}; expected a number in (0, 1]")
-        # the ids index the logits (stopping, padding): one outside the vocabulary would never match, or fail late
-        for f, ids in (("eos_token_ids", self.eos_token_ids), ("bos_token_id", (self.bos_token_id,)),
-                       ("pad_token_id", (self.pad_token_id,))):
-            bad = [i for i in ids if i is not None and not 0 <= i < self.vocab_size]
-            if bad:
-                problems.append(f"{f} holds {bad[0]}; expected token ids in [0, vocab_size={self.vocab_size})")
+        # the end-of-sequence ids are compared with sampled tokens: one outside the vocabulary would never stop a
+        # generation. (bos and pad are only carried along, as transformers carries them: a pad_token_id of -1
+        # loads there, so it loads here.)
+        bad = [i for i in self.eos_token_ids if not 0 <= i < self.vocab_size]
+        if bad:
+            problems.append(f"eos_token_ids holds {bad[0]}; expected token ids in [0, vocab_size={self.vocab_size})")
         if problems:  # before the ratios below, which divide by these sizes
             raise ConfigError(f"config '{self.name}': " + "; ".join(problems))
         if self.num_attention_heads % self.num_key_value_heads:

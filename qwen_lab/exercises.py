@@ -34,9 +34,9 @@
 
 Before writing anything, `build` validates every solution and stops on any problem, naming the
 notebook and the cell (cells counted from 0, as in `nb.cells[i]`): unmatched or nested markers, a
-line that looks like a marker but is not exactly one (anywhere in it and in any case, '#' then BEGIN
-or END then a word starting with SOLUT: `### BEGIN SOLUTON`, `### END SOLUTIONS`,
-`x = 0  ### BEGIN SOLUTION`; named by its line), a code cell titled `# Exercise ...` without a
+line that looks like a marker but is not exactly one (in any case, '#' then BEGIN or END then a word
+starting with SOLUT, anywhere in a line of code or as the whole of a line of markdown: `### BEGIN
+SOLUTON`, `### END SOLUTIONS`, `x = 0  ### BEGIN SOLUTION`; named by its line), a code cell titled `# Exercise ...` without a
 solution block (it would reach the learner whole), markers in a cell whose first line is no
 `# Exercise` title, a stub that would run as soon as its cell runs (not inside a function body), an
 exercise notebook without a `check` cell, a check cell before the exercise it grades.
@@ -86,10 +86,14 @@ REBUILD = "run python -m qwen_lab.exercises build"
 
 # Something that was meant as a marker but is not exactly one (`# BEGIN SOLUTION`, `### End solution`,
 # `### BEGIN SOLUTON`, `### END SOLUTIONS`, `x = 0  ### BEGIN SOLUTION`): left alone it would leak the solution
-# into the learner's notebook. A line is one when, anywhere in it and in any case, a run of '#' is followed by BEGIN
-# or END and then a word starting with SOLUT (spaces, '_' or '-' between them, or none), and it is not exactly BEGIN
-# or END. Prose that merely mentions the end and a solution ("in the end, compare your solution") is not one.
+# into the learner's notebook. A line is one when, in any case, a run of '#' is followed by BEGIN or END and then a
+# word starting with SOLUT (spaces, '_' or '-' between them, or none), anywhere in a line of code or as the whole
+# of a line of markdown, and it is not exactly BEGIN or END. Prose that mentions the end and a solution ("in the end,
+# compare your solution"), or quotes the markers in a sentence, is not one.
 _LOOKALIKE = re.compile(r"#+[ \t]*(?:begin|end)[\s_-]*solut", re.IGNORECASE)
+# (in markdown only a line that holds nothing else: prose may quote the markers, "between `### BEGIN SOLUTION`
+# and ...", and a heading may read "## End solutions overview")
+_LOOKALIKE_MD = re.compile(r"^\s*#+[ \t]*(?:begin|end)[\s_-]*solut\w*\s*$", re.IGNORECASE)
 # A code cell whose first line reads as an exercise title (`# Exercise 02.1: ...`, `## exercise 2`): it must hold a
 # solution block, or the whole cell, solution included, would reach the learner.
 _CODE_TITLE_LIKE = re.compile(r"^\s*#+\s*exercise\b", re.IGNORECASE)
@@ -171,7 +175,8 @@ def _near_markers(cell, where: str) -> list[str]:
     problems = []
     for i, line in enumerate(_lines(cell.get("source", ""))):
         text = line.strip()
-        if text not in (BEGIN, END) and _LOOKALIKE.search(line):
+        rule = _LOOKALIKE_MD if cell.get("cell_type") == "markdown" else _LOOKALIKE
+        if text not in (BEGIN, END) and rule.search(line):
             problems.append(f"{where}: line {i + 1} looks like a solution marker but is not exactly {BEGIN!r} "
                             f"or {END!r}: {text!r}; as written, the solution would reach the learner. Write the "
                             f"marker exactly, alone on its line, or reword the line")

@@ -27,8 +27,10 @@ from Python passes through it, and the ones that synchronise by what they are ra
 `TorchDispatchMode` sees every ATen operation those calls run, and raises where one reads a tensor's value into
 a number (`x[:i]` or `torch.arange(t)` with a tensor `i` or `t`: ATen's `_local_scalar_dense`, what `.item()`
 does). `torch.cuda.synchronize` and the `synchronize` methods of streams and events are not torch functions;
-they are patched for the duration. What a C++ extension does internally, a copy between devices by `copy_`, and
-names imported before the guard (`from torch.cuda import synchronize`), are not seen. The Triton interpreter's own copies (it runs kernels on the CPU in NumPy) are
+they are patched for the duration, as are `torch.accelerator.synchronize` and the streams' and events' `query`.
+A copy between devices by `copy_` is named by the devices of its two tensors. What a C++ extension does
+internally, a copy inside another call (`x[:] = cpu_tensor`), and names imported before the guard (`from
+torch.cuda import synchronize`), are not seen. The Triton interpreter's own copies (it runs kernels on the CPU in NumPy) are
 exempt: on a GPU they do not exist.
 """
 
@@ -161,9 +163,12 @@ def _classify(func, args, kwargs):
                else _device_of(args, kwargs))
         if src is None or dst is None:
             return None
-        # a move to the host: from a GPU tensor, or from any tensor where no GPU is in use (the CPU then stands in
-        # for the device: the same line fetches from the GPU when the course runs there)
-        if dst.type == "cpu" and (src.device.type != "cpu" or not _gpu_in_use()):
+        # a move to the host: from a GPU tensor; or, where no GPU is in use and the CPU stands in for the device,
+        # one the line names itself (.cpu(), .to("cpu")), which fetches from the GPU when the course runs there.
+        # (.to(other) or .to(other.device) follows its argument: on a GPU it moves nothing either.)
+        named = func is torch.Tensor.cpu or any(isinstance(a, str) and a.strip().lower().startswith("cpu")
+                                                for a in list(args[1:]) + [kwargs.get("device")])
+        if dst.type == "cpu" and (src.device.type != "cpu" or (named and not _gpu_in_use())):
             return _TENSOR_CPU if func is torch.Tensor.cpu else _TO_HOST
         if dst.type != "cpu" and src.device.type == "cpu":
             return _TO_DEVICE

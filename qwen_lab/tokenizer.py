@@ -388,10 +388,12 @@ def _hint_for(x) -> str:
 
 
 def _one_id(x, name: str, where: str = "") -> int:
-    """`x` as a Python int: an int, a NumPy integer or an integer tensor or array of 0 dimensions (bools refused)."""
+    """`x` as a Python int: an int, a NumPy integer, or an integer tensor or array holding one value (0-d, or [1]:
+    what a generation loop collects per token); bools refused."""
     if _is_array(x):
-        if x.ndim == 0 and _is_integer_dtype(x.dtype):
-            return int(x.tolist())
+        if _is_integer_dtype(x.dtype) and (x.ndim == 0 or (x.ndim == 1 and x.shape[0] == 1)):
+            value = x.tolist()
+            return int(value[0] if isinstance(value, list) else value)
     elif isinstance(x, numbers.Integral) and not isinstance(x, bool):
         return int(x)
     raise _bad_ids(name, x, where, _hint_for(x))

@@ -489,7 +489,8 @@ def test_valid_variants_pass():
     assert built.cells[1].source.splitlines()[2] == 'raise NotImplementedError("Exercise 02.1: y")'
     assert built.cells[4].source.endswith("*Your answer here.*")
     # prose that mentions the end and a solution is no marker lookalike: only '#' then BEGIN/END then SOLUT* is
-    prose = new_markdown_cell("In the end, compare your solution with the reference; begin solving by hand.")
+    prose = new_markdown_cell("In the end, compare your solution with the reference; begin solving by hand.\n"
+                              f"Solutions sit between `{ex.BEGIN}` and `{ex.END}`.\n## End solutions overview")
     ex.build_notebook(new_notebook(cells=cells[:1] + [prose] + cells[1:]), "solutions/02_ok.ipynb")
     assert [t for t, _ in ex.list_exercises(built)] == ["Exercise 02.1: y", "Exercise 02.2: f", "Exercise 02.3: g",
                                                         "Exercise 02.4: why?"]

@@ -105,6 +105,8 @@ def test_device_side_code_passes_untouched():
         position.add_(1)
         picked = torch.index_select(logits, 0, position)
         _ = logits.to(torch.float64)  # a cast on the device
+        _ = position.to(token)  # follows its argument: on a GPU both live there, and nothing moves
+        _ = position.to(device=token.device, dtype=torch.int32)
         _ = logits.masked_fill(logits > 0, 0.0)
         _ = logits[position]  # a LongTensor index has a fixed shape
         n = logits.shape[0] + len(logits)  # shapes are host metadata, never a sync

@@ -81,7 +81,8 @@ def test_decode_accepts_integer_ids_of_every_kind(tok):
     ids = tok.encode("Triton kernels")
     text = tok.decode(ids)
     for same in (tuple(ids), np.array(ids), np.array(ids, dtype=np.int32), [np.int64(i) for i in ids],
-                 torch.tensor(ids, dtype=torch.int32), [torch.tensor(i) for i in ids]):
+                 torch.tensor(ids, dtype=torch.int32), [torch.tensor(i) for i in ids],
+                 [torch.tensor([i]) for i in ids]):  # (the last: what a generation loop collects, one [1] per token)
         assert tok.decode(same) == text, type(same)
     assert tok.decode(torch.tensor(ids[0])) == tok.decode(np.int16(ids[0])) == tok.decode(ids[:1])
     assert tok.decode([]) == tok.decode(torch.tensor([], dtype=torch.long)) == ""
