@@ -27,12 +27,6 @@ from .errors import GenerationError
 from .graph import DecodeGraph, sampler
 
 
-# the sampler scales the logits by log2(e) / temperature in float32 (kernels/sampling.py): where that factor
-# overflows, every probability would be NaN, so such a temperature is refused before any work (the same test as the
-# kernel's, so both backends refuse the same values)
-_LOG2E, _FLOAT32_MAX = math.log2(math.e), torch.finfo(torch.float32).max
-
-
 def _number(name, value, kind, expect):
     """value as a Python int or float when it is one (NumPy scalars included: a sweep over np.arange gives them);
     GenerationError naming the argument otherwise. A bool is not a number here."""
@@ -52,9 +46,13 @@ def check_sampling_args(max_new_tokens, temperature, top_k, top_p) -> tuple[int,
     temperature = _number("temperature", temperature, real, "a finite number >= 0 (0 = greedy)")
     if not math.isfinite(temperature) or temperature < 0:
         raise GenerationError(f"temperature={temperature!r}; expected a finite number >= 0 (0 = greedy)")
-    if temperature > 0 and not _LOG2E / temperature < _FLOAT32_MAX:
+    # the sampler scales the logits by log2(e) / temperature in float32: where that factor overflows, every
+    # probability would be NaN. The kernel's own test, applied before any work, so both backends refuse alike.
+    from .kernels.sampling import FLOAT32_MAX, LOG2E
+
+    if temperature > 0 and not LOG2E / temperature < FLOAT32_MAX:
         raise GenerationError(f"temperature={temperature!r} is too small for the sampler's float32 math (more than "
-                              f"{_LOG2E / _FLOAT32_MAX:.3g} needed); use 0 for greedy")
+                              f"{LOG2E / FLOAT32_MAX:.3g} needed); use 0 for greedy")
     top_k = _number("top_k", top_k, integer, "an integer >= 0 (0 = no top-k filter)")
     if top_k < 0:
         raise GenerationError(f"top_k={top_k!r}; expected an integer >= 0 (0 = no top-k filter)")
@@ -215,8 +213,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="wrap the prompt in the snapshot's chat template as a user message (default: off)")
     p.add_argument("--max-new-tokens", type=int, default=32, metavar="N",
                    help="stop after N new tokens, or earlier at an end-of-sequence token; on a CPU (the Triton "
-                        "interpreter) each token of the tiny model takes about half a second, of the real shapes far longer "
-                        "(default: %(default)s)")
+                        "interpreter) each token of the tiny model takes about half a second, of the real shapes far "
+                        "longer (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="sampling temperature; 0 picks the most likely token every time (greedy) "
                         "(default: %(default)s)")

@@ -30,8 +30,8 @@ does). `torch.cuda.synchronize` and the `synchronize` methods of streams and eve
 they are patched for the duration, as are `torch.accelerator.synchronize` and the streams' and events' `query`.
 A copy between devices by `copy_` is named by the devices of its two tensors. What a C++ extension does
 internally, a copy inside another call (`x[:] = cpu_tensor`), and names imported before the guard (`from
-torch.cuda import synchronize`), are not seen. The Triton interpreter's own copies (it runs kernels on the CPU in NumPy) are
-exempt: on a GPU they do not exist.
+torch.cuda import synchronize`), are not seen. The Triton interpreter's own copies (it runs kernels on the
+CPU in NumPy) are exempt: on a GPU they do not exist.
 """
 
 from __future__ import annotations
@@ -215,11 +215,13 @@ def _call_name(func) -> str:
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _HERE = os.path.abspath(__file__)
 _INTERPRETER = os.path.join("triton", "runtime", "interpreter.py")
+_KERNELS_INIT = os.path.join("qwen_lab", "kernels", "__init__.py")  # the launch hook (count_launches)
 
 
 def _caller():
-    """(filename, line, function) of the first frame outside torch and this module, and whether the call comes
-    from the Triton interpreter (which emulates the GPU with host copies of its own: not the code under test)."""
+    """(filename, line, function) of the first frame outside torch, this module and the launch hook, and whether
+    the call comes from the Triton interpreter (which emulates the GPU with host copies of its own: not the code
+    under test)."""
     f = sys._getframe(1)
     found = None
     while f is not None:
@@ -227,7 +229,7 @@ def _caller():
         if name.endswith(_INTERPRETER):
             return found, True
         if found is None and not name.startswith(_TORCH_DIR) and os.path.abspath(name) != _HERE \
-                and not name.startswith("<frozen"):
+                and not name.startswith("<frozen") and not name.endswith(_KERNELS_INIT):
             found = (name, f.f_lineno, f.f_code.co_name)
         f = f.f_back
     return found, False
@@ -484,18 +486,6 @@ class _ShapeMode(TorchDispatchMode):
         return out
 
 
-_KERNELS_INIT = os.path.join("qwen_lab", "kernels", "__init__.py")
-
-
-def _launch_site():
-    """(filename, line, function) of the code that launched a Triton kernel: the first frame above the launch hook."""
-    f = sys._getframe(1)
-    while f is not None and (f.f_code.co_filename.endswith(_KERNELS_INIT) or os.path.abspath(f.f_code.co_filename)
-                             == _HERE):
-        f = f.f_back
-    return (f.f_code.co_filename, f.f_lineno, f.f_code.co_name) if f is not None else None
-
-
 def _launch_record(name, grid, args, kwargs) -> OpRecord:
     """A Triton launch as an OpRecord: its grid and Python scalars in `op` (a graph freezes them: the grid it was
     captured with, the numbers baked into the launch), the shapes of its tensor arguments in `shapes`."""
@@ -503,7 +493,7 @@ def _launch_record(name, grid, args, kwargs) -> OpRecord:
     scalars = [repr(a) for a in args if isinstance(a, (bool, int, float, str))]
     scalars += [f"{k}={v!r}" for k, v in kwargs.items() if isinstance(v, (bool, int, float, str))]
     grid_text = str(tuple(grid)) if isinstance(grid, (tuple, list)) else "grid(meta)"
-    site = _launch_site()
+    site, _ = _caller()  # the code that launched it, above the launch hook
     return OpRecord(f"triton {name}{grid_text}({', '.join(scalars)})", tuple(tuple(t.shape) for t in tensors),
                     _place(*site) if site else "<unknown>")
 

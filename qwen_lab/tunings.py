@@ -343,6 +343,7 @@ def _autotuner_check(tuner, tuning_key, configs, bench_fn) -> bool:
             return type(tuner).check_disk_cache(tuner, tuning_key, configs, bench_fn)
         bench_fn()
         return False
+
     def bench():
         bench_fn()
         return tuner.cache[tuning_key], getattr(tuner, "configs_timings", None)
