@@ -21,7 +21,9 @@ from qwen_lab.config import FULL, LINEAR, QWEN35_0_8B
 from qwen_lab.model import Qwen35Model
 from qwen_lab.weights import random_weights
 
-pytestmark = pytest.mark.gpu
+# one worker of gpu_session.sh's pytest-xdist run takes every test here: it holds one size's three models at a
+# time (up to 32 GB), which several workers building them side by side would not fit
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("larger sizes")]
 
 _BLOCK = (LINEAR, LINEAR, LINEAR, FULL)
 SIZES = {
