@@ -510,8 +510,8 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
             suspects = unfilled_masked_loads(getattr(launches, "functions", {}))
             if not suspects:
                 raise
-            raise CheckFailed(f"{failed} Also, {suspects[0]}" + (f" (and {len(suspects) - 1} more such loads)"
-                                                                  if len(suspects) > 1 else "")) from failed
+            raise CheckFailed(f"{failed}\n  also: {suspects[0]}" + (f" (and {len(suspects) - 1} more such loads)"
+                                                                     if len(suspects) > 1 else "")) from failed
         if not quiet:
             worst = max((c.max_abs for c in results[-len(expected):]), default=0.0)
             kernels = ", ".join(sorted(launches)) or "none"
@@ -521,10 +521,17 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
     return results
 
 
+# the calls through which a masked-off lane can reach a result that is stored (tl.sum(x) or x.sum(), and so on)
+_REDUCTIONS = frozenset({"sum", "max", "min", "argmax", "argmin", "dot", "reduce", "cumsum", "cumprod",
+                         "associative_scan", "xor_sum", "dot_scaled"})
+
+
 def unfilled_masked_loads(functions: dict) -> list[str]:
-    """For each kernel (name -> its Python function), the `tl.load` calls with a `mask` and no `other`: what lanes
-    it masks off hold is not defined (whatever the GPU returns; zeros under the interpreter), harmless when those
-    lanes are never used, wrong once they reach a max, a sum or a dot. -> one sentence per such load."""
+    """For each kernel (name -> its Python function) that reduces (a sum, max, dot, scan...), the `tl.load` calls
+    with a `mask` and no `other`: what lanes it masks off hold is not defined (whatever the GPU returns; zeros under
+    the interpreter), harmless when those lanes are never used, wrong once they reach a max, a sum or a dot. A
+    kernel without a reduction is left out: its masked lanes reach no stored value (a masked store drops them),
+    and pointing at them would send a learner after a mistake that is not there. -> one sentence per such load."""
     import ast
     import inspect
     import textwrap
@@ -539,8 +546,11 @@ def unfilled_masked_loads(functions: dict) -> list[str]:
         except (OSError, TypeError):  # no source to read (a kernel built at run time)
             continue
         tree = ast.parse(textwrap.dedent("".join(lines)))
-        for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "load"
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+        if not any(c.func.attr in _REDUCTIONS for c in calls):
+            continue
+        for node in calls:
+            if not (node.func.attr == "load"
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "tl"):
                 continue
             keywords = {k.arg for k in node.keywords}
