@@ -39,7 +39,10 @@ starting with SOLUT, anywhere in a line of code or as the whole of a line of mar
 SOLUTON`, `### END SOLUTIONS`, `x = 0  ### BEGIN SOLUTION`; named by its line), a code cell titled
 `# Exercise ...` without a solution block (it would reach the learner whole), markers in a cell whose first line is no
 `# Exercise` title, a stub that would run as soon as its cell runs (not inside a function body), an
-exercise notebook without a `check` cell, a check cell before the exercise it grades.
+exercise notebook without a `check` cell, a check cell before the exercise it grades, and a cell without the
+`check` tag that would stop the learner's notebook: it runs an exercise's function (directly, or through a
+function a later cell builds on it, outside a `try` that catches NotImplementedError) or reads a name that only
+a check cell binds.
 
 `check` builds in memory and compares byte for byte with what is in notebooks/: it exits 1 listing
 every missing, differing or stale file, and 0 when they are in sync.
@@ -503,6 +506,117 @@ def validate(notebook, name: str = "notebook") -> list[str]:
         problems.append(f"{_where(name, last, nb.cells[last])}: {last_title!r} has no check cell after it; the cell "
                         f"that grades it must come after it and carry the tag {CHECK_TAG!r}")
     problems.extend(_checks_using_later_exercises(nb, name, code_exercises, checks))
+    problems.extend(_untagged_cells_running_stubs(nb, name, code_exercises, checks))
+    return problems
+
+
+def _stubbed_functions(tree, title: str) -> set[str]:
+    """The functions an exercise cell defines at its top level whose body holds its stub: in the learner's
+    notebook each raises NotImplementedError when called."""
+    return {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and _eager_stubs(ast.Module(body=node.body, type_ignores=[]), title)}
+
+
+_CATCHES_STUB = {"NotImplementedError", "Exception", "BaseException"}
+
+
+def _without_guarded_tries(tree):
+    """A copy of `tree` without the bodies of the `try` statements that catch NotImplementedError (by name, or as
+    Exception, or bare): a cell may run an exercise's function there on purpose and say it is not done yet."""
+    def catches(handler) -> bool:
+        kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+        return any(k is None or (isinstance(k, ast.Name) and k.id in _CATCHES_STUB) for k in kinds)
+
+    tree = copy.deepcopy(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(catches(h) for h in node.handlers):
+            node.body = [ast.Pass()]
+    return tree
+
+
+def _runs(tree, unfinished: set[str]) -> tuple[set[str], dict[str, set[str]]]:
+    """(the names in `unfinished` this cell reads when it runs, {each def it makes unfinished: what it reads})
+
+    A def at the cell's top level whose body reads an unfinished name (not one of its own arguments or locals) is
+    unfinished itself; a read outside any def or lambda body runs with the cell (a lambda is left out: whether it
+    runs depends on what the cell does with it, and a check hands the function itself, not a lambda, to
+    check_kernel). A name the cell binds itself is the cell's own, not the unfinished one."""
+    unfinished = set(unfinished)
+    tree = _without_guarded_tries(tree)
+    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    new: dict[str, set[str]] = {}
+    changed = True
+    while changed:
+        changed = False
+        for node in defs:
+            reads = _free_names(ast.Module(body=[node], type_ignores=[])) & unfinished
+            if node.name not in unfinished and reads:
+                unfinished.add(node.name)
+                new[node.name] = reads
+                changed = True
+    loads: set[str] = set()
+    bound = _defined_names(tree)
+
+    def visit(node):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for d in getattr(node, "decorator_list", []) + node.args.defaults + node.args.kw_defaults:
+                if d is not None:
+                    visit(d)
+            return
+        if isinstance(node, ast.Name):
+            (loads if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return (loads - (bound - set(new))) & unfinished, new
+
+
+def _untagged_cells_running_stubs(nb, name, code_exercises, checks) -> list[str]:
+    """A cell without the check tag that runs an exercise's stub (or a function built on it, or a value only a
+    check cell computes) stops the learner's notebook with an error nbval does not expect."""
+    problems = []
+    starts = dict((i, t) for t, i in code_exercises)
+    unfinished: dict[str, str] = {}      # name -> where it comes from, for the message
+    bound_before: set[str] = set()       # names bound by the cells that run through in the learner's notebook
+    for i, cell in enumerate(nb.cells):
+        if cell.get("cell_type") != "code":
+            continue
+        if i in starts:
+            tree = _parse(cell.get("source", ""))
+            bound_before |= _defined_names(tree) if tree is not None else set()
+            blocks, _ = _blocks(cell, "")
+            tree = _parse(_stripped_cell_source(cell, blocks)) if blocks else None
+            if tree is not None:
+                for fn in _stubbed_functions(tree, starts[i]):
+                    unfinished[fn] = (f"{fn} is the stub of {starts[i]!r} (cell {i}) in the learner's notebook and "
+                                      f"raises NotImplementedError")
+            continue
+        tree = _parse(cell.get("source", ""))
+        if tree is None:
+            continue
+        ran, new = _runs(tree, set(unfinished))
+        for fn, reads in new.items():
+            unfinished[fn] = f"{fn} uses {', '.join(sorted(reads))}, unfinished in the learner's notebook"
+        bound = _defined_names(tree) - set(new)
+        if i in checks and ran:
+            # stopped at the stub in the learner's notebook: a name bound here and nowhere before stays unbound
+            for b in bound - bound_before:
+                unfinished[b] = (f"{b} is bound only by check cell {i}, which stops at a stub in the learner's "
+                                 f"notebook (a NameError here)")
+            continue
+        for b in bound:        # bound again by a cell that runs: the learner's notebook has it
+            unfinished.pop(b, None)
+        bound_before |= bound
+        if i in checks:
+            continue
+        if ran:
+            first = sorted(ran)[0]
+            problems.append(f"{_where(name, i, cell)}: uses {first}, and {unfinished[first]}, so the learner's "
+                            f"notebook stops here; tag this cell {CHECK_TAG!r} (build then marks it as expected to "
+                            f"fail), or move the call into the exercise's check cell")
     return problems
 
 
@@ -773,7 +887,9 @@ def check(solutions=None, notebooks=None) -> Report:
         if not target.exists():
             report.problems.append(f"{_display(target)} is missing; {_display(source)} builds it: {REBUILD}")
         elif target.read_bytes() != text.encode("utf-8"):
-            report.problems.append(f"{_display(target)} differs from what {_display(source)} builds: {REBUILD}")
+            report.problems.append(f"{_display(target)} differs from what {_display(source)} builds: {REBUILD} "
+                                   f"(it rewrites {_display(target)}: a change made there by hand is lost; make "
+                                   f"it in {_display(source)})")
     stale, other = _without_solution(notebooks, built)
     for path in stale:
         report.problems.append(f"{_display(path)} has no counterpart in {_display(solutions)}/ "

@@ -250,6 +250,7 @@ def test_check_reports_differing_missing_and_stale(tmp_path, capsys):
     assert not report.ok and len(report.problems) == 1
     assert re.search(r"notebooks/99_fixture\.ipynb differs from what .*solutions/99_fixture\.ipynb builds: "
                      r"run python -m qwen_lab\.exercises build", report.problems[0])
+    assert "a change made there by hand is lost" in report.problems[0]   # build is no way to keep a hand edit
     assert ex.main(["check", *args]) == 1
     assert "differs" in capsys.readouterr().err
 
@@ -460,6 +461,13 @@ INVALID = {
     "duplicate-title": (GOOD + [_ex("Exercise 02.1: f", name="g"), _check("g(1)")], 3, "already used by cell 1"),
     "wrong-number": ([_ex("Exercise 03.1: f"), _check()], 0, "numbered for notebook 03, but this is notebook 02"),
     "check-without-exercise": ([new_markdown_cell("# 02"), _check("print(1)")], 1, "no code exercise"),
+    # a cell that calls the exercise but lacks the tag: nbval would stop at the learner's NotImplementedError
+    "untagged-cell-runs-a-stub": (GOOD + [new_code_cell("assert f(2) == 2")], 3,
+                                  "uses f, and f is the stub of 'Exercise 02.1: f' (cell 1)"),
+    "untagged-cell-runs-a-function-on-a-stub": (GOOD + [new_code_cell("def twice(x):\n    return 2 * f(x)"),
+                                                        new_code_cell("print(twice(1))")], 4, "uses twice, and twice uses f"),
+    "untagged-cell-reads-what-only-a-check-binds": (GOOD[:2] + [_check("y = f(1)"), new_code_cell("print(y + 1)")],
+                                                    3, "y is bound only by check cell 2"),
 }
 
 
@@ -494,6 +502,24 @@ def test_valid_variants_pass():
     ex.build_notebook(new_notebook(cells=cells[:1] + [prose] + cells[1:]), "solutions/02_ok.ipynb")
     assert [t for t, _ in ex.list_exercises(built)] == ["Exercise 02.1: y", "Exercise 02.2: f", "Exercise 02.3: g",
                                                         "Exercise 02.4: why?"]
+
+
+def test_cells_that_use_an_exercise_safely_need_no_tag():
+    """What the untagged-cell rule must not reject: the call inside a try that catches NotImplementedError, a def
+    never called, a lambda handed on, a name a check cell binds again after an earlier cell bound it, a name the
+    cell binds itself, the exercise's function passed to a later check cell."""
+    cells = GOOD + [
+        new_code_cell("try:\n    print(f(1))\nexcept NotImplementedError:\n    print('not done yet')"),
+        new_code_cell("def later(x):\n    return f(x)\nrows = [('yours', lambda: f(3))]"),
+        new_code_cell("z = 0"), _check("z = f(0)"), new_code_cell("print(z)"),
+        new_code_cell("f = abs\nprint(f(-1))"),
+        _check("print(later(2))")]
+    ex.build_notebook(new_notebook(cells=cells), "solutions/02_ok.ipynb")
+    # the same notebook with the last check untagged is refused, naming the cell and the chain of calls
+    cells[-1] = new_code_cell("print(later(2))")
+    cells[-2] = new_code_cell("print(1)")   # (f is no longer rebound before it)
+    with pytest.raises(ex.ExerciseError, match="cell 9 .*uses later, and later uses f"):
+        ex.build_notebook(new_notebook(cells=cells), "solutions/02_ok.ipynb")
 
 
 LEAKS = {   # solution text that a marker the build does not recognise would leave in the learner's notebook
