@@ -34,6 +34,7 @@ def ensure_interpreter() -> bool:
         os.environ["TRITON_INTERPRET"] = "1"
     if interpreter_active():
         _patch_interpreter_scalars()
+        _patch_interpreter_comparisons()
         # NumPy warns where a kernel's math overflows or divides by zero (exp of a large gate, say); a GPU computes
         # the same inf or NaN silently, which the kernels expect (a tl.where then picks the finite branch). Without
         # this a learner's CPU notebook shows "RuntimeWarning: overflow encountered in exp" under correct kernels.
@@ -63,6 +64,43 @@ def _patch_interpreter_scalars() -> None:
 
     patched._qwen_lab = True
     interpreter._patch_lang_tensor = patched
+
+
+def _patch_interpreter_comparisons() -> None:
+    """Give a comparison's result the type int1 in the interpreter, as the compiler does.
+
+    The interpreter types a comparison's NumPy result (bool values) after its left operand: `t < T` on int32
+    scalars is held as int32. Triton 3.9 then widens such a scalar to a block of int32 when it meets a block, so a
+    mask written `mask_c & (t < T)`, ordinary kernel code, reaches `tl.load` as int32 and the interpreter refuses it
+    ("mask has unsupported dtype"). Results whose values are bool are int1 by definition, which is what this sets.
+    Installed only where the interpreter is seen to type them otherwise.
+    """
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    builder_cls = getattr(interpreter, "InterpreterBuilder", None)
+    handle_cls = getattr(interpreter, "TensorHandle", None)
+    original = getattr(builder_cls, "binary_op", None)
+    if original is None or handle_cls is None or getattr(original, "_qwen_lab", False):
+        return
+    try:
+        one = handle_cls(np.array([1], dtype=np.int32), tl.int32)
+        if builder_cls().create_icmpSLT(one, one).dtype == tl.int1:
+            return
+    except Exception:  # another interpreter than the one described above: leave it as it is
+        return
+
+    def binary_op(self, lhs, rhs, op):
+        out = original(self, lhs, rhs, op)
+        if out.data.dtype == np.bool_ and out.dtype != tl.int1:
+            return handle_cls(out.data, tl.int1)
+        return out
+
+    binary_op._qwen_lab = True
+    builder_cls.binary_op = binary_op
 
 
 def interpreter_active() -> bool:
