@@ -12,7 +12,9 @@ import os
 
 import pytest
 
-from qwen_lab import checks, exercises
+import torch
+
+from qwen_lab import checks, exercises, runtime
 
 SOLUTIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "solutions")
 
@@ -36,8 +38,12 @@ def run_with_mistake(run_cell, notebook: str, exercise: str, wrong: str, right: 
         run_cell(code, f"<{notebook} cell {i}>", namespace)
 
 
+# The notebooks run the real shapes on a GPU and the tiny model elsewhere: their cases differ there, and so, for a
+# few mistakes, does the case that fails first or the explanation that fits it.
+ON_GPU = torch.cuda.is_available() and not runtime.interpreter_active()
+
 MISTAKES = [
-    # (notebook, exercise, the right line, the mistake, what the failure must say)
+    # (notebook, exercise, the right line, the mistake, what the failure must say: one text, or {"cpu": .., "gpu": ..})
     ("01_triton_basics_embedding.ipynb", "Exercise 01.1",   # the store without its mask: past the end of out
      "tl.store(out_ptr + offs, x + y, mask=mask)", "tl.store(out_ptr + offs, x + y)", "outside 'out'"),
     ("01_triton_basics_embedding.ipynb", "Exercise 01.2",
@@ -82,7 +88,8 @@ MISTAKES = [
     ("05_swiglu_mlp.ipynb", "Exercise 05.1",
      "y = gate * tl.sigmoid(gate) * up", "y = up * tl.sigmoid(up) * gate", "silu_mul"),   # gate and up swapped
     ("05_swiglu_mlp.ipynb", "Exercise 05.1",   # out's rows taken as I apart: the cases with padded rows
-     "tl.store(out_ptr + row * stride_om + cols,", "tl.store(out_ptr + row * I + cols,", "silu_mul (case 1"),
+     "tl.store(out_ptr + row * stride_om + cols,", "tl.store(out_ptr + row * I + cols,",
+     {"cpu": "silu_mul (case 1", "gpu": "silu_mul (case 2"}),
     ("06_rope.ipynb", "Exercise 06.1",
      "sin = tl.where(is_first, -tl.sin(phi),", "sin = tl.where(is_first, tl.sin(phi),", "rope"),   # rotated backwards
     ("07_gated_attention.ipynb", "Exercise 07.1",
@@ -128,7 +135,8 @@ MISTAKES = [
      "keep &= n_greater < top_k", "keep &= n_greater <= top_k", "outside the kept set"),   # top-k keeps k + 1
     ("11_decode_and_sampling.ipynb", "Exercise 11.1",   # the count of tokens <= p_i one short: nothing is kept
      "n_at_most = torch.searchsorted(asc, p, right=True)", "n_at_most = torch.searchsorted(asc, p, right=False)",
-     "did your filter keep no token at all"),
+     # (the tiny model's 512 tokens: nothing kept; the real 248320: fewer kept than the reference)
+     {"cpu": "did your filter keep no token at all", "gpu": "either your filter keeps fewer"}),
     ("11_decode_and_sampling.ipynb", "Exercise 11.1",   # the draw's search on the left: u = 0 gives a filtered token 0
      "idx = torch.searchsorted(cdf, (uniform.float() * cdf[-1]).reshape(1), right=True)[0]",
      "idx = torch.searchsorted(cdf, (uniform.float() * cdf[-1]).reshape(1), right=False)[0]",
@@ -160,6 +168,8 @@ def test_the_check_fails_the_mistake(notebook, exercise, right, wrong, says, mon
     run_cell = benchmark_module("run_notebooks").run_cell
     with pytest.raises(checks.CheckFailed) as failed:
         run_with_mistake(run_cell, notebook, exercise, wrong, right)
+    if isinstance(says, dict):
+        says = says["gpu" if ON_GPU else "cpu"]
     assert says in str(failed.value), str(failed.value)
 
 
@@ -173,15 +183,19 @@ def test_the_right_solution_passes_its_check(monkeypatch, benchmark_module):
 
 def test_the_retry_probe_changes_a_token_of_the_atomic_round_only(monkeypatch, benchmark_module):
     """benchmarks/probe_check_retry.py runs chapter 12 up to Exercise 12.1's check, then the check's last part with
-    eager generation one token off unless the deterministic mode is on. On a GPU that part must retry and pass. Here
-    (the interpreter: never a retry) the same plumbing must reach the comparison and fail on exactly that token,
-    which shows the probe found the check, kept the notebook's namespace and changed what the check compares."""
+    eager generation one token off unless the deterministic mode is on. On a GPU that part must retry in the
+    deterministic mode and pass. Under the interpreter (never a retry) the same plumbing must reach the comparison
+    and fail on exactly that token, which shows the probe found the check, kept the notebook's namespace and changed
+    what the check compares."""
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.chdir(SOLUTIONS)
     probe = benchmark_module("probe_check_retry")
-    with pytest.raises(checks.CheckFailed) as failed:
-        probe.main(require_gpu=False)
-    assert "decode_step (case 0" in str(failed.value) and "1 of 3 values differ; first at (2,)" in str(failed.value)
+    if ON_GPU:
+        assert probe.main(require_gpu=False) == 0   # the one-token-off round failed, the deterministic one passed
+    else:
+        with pytest.raises(checks.CheckFailed) as failed:
+            probe.main(require_gpu=False)
+        assert "decode_step (case 0" in str(failed.value) and "1 of 3 values differ; first at (2,)" in str(failed.value)
     assert os.environ.get("QWEN_LAB_DETERMINISTIC") is None
 
 

@@ -19,14 +19,19 @@ from qwen_lab.syncguard import (HostSyncError, ShapeChangeError, allow_host_sync
 X = torch.arange(6, dtype=torch.float32)
 S = torch.tensor(3.0)
 I = torch.tensor(2)
+# where the course's kernels run: a GPU, or the CPU standing in for it under the interpreter. A move to the host is a
+# synchronisation only from there (on a GPU machine, X.cpu() of a CPU tensor moves nothing), and a Triton kernel
+# takes only tensors on that device.
+DEV = "cuda" if torch.cuda.is_available() and not qwen_lab.runtime.interpreter_active() else "cpu"
+XD = X.to(DEV)
 
 SYNCS = {
     "tensor.item()": lambda: S.item(),
     "tensor.tolist()": lambda: X.tolist(),
     "tensor.numpy()": lambda: X.numpy(),
     "numpy.asarray(tensor)": lambda: np.asarray(X),
-    "tensor.cpu()": lambda: X.cpu(),
-    "tensor.to('cpu')": lambda: X.to("cpu"),
+    "tensor.cpu()": lambda: XD.cpu(),
+    "tensor.to('cpu')": lambda: XD.to("cpu"),
     "int(tensor)": lambda: int(I),
     "float(tensor)": lambda: float(S),
     "Python index": lambda: [10, 20, 30][I],
@@ -262,7 +267,7 @@ def _scale_kernel(x_ptr, n, factor, BLOCK: tl.constexpr):
 def test_record_shapes_sees_a_triton_launchs_grid_and_numbers():
     """On the Triton backend a step is almost all launches, which no tensor operation records: a graph freezes
     each launch's grid and the Python numbers passed to it, so a length handed over as an int changes the step."""
-    x = torch.ones(40)
+    x = torch.ones(40, device=DEV)
 
     def step(n, factor=2.0):
         _scale_kernel[(triton.cdiv(n, 16),)](x, n, factor, BLOCK=16)
