@@ -247,6 +247,21 @@ def _bench_transformers(model, prefill_len, decode_steps, gen, DynamicCache) -> 
 ROWS = ("transformers-eager", "triton", "triton+cuda-graph")
 
 
+# Above this many FLOPs per prefill the interpreter's run is no longer a quick test of the path (the tiny model's
+# 16-token default is about 0.01 GFLOP): the interpreter runs one program at a time in NumPy.
+INTERPRETER_NOTE_FLOPS = 1e10
+
+
+def interpreter_note(config, prefill_len: int, prefill_flops: float) -> str | None:
+    """What to tell someone who benchmarks a large model on a CPU, before the long wait; None when it is quick."""
+    if not runtime.interpreter_active() or prefill_flops < INTERPRETER_NOTE_FLOPS:
+        return None
+    return (f"note: no GPU here, so the triton rows run every kernel through the Triton interpreter (NumPy, one "
+            f"program at a time): {config.name} with a {prefill_len}-token prefill ({prefill_flops / 1e9:,.0f} GFLOP) "
+            f"can take hours. The CPU defaults (python -m qwen_lab.bench: the tiny model, 16 tokens) take seconds "
+            f"and test the same path.")
+
+
 def run(source: str = "qwen3.5-0.8b", prefill_len: int = 2048, decode_steps: int = 128, rows=None,
         seed: int = 0, progress: bool = True) -> dict:
     from .errors import ConfigError
@@ -263,8 +278,11 @@ def run(source: str = "qwen3.5-0.8b", prefill_len: int = 2048, decode_steps: int
                           f"model's max_position_embeddings={limit} ({model.config.name}); shorten --prefill-len or "
                           "--decode-steps")
     gen = torch.Generator().manual_seed(seed)
-    floors = measure_floors(rt.device, rt.dtype)
     costs = model_costs(model.config, model.weights, prefill_len)
+    note = interpreter_note(model.config, prefill_len, costs["prefill_flops"])
+    if note and progress:   # before anything takes long
+        print(note, file=sys.stderr)
+    floors = measure_floors(rt.device, rt.dtype)
     if floors["copy_GBps"]:
         floors["decode_ms"] = costs["decode_bytes"] / (floors["copy_GBps"] * 1e9) * 1e3
         floors["prefill_ms"] = costs["prefill_flops"] / (floors["matmul_TFLOPs"] * 1e12) * 1e3
@@ -377,7 +395,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m qwen_lab.bench",
                                 description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--model", default=None, help="a preset, snapshot directory or hub id (default: qwen3.5-0.8b on a "
-                                                 "GPU, tiny on a CPU)")
+                                                 "GPU, tiny on a CPU, where the real shapes through the Triton "
+                                                 "interpreter take hours)")
     p.add_argument("--prefill-len", type=int, default=None, help="default: 2048 on a GPU, 16 on a CPU")
     p.add_argument("--decode-steps", type=int, default=None, help="default: 128 on a GPU, 4 on a CPU")
     p.add_argument("--rows", nargs="*", default=None, choices=ROWS, help="subset of: " + " ".join(ROWS))

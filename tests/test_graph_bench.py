@@ -67,6 +67,29 @@ def test_model_costs_match_the_documented_floors():
     assert 2.0e12 < costs["prefill_flops"] < 2.5e12                # QWEN35.md: about 2.25 TFLOP
 
 
+@pytest.mark.skipif(not qwen_lab.runtime.interpreter_active(), reason="the note is for the interpreter's runs")
+def test_benchmarking_the_real_model_on_a_cpu_says_how_long_before_the_wait(monkeypatch, capsys):
+    """The README's headline command on a laptop: a bar that never moves, unless the run says first what it is."""
+    from qwen_lab.config import QWEN35_0_8B, TINY
+    from qwen_lab.weights import expected_tensors
+
+    class W:
+        @staticmethod
+        def nbytes():
+            return 2 * sum(torch.Size(s).numel() for s in expected_tensors(QWEN35_0_8B).values())
+    real = bench.model_costs(QWEN35_0_8B, W, 2048)["prefill_flops"]
+    note = bench.interpreter_note(QWEN35_0_8B, 2048, real)
+    assert note and "qwen3.5-0.8b with a 2048-token prefill" in note and "hours" in note and "tiny" in note
+    tiny = bench.model_costs(TINY, qwen_lab.weights.random_weights(TINY), 16)["prefill_flops"]
+    assert bench.interpreter_note(TINY, 16, tiny) is None
+    # run() prints it before anything takes long (here the run is stopped at the floors, which come next)
+    monkeypatch.setattr(bench, "model_costs", lambda *a: {"prefill_flops": real})
+    monkeypatch.setattr(bench, "measure_floors", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        bench.run("tiny", prefill_len=16, decode_steps=1)
+    assert "can take hours" in capsys.readouterr().err
+
+
 def test_capture_without_a_gpu_is_refused_clearly():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: see the gpu tests")
