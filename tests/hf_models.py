@@ -105,3 +105,28 @@ def random_tiny_config(seed: int = 0, **overrides) -> Qwen35Config:
     )
     fields.update(overrides)
     return Qwen35Config(**fields)
+
+
+# ---------------------------------------------------------------- the GPU parity bar
+
+def assert_as_accurate_as_transformers(ours, theirs, want, what: str) -> float:
+    """Our low-precision logits against transformers' (the same weights, the same dtype), both measured against
+    transformers in float32: ours may be no less accurate than theirs, x1.25 + 2e-3 (rounding in another order).
+    Returns our relative error."""
+    from qwen_lab import checks
+
+    ours_err, theirs_err = checks.relative_error(ours.float(), want), checks.relative_error(theirs, want)
+    assert ours_err <= 1.25 * theirs_err + 2e-3, f"{what}: relative error ours {ours_err:.4f}, theirs {theirs_err:.4f}"
+    return ours_err
+
+
+def decode_after_prefill(model, ids, prefill: int) -> list:
+    """The logits of the last of `prefill` prompt tokens, then of each later token of `ids` decoded one at a time
+    (one cache, on the model's device): the rows compared with a full forward's rows prefill - 1, prefill, ..."""
+    cache = model.new_cache(len(ids) + 10)
+    dev = model.device
+    with torch.inference_mode():
+        got = [model.step(ids[:prefill], torch.arange(prefill, device=dev), cache)[-1]]
+        for t in range(prefill, len(ids)):
+            got.append(model.step(ids[t:t + 1], torch.tensor([t], device=dev), cache)[-1])
+    return got

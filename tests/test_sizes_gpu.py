@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import qwen_lab
-from qwen_lab import bench, checks
+from hf_models import assert_as_accurate_as_transformers, decode_after_prefill
+from qwen_lab import bench
 from qwen_lab.config import FULL, LINEAR, QWEN35_0_8B
 from qwen_lab.model import Qwen35Model
 from qwen_lab.weights import random_weights
@@ -72,27 +73,18 @@ def test_the_sizes_are_what_they_claim(models):
 def test_bf16_prefill_is_as_accurate_as_transformers_bf16(models, T):
     ours, hf32, hf16 = models
     ids = _ids(ours.config, T, T)
-    want, theirs = _logits(hf32, ids), _logits(hf16, ids)
     got = ours.forward(ids)
     assert torch.isfinite(got).all()
-    ours_err, theirs_err = checks.relative_error(got, want), checks.relative_error(theirs, want)
-    print(f"{ours.config.name} T={T}: relative error ours {ours_err:.4f}, transformers bf16 {theirs_err:.4f}")
-    assert ours_err <= 1.25 * theirs_err + 2e-3
+    err = assert_as_accurate_as_transformers(got, _logits(hf16, ids), _logits(hf32, ids), f"T={T}")
+    print(f"{ours.config.name} T={T}: relative error {err:.4f}")
 
 
 def test_bf16_decode_after_prefill_is_as_accurate_as_transformers_bf16(models):
     ours, hf32, hf16 = models
     ids = _ids(ours.config, 70, 1)
     want, theirs = _logits(hf32, ids), _logits(hf16, ids)
-    cache = ours.new_cache(80)
-    with torch.inference_mode():
-        got = [ours.step(ids[:64], torch.arange(64, device="cuda"), cache)[-1]]
-        for t in range(64, 70):
-            got.append(ours.step(ids[t:t + 1], torch.tensor([t], device="cuda"), cache)[-1])
-    for j, logits in enumerate(got):
-        ours_err = checks.relative_error(logits.float(), want[63 + j])
-        theirs_err = checks.relative_error(theirs[63 + j], want[63 + j])
-        assert ours_err <= 1.25 * theirs_err + 2e-3, f"decode step {j}: ours {ours_err:.4f}, theirs {theirs_err:.4f}"
+    for j, logits in enumerate(decode_after_prefill(ours, ids, 64)):
+        assert_as_accurate_as_transformers(logits, theirs[63 + j], want[63 + j], f"decode step {j}")
 
 
 def test_generation_through_the_graph_equals_eager(models):
