@@ -590,9 +590,13 @@ def _untagged_cells_running_stubs(nb, name, code_exercises, checks) -> list[str]
             blocks, _ = _blocks(cell, "")
             tree = _parse(_stripped_cell_source(cell, blocks)) if blocks else None
             if tree is not None:
-                for fn in _stubbed_functions(tree, starts[i]):
+                stubbed = _stubbed_functions(tree, starts[i])
+                for fn in stubbed:
                     unfinished[fn] = (f"{fn} is the stub of {starts[i]!r} (cell {i}) in the learner's notebook and "
                                       f"raises NotImplementedError")
+                for fn, reads in _runs(tree, stubbed)[1].items():   # a launcher beside its kernel, say
+                    unfinished[fn] = (f"{fn} calls {', '.join(sorted(reads))}, the stub of {starts[i]!r} (cell {i}) "
+                                      f"in the learner's notebook")
             continue
         tree = _parse(cell.get("source", ""))
         if tree is None:
@@ -602,10 +606,17 @@ def _untagged_cells_running_stubs(nb, name, code_exercises, checks) -> list[str]
             unfinished[fn] = f"{fn} uses {', '.join(sorted(reads))}, unfinished in the learner's notebook"
         bound = _defined_names(tree) - set(new)
         if i in checks and ran:
-            # stopped at the stub in the learner's notebook: a name bound here and nowhere before stays unbound
-            for b in bound - bound_before:
-                unfinished[b] = (f"{b} is bound only by check cell {i}, which stops at a stub in the learner's "
-                                 f"notebook (a NameError here)")
+            # In the learner's notebook the cell stops at its first statement that runs a stub: what the statements
+            # before it bind exists, what that one and the later ones bind (and nothing before bound) does not.
+            stop = next((k for k, stmt in enumerate(tree.body)
+                         if _runs(ast.Module(body=[stmt], type_ignores=[]), set(unfinished))[0]), len(tree.body))
+            before = _defined_names(ast.Module(body=tree.body[:stop], type_ignores=[]))
+            for b in before:
+                unfinished.pop(b, None)
+            bound_before |= before
+            for b in bound - before - bound_before:
+                unfinished[b] = (f"{b} is bound only by check cell {i}, after the call that stops that cell in the "
+                                 f"learner's notebook (a NameError here)")
             continue
         for b in bound:        # bound again by a cell that runs: the learner's notebook has it
             unfinished.pop(b, None)

@@ -466,6 +466,10 @@ INVALID = {
                                   "uses f, and f is the stub of 'Exercise 02.1: f' (cell 1)"),
     "untagged-cell-runs-a-function-on-a-stub": (GOOD + [new_code_cell("def twice(x):\n    return 2 * f(x)"),
                                                         new_code_cell("print(twice(1))")], 4, "uses twice, and twice uses f"),
+    "untagged-cell-runs-the-launcher-of-a-stubbed-kernel": (
+        [new_code_cell(f"# Exercise 02.1: f\ndef f_kernel(x):\n    {ex.BEGIN}\n    return x\n    {ex.END}\n\n"
+                       f"def f(x):\n    return f_kernel(x)\n"), _check(), new_code_cell("print(f(3))")],
+        2, "uses f, and f calls f_kernel, the stub of 'Exercise 02.1: f' (cell 0)"),
     "untagged-cell-reads-what-only-a-check-binds": (GOOD[:2] + [_check("y = f(1)"), new_code_cell("print(y + 1)")],
                                                     3, "y is bound only by check cell 2"),
 }
@@ -506,19 +510,21 @@ def test_valid_variants_pass():
 
 def test_cells_that_use_an_exercise_safely_need_no_tag():
     """What the untagged-cell rule must not reject: the call inside a try that catches NotImplementedError, a def
-    never called, a lambda handed on, a name a check cell binds again after an earlier cell bound it, a name the
-    cell binds itself, the exercise's function passed to a later check cell."""
+    never called, a lambda handed on, a name a check cell binds again after an earlier cell bound it, a name a check
+    cell binds before its call of the exercise, a name the cell binds itself, the exercise's function passed to a
+    later check cell."""
     cells = GOOD + [
         new_code_cell("try:\n    print(f(1))\nexcept NotImplementedError:\n    print('not done yet')"),
         new_code_cell("def later(x):\n    return f(x)\nrows = [('yours', lambda: f(3))]"),
         new_code_cell("z = 0"), _check("z = f(0)"), new_code_cell("print(z)"),
+        _check("cases = [1, 2]\nprint(f(cases[0]))"), new_code_cell("print(len(cases))"),
         new_code_cell("f = abs\nprint(f(-1))"),
         _check("print(later(2))")]
     ex.build_notebook(new_notebook(cells=cells), "solutions/02_ok.ipynb")
     # the same notebook with the last check untagged is refused, naming the cell and the chain of calls
     cells[-1] = new_code_cell("print(later(2))")
     cells[-2] = new_code_cell("print(1)")   # (f is no longer rebound before it)
-    with pytest.raises(ex.ExerciseError, match="cell 9 .*uses later, and later uses f"):
+    with pytest.raises(ex.ExerciseError, match="cell 11 .*uses later, and later uses f"):
         ex.build_notebook(new_notebook(cells=cells), "solutions/02_ok.ipynb")
 
 
