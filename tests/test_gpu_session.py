@@ -13,7 +13,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _session(cwd, out, cache_dir, **env):
     """The script with no target that runs anything (only its setup and its end), in a copy of the repository's
     layout at cwd."""
-    env = {**os.environ, "OUT": str(out), "TRITON_CACHE_DIR": str(cache_dir), **env}
+    # (SAVE_TRITON_CACHE from the caller's environment, a GPU call's `SAVE_TRITON_CACHE=1 ... tests`, is left out:
+    # each call here says for itself whether it saves)
+    inherited = {k: v for k, v in os.environ.items() if k != "SAVE_TRITON_CACHE"}
+    env = {**inherited, "OUT": str(out), "TRITON_CACHE_DIR": str(cache_dir), **env}
     done = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_session.sh"), "nothing"], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
     return done.stdout + done.stderr
