@@ -303,9 +303,19 @@ def test_interpreter_accepts_runtime_loop_bounds():
 def test_status_reports_each_warm_up_phase(model):
     phases = []
     qwen_lab.generate(model, [1, 2, 3], max_new_tokens=2, status=phases.append)
-    assert phases == ["prefill of 3 tokens"]  # on a CPU there is no decode graph to capture
+    assert phases == ["prefill of 3 tokens"]  # the PyTorch backend (and any CPU): no decode graph to capture
     with pytest.raises(GenerationError, match="status=3; expected a function"):
         qwen_lab.generate(model, [1, 2, 3], max_new_tokens=2, status=3)
+
+
+@pytest.mark.gpu
+def test_status_reports_the_graph_capture_first_on_a_gpu():
+    """On a GPU with the Triton backend the decode step is captured before the prefill: the caller's display hears of
+    the capture first, then of the prefill."""
+    gpu_model = qwen_lab.load_model("tiny", device="cuda", backend="triton")
+    phases = []
+    qwen_lab.generate(gpu_model, [1, 2, 3], max_new_tokens=2, status=phases.append)
+    assert len(phases) == 2 and phases[0].startswith("capturing the decode step") and phases[1] == "prefill of 3 tokens"
 
 
 def test_without_a_status_the_warm_up_shows_its_own_line_where_it_is_long(model, capsys):
