@@ -6,8 +6,9 @@
     logits = norm(x) @ lm_head^T
 
 A step that returns only the last position's logits (a prompt's prefill, a decode step) stops the other rows
-after the last layer's mixer: from there on every operation is row by row. (If that layer is attention, only the
-last row's query is projected: the other rows give it their keys and values.)
+after the last layer's mixer: from there on every operation is row by row. (If that layer is attention and the
+prompt takes the GEMM path, more than GEMV_MAX_M rows with the library's kernels, only the last row's query and
+gate are projected: the other rows give it their keys and values.)
 
 Every computation goes through a table of named operators, `model.ops`. The same graph therefore runs
 with `backend="torch"` (qwen_lab.reference, the oracle) or `backend="triton"` (qwen_lab.kernels), and a

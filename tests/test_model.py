@@ -326,3 +326,20 @@ def test_step_refuses_more_tokens_than_the_cache_holds(backend):
         model.step(ids, torch.arange(7, device=model.device), model.new_cache(8))
     logits = model.step(ids, torch.arange(8, device=model.device), model.new_cache(8))
     assert logits.shape == (1, model.config.vocab_size)
+
+
+def test_every_launcher_takes_the_references_arguments_in_its_order():
+    """A kernel's launcher can stand in for the reference function of the same name with the same call: the
+    reference's parameters come first, in its order, and the launcher's extras (out=, workspaces) after them. A
+    launcher that put `out` before the reference's `gate` took a positional gate for its output buffer."""
+    import inspect
+
+    from qwen_lab import reference
+    from qwen_lab.model import triton_ops
+
+    ops, _ = triton_ops()
+    for name, fn in ops.items():
+        want = list(inspect.signature(getattr(reference, name)).parameters)
+        params = inspect.signature(fn).parameters.values()
+        positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        assert positional[:len(want)] == want, f"{name}: launcher {positional}, reference {want}"

@@ -1,13 +1,15 @@
 """The course's Triton kernels, one module per operator family.
 
 Each module reads top-down: the math in a docstring, the `@triton.jit` kernels, then the Python
-launchers. A launcher has the same signature and returns the same thing as the function of the same
-name in `qwen_lab.reference`, plus optional `out=` buffers so a CUDA Graph can own every allocation.
+launchers. A launcher takes the arguments of the function of the same name in `qwen_lab.reference`, in its
+order, and returns the same thing; its extras (`out=` buffers, workspaces, so that a CUDA Graph can own every
+allocation) come after them (`tests/test_model.py` checks the order).
 
 Modules are imported lazily (after `qwen_lab.runtime` has chosen interpreter or GPU), never here.
 
 `count_launches()` counts Triton kernel launches made from Python inside a `with` block: the checks
-use it to prove that a learner's Triton kernel really ran, the model to count launches per forward.
+use it to prove that a learner's Triton kernel really ran, the benchmark (`qwen_lab.bench`) to count launches
+per step.
 
 `dot_precision(dtype)`: the `input_precision` every launcher passes to `tl.dot` ("ieee" for fp32 operands, which
 must not drop to tf32 on the GPU; "tf32" otherwise).

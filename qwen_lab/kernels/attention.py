@@ -26,9 +26,10 @@ Three forms:
 - decode (T == 1): flash-decoding. One query row per head is too little work for one program per KV head,
   so the keys are split in `num_splits` chunks over programs; each writes a partial (m, l, acc), and a
   combine kernel merges them:  M = max_s m_s,  o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
-  `num_splits` is fixed by the cache capacity L (a graph replays it) and passed as a runtime value, so a new
-  capacity compiles nothing new (Triton compiles apart only a count of 1 and the multiples of 16, which it
-  specialises); the chunk length is computed in the kernel from the current length; splits that start past
+  `num_splits` is fixed by the cache capacity L (a graph replays it) and passed to the split kernel as a runtime
+  value, so a new capacity compiles no new split kernel (beyond Triton's variants for a count of 1 and for the
+  multiples of 16, which it specialises) and tunes it once per power of two of splits; the small combine kernel
+  takes that power of two as a constexpr (SPLITS_P), one compile per power of two; the chunk length is computed in the kernel from the current length; splits that start past
   the length write a neutral partial (m = -inf, l = 0, acc = 0) and exit.
   `qk_norm_rope_cache_attention` (the model's decode step) folds the q/k norm, RoPE and cache write of
   rope.qk_norm_rope_cache into the split kernel: each program prepares the query heads it reads, and the
@@ -491,8 +492,8 @@ _SMALL_SMEM_PREFILL_CONFIGS = [
     triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1),
 ]
 SMALL_SHARED_MEMORY = 128 * 1024
-# The least shared memory any of the other prefill tiles needs per program (64 x 32 keys, 3 stages: 96 KB, compiled
-# for sm_75 and sm_90; the rest 128-192 KB)
+# The least shared memory any of the other prefill tiles needs per program (64 x 32 keys, 3 stages: 96 KB compiled
+# for sm_75, 128 KB for sm_90; the rest 128-192 KB): below it only the small tiles are offered
 LARGE_TILE_SHARED_MEMORY = 96 * 1024
 # The same tiles with K and V fetched by the TMA unit through host tensor descriptors (sm_90+, a cache whose heads
 # sit side by side in 16-byte-aligned rows, D a power of two). Timed by the autotuner only where
@@ -741,7 +742,7 @@ def attention_three_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-              scale: float | None = None, out: torch.Tensor | None = None, gate: torch.Tensor | None = None,
+              scale: float | None = None, gate: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
               num_splits: int | None = None, workspace: torch.Tensor | None = None) -> torch.Tensor:
     """Causal grouped-query attention over a KV cache; = reference.attention (with `gate`: then sigmoid_gate).
 

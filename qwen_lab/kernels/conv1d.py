@@ -140,9 +140,9 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
 # Segments of the prefill kernel the GPU autotuner times (per channel count and prompt-length bucket): the kernel
 # streams x once (plus W-1 rows per segment) and y once, and which segment keeps enough bytes in flight depends on
 # the GPU. BLOCK_T rows are unrolled (each its own registers), so segments stay short and wide; the narrow ones
-# keep enough programs for short prompts. (H200, 2048 tokens x 6144 channels, weights stored [C, W]: 18.3 us for
-# 8 x 256 with 2 warps, against 25.4 for the best [tokens, channels] tile of the earlier form and a 14.0 us copy
-# floor; stored [W, C], as the model now does, 17.4; docs/perf-log.md, 2026-12-02.)
+# keep enough programs for short prompts. (H200, 2048 tokens x 6144 channels: 18.3 us for 8 x 256 with 2 warps
+# and the weights stored [W, C], as the model does (18.4 stored [C, W]), against 25.4 for the best [tokens,
+# channels] tile of the earlier form and a 14.0 us copy floor; docs/perf-log.md, 2026-12-02, sessions 18-19.)
 PREFILL_CONFIGS = [triton.Config({"BLOCK_T": bt, "BLOCK_C": bc}, num_warps=w)
                    for bt, bc, w in ((8, 256, 2), (8, 256, 1), (8, 128, 1), (16, 256, 2), (8, 512, 2), (8, 1024, 4))]
 # Tests set this to a triton.Config to run the prefill kernel with that segment (on the GPU or the interpreter).

@@ -59,10 +59,14 @@ The tail of the last chunk is padded with k = v = 0, beta = 0 and g = 0, so it c
 gates of its rows itself (FUSED_GATES), and no gates kernel runs before it.
 
 Precision: norms, gates, decays, the triangular solve and the state stay fp32. On the GPU the matmul
-operands are bf16 with fp32 accumulation, as in flash-linear-attention (the inverse's merges use tf32);
-under the interpreter everything is fp32. On the GPU the kernels are autotuned (the state is restored
-between trials); under the interpreter the launchers pass one small fixed configuration. `force_config`
-runs one chosen GPU config instead, in either mode: the tests run every GPU config through the interpreter.
+operands are in the model's 16-bit dtype (bf16, or fp16 below sm_80) with fp32 accumulation, as in
+flash-linear-attention (the inverse's merges then use tf32; an fp32 model multiplies in exact fp32); under the
+interpreter everything is fp32. Configurations on the GPU: the recurrent kernel and the prep as a grid are
+autotuned by Triton (the state is restored between trials); the chunk scan and the fused conv + decode step are
+picked by `_pick_in_place`, each config timed as the model launches it, in a CUDA Graph, and kept by
+`qwen_lab.tunings` (Triton's autotuner with QWEN_LAB_TUNE=0 or inside a capture); the persistent prep always runs
+its 4-warp config. Under the interpreter the launchers pass one small fixed configuration. `force_config` runs
+one chosen GPU config instead, in either mode: the tests run every GPU config through the interpreter.
 """
 
 from __future__ import annotations
@@ -974,8 +978,9 @@ def _pick_in_place(kernel: str, key: tuple, launch, states, on_gpu: bool, calls:
     `autotune_configs(kernel, **named_args)` lists) timed through launch(config), the launcher's own launch as the
     model makes it, `calls` times back to back in a CUDA Graph; `states` (the tensors the launch updates in place)
     are put back after each. The pick is recorded on disk, and a pick an earlier process recorded is taken without
-    timing (`qwen_lab.tunings`). None leaves the pick to Triton's autotuner: under the interpreter, with
-    QWEN_LAB_TUNE=0, with a config forced, or inside a capture.
+    timing (`qwen_lab.tunings`). None: the launch takes its config as it would without this pick (Triton's
+    autotuner on a GPU with QWEN_LAB_TUNE=0 or inside a capture, the forced config under `force_config`, the
+    interpreter's fixed config).
 
     Two kernels are picked this way, because Triton's autotuner times a kernel alone, launched from Python:
     - the chunk scan runs beside the persistent prep, which leaves one SM slot per scan program of 32 value columns

@@ -520,7 +520,8 @@ def _gemv_configs(gpu: bool | None = None):
     # Each shape twice: with the hand-written prefetch of the next weight tile (evicted from L2 first), and with
     # plain loads left to the compiler's pipelining (the first version's body). On the H200 the version with the
     # prefetch ran the narrow projections faster and the wide ones slower than the first version did
-    # (docs/perf-log.md); which of its changes slowed the wide ones is not yet known, so the autotuner decides.
+    # (docs/perf-log.md); which of its changes slowed the wide ones is not yet known, so the first-call timing
+    # in `_launch_gemv` decides.
     configs = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": p}, num_warps=w, num_stages=s)
                for bn, bk, w, s in shapes for p in (1, 0)]
     # The persistent form (gemv_rows_kernel): PERSIST programs per SM walk the row blocks of W, for one row whose
@@ -983,7 +984,8 @@ def linear_splitk(x: torch.Tensor, weight: torch.Tensor, split_k: int | None = N
 
 
 def _gemv(name, x, weight, split_k, deterministic, out, swiglu=False):
-    """Launch gemv_splitk_kernel. With swiglu, x is gate_up [M, 2K] and the kernel multiplies silu(gate) * up."""
+    """Launch the decode GEMV (gemv_splitk_kernel, or the persistent gemv_rows_kernel where that plan was picked).
+    With swiglu, x is gate_up [M, 2K] and the kernel multiplies silu(gate) * up."""
     x_name = "gate_up" if swiglu else "x"
     M, N, K = _check_operands(name, x, weight, out, x_name, (lambda k: 2 * k) if swiglu else (lambda k: k))
     if out is None:
@@ -998,7 +1000,8 @@ def _gemv(name, x, weight, split_k, deterministic, out, swiglu=False):
 _plans: dict = {}
 # SPLIT_K values timed for a narrow shape (one where choose_split_k wants to split), with its own choice.
 SPLIT_CANDIDATES = (1, 2, 4, 8)
-# Tests set this to run every GEMV with one configuration (a triton.Config of BLOCK_N, BLOCK_K, PREFETCH).
+# Tests set this to run every GEMV with one configuration: a triton.Config of `_gemv_configs` (BLOCK_N, BLOCK_K and
+# PREFETCH, or a persistent one with PERSIST and DEPTH, which serves one row with K <= BLOCK_K).
 GEMV_FORCE = None
 # The (SPLIT_K, config) of the last GEMV launched: what a benchmark reports.
 last_plan = None
@@ -1345,8 +1348,8 @@ def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.T
     return residual_out, h, ss
 
 
-def rms_scaled_linear(h: torch.Tensor, ss: torch.Tensor, eps: float, weight: torch.Tensor,
-                      out: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
+def rms_scaled_linear(h: torch.Tensor, ss: torch.Tensor, eps: float, weight: torch.Tensor, swiglu: bool = False, *,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
     """The projection after linear_add_rms_norm, the norm's row factor applied to its fp32 sums:
 
         y[m] = (h[m] weight^T) / sqrt(sum(ss[m]) / K + eps)        (K: h's width, the norm's)
