@@ -248,7 +248,7 @@ ROWS = ("transformers-eager", "triton", "triton+cuda-graph")
 
 
 # Above this many FLOPs per prefill the interpreter's run is no longer a quick test of the path (the tiny model's
-# 16-token default is about 0.01 GFLOP): the interpreter runs one program at a time in NumPy.
+# 16-token default is 0.007 GFLOP): the interpreter runs one program at a time in NumPy.
 INTERPRETER_NOTE_FLOPS = 1e10
 
 
