@@ -365,11 +365,13 @@ def _guardable(t: torch.Tensor) -> bool:
             and t.device.type in ("cpu", "cuda") and all(st > 0 for st, n in zip(t.stride(), t.shape) if n > 1))
 
 
-def _guard(t: torch.Tensor, output: bool) -> "GuardedTensor":
+def _guard(t: torch.Tensor, output: bool, accumulator: bool = False) -> "GuardedTensor":
     """t inside a GuardedTensor with its own strides: NaN (0 for integers) around an input, the sentinel
-    (INT_POISON) around an output."""
+    (INT_POISON) around an output. Around a floating accumulator (a zeroed buffer that tl.atomic_add adds into),
+    -0.0: a stray add of 0.0, what a masked-off lane contributes, leaves the sentinel's bits as they were but turns
+    -0.0 into +0.0, so even that add past the edge shows."""
     if t.is_floating_point():
-        fill = GUARD_SENTINEL if output else GUARD_NAN
+        fill = -0.0 if accumulator else GUARD_SENTINEL if output else GUARD_NAN
     else:
         fill = INT_POISON if output else 0
     return GuardedTensor(t, fill, strides=t.stride())
@@ -402,7 +404,7 @@ def _guarded_allocations():
     def guard(t, poison: bool):
         if not _guardable(t):
             return t
-        g = _guard(t, output=True)
+        g = _guard(t, output=True, accumulator=not poison)
         if poison:
             poison_(g.view)
         else:

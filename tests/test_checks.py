@@ -324,6 +324,25 @@ def test_a_stray_atomic_add_into_a_zeroed_buffer_is_reported_not_a_crash():
     assert torch.zeros(3).sum() == 0 and torch.zeros_like(torch.ones(2)).sum() == 0  # itself again after the check
 
 
+@triton.jit
+def _add_one_past_kernel(x_ptr, acc_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.atomic_add(acc_ptr + offs, v, mask=offs <= n)   # one lane past the end, adding the 0.0 of a masked load
+
+
+def test_a_stray_atomic_add_of_zero_past_a_zeroed_buffer_is_reported():
+    """The lane past the edge of an off-by-one mask adds 0.0, the value its masked load gave it: added to a sentinel
+    that left no trace. Around a zeroed buffer the guard is -0.0, which the add turns into +0.0."""
+    def accumulate(x):
+        acc = torch.zeros(x.numel(), dtype=torch.float32, device=x.device)
+        _add_one_past_kernel[(1,)](x, acc, x.numel(), BLOCK=64)
+        return acc
+    case = [lambda g: dict(x=checks.randn(40, g=g, device=DEV))]
+    with pytest.raises(checks.CheckFailed, match="1 element\\(s\\) outside a buffer your function allocated"):
+        checks.check_kernel("accumulate", accumulate, lambda x: x.clone(), case, quiet=True)
+
+
 def test_the_masked_load_note_leaves_the_librarys_kernels_alone():
     """A learner's step launches qwen_lab's own kernels beside theirs: a masked load without `other` in one of those
     is not theirs to fix, and the note must not send them there."""

@@ -162,6 +162,9 @@ MISTAKES = [
      "    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)\n    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
      "    offs_m = pid_n * BLOCK_M + tl.arange(0, BLOCK_M)\n    offs_n = pid_m * BLOCK_N + tl.arange(0, BLOCK_N)",
      {"cpu": "matmul (case 3", "gpu": "matmul (case 0"}),
+    ("04_split_k.ipynb", "Exercise 04.1",   # one lane past the row: it adds the 0.0 of its masked load, past acc's end
+     "tl.atomic_add(acc_ptr + m * N + offs_n, total, mask=offs_n < N)",
+     "tl.atomic_add(acc_ptr + m * N + offs_n, total, mask=offs_n <= N)", "outside a buffer your function allocated"),
 ]
 
 
