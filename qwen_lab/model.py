@@ -12,7 +12,8 @@ gate are projected: the other rows give it their keys and values.)
 
 Every computation goes through a table of named operators, `model.ops`. The same graph therefore runs
 with `backend="torch"` (qwen_lab.reference, the oracle) or `backend="triton"` (qwen_lab.kernels), and a
-learner can put their own kernel in one entry: `model.ops["rms_norm"] = my_rms_norm`.
+learner can put their own kernel in one entry: `model.ops["rms_norm"] = my_rms_norm`. Four entries run only inside
+others (RUNS_INSIDE: rope, silu_mul, sigmoid_gate, delta_rule_recurrent); putting a kernel there warns.
 
 Shapes (batch 1, token-major): T tokens in a step, H hidden, V vocab. All sizes come from the config.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import warnings
 from typing import Callable, NamedTuple
 
 import torch
@@ -64,6 +66,27 @@ KERNEL_MODULES = {
 }
 OPERATORS = tuple(KERNEL_MODULES)
 BACKENDS = ("torch", "triton")
+# Entries the forward never calls on its own: each runs inside other operators (on both backends), so a kernel put
+# in one of them changes nothing the model computes. Test such a kernel with checks.check_kernel; to see it in the
+# model, replace the entry that runs it.
+RUNS_INSIDE = {
+    "rope": "qk_norm_rope, qk_norm_rope_cache and qk_norm_rope_cache_attention",
+    "silu_mul": "swiglu_down and linear_silu_mul",
+    "sigmoid_gate": "attention (its gate=) and qk_norm_rope_cache_attention",
+    "delta_rule_recurrent": "deltanet_decode_step and deltanet_conv_decode_step",
+}
+
+
+class OperatorTable(dict):
+    """`model.ops`: operator name -> function. Putting a function in an entry of RUNS_INSIDE warns, naming the
+    entries that run it: the forward would not see it."""
+
+    def __setitem__(self, name, fn):
+        if name in RUNS_INSIDE:
+            warnings.warn(f"model.ops[{name!r}]: the forward never calls this entry on its own ({name} runs inside "
+                          f"{RUNS_INSIDE[name]}), so this function changes nothing the model computes; test it with "
+                          f"checks.check_kernel, or replace one of those entries", stacklevel=2)
+        super().__setitem__(name, fn)
 # A prompt's residual add + RMSNorm split between the GEMM before it and the GEMM after it (linear_add_rms_norm,
 # rms_scaled_linear; see Pending): no norm kernel between two prompt GEMMs. None: the QWEN_LAB_SPLIT_NORMS switch
 # decides, read at each step like the library's other switches (off unless set); True / False override it. Off: on
@@ -122,9 +145,10 @@ class Qwen35Model:
                               "before importing qwen_lab, or use backend='torch'")
         self.backend = backend
         if backend == "torch":
-            self.ops, self.fallbacks = torch_ops(), []
+            ops, self.fallbacks = torch_ops(), []
         else:
-            self.ops, self.fallbacks = triton_ops()
+            ops, self.fallbacks = triton_ops()
+        self.ops = OperatorTable(ops)
         self._stock = dict(self.ops) if backend == "triton" else {}
         # prompts longer than this run their projections as tiled GEMMs (the kernels' GEMV path serves up to it)
         self._gemv_rows = importlib.import_module("qwen_lab.kernels.gemm").GEMV_MAX_M if backend == "triton" else 0

@@ -286,6 +286,30 @@ def test_a_failing_kernel_with_a_masked_load_and_no_other_is_told_about_it():
         checks.check_kernel("row max", lambda x: _row_max(x, False), ref, case, quiet=True)
 
 
+def test_a_passing_kernel_with_a_masked_load_and_no_other_still_hears_of_it(capsys):
+    """Positive values: the lanes past n read as 0 under the interpreter and never win the max, so the check passes;
+    Triton promises nothing for those lanes, and the note says so."""
+    case = [lambda g: dict(x=1.0 + checks.randn(40, g=g, device=DEV).abs())]
+    ref = lambda x: x.max().reshape(1)  # noqa: E731
+    checks.check_kernel("row max", lambda x: _row_max(x, False), ref, case)
+    out = capsys.readouterr().out
+    assert "PASS row max" in out and "note: the results are right here, but _row_max_kernel" in out
+
+    def filled(x):   # the same max with every masked lane given -inf: nothing to note
+        out = torch.empty(1, dtype=x.dtype, device=x.device)
+        _filled_row_max_kernel[(1,)](x, out, x.numel(), BLOCK=64)
+        return out
+    checks.check_kernel("row max", filled, ref, case)
+    out = capsys.readouterr().out
+    assert "PASS row max" in out and "note:" not in out
+
+
+@triton.jit
+def _filled_row_max_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr, tl.max(tl.load(x_ptr + offs, mask=offs < n, other=float("-inf")), 0))
+
+
 def test_the_masked_load_note_names_only_loads_without_other_in_kernels_that_reduce():
     found = checks.unfilled_masked_loads({"_row_max_kernel": _row_max_kernel.fn, "_copy_kernel": _copy_kernel.fn})
     # the row max's load reaches tl.max; _copy_kernel's two masked loads reach nothing but a store

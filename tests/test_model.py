@@ -13,6 +13,7 @@ from qwen_lab import GenerationError, checks, runtime
 from qwen_lab.config import FULL, LINEAR, TINY
 from qwen_lab.generate import generate
 from qwen_lab.model import Qwen35Model, load_model
+import qwen_lab.model as qwen_lab_model
 from qwen_lab.weights import random_weights
 
 CONFIGS = {
@@ -343,3 +344,24 @@ def test_every_launcher_takes_the_references_arguments_in_its_order():
         params = inspect.signature(fn).parameters.values()
         positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         assert positional[:len(want)] == want, f"{name}: launcher {positional}, reference {want}"
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_the_entries_that_run_inside_others_are_never_called_and_replacing_one_warns(backend, gen):
+    """A learner's kernel put in an entry the forward never calls would change nothing, silently: each such entry is
+    named in RUNS_INSIDE, and the forward (a short prompt, a long one and a decode step) calls none of them."""
+    from qwen_lab.model import RUNS_INSIDE
+
+    model = Qwen35Model(TINY, random_weights(TINY, device="cpu" if backend == "torch" else None, seed=0),
+                        device="cpu" if backend == "torch" else None, dtype=torch.float32, backend=backend)
+    called = {name for T in (3, 40) for _, name in qwen_lab_model.record_operators(model, T)}
+    called |= {name for _, name in qwen_lab_model.record_operators(model, 3, decode=True)}
+    assert not called & set(RUNS_INSIDE), f"entries called on their own: {called & set(RUNS_INSIDE)}"
+    assert "embedding" in called and len(called) > 8   # the count saw the whole forward
+    with pytest.warns(UserWarning, match=r"model.ops\['rope'\]: the forward never calls this entry on its own "
+                                         r"\(rope runs inside qk_norm_rope"):
+        model.ops["rope"] = model.ops["rope"]
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.ops["rms_norm"] = model.ops["rms_norm"]   # an entry the forward calls: no warning
