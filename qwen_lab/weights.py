@@ -451,7 +451,7 @@ def load_weights(source, device=None, dtype=None, *, seed: int = 0,
     rt = runtime.choose(device, dtype)
     where = resolve_source(source)
     if isinstance(where, Qwen35Config):
-        return where, random_weights(where, rt.device, rt.dtype, seed=seed)
+        return where, random_weights(where, rt.device, rt.dtype, seed=seed, progress=progress)
     config, reader = open_snapshot(where)
     if where == TINY_DIR and isinstance(source, str) and source.strip().lower() == "tiny":
         config = config.replace(name="tiny")
@@ -789,8 +789,10 @@ def _draw(name: str, shape: tuple[int, ...], seed: int, device) -> Tensor:
     return t.normal_(0.0, 0.2, generator=g)  # conv
 
 
-def random_weights(config: Qwen35Config, device=None, dtype=None, seed: int = 0) -> ModelWeights:
-    """Seeded random weights of `config`'s shapes, drawn directly on the device.
+def random_weights(config: Qwen35Config, device=None, dtype=None, seed: int = 0, *,
+                   progress: bool = True) -> ModelWeights:
+    """Seeded random weights of `config`'s shapes, drawn directly on the device (with a progress bar where the
+    draw takes a while, as the real shapes' does on a CPU; `progress=False` silences it).
 
     Deterministic for (config, seed, device type). Scales are realistic: matrices and embedding N(0, 0.02), the
     (1 + w) norms N(0, 0.1), the gated norm 1 + N(0, 0.1), A_log = log U(1, 16), dt_bias U(0.5, 1.5), conv N(0, 0.2).
@@ -798,7 +800,8 @@ def random_weights(config: Qwen35Config, device=None, dtype=None, seed: int = 0)
     """
     rt = runtime.choose(device, dtype)
     specs = expected_tensors(config)
-    return _assemble(config, lambda name: _draw(name, specs[name], seed, rt.device), rt.device, rt.dtype)
+    return _assemble(config, lambda name: _draw(name, specs[name], seed, rt.device), rt.device, rt.dtype,
+                     progress=progress, desc=f"drawing {config.name}")
 
 
 # tensors a real checkpoint keeps in float32 beside bf16 matrices

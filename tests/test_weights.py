@@ -350,6 +350,25 @@ def test_default_device_and_dtype_come_from_the_runtime(rt):
     assert w.final_norm.dtype == torch.float32
 
 
+def test_drawing_a_preset_shows_its_progress_and_progress_false_silences_it(capfd, monkeypatch):
+    """The 0.8B preset's random weights take 10-13 s on a CPU: a bar says what is happening (tqdm's delay keeps a
+    quick draw silent; here the delay is removed so the tiny config's draw shows)."""
+    import tqdm
+
+    original = tqdm.tqdm
+    monkeypatch.setattr(tqdm, "tqdm", lambda *a, **k: original(*a, **{**k, "delay": 0}))
+    random_weights(TINY, device="cpu", dtype=torch.float32)
+    assert "drawing tiny" in capfd.readouterr().err
+    random_weights(TINY, device="cpu", dtype=torch.float32, progress=False)
+    assert capfd.readouterr().err == ""
+    # load_weights hands its own progress= on to a preset's draw
+    import qwen_lab.weights as qw
+    seen = []
+    monkeypatch.setattr(qw, "random_weights", lambda *a, **k: seen.append(k.get("progress")))
+    qw.load_weights("qwen3.5-0.8b", device="cpu", dtype=torch.float32, progress=False)
+    assert seen == [False]
+
+
 # ---------------------------------------------------------------- random weights
 
 
