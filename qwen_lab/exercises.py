@@ -505,8 +505,10 @@ def validate(notebook, name: str = "notebook") -> list[str]:
     if checks[-1] < last:
         problems.append(f"{_where(name, last, nb.cells[last])}: {last_title!r} has no check cell after it; the cell "
                         f"that grades it must come after it and carry the tag {CHECK_TAG!r}")
-    problems.extend(_checks_using_later_exercises(nb, name, code_exercises, checks))
-    problems.extend(_untagged_cells_running_stubs(nb, name, code_exercises, checks))
+    # every code cell parsed once, for the two rules that read the cells' Python
+    trees = {i: _parse(c.get("source", "")) for i, c in enumerate(nb.cells) if c.get("cell_type") == "code"}
+    problems.extend(_checks_using_later_exercises(nb, name, code_exercises, checks, trees))
+    problems.extend(_untagged_cells_running_stubs(nb, name, code_exercises, checks, trees))
     return problems
 
 
@@ -574,7 +576,7 @@ def _runs(tree, unfinished: set[str]) -> tuple[set[str], dict[str, set[str]]]:
     return (loads - (bound - set(new))) & unfinished, new
 
 
-def _untagged_cells_running_stubs(nb, name, code_exercises, checks) -> list[str]:
+def _untagged_cells_running_stubs(nb, name, code_exercises, checks, trees) -> list[str]:
     """A cell without the check tag that runs an exercise's stub (or a function built on it, or a value only a
     check cell computes) stops the learner's notebook with an error nbval does not expect."""
     problems = []
@@ -585,7 +587,7 @@ def _untagged_cells_running_stubs(nb, name, code_exercises, checks) -> list[str]
         if cell.get("cell_type") != "code":
             continue
         if i in starts:
-            tree = _parse(cell.get("source", ""))
+            tree = trees[i]
             bound_before |= _defined_names(tree) if tree is not None else set()
             blocks, _ = _blocks(cell, "")
             tree = _parse(_stripped_cell_source(cell, blocks)) if blocks else None
@@ -598,7 +600,7 @@ def _untagged_cells_running_stubs(nb, name, code_exercises, checks) -> list[str]
                     unfinished[fn] = (f"{fn} calls {', '.join(sorted(reads))}, the stub of {starts[i]!r} (cell {i}) "
                                       f"in the learner's notebook")
             continue
-        tree = _parse(cell.get("source", ""))
+        tree = trees[i]
         if tree is None:
             continue
         ran, new = _runs(tree, set(unfinished))
@@ -631,10 +633,9 @@ def _untagged_cells_running_stubs(nb, name, code_exercises, checks) -> list[str]
     return problems
 
 
-def _checks_using_later_exercises(nb, name, code_exercises, checks) -> list[str]:
+def _checks_using_later_exercises(nb, name, code_exercises, checks, trees) -> list[str]:
     """A check cell that uses a name only a later exercise defines grades an exercise before it exists."""
     problems = []
-    trees = {i: _parse(c.get("source", "")) for i, c in enumerate(nb.cells) if c.get("cell_type") == "code"}
     defined_by = {i: (_defined_names(t) if t is not None else set()) for i, t in trees.items()}
     for c in checks:
         if trees.get(c) is None:
