@@ -74,9 +74,12 @@ fi
 if want tests; then
   # nbformat (the exercise tests read the notebooks through qwen_lab.exercises) where the image lacks it: carried as
   # Python 3.12 wheels in .whl/test (pip download --python-version 3.12 --only-binary=:all: -d .whl/test nbformat)
-  if ! python3 -c "import nbformat" 2>/dev/null && ls .whl/test/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --find-links .whl/test nbformat
-  fi
+  # (and pytest-xdist and pytest-timeout, which spread the tests over workers and limit each test, where it lacks those)
+  for pkg in nbformat:nbformat xdist:pytest-xdist pytest_timeout:pytest-timeout; do
+    if ! python3 -c "import ${pkg%%:*}" 2>/dev/null && ls .whl/test/*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --find-links .whl/test "${pkg#*:}"
+    fi
+  done
   # every test file in one pytest run spread test by test over worker processes (a worker that faults is replaced,
   # so a bad kernel cannot take the other tests down with it); the slowest file no longer bounds the wall time.
   # loadgroup: the tests marked xdist_group (the 0.8B graph and parity tests) stay on one worker each, which builds
