@@ -28,7 +28,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from .kernels import count_launches
+from .kernels import LaunchCounter, count_launches
 
 # atol, rtol per dtype of the values compared. float32 kernels differ from torch only by the order of
 # additions (and tf32 never runs: the CPU path is the interpreter, GPU checks use bf16/fp16).
@@ -147,9 +147,7 @@ def compare(name: str, out, ref, atol: float | None = None, rtol: float | None =
         never = ("never written, or computed from an output element before it was written (outputs start as "
                  "NaN: check that the grid covers every block and the store mask; an atomic_add into an output "
                  "adds to its NaN, and a load from an output before its store reads the NaN)")
-        computed = ("computed as NaN (a load outside an input: strided inputs hold NaN between and around their "
-                    "rows; or 0/0, e.g. a missing eps; or exp(-inf - (-inf)) in a row whose every entry is masked; "
-                    "or inf/inf, an exp that overflowed where the row's max was not subtracted first)")
+        computed = _computed_nan(o, r, nan_out if poisoned is None else nan_out & ~poisoned)
         if unwritten is None:  # an output the check did not poison itself
             why = ("the kernel never wrote them (outputs start as NaN: check the grid covers every block "
                    "and the store mask), or computed NaN") if n < numel else \
@@ -191,6 +189,59 @@ def compare(name: str, out, ref, atol: float | None = None, rtol: float | None =
             f"rtol={rtol:g}; worst at {idx}: got {o.flatten()[flat].item():.6g}, expected "
             f"{r.flatten()[flat].item():.6g} (abs error {max_abs:.3g}).{huge}{tip}")
     return cmp
+
+
+_NAN_CAUSES = ("a load outside an input: strided inputs hold NaN between and around their rows; or 0/0, e.g. a "
+               "missing eps; or exp(-inf - (-inf)) in a row whose every entry is masked; or inf/inf, an exp that "
+               "overflowed where the row's max was not subtracted first")
+
+
+def _computed_nan(o: torch.Tensor, r: torch.Tensor, computed: torch.Tensor) -> str:
+    """'computed as NaN (...)': why a kernel computed NaN where the reference has a number, told from the rows (along
+    the last dim) that hold them. Rows whose expected values are all 0: a row with nothing to normalise (a softmax
+    row whose every key is masked). Rows whose other elements came out 0: a sum that overflowed to inf. Whole rows
+    otherwise: a NaN spread through the row's reduction, or 0/0. Scattered elements: the list of usual causes."""
+    if o.dim() < 2 or o.shape[-1] < 2 or not bool(computed.any()):   # no rows to tell apart
+        return f"computed as NaN ({_NAN_CAUSES})"
+    lead = tuple(o.shape[:-1])
+    o2, r2, c2 = o.reshape(-1, o.shape[-1]), r.reshape(-1, o.shape[-1]), computed.reshape(-1, o.shape[-1])
+    has = c2.any(1)
+    nan_row = torch.isnan(o2)
+    ref_zero = (r2 == 0).all(1)
+    whole = nan_row.all(1)
+    # the finite elements of the row are all 0 although the reference's are not: x / inf beside inf / inf
+    zero_rest = torch.where(nan_row, torch.zeros_like(o2), o2).eq(0).all(1) & ~whole & (r2 != 0).any(1)
+    kinds = {
+        "empty": has & ref_zero,
+        "overflow": has & ~ref_zero & zero_rest,
+        "whole": has & ~ref_zero & whole,
+    }
+    kinds["scattered"] = has & ~kinds["empty"] & ~kinds["overflow"] & ~kinds["whole"]
+
+    def rows(mask: torch.Tensor) -> str:
+        where = _where_wrong(mask.reshape(lead)).removeprefix(" The wrong elements lie only in ").rstrip(".")
+        return f"{int(mask.sum())} of {mask.numel()} rows{f' ({where})' if where else ''}"
+
+    why = []
+    if kinds["empty"].any():
+        why.append(f"{rows(kinds['empty'])} whose expected values are all 0: a row with nothing to normalise, such as "
+                   f"a softmax row whose every key is masked: exp(-inf - (-inf)) = NaN when the row's max is -inf "
+                   f"(subtract 0 there instead), or 0/0 when its sum is 0 (divide by 1 there instead); such a row "
+                   f"must come out as zeros")
+    if kinds["overflow"].any():
+        why.append(f"{rows(kinds['overflow'])} whose other elements came out 0: the row's sum overflowed to inf "
+                   f"(inf/inf = NaN where an exp overflowed, x/inf = 0 elsewhere); subtract the row's max before the "
+                   f"exp")
+    if kinds["whole"].any():
+        why.append(f"{rows(kinds['whole'])} entirely NaN, whose expected values are not 0: a NaN spread through a "
+                   f"reduction over the row (a load outside an input, which holds NaN between and around its rows, "
+                   f"reaching a sum or a max), or 0/0 from a sum or a norm that came out 0 (a missing eps; every exp "
+                   f"of the row underflowed: was the max taken over the row's own visible entries?)")
+    if kinds["scattered"].any():
+        why.append(_NAN_CAUSES if len(why) == 0 else f"{rows(kinds['scattered'])}: {_NAN_CAUSES}")
+    if len(why) == 1 and kinds["scattered"].any():
+        return f"computed as NaN ({why[0]})"
+    return "computed as NaN, in " + "; and in ".join(why)
 
 
 def _ranges(indices: list[int], most: int = 4) -> str:
@@ -466,7 +517,7 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
         where = f"{name} (case {i}: {shapes})"
         expected = _as_tuple(ref(**{k: v for k, v in ref_in.items() if not _is_output(k)}))
         try:
-            with _guarded_allocations() as allocated, count_launches() as launches:
+            with _guarded_allocations() as allocated, count_launches(_GridRecorder()) as launches:
                 got = fn(**fn_in)
         except CheckFailed:
             raise
@@ -484,10 +535,12 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
         for what, guard in strays:
             n = guard.touched()
             if n:
+                places, past_rows = guard.stray_places()
+                notes = "".join(f"\n  {note}" for note in store_notes(launches.functions, launches.grids, past_rows))
                 raise CheckFailed(
                     f"{where}: the kernel wrote {n} element(s) outside {what}{guard.where_touched()}): a tl.store "
                     f"whose mask lets lanes past the edge through, or a wrong stride (every store needs a mask that "
-                    f"covers each dim){_tip(hint)}")
+                    f"covers each dim).{places}{notes}{_tip(hint)}")
         if require_triton and sum(launches.values()) == 0:
             raise CheckFailed(f"{where}: no Triton kernel was launched; the exercise is to compute this with "
                               f"a @triton.jit kernel launched as kernel[grid](...)")
@@ -529,6 +582,154 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
             print(f"  note: the results are right here, but {suspects[0]}" +
                   (f" (and {len(suspects) - 1} more such loads)" if len(suspects) > 1 else ""))
     return results
+
+
+class _GridRecorder(LaunchCounter):
+    """count_launches' counter that also keeps each kernel's last grid (a tuple, or None where a callable grid could
+    not be evaluated here), for a failure that says where a program's row came from."""
+
+    def __init__(self):
+        super().__init__()
+        self.grids = {}
+
+    def observe(self, name, grid, args, kwargs):
+        code = getattr(self.functions.get(name), "__code__", None)
+        if code is None or not _learner_code(code.co_filename):
+            return   # qwen_lab's own kernels: no grid of theirs is ever shown
+        if callable(grid):
+            try:
+                grid = grid(dict(kwargs))
+            except Exception:  # a grid that reads the kernel's bound arguments: unknown here
+                grid = None
+        grid = _as_tuple(grid) if grid is not None else ()
+        # plain numbers only (a tensor's value would cost a host synchronisation)
+        self.grids[name] = grid if grid and all(isinstance(n, int) for n in grid) else None
+
+
+def _kernel_tree(fn):
+    """(the kernel's FunctionDef, the line of its file where its source starts), or None without source."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        lines, first = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return None
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    node = next((n for n in tree.body if isinstance(n, ast.FunctionDef)), None)
+    return None if node is None else (node, first)
+
+
+def _is_tl(node, *names) -> bool:
+    """node is a call tl.<name>(...) for one of names."""
+    import ast
+
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in names
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "tl")
+
+
+def _bindings(func) -> dict:
+    """name -> the expressions assigned to it anywhere in the kernel (x = ..., x += ..., a, b = c, d)."""
+    import ast
+
+    found: dict = {}
+    for node in ast.walk(func):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    found.setdefault(target.id, []).append(node.value)
+                elif isinstance(target, ast.Tuple):
+                    values = node.value.elts if isinstance(node.value, ast.Tuple) and \
+                        len(node.value.elts) == len(target.elts) else [node.value] * len(target.elts)
+                    for t, v in zip(target.elts, values):
+                        if isinstance(t, ast.Name):
+                            found.setdefault(t.id, []).append(v)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and isinstance(node.target, ast.Name) and node.value:
+            found.setdefault(node.target.id, []).append(node.value)
+    return found
+
+
+def _per_lane(expr, bindings: dict, seen: frozenset = frozenset()):
+    """Whether expr varies across a block's lanes: True when it reaches a tl.arange (through the names it uses),
+    False when it is built from program ids, scalars and constants only, None when a call to another function hides
+    it."""
+    import ast
+
+    unknown = False
+    for node in ast.walk(expr):
+        if _is_tl(node, "arange"):
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in ("min", "max"):
+            unknown = True   # a helper function: what it returns is not read here
+        if isinstance(node, ast.Name) and node.id in bindings and node.id not in seen:
+            for value in bindings[node.id]:
+                lane = _per_lane(value, bindings, seen | {node.id})
+                if lane:
+                    return True
+                unknown |= lane is None
+    return None if unknown else False
+
+
+def store_notes(functions: dict, grids: dict | None = None, past_rows: bool = False) -> list[str]:
+    """Sentences on the learner's kernels (name -> Python function) for a store that went outside a tensor: each
+    tl.store of a block without a mask, or with a mask that holds one value for the whole block (no tl.arange in
+    it: built from program ids and scalars, it lets every lane through or none); and, when the strays lie past a
+    tensor's last row (`past_rows`), which program axis each index comes from, beside the grid of the launch."""
+    import ast
+
+    notes = []
+    for name, fn in functions.items():
+        code = getattr(fn, "__code__", None)
+        if code is not None and not _learner_code(code.co_filename):
+            continue
+        parsed = _kernel_tree(fn)
+        if parsed is None:
+            continue
+        func, first = parsed
+        bindings = _bindings(func)
+        for node in ast.walk(func):
+            if not _is_tl(node, "store", "atomic_add") or not node.args:
+                continue
+            line = f"{name} (line {first + node.lineno - 1} of its file)"
+            mask = next((k.value for k in node.keywords if k.arg == "mask"), node.args[2] if len(node.args) > 2
+                        else None)
+            if any(k.arg == "boundary_check" for k in node.keywords) or not _per_lane(node.args[0], bindings):
+                continue   # a block pointer's store, or one element per program: no lanes to mask
+            lanes = sorted({n.id for n in ast.walk(node.args[0]) if isinstance(n, ast.Name) and n.id in bindings
+                            and _per_lane(n, bindings)})
+            offsets = f" (`{'`, `'.join(lanes)}`)" if lanes else ""
+            if mask is None:
+                notes.append(f"{line} stores `{ast.unparse(node)}` with no mask: every lane of the block writes, "
+                             f"also those past the tensor's end; mask it with a comparison of the lanes' offsets"
+                             f"{offsets} and the length")
+                continue
+            if _per_lane(mask, bindings) is False:
+                shown = ast.unparse(mask)
+                if isinstance(mask, ast.Name) and len(bindings.get(mask.id, ())) == 1:
+                    shown += f"` (= `{ast.unparse(bindings[mask.id][0])}`)"
+                else:
+                    shown += "`"
+                notes.append(f"{line}: the mask `{shown} of its tl.{node.func.attr} holds one value for the whole "
+                             f"block: it uses no tl.arange (only program ids and scalars), so it lets every lane "
+                             f"through or none. Build it from the lanes' offsets in the store's address{offsets}, e.g. "
+                             f"`offsets < n`")
+        if past_rows and not any(note.startswith(f"{name} (line") and "one value for the whole block" in note
+                                 for note in notes):   # (a mask with no lanes explains the strays already)
+            axes = []
+            for var, values in bindings.items():
+                for v in values:
+                    if _is_tl(v, "program_id"):
+                        arg = v.args[0] if v.args else next((k.value for k in v.keywords if k.arg == "axis"), None)
+                        axes.append(f"`{var} = tl.program_id({ast.unparse(arg) if arg is not None else ''})`")
+            if len(axes) > 1:
+                grid = (grids or {}).get(name)
+                along = ", ".join(f"{n} along axis {a}" for a, n in enumerate(grid or ()))
+                ran = f"ran on the grid {grid} ({along.replace(' along', ' program(s) along', 1)}) and " if grid else ""
+                notes.append(f"{name} {ran}takes {', '.join(axes)}: does each index come from the axis the launcher "
+                             f"sized for it? tl.program_id(0) counts along the grid's first entry, tl.program_id(1) "
+                             f"along its second")
+    return notes
 
 
 # the calls through which a masked-off lane can reach a result that is stored (tl.sum(x) or x.sum(), and so on)
@@ -646,6 +847,51 @@ class GuardedTensor:
         parts = [f"{before} before its start" if before else "", f"{after} past its end" if after else "",
                  f"{len(at) - before - after} between its rows" if len(at) - before - after else ""]
         return ", ".join(p for p in parts if p)
+
+    def stray_places(self) -> tuple[str, bool]:
+        """Where the changed elements lie in the view's own index space (' The stray elements lie at columns 160-255
+        (of 160)...'), and whether they may lie past a leading dim (a row, a head) rather than only past the last one
+        (a column). Past the end of a tensor, a column past the last row's end and a row past the last one can be the
+        same memory: both readings are then given. ('', False) for a view whose strides are not of rows one after
+        another."""
+        shape, strides = tuple(self.view.shape), tuple(self.view.stride())
+        nd = len(shape)
+        if nd == 0 or strides[-1] != 1 or any(strides[d] < shape[d + 1] * strides[d + 1] for d in range(nd - 1)):
+            return "", False
+        offsets = self._changed().nonzero().flatten() - self.margin   # from the view's first element
+        if offsets.numel() == 0:
+            return "", False
+        rest, parts, lead, column = offsets, [], False, offsets
+        for d in range(nd):
+            idx = torch.div(rest, strides[d], rounding_mode="floor") if d < nd - 1 else rest
+            rest = rest - idx * strides[d]
+            column = idx   # (after the loop: the index along the last dim)
+            off = (idx < 0) | (idx >= shape[d])
+            if not bool(off.any()):
+                continue
+            lead |= d < nd - 1
+            what = "offsets" if nd == 1 else "columns" if d == nd - 1 else "rows" if nd == 2 else f"dim {d} indices"
+            parts.append(f"{what} {_ranges(torch.unique(idx[off]).tolist())} (of {shape[d]})")
+        if not parts:
+            return "", False
+        row_end = f"lanes past the end of {'a row' if nd > 1 else 'it'}, which the store's mask let through"
+        row_past = ("a program whose row lies past the tensor's last one (a row index computed wrong, a program id "
+                    "taken from the wrong axis of the grid, or rows without a mask)")
+        last_row = sum((n - 1) * st for n, st in zip(shape[:-1], strides[:-1])) if nd > 1 else 0
+        beyond = offsets >= last_row + shape[-1]
+        # past the end, a row past the last one may also be columns past the last row's end: where the rows follow
+        # one another with no gap, or where the gap after the last row was written too (a row past it would skip it)
+        in_gap = bool((beyond & (offsets < last_row + (strides[-2] if nd > 1 else 0))).any())
+        columns = torch.where(beyond, offsets - last_row, column)
+        if bool((offsets >= 0).all()) and bool((columns == shape[-1]).all()):
+            return (f" The stray elements lie at {'offset' if nd == 1 else 'column'} {shape[-1]} (of {shape[-1]}) "
+                    f"only, just past the end of {'a row' if nd > 1 else 'it'}: an off-by-one in the store's mask "
+                    f"(a <= where < belongs?)."), False
+        if lead and bool((offsets >= 0).all()) and (strides[-2] == shape[-1] or in_gap):
+            return (f" The stray elements lie at columns {_ranges(torch.unique(columns).tolist())} (of {shape[-1]}"
+                    f"{', of its last row' if bool(beyond.all()) else ''}), or, the memory being the same past its "
+                    f"end, at {' and '.join(parts)}: {row_end}, or {row_past}."), True
+        return f" The stray elements lie at {' and '.join(parts)}: {row_past if lead else row_end}.", lead
 
 
 def guarded_call(fn, args: dict, outputs=(), **kwargs) -> dict:

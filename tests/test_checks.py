@@ -405,3 +405,97 @@ def test_a_shape_mismatch_inside_the_kernel_gets_a_hint():
                                    quiet=True)) == 1
     with pytest.raises(checks.CheckFailed, match="two tiles of different shapes met in one operation"):
         checks.check_kernel("row sums", lambda x: row_sums(x, True), lambda x: x.sum(1), case, quiet=True)
+
+
+def test_computed_nan_is_explained_by_the_rows_that_hold_it():
+    """Where a kernel computed NaN tells why: rows whose reference is all zeros are rows with nothing to normalise
+    (a softmax row that sees no key), not a missing eps; NaN beside zeros in a row is an overflowed sum; whole rows
+    elsewhere a NaN spread through the row's reduction or a 0/0."""
+    ref = torch.softmax(torch.randn(2, 5, 8), -1)
+    ref[:, 3] = 0.0                           # the rows that see no key
+    empty = ref.clone()
+    empty[:, 3] = float("nan")
+    with pytest.raises(checks.CheckFailed, match="computed as NaN, in 2 of 10 rows \\(dim 1 at 3 \\(of 5\\)\\) whose "
+                                                 "expected values are all 0: a row with nothing to normalise") as e:
+        checks.compare("p", empty, ref)
+    assert "missing eps" not in str(e.value)
+    overflow = ref.clone()
+    overflow[1, 2] = 0.0                      # x / inf beside inf / inf
+    overflow[1, 2, [1, 5]] = float("nan")
+    with pytest.raises(checks.CheckFailed, match="in 1 of 10 rows .*whose other elements came out 0: the row's sum "
+                                                 "overflowed to inf"):
+        checks.compare("p", overflow, ref)
+    whole = ref.clone()
+    whole[0, 1] = float("nan")
+    with pytest.raises(checks.CheckFailed, match="1 of 10 rows .*entirely NaN, whose expected values are not 0.*"
+                                                 "a missing eps"):
+        checks.compare("p", whole, ref)
+    scattered = ref.clone()
+    scattered[0, 1, 2] = float("nan")
+    with pytest.raises(checks.CheckFailed, match="none holds the check's poison: computed as NaN \\(a load outside"):
+        checks.compare("p", scattered, ref)
+
+
+@triton.jit
+def _rows_scalar_mask_kernel(x_ptr, out_ptr, N, stride_o, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    pid = tl.program_id(1)
+    cols = pid * BLOCK + tl.arange(0, BLOCK)
+    ok = pid < N                              # the mistake: one value for the whole block
+    v = tl.load(x_ptr + row * N + cols, mask=cols < N, other=0.0)
+    tl.store(out_ptr + row * stride_o + cols, v, mask=ok)
+
+
+@triton.jit
+def _rows_swapped_axes_kernel(x_ptr, out_ptr, N, stride_o, BLOCK: tl.constexpr):
+    row = tl.program_id(1)                    # the mistake: the grid's axis 0 has one program per row
+    pid = tl.program_id(0)
+    cols = pid * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + row * N + cols, mask=cols < N, other=0.0)
+    tl.store(out_ptr + row * stride_o + cols, v, mask=cols < N)
+
+
+def _rows_copy(kernel, x, out):
+    M, N = x.shape
+    kernel[(M, triton.cdiv(N, 32))](x, out, N, out.stride(0), BLOCK=32)
+    return out
+
+
+def _rows_case(g):
+    return dict(x=checks.randn(2, 100, g=g, device=DEV), out=torch.empty(2, 110, device=DEV)[:, :100])
+
+
+def test_a_store_mask_with_no_lanes_is_named():
+    with pytest.raises(checks.CheckFailed) as e:
+        checks.check_kernel("rows", lambda x, out: _rows_copy(_rows_scalar_mask_kernel, x, out), lambda x: x.clone(),
+                            [_rows_case], quiet=True)
+    assert "The stray elements lie at columns 100-127 (of 100)" in str(e.value)
+    assert ("_rows_scalar_mask_kernel (line" in str(e.value) and "the mask `ok` (= `pid < N`) of its tl.store holds "
+            "one value for the whole block" in str(e.value) and "address (`cols`)" in str(e.value))
+    assert "program_id" not in str(e.value)   # the mask explains it: no note about the axes
+
+
+def test_program_ids_from_the_wrong_grid_axis_are_shown_beside_the_grid():
+    with pytest.raises(checks.CheckFailed) as e:
+        checks.check_kernel("rows", lambda x, out: _rows_copy(_rows_swapped_axes_kernel, x, out), lambda x: x.clone(),
+                            [_rows_case], quiet=True)
+    assert "rows 2-3 (of 2)" in str(e.value), str(e.value)
+    assert ("_rows_swapped_axes_kernel ran on the grid (2, 4) (2 program(s) along axis 0, 4 along axis 1) and takes "
+            "`row = tl.program_id(1)`, `pid = tl.program_id(0)`") in str(e.value)
+    assert "one value for the whole block" not in str(e.value)
+
+
+@triton.jit
+def _copy_one_past_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + offs, v, mask=offs <= n)   # the mistake: one lane past the end
+
+
+def test_a_store_one_past_the_end_is_called_an_off_by_one():
+    def copy(x, out):
+        _copy_one_past_kernel[(triton.cdiv(x.numel(), 32),)](x, out, x.numel(), BLOCK=32)
+        return out
+    with pytest.raises(checks.CheckFailed, match="The stray elements lie at offset 50 \\(of 50\\) only, just past the "
+                                                 "end of it: an off-by-one in the store's mask"):
+        checks.check_kernel("copy", copy, _flat, [_case_1d], quiet=True)

@@ -165,6 +165,24 @@ MISTAKES = [
     ("04_split_k.ipynb", "Exercise 04.1",   # one lane past the row: it adds the 0.0 of its masked load, past acc's end
      "tl.atomic_add(acc_ptr + m * N + offs_n, total, mask=offs_n < N)",
      "tl.atomic_add(acc_ptr + m * N + offs_n, total, mask=offs_n <= N)", "outside a buffer your function allocated"),
+    ("05_swiglu_mlp.ipynb", "Exercise 05.1",   # the store masked by the program id: one value for the whole block
+     "    mask = cols < I\n", "    mask = pid < I\n",
+     "the mask `mask` (= `pid < I`) of its tl.store holds one value for the whole block"),
+    ("05_swiglu_mlp.ipynb", "Exercise 05.1",   # the grid's axes swapped: rows past the last one (case 0 has one row)
+     "    row = tl.program_id(0)\n    pid = tl.program_id(1)\n",
+     "    row = tl.program_id(1)\n    pid = tl.program_id(0)\n",
+     "takes `row = tl.program_id(1)`, `pid = tl.program_id(0)`"),
+    ("07_gated_attention.ipynb", "Exercise 07.2",   # 0/0 in the rows that see no key: not a missing eps
+     "    p = e / tl.where(total > 0, total, 1.0) ", "    p = e / total ",
+     "whose expected values are all 0: a row with nothing to normalise"),
+    ("07_gated_attention.ipynb", "Exercise 07.2",   # no max subtracted: exp overflows in the case with large scores
+     "    e = tl.exp(s - m) ", "    e = tl.exp(s) ", "the row's sum overflowed to inf"),
+    ("12_cuda_graph.ipynb", "Exercise 12.1",   # the counter runs past the uniforms: caught before the step reads there
+     "    s.counter.add_(1)\n", "    s.counter.add_(2)\n", "s.counter ran past the end of s.uniforms"),
+    ("13_generation_and_benchmark.ipynb", "Exercise 13.2:",   # the T/2 keys rounded down: wrong for odd T only
+     "T * T / 2", "T * (T // 2)", "That is integer rounding"),
+    ("11_decode_and_sampling.ipynb", "Exercise 11.1",   # the top-p boundary kept: the exact tie of the last case
+     "keep &= mass_greater < top_p", "keep &= mass_greater <= top_p", "it sits on the top-p boundary"),
 ]
 
 
