@@ -131,6 +131,18 @@ def triton_ops() -> tuple[dict[str, Callable], list[str]]:
     return ops, fallbacks
 
 
+def _check_weights_match(weights, device: torch.device, dtype: torch.dtype) -> None:
+    """The forward mixes the weights with activations and caches made in the model's dtype on its device: weights
+    drawn or loaded for another one would fail deep inside a kernel (a bf16 q against a float32 cache), so say it
+    here, where the fix is plain."""
+    embed = weights.embed
+    if embed.dtype != dtype or embed.device.type != device.type:
+        raise ConfigError(f"weights: the embedding is {str(embed.dtype).removeprefix('torch.')} on {embed.device}, "
+                          f"but the model runs in {str(dtype).removeprefix('torch.')} on {device}: draw or load the "
+                          f"weights with the model's device and dtype (random_weights(config, device=..., dtype=...), "
+                          f"load_weights(source, device=..., dtype=...)), or use load_model, which does both")
+
+
 class Qwen35Model:
     """A loaded Qwen3.5 text model: config, weights, an operator table, and the forward graph."""
 
@@ -140,6 +152,7 @@ class Qwen35Model:
         self.weights = weights
         self.runtime = runtime.choose(device, dtype)
         self.device, self.dtype = self.runtime.device, self.runtime.dtype
+        _check_weights_match(weights, self.device, self.dtype)
         if backend == "triton" and self.device.type == "cpu" and not self.runtime.interpreter:
             raise DeviceError("backend='triton' on a CPU needs the Triton interpreter: set TRITON_INTERPRET=1 "
                               "before importing qwen_lab, or use backend='torch'")

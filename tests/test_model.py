@@ -122,6 +122,18 @@ def test_forward_refuses_more_positions_than_the_model_has():
         model.forward(torch.zeros(limit + 1, dtype=torch.long))
 
 
+def test_weights_of_another_dtype_are_refused_with_the_fix():
+    """Weights drawn in bf16 under a float32 model used to fail deep in the attention (a bf16 q against a float32
+    cache); the model now says so when it is built, naming both dtypes and how to draw matching weights."""
+    from qwen_lab import ConfigError
+
+    weights = random_weights(TINY, device="cpu", dtype=torch.bfloat16, seed=0, progress=False)
+    with pytest.raises(ConfigError, match=r"weights: the embedding is bfloat16 on cpu, but the model runs in float32 "
+                                          r"on cpu: .*random_weights\(config, device=\.\.\., dtype=\.\.\.\)"):
+        Qwen35Model(TINY, weights, device="cpu", dtype=torch.float32, backend="torch")
+    Qwen35Model(TINY, weights, device="cpu", dtype=torch.bfloat16, backend="torch")   # matching: accepted
+
+
 def test_divergence_report_names_the_broken_operator():
     from qwen_lab import reference
     from qwen_lab.model import divergence_report
@@ -275,7 +287,7 @@ def test_fused_paths_launch_what_they_should(gen):
     assert prefill["flash_attention_kernel"] == A - 1 and prefill["flash_decode_split_kernel"] == 1, dict(prefill)
     assert decode["flash_decode_split_kernel"] == A and decode["kv_cache_write_kernel"] == 0, dict(decode)
     # and the fused prompt path still equals the PyTorch operators
-    oracle = Qwen35Model(cfg, model.weights, dtype=torch.float32, backend="torch")
+    oracle = Qwen35Model(cfg, model.weights, device=model.device, dtype=model.dtype, backend="torch")
     bound = 1e-4 if model.dtype == torch.float32 else 3e-2   # bf16 on a GPU: two orders of rounding
     assert checks.relative_error(model.forward(ids), oracle.forward(ids)) <= bound
 
@@ -352,8 +364,9 @@ def test_the_entries_that_run_inside_others_are_never_called_and_replacing_one_w
     named in RUNS_INSIDE, and the forward (a short prompt, a long one and a decode step) calls none of them."""
     from qwen_lab.model import RUNS_INSIDE
 
-    model = Qwen35Model(TINY, random_weights(TINY, device="cpu" if backend == "torch" else None, seed=0),
-                        device="cpu" if backend == "torch" else None, dtype=torch.float32, backend=backend)
+    device, dtype = ("cpu", torch.float32) if backend == "torch" else (None, None)   # triton: the runtime's own
+    model = Qwen35Model(TINY, random_weights(TINY, device=device, dtype=dtype, seed=0), device=device, dtype=dtype,
+                        backend=backend)
     called = {name for T in (3, 40) for _, name in qwen_lab_model.record_operators(model, T)}
     called |= {name for _, name in qwen_lab_model.record_operators(model, 3, decode=True)}
     assert not called & set(RUNS_INSIDE), f"entries called on their own: {called & set(RUNS_INSIDE)}"
