@@ -87,8 +87,10 @@ if want tests; then
   # TRITON_CACHE_AUTOTUNING: the workers share Triton's autotuning results through its disk cache instead of each
   # tuning the same shapes again (only the tests, which record nothing in qwen_lab.tunings either: the benchmarks
   # tune on a quiet GPU, or take what an earlier run recorded there; the kernel benchmarks always time afresh)
-  # (a per-test limit where pytest-timeout is installed: one hung kernel then fails its test, not the whole run)
-  per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 300")
+  # (a per-test limit where pytest-timeout is installed: one hung kernel then fails its test, not the whole run;
+  # PER_TEST_TIMEOUT raises it on a machine whose Triton cache is empty, where the 0.8B tests that tune every GEMM
+  # shape while eleven other workers compile took over 300 s)
+  per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout ${PER_TEST_TIMEOUT:-300}")
   # TEST_SHARD=i/n runs every n-th test file from the i-th (0-based): the whole suite takes ~8 minutes with 12
   # workers, so where a run's time is limited two runs can take it in halves.
   # (More workers than 12 on 16 cores made compilation alone pass the per-test limit.)

@@ -109,6 +109,12 @@ def random_tiny_config(seed: int = 0, **overrides) -> Qwen35Config:
 
 # ---------------------------------------------------------------- the GPU parity bar
 
+def hf_logits(hf, ids) -> torch.Tensor:
+    """transformers' logits [T, V] in float32 for one prompt of token ids [T] (on the model's device)."""
+    with torch.inference_mode():
+        return hf(input_ids=ids[None]).logits[0].float()
+
+
 def assert_as_accurate_as_transformers(ours, theirs, want, what: str) -> float:
     """Our low-precision logits against transformers' (the same weights, the same dtype), both measured against
     transformers in float32: ours may be no less accurate than theirs, x1.25 + 2e-3 (rounding in another order).

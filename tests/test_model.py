@@ -8,7 +8,7 @@ to 0 and 1, which would hide a missing `1 + w`).
 import pytest
 import torch
 
-from hf_models import make_hf_model, save_hf_snapshot
+from hf_models import hf_logits, make_hf_model, save_hf_snapshot
 from qwen_lab import GenerationError, checks, runtime
 from qwen_lab.config import FULL, LINEAR, TINY
 from qwen_lab.generate import generate
@@ -52,11 +52,6 @@ def pair(request, tmp_path_factory):
     return hf, ours
 
 
-def hf_logits(hf, ids):
-    with torch.no_grad():
-        return hf(ids[None]).logits[0].float()
-
-
 @pytest.mark.parametrize("T", [1, 5, 64, 65, 130])
 def test_prefill_logits_match_transformers(pair, T, gen):
     hf, ours = pair
@@ -97,9 +92,7 @@ def test_sharded_multimodal_snapshot_matches(tmp_path, gen):
     assert len(list(tmp_path.glob("model-*.safetensors"))) > 1, "the snapshot should be sharded"
     ours = load_model(str(tmp_path), device="cpu", dtype=torch.float32, backend="torch")
     ids = torch.randint(0, cfg.vocab_size, (33,), generator=gen)
-    with torch.no_grad():
-        want = hf(input_ids=ids[None]).logits[0].float()
-    assert checks.relative_error(ours.forward(ids), want) <= 1e-4
+    assert checks.relative_error(ours.forward(ids), hf_logits(hf, ids)) <= 1e-4
 
 
 def test_forward_accepts_batch_of_one_and_lists():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import qwen_lab
-from hf_models import assert_as_accurate_as_transformers, decode_after_prefill
+from hf_models import assert_as_accurate_as_transformers, decode_after_prefill, hf_logits
 from qwen_lab import bench, checks
 
 pytestmark = pytest.mark.gpu
@@ -27,20 +27,15 @@ def models():
     return ours, hf32
 
 
-def _logits(hf, ids):
-    with torch.inference_mode():
-        return hf(input_ids=ids[None]).logits[0].float()
-
-
 @pytest.mark.parametrize("T", [pytest.param(1, marks=FIRST), pytest.param(64, marks=FIRST),
                                pytest.param(77, marks=SECOND), pytest.param(300, marks=SECOND)])
 def test_bf16_prefill_is_as_accurate_as_transformers_bf16(models, T):
     ours, hf32 = models
     ids = torch.randint(0, ours.config.vocab_size, (T,), generator=torch.Generator().manual_seed(T)).cuda()
-    want = _logits(hf32, ids)
+    want = hf_logits(hf32, ids)
     got = ours.forward(ids)
     hf16 = bench.transformers_model(ours.config, ours.weights, "cuda", torch.bfloat16)
-    theirs = _logits(hf16, ids)
+    theirs = hf_logits(hf16, ids)
     del hf16
     assert torch.isfinite(got).all()
     err = assert_as_accurate_as_transformers(got, theirs, want, f"T={T}")
@@ -55,9 +50,9 @@ def test_bf16_prefill_is_as_accurate_as_transformers_bf16(models, T):
 def test_bf16_decode_after_prefill_is_as_accurate_as_transformers_bf16(models):
     ours, hf32 = models
     ids = torch.randint(0, ours.config.vocab_size, (70,), generator=torch.Generator().manual_seed(1)).cuda()
-    want = _logits(hf32, ids)
+    want = hf_logits(hf32, ids)
     hf16 = bench.transformers_model(ours.config, ours.weights, "cuda", torch.bfloat16)
-    theirs = _logits(hf16, ids)
+    theirs = hf_logits(hf16, ids)
     del hf16
     for j, logits in enumerate(decode_after_prefill(ours, ids, 64)):
         assert_as_accurate_as_transformers(logits, theirs[63 + j], want[63 + j], f"decode step {j}")
@@ -70,7 +65,7 @@ def test_fp16_mode_stays_finite_and_close(models):
     ids = torch.randint(0, ours16.config.vocab_size, (200,), generator=torch.Generator().manual_seed(2)).cuda()
     got = ours16.forward(ids)
     assert torch.isfinite(got).all()
-    want = _logits(hf32, ids)
+    want = hf_logits(hf32, ids)
     err16, err_bf16 = checks.relative_error(got, want), checks.relative_error(ours.forward(ids), want)
     print(f"relative error fp16 {err16:.4f}, bf16 {err_bf16:.4f}")
     # fp16 keeps 3 more mantissa bits than bf16 but its weights here are rounded from the bf16 draw, and the

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import qwen_lab
-from hf_models import assert_as_accurate_as_transformers, decode_after_prefill
+from hf_models import assert_as_accurate_as_transformers, decode_after_prefill, hf_logits
 from qwen_lab import bench
 from qwen_lab.config import FULL, LINEAR, QWEN35_0_8B
 from qwen_lab.model import Qwen35Model
@@ -51,11 +51,6 @@ def models(request):
     torch.cuda.empty_cache()
 
 
-def _logits(hf, ids):
-    with torch.inference_mode():
-        return hf(input_ids=ids[None]).logits[0].float()
-
-
 def _ids(config, n, seed):
     return torch.randint(0, config.vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).cuda()
 
@@ -75,14 +70,14 @@ def test_bf16_prefill_is_as_accurate_as_transformers_bf16(models, T):
     ids = _ids(ours.config, T, T)
     got = ours.forward(ids)
     assert torch.isfinite(got).all()
-    err = assert_as_accurate_as_transformers(got, _logits(hf16, ids), _logits(hf32, ids), f"T={T}")
+    err = assert_as_accurate_as_transformers(got, hf_logits(hf16, ids), hf_logits(hf32, ids), f"T={T}")
     print(f"{ours.config.name} T={T}: relative error {err:.4f}")
 
 
 def test_bf16_decode_after_prefill_is_as_accurate_as_transformers_bf16(models):
     ours, hf32, hf16 = models
     ids = _ids(ours.config, 70, 1)
-    want, theirs = _logits(hf32, ids), _logits(hf16, ids)
+    want, theirs = hf_logits(hf32, ids), hf_logits(hf16, ids)
     for j, logits in enumerate(decode_after_prefill(ours, ids, 64)):
         assert_as_accurate_as_transformers(logits, theirs[63 + j], want[63 + j], f"decode step {j}")
 
