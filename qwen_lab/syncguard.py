@@ -30,7 +30,8 @@ does). `torch.cuda.synchronize` and the `synchronize` methods of streams and eve
 they are patched for the duration, as are `torch.accelerator.synchronize` and the streams' and events' `query`.
 A copy between devices by `copy_` is named by the devices of its two tensors. What a C++ extension does
 internally, a copy inside another call (`x[:] = cpu_tensor`), and names imported before the guard (`from
-torch.cuda import synchronize`), are not seen. The Triton interpreter's own copies (it runs kernels on the
+torch.cuda import synchronize`), are not seen. Where the step runs on a GPU, reading a CPU tensor's value waits for
+nothing but is still named: a graph would replay the number it read during the capture. The Triton interpreter's own copies (it runs kernels on the
 CPU in NumPy) are exempt: on a GPU they do not exist.
 """
 
@@ -152,10 +153,24 @@ def _has_bool_index(index) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool and i.dim() > 0 for i in items)
 
 
+_FROZEN = ("it reads a CPU tensor, so nothing waits for the GPU; but a graph records only the GPU's work: every "
+           "replay runs with the number this read gave during the capture")
+_FROZEN_FIX = ("keep the value in a device tensor that the step reads on the device, or, if it never changes, a "
+               "Python number fixed outside the step")
+
+
+def _on_host(tensor) -> bool:
+    """A CPU tensor read where the code under test runs on a GPU: a read that waits for nothing but is frozen in a
+    graph (where no GPU is in use, the CPU tensors stand for the GPU's, and their reads are fetches)."""
+    return isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu" and _gpu_in_use()
+
+
 def _classify(func, args, kwargs):
     """(label, why, fix) when this call synchronises with the host, else None."""
     hit = _CALLS.get(func)
     if hit is not None:
+        if hit[1] is _FETCH and args and _on_host(args[0]):
+            return (hit[0], _FROZEN, _FROZEN_FIX)
         return hit
     if func is torch.Tensor.to or func is torch.Tensor.cuda or func is torch.Tensor.cpu:
         src = args[0] if args and isinstance(args[0], torch.Tensor) else None
@@ -331,6 +346,8 @@ class _ScalarReadMode(TorchDispatchMode):
                 and not getattr(_local, "reported", False):
             outer = getattr(_local, "calling", None)
             label, why, fix = _SCALAR_READ
+            if args and _on_host(args[0]):
+                why, fix = _FROZEN, _FROZEN_FIX
             self.on_sync((label.format(call=_call_name(outer) if outer is not None else "a torch call"), why, fix))
         return func(*args, **(kwargs or {}))
 

@@ -95,6 +95,28 @@ def test_each_synchronising_call_raises_naming_it_and_the_line(label):
     assert "test_syncguard.py" in text and "instead:" in text  # the caller's line, and what to do
 
 
+@pytest.mark.parametrize("read", [lambda: S.item(), lambda: int(I), lambda: X[:I]],
+                         ids=["item", "int", "slice bound"])
+def test_a_cpu_tensor_read_where_a_gpu_runs_the_step_is_told_as_frozen_not_as_a_wait(read, monkeypatch):
+    """Where the step runs on a GPU, reading a CPU tensor's value waits for nothing, but a graph replays the number it
+    had during the capture: the message says that, not that the host waits for the GPU. (Where no GPU is in use, the
+    CPU tensors stand for the GPU's, and the same read is told as a fetch.)"""
+    import qwen_lab.syncguard as syncguard
+
+    with pytest.raises(HostSyncError, match="until the GPU has finished"):
+        with forbid_host_sync():
+            with monkeypatch.context() as m:
+                m.setattr(syncguard, "_gpu_in_use", lambda: False)
+                read()
+    monkeypatch.setattr(syncguard, "_gpu_in_use", lambda: True)
+    with pytest.raises(HostSyncError) as info:
+        with forbid_host_sync():
+            read()
+    text = str(info.value)
+    assert "it reads a CPU tensor, so nothing waits for the GPU" in text and "during the capture" in text, text
+    assert "until the GPU has finished" not in text, text
+
+
 def test_device_side_code_passes_untouched():
     """Everything a capturable step does: arithmetic, reductions kept on the device, fixed-shape selection,
     in-place writes into static buffers, index_select with a device index, argmax, dtype casts."""
