@@ -564,9 +564,10 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
                                       f"swapped (returned, or stored into each other's buffer){_tip(hint)}") from failed
         except CheckFailed as failed:
             suspects = unfilled_masked_loads(getattr(launches, "functions", {}))
+            suspects += unordered_inplace_updates(getattr(launches, "functions", {}))
             if not suspects:
                 raise
-            raise CheckFailed(f"{failed}\n  also: {suspects[0]}" + (f" (and {len(suspects) - 1} more such loads)"
+            raise CheckFailed(f"{failed}\n  also: {suspects[0]}" + (f" (and {len(suspects) - 1} more such notes)"
                                                                      if len(suspects) > 1 else "")) from failed
         kernels_run.update(getattr(launches, "functions", {}))
         if not quiet:
@@ -577,10 +578,10 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
         print(f"PASS {name}: {len(results)} comparisons within tolerance")
         # the interpreter (and most GPUs) return 0 in masked-off lanes, so a sum over them passes here; Triton
         # promises nothing for them
-        suspects = unfilled_masked_loads(kernels_run)
+        suspects = unfilled_masked_loads(kernels_run) + unordered_inplace_updates(kernels_run)
         if suspects:
             print(f"  note: the results are right here, but {suspects[0]}" +
-                  (f" (and {len(suspects) - 1} more such loads)" if len(suspects) > 1 else ""))
+                  (f" (and {len(suspects) - 1} more such notes)" if len(suspects) > 1 else ""))
     return results
 
 
@@ -619,6 +620,19 @@ def _kernel_tree(fn):
     tree = ast.parse(textwrap.dedent("".join(lines)))
     node = next((n for n in tree.body if isinstance(n, ast.FunctionDef)), None)
     return None if node is None else (node, first)
+
+
+def _learner_kernels(functions: dict):
+    """(name, the kernel's FunctionDef, the line of its file where its source starts, its `_bindings`) for each of
+    the learner's kernels among functions (name -> Python function) whose source can be read; qwen_lab's own kernels,
+    launched beside the learner's, are left out (not the learner's to fix)."""
+    for name, fn in functions.items():
+        code = getattr(fn, "__code__", None)
+        if code is not None and not _learner_code(code.co_filename):
+            continue
+        parsed = _kernel_tree(fn)
+        if parsed is not None:
+            yield name, parsed[0], parsed[1], _bindings(parsed[0])
 
 
 def _is_tl(node, *names) -> bool:
@@ -679,15 +693,7 @@ def store_notes(functions: dict, grids: dict | None = None, past_rows: bool = Fa
     import ast
 
     notes = []
-    for name, fn in functions.items():
-        code = getattr(fn, "__code__", None)
-        if code is not None and not _learner_code(code.co_filename):
-            continue
-        parsed = _kernel_tree(fn)
-        if parsed is None:
-            continue
-        func, first = parsed
-        bindings = _bindings(func)
+    for name, func, first, bindings in _learner_kernels(functions):
         for node in ast.walk(func):
             if not _is_tl(node, "store", "atomic_add") or not node.args:
                 continue
@@ -770,6 +776,55 @@ def unfilled_masked_loads(functions: dict) -> list[str]:
                              f"mask and no `other=`: the lanes it masks off hold undefined values (zeros under the "
                              f"interpreter). If they reach a max, a sum or a dot, give them the value that leaves "
                              f"them out: other=float('-inf') for a max, other=0.0 for a sum.")
+    return found
+
+
+def _base_pointer(expr, bindings: dict, seen: frozenset = frozenset()):
+    """The name of the pointer an address expression starts from (`state_ptr` in `state_ptr + rows * stride + c`,
+    through names bound to such sums), or None where it cannot be told."""
+    import ast
+
+    while isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Add, ast.Sub)):
+        expr = expr.left
+    if isinstance(expr, ast.Name):
+        values = bindings.get(expr.id, [])
+        if len(values) == 1 and expr.id not in seen:
+            return _base_pointer(values[0], bindings, seen | {expr.id}) or expr.id
+        return expr.id
+    return None
+
+
+def unordered_inplace_updates(functions: dict) -> list[str]:
+    """For each learner's kernel (name -> its Python function), a `tl.store` through a pointer that a `tl.load` of
+    the same kernel read earlier (by line) at other addresses, with no `tl.debug_barrier()` between the two: an
+    update in place, such as a state shifted by some columns. The threads of one program run at their own pace, so
+    one may overwrite an element that another has not read yet. The interpreter runs each program as one thread,
+    in order, so the results are right there; on a GPU they may be wrong now and then. -> one sentence per store."""
+    import ast
+
+    found = []
+    for name, func, first, bindings in _learner_kernels(functions):
+        loads, stores, barriers = [], [], []
+        for node in ast.walk(func):
+            if _is_tl(node, "debug_barrier"):
+                barriers.append(node.lineno)
+            elif _is_tl(node, "load", "store") and node.args:
+                base = _base_pointer(node.args[0], bindings)
+                if base is not None:
+                    (loads if node.func.attr == "load" else stores).append((node.lineno, base, node))
+        for line, base, store in sorted(stores, key=lambda x: x[0]):
+            earlier = [(ln, ld) for ln, b, ld in loads if b == base and ln < line
+                       and ast.dump(ld.args[0]) != ast.dump(store.args[0])]   # the same address: each its own
+            if not earlier:
+                continue
+            last, load = max(earlier, key=lambda x: x[0])
+            if any(last < b < line for b in barriers):
+                continue
+            found.append(f"{name} (line {first + line - 1} of its file) stores through `{base}` at other addresses "
+                         f"than its tl.load on line {first + last - 1} read, with no tl.debug_barrier() between them: "
+                         f"the threads of one program run at their own pace, so one may overwrite an element another "
+                         f"has not read yet (the interpreter runs a program as one thread, so it cannot show here; a "
+                         f"GPU may, now and then). Call tl.debug_barrier() after the last load and before the store.")
     return found
 
 

@@ -499,3 +499,46 @@ def test_a_store_one_past_the_end_is_called_an_off_by_one():
     with pytest.raises(checks.CheckFailed, match="The stray elements lie at offset 50 \\(of 50\\) only, just past the "
                                                  "end of it: an off-by-one in the store's mask"):
         checks.check_kernel("copy", copy, _flat, [_case_1d], quiet=True)
+
+
+@triton.jit
+def _shift_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    # x[i] = x[i + 1] in place, with no barrier: a lane may store over an element another lane has not read yet
+    offs = tl.arange(0, BLOCK)
+    ahead = x_ptr + offs + 1
+    v = tl.load(ahead, mask=offs < n - 1)
+    tl.store(x_ptr + offs, v, mask=offs < n - 1)
+
+
+@triton.jit
+def _shift_barrier_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + offs + 1, mask=offs < n - 1)
+    tl.debug_barrier()   # every lane has read before any stores
+    tl.store(x_ptr + offs, v, mask=offs < n - 1)
+
+
+@triton.jit
+def _double_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, 2 * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)   # each lane its own element
+
+
+def test_an_update_in_place_at_other_addresses_without_a_barrier_is_noted(capsys):
+    """Chapter 8's conv shifts its state in place: each lane reads a column that another lane stores. Under the
+    interpreter a program is one thread, so a missing tl.debug_barrier() cannot show in the results; the note names
+    it, on a passing check too. With the barrier, or where each lane writes only what it read, nothing is noted."""
+    found = checks.unordered_inplace_updates({"_shift_kernel": _shift_kernel.fn})
+    assert len(found) == 1 and found[0].startswith("_shift_kernel (line ") and "through `x_ptr`" in found[0], found
+    assert "no tl.debug_barrier() between them" in found[0]
+    assert not checks.unordered_inplace_updates({"_shift_barrier_kernel": _shift_barrier_kernel.fn,
+                                                 "_double_kernel": _double_kernel.fn})
+
+    def shift(x):
+        _shift_kernel[(1,)](x, x.numel(), BLOCK=32, num_warps=1)   # one warp: its lanes load before they store
+        return x
+
+    case = [lambda g: dict(x=checks.randn(20, g=g, device=DEV))]
+    checks.check_kernel("shift", shift, lambda x: torch.cat([x[1:], x[-1:]]), case)
+    out = capsys.readouterr().out
+    assert "PASS shift" in out and "note: the results are right here, but _shift_kernel (line" in out, out

@@ -211,6 +211,24 @@ def test_the_right_solution_passes_its_check(monkeypatch, benchmark_module):
     run_with_mistake(benchmark_module("run_notebooks").run_cell, "04_split_k.ipynb", "Exercise 04.2", right, right)
 
 
+def test_a_missing_barrier_in_the_conv_state_update_is_noted(monkeypatch, benchmark_module, capsys):
+    """08.1's kernel shifts the conv state in place: without tl.debug_barrier() one thread may overwrite a column that
+    another has not read yet. The interpreter runs a program as one thread, so the results stay right there and the
+    check passes; its note names the store. (On a GPU the race may also make the check fail: then the failure
+    carries the same note.)"""
+    monkeypatch.chdir(SOLUTIONS)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    barrier = "    tl.debug_barrier()                     # every thread has read its old columns before any is overwritten\n"
+    try:
+        run_with_mistake(benchmark_module("run_notebooks").run_cell, "08_gated_deltanet_recurrent.ipynb",
+                         "Exercise 08.1", "", barrier)
+        said = capsys.readouterr().out
+    except checks.CheckFailed as failed:
+        said = str(failed)
+    assert "conv1d_kernel (line" in said and "stores through `state_ptr`" in said, said
+    assert "no tl.debug_barrier() between them" in said, said
+
+
 def test_the_retry_probe_changes_a_token_of_the_atomic_round_only(monkeypatch, benchmark_module):
     """benchmarks/probe_check_retry.py runs chapter 12 up to Exercise 12.1's check, then the check's last part with
     eager generation one token off unless the deterministic mode is on. On a GPU that part must retry in the
