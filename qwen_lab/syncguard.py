@@ -234,9 +234,10 @@ _KERNELS_INIT = os.path.join("qwen_lab", "kernels", "__init__.py")  # the launch
 
 
 def _caller():
-    """(filename, line, function) of the first frame outside torch, this module and the launch hook, and whether
-    the call comes from the Triton interpreter (which emulates the GPU with host copies of its own: not the code
-    under test)."""
+    """(filename, line, function) of the first frame outside torch, this module, the launch hook and any
+    `__torch_function__` handler (another mode watching the same calls, a check's, passes each call on: the call
+    is its caller's), and whether the call comes from the Triton interpreter (which emulates the GPU with host
+    copies of its own: not the code under test)."""
     f = sys._getframe(1)
     found = None
     while f is not None:
@@ -244,7 +245,8 @@ def _caller():
         if name.endswith(_INTERPRETER):
             return found, True
         if found is None and not name.startswith(_TORCH_DIR) and os.path.abspath(name) != _HERE \
-                and not name.startswith("<frozen") and not name.endswith(_KERNELS_INIT):
+                and not name.startswith("<frozen") and not name.endswith(_KERNELS_INIT) \
+                and f.f_code.co_name != "__torch_function__":
             found = (name, f.f_lineno, f.f_code.co_name)
         f = f.f_back
     return found, False

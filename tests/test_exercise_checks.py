@@ -187,6 +187,10 @@ MISTAKES = [
      "    torch.index_select(s.uniforms, 0, s.counter, out=s.uniform)",
      "    s.drawn = getattr(s, 'drawn', 1)\n    s.uniform.copy_(s.uniforms[s.drawn:s.drawn + 1])\n"
      "    s.drawn += 1", "decode_step changed s.drawn, a Python int (not there before the step, "),
+    ("12_cuda_graph.ipynb", "Exercise 12.1",   # the position for the counter: past the uniforms' end on a GPU's replay
+     "    torch.index_select(s.uniforms, 0, s.counter, out=s.uniform)",
+     "    torch.index_select(s.uniforms, 0, s.position, out=s.uniform)",
+     "that is s.position (the tokens so far, the prompt's included); the index is s.counter"),
 ]
 
 

@@ -117,6 +117,21 @@ def test_a_cpu_tensor_read_where_a_gpu_runs_the_step_is_told_as_frozen_not_as_a_
     assert "until the GPU has finished" not in text, text
 
 
+def test_a_sync_under_another_mode_is_placed_at_its_callers_line():
+    """A check may watch the step's calls with a TorchFunctionMode of its own inside the guard (chapter 12's watch of
+    the uniform drawn); every call then passes through that mode's __torch_function__, and the sync must still be
+    placed at the line of the code under test, not at the mode's `return func(...)`."""
+    class PassOn(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with pytest.raises(HostSyncError) as info:
+        with forbid_host_sync(), PassOn():
+            S.item()   # the line the message must name
+    text = str(info.value)
+    assert "in test_a_sync_under_another_mode_is_placed_at_its_callers_line():  S.item()" in text, text
+
+
 def test_device_side_code_passes_untouched():
     """Everything a capturable step does: arithmetic, reductions kept on the device, fixed-shape selection,
     in-place writes into static buffers, index_select with a device index, argmax, dtype casts."""
