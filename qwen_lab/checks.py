@@ -814,10 +814,10 @@ def unordered_inplace_updates(functions: dict) -> list[str]:
                     (loads if node.func.attr == "load" else stores).append((node.lineno, base, node))
         for line, base, store in sorted(stores, key=lambda x: x[0]):
             earlier = [(ln, ld) for ln, b, ld in loads if b == base and ln < line
-                       and ast.dump(ld.args[0]) != ast.dump(store.args[0])]   # the same address: each its own
+                       and ast.dump(ld.args[0]) != ast.dump(store.args[0])]   # (the same address: each lane its own)
             if not earlier:
                 continue
-            last, load = max(earlier, key=lambda x: x[0])
+            last = max(ln for ln, _ in earlier)
             if any(last < b < line for b in barriers):
                 continue
             found.append(f"{name} (line {first + line - 1} of its file) stores through `{base}` at other addresses "

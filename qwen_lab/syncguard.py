@@ -31,8 +31,8 @@ they are patched for the duration, as are `torch.accelerator.synchronize` and th
 A copy between devices by `copy_` is named by the devices of its two tensors. What a C++ extension does
 internally, a copy inside another call (`x[:] = cpu_tensor`), and names imported before the guard (`from
 torch.cuda import synchronize`), are not seen. Where the step runs on a GPU, reading a CPU tensor's value waits for
-nothing but is still named: a graph would replay the number it read during the capture. The Triton interpreter's own copies (it runs kernels on the
-CPU in NumPy) are exempt: on a GPU they do not exist.
+nothing but is still named: a graph would replay the number it read during the capture. The Triton interpreter's
+own copies (it runs kernels on the CPU in NumPy) are exempt: on a GPU they do not exist.
 """
 
 from __future__ import annotations

@@ -183,7 +183,7 @@ MISTAKES = [
      "T * T / 2", "T * (T // 2)", "That is integer rounding"),
     ("11_decode_and_sampling.ipynb", "Exercise 11.1",   # the top-p boundary kept: the exact tie of the last case
      "keep &= mass_greater < top_p", "keep &= mass_greater <= top_p", "it sits on the top-p boundary"),
-    ("12_cuda_graph.ipynb", "Exercise 12.1",   # the draws counted in Python (from the prefill's one): right eagerly, frozen in a replay
+    ("12_cuda_graph.ipynb", "Exercise 12.1",   # the draws counted in Python: right eagerly, frozen in a replay
      "    torch.index_select(s.uniforms, 0, s.counter, out=s.uniform)",
      "    s.drawn = getattr(s, 'drawn', 1)\n    s.uniform.copy_(s.uniforms[s.drawn:s.drawn + 1])\n"
      "    s.drawn += 1", "decode_step changed s.drawn, a Python int (not there before the step, "),
@@ -222,7 +222,8 @@ def test_a_missing_barrier_in_the_conv_state_update_is_noted(monkeypatch, benchm
     carries the same note.)"""
     monkeypatch.chdir(SOLUTIONS)
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    barrier = "    tl.debug_barrier()                     # every thread has read its old columns before any is overwritten\n"
+    barrier = ("    tl.debug_barrier()                     # every thread has read its old columns before any is "
+               "overwritten\n")
     try:
         run_with_mistake(benchmark_module("run_notebooks").run_cell, "08_gated_deltanet_recurrent.ipynb",
                          "Exercise 08.1", "", barrier)
