@@ -5,7 +5,9 @@ integers) so that a kernel that writes nothing cannot pass, runs the learner's f
 a Triton kernel really launched, and compares with the reference at a tolerance set by the dtype.
 The learner's function gets every tensor inside a larger guarded buffer with the case's own strides (NaN
 around and between the rows of inputs, a sentinel around outputs): an out-of-bounds store is reported
-instead of corrupting the process, and a load outside an input brings NaN into the output.
+instead of corrupting the process, and a load outside an input brings NaN into the output. Under the
+interpreter every load's active lanes are watched too, so a read outside a tensor is named with its kernel's line
+even where its values never reach an output (a passing check says so in a note; on a GPU such a read can fault).
 A failure says what is wrong in words: which output, how many elements, the worst one and where, whether
 NaN was never written or computed, outputs returned in each other's place, and a hint. An exercise left as its
 stub reads as its own NotImplementedError, inside `check_kernel` and in a cell that calls the learner's function
@@ -481,6 +483,91 @@ def _guarded_allocations():
             setattr(torch, name, fn)
 
 
+class _StrayReads:
+    """Under the Triton interpreter, while the block runs: every element that a learner's kernel's tl.load reads
+    (its active lanes) outside the tensors of the case and the buffers its wrapper allocated, inside their guard
+    margins or between their rows. A stray read whose value reaches an output shows as a wrong number; one that
+    reaches none (a lane whose result is masked off at the store) shows nothing on a CPU, while on a GPU a read past
+    the end of an allocation faults. `found`: (kernel, line, what it read past) -> elements."""
+
+    def __init__(self, guards: dict, allocated: list):
+        self.guards, self.allocated, self.found = guards, allocated, {}
+
+    def _spans(self):
+        named = [(f"'{k}'", g) for k, g in self.guards.items()]
+        named += [(f"a buffer your function allocated {tuple(g.view.shape)}", g) for g in self.allocated]
+        for what, g in named:
+            lo = g.buf.data_ptr()
+            yield what, lo, lo + g.buf.numel() * g.buf.element_size(), g.buf.element_size(), g.outside
+
+    def _kernel_line(self):
+        """(kernel, line) of the learner's kernel whose tl.load runs now, or None when it is the library's."""
+        f = sys._getframe(1)
+        while f is not None and (f.f_code.co_filename == __file__ or "site-packages" in f.f_code.co_filename
+                                 or "dist-packages" in f.f_code.co_filename):   # this file, then Triton's
+            f = f.f_back
+        if f is None or not _learner_code(f.f_code.co_filename):
+            return None
+        return f.f_code.co_name, f.f_lineno
+
+    def record(self, ptrs, mask) -> None:
+        import numpy as np
+
+        addr = np.asarray(ptrs.data).astype(np.int64, copy=False)
+        active = np.broadcast_to(np.asarray(mask.data).astype(bool), addr.shape)
+        addr = addr[active]
+        if addr.size == 0:
+            return
+        for what, lo, hi, size, outside in self._spans():
+            inside = (addr >= lo) & (addr < hi)
+            if not inside.any():
+                continue
+            index = torch.from_numpy((addr[inside] - lo) // size)
+            n = int(outside[index].sum())
+            if n:
+                at = self._kernel_line()
+                if at is not None:
+                    self.found[(*at, what)] = self.found.get((*at, what), 0) + n
+
+    def notes(self) -> list[str]:
+        """One sentence per (kernel, line of its file or notebook cell, what it read past)."""
+        return [f"{kernel} (line {line} of its file) read {n} element(s) outside {what} (a tl.load with no mask, or "
+                f"one whose mask lets lanes past the tensor's edge or between its rows through, or a wrong stride)"
+                for (kernel, line, what), n in self.found.items()]
+
+
+@contextlib.contextmanager
+def _watching_reads(guards: dict, allocated: list):
+    """Yields a _StrayReads filled while the block runs, where the Triton interpreter runs the kernels (elsewhere,
+    or with an interpreter whose loads go another way, it stays empty)."""
+    watch = _StrayReads(guards, allocated)
+    try:
+        from triton.runtime import interpreter
+        builder = interpreter.InterpreterBuilder
+        original = builder.create_masked_load
+    except (ImportError, AttributeError):
+        yield watch
+        return
+    from .runtime import interpreter_active
+
+    if not interpreter_active():
+        yield watch
+        return
+
+    def load(self, ptrs, mask, *args, **kwargs):
+        try:
+            watch.record(ptrs, mask)
+        except Exception:   # never let the watch change what the kernel does
+            pass
+        return original(self, ptrs, mask, *args, **kwargs)
+
+    builder.create_masked_load = load
+    try:
+        yield watch
+    finally:
+        builder.create_masked_load = original
+
+
 def _as_tuple(x):
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
@@ -500,6 +587,7 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
     seed = torch.randint(0, 2**31 - 1, ()).item() if seed is None else seed
     results = []
     kernels_run: dict = {}       # every kernel the cases launched (name -> its Python function), for the note below
+    stray_reads: list[str] = []  # loads outside a tensor whose values reached no output (the interpreter only)
     for i, make in enumerate(cases):
         g = torch.Generator().manual_seed(seed + i)
         inputs = make(g)
@@ -517,7 +605,8 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
         where = f"{name} (case {i}: {shapes})"
         expected = _as_tuple(ref(**{k: v for k, v in ref_in.items() if not _is_output(k)}))
         try:
-            with _guarded_allocations() as allocated, count_launches(_GridRecorder()) as launches:
+            with _guarded_allocations() as allocated, count_launches(_GridRecorder()) as launches, \
+                    _watching_reads(guards, allocated) as reads:
                 got = fn(**fn_in)
         except CheckFailed:
             raise
@@ -563,13 +652,14 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
                     raise CheckFailed(f"{label}: matches the reference's output {other} instead: the outputs are "
                                       f"swapped (returned, or stored into each other's buffer){_tip(hint)}") from failed
         except CheckFailed as failed:
-            suspects = unfilled_masked_loads(getattr(launches, "functions", {}))
+            suspects = reads.notes() + unfilled_masked_loads(getattr(launches, "functions", {}))
             suspects += unordered_inplace_updates(getattr(launches, "functions", {}))
             if not suspects:
                 raise
             raise CheckFailed(f"{failed}\n  also: {suspects[0]}" + (f" (and {len(suspects) - 1} more such notes)"
                                                                      if len(suspects) > 1 else "")) from failed
         kernels_run.update(getattr(launches, "functions", {}))
+        stray_reads += [note for note in reads.notes() if note not in stray_reads]
         if not quiet:
             worst = max((c.max_abs for c in results[-len(expected):]), default=0.0)
             kernels = ", ".join(sorted(launches)) or "none"
@@ -578,7 +668,10 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
         print(f"PASS {name}: {len(results)} comparisons within tolerance")
         # the interpreter (and most GPUs) return 0 in masked-off lanes, so a sum over them passes here; Triton
         # promises nothing for them
-        suspects = unfilled_masked_loads(kernels_run) + unordered_inplace_updates(kernels_run)
+        suspects = stray_reads + unfilled_masked_loads(kernels_run) + unordered_inplace_updates(kernels_run)
+        if stray_reads:   # (the values read reached no output here; on a GPU a read past an allocation faults)
+            suspects[0] += (": their values reached no output here, but on a GPU a read past the end of an "
+                            "allocation faults (an illegal memory access, which ends the session)")
         if suspects:
             print(f"  note: the results are right here, but {suspects[0]}" +
                   (f" (and {len(suspects) - 1} more such notes)" if len(suspects) > 1 else ""))

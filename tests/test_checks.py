@@ -542,3 +542,47 @@ def test_an_update_in_place_at_other_addresses_without_a_barrier_is_noted(capsys
     checks.check_kernel("shift", shift, lambda x: torch.cat([x[1:], x[-1:]]), case)
     out = capsys.readouterr().out
     assert "PASS shift" in out and "note: the results are right here, but _shift_kernel (line" in out, out
+
+
+@triton.jit
+def _unmasked_read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + offs)   # every lane reads, also the ones past n: a read outside x
+    tl.store(out_ptr + offs, v, mask=offs < n)
+
+
+@triton.jit
+def _shifted_read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + offs + 1, mask=offs < n)   # the last lane reads x[n], one past the end
+    tl.store(out_ptr + offs, v, mask=offs < n)
+
+
+def test_a_read_outside_an_input_is_named_with_its_line_even_when_its_value_reaches_no_output(capsys):
+    """Under the interpreter a load's active lanes are watched: one that reads outside a tensor of the case is named
+    with the kernel's line, on a passing check (its values masked off at the store, so nothing else shows it; on a
+    GPU such a read past an allocation faults) and in a failure (its NaN reached the output). On a GPU the loads are
+    not watched: the check passes there with no such note."""
+    ref = lambda x: x.clone()  # noqa: E731   (outputs are left out of the reference's call)
+    case = [lambda g: dict(x=checks.randn(20, g=g, device=DEV), out=torch.empty(20, device=DEV))]
+
+    def unmasked(x, out):
+        _unmasked_read_kernel[(1,)](x, out, x.numel(), BLOCK=32)
+        return out
+
+    checks.check_kernel("copy", unmasked, ref, case)
+    said = capsys.readouterr().out
+    assert "PASS copy" in said, said
+    line = _unmasked_read_kernel.fn.__code__.co_firstlineno + 3   # the tl.load, three lines below the def
+    note = f"_unmasked_read_kernel (line {line} of its file) read 12 element(s) outside 'x'"
+    assert (note in said and "faults (an illegal memory access" in said) == runtime.interpreter_active(), said
+
+    def shifted(x, out):
+        _shifted_read_kernel[(1,)](x, out, x.numel(), BLOCK=32)
+        return out
+
+    with pytest.raises(checks.CheckFailed) as failed:
+        checks.check_kernel("copy", shifted, ref, case)
+    if runtime.interpreter_active():
+        line = _shifted_read_kernel.fn.__code__.co_firstlineno + 3
+        assert f"also: _shifted_read_kernel (line {line} of its file) read 1 element(s) outside 'x'" in str(failed.value)

@@ -9,6 +9,7 @@ the order of a sum would pass these mistakes and fail here.
 
 import json
 import os
+import re
 
 import pytest
 
@@ -232,6 +233,22 @@ def test_a_missing_barrier_in_the_conv_state_update_is_noted(monkeypatch, benchm
         said = str(failed)
     assert "conv1d_kernel (line" in said and "stores through `state_ptr`" in said, said
     assert "no tl.debug_barrier() between them" in said, said
+
+
+def test_an_unmasked_read_whose_lanes_are_never_stored_is_noted(monkeypatch, benchmark_module, capsys):
+    """01.2's gather with its table load unmasked: the columns past H read past each row (between the rows of the
+    strided table, past the end of the last), but the store's mask drops them, so the outputs are right and the check
+    passes. Under the interpreter the note names the load's line; on a GPU (no watch there) it passes silently, the
+    read staying within the check's guard margins."""
+    monkeypatch.chdir(SOLUTIONS)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    run_with_mistake(benchmark_module("run_notebooks").run_cell, "01_triton_basics_embedding.ipynb",
+                     "Exercise 01.2", "    vals = tl.load(src)\n", "    vals = tl.load(src, mask=mask)\n")
+    said = capsys.readouterr().out
+    assert "PASS embedding" in said, said
+    noted = re.search(r"embedding_exercise_kernel \(line \d+ of its file\) read \d+ element\(s\) outside 'weight'",
+                      said) is not None
+    assert noted == runtime.interpreter_active(), said
 
 
 def test_the_retry_probe_changes_a_token_of_the_atomic_round_only(monkeypatch, benchmark_module):
