@@ -251,6 +251,58 @@ def test_an_unmasked_read_whose_lanes_are_never_stored_is_noted(monkeypatch, ben
     assert noted == runtime.interpreter_active(), said
 
 
+@pytest.mark.parametrize("wrong, says", [
+    (None, None),
+    ("    torch.index_select(s.uniforms, 0, s.position, out=s.uniform)",
+     "that is s.position (the tokens so far, the prompt's included); the index is s.counter"),
+], ids=["right", "position for counter"])
+def test_the_12_1_check_takes_its_gpu_path_with_the_capture_emulated(wrong, says, monkeypatch, benchmark_module,
+                                                                        capsys):
+    """Chapter 12's check on a GPU runs two eager steps (from a position apart from the counter), captures the step and
+    replays it. Here `on_gpu` is set and graph.capture runs the step eagerly in its place (its warm-up, then each
+    replay), so the GPU path's own logic runs on any machine: the right step passes it, and a draw with s.position
+    is named in the eager steps, before any replay."""
+    monkeypatch.chdir(SOLUTIONS)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    run_cell = benchmark_module("run_notebooks").run_cell
+    notebook = "12_cuda_graph.ipynb"
+    nb = json.load(open(os.path.join(SOLUTIONS, notebook)))
+    index, check = exercises.exercise_and_check(os.path.join(SOLUTIONS, notebook), "Exercise 12.1")
+    replays = []
+
+    def capture(fn, warmup: int = 2, pool=None):
+        for _ in range(warmup):
+            fn()
+
+        class Replayed:
+            def replay(self):
+                replays.append(1)
+                fn()
+        return Replayed(), None
+
+    namespace = {"__name__": "__main__"}
+    for i, cell in enumerate(nb["cells"][:check + 1]):
+        if cell["cell_type"] != "code":
+            continue
+        code = "".join(cell["source"])
+        if i == index and wrong is not None:
+            right = "    torch.index_select(s.uniforms, 0, s.counter, out=s.uniform)"
+            assert code.count(right) == 1
+            code = code.replace(right, wrong)
+        if i == check:
+            namespace["on_gpu"] = True
+            monkeypatch.setattr(namespace["graph"], "capture", capture)
+        if i == check and wrong is not None:
+            with pytest.raises(checks.CheckFailed) as failed:
+                run_cell(code, f"<{notebook} cell {i}>", namespace)
+            assert says in str(failed.value), str(failed.value)
+            assert not replays   # named in the eager steps, before the capture
+            return
+        run_cell(code, f"<{notebook} cell {i}>", namespace)
+    assert "PASS decode_step" in capsys.readouterr().out
+    assert len(replays) == 2 * 15   # two cases of 16 tokens: 15 replays each
+
+
 def test_the_retry_probe_changes_a_token_of_the_atomic_round_only(monkeypatch, benchmark_module):
     """benchmarks/probe_check_retry.py runs chapter 12 up to Exercise 12.1's check, then the check's last part with
     eager generation one token off unless the deterministic mode is on. On a GPU that part must retry in the
