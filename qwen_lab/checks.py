@@ -224,21 +224,18 @@ def _computed_nan(o: torch.Tensor, r: torch.Tensor, computed: torch.Tensor) -> s
         where = _where_wrong(mask.reshape(lead)).removeprefix(" The wrong elements lie only in ").rstrip(".")
         return f"{int(mask.sum())} of {mask.numel()} rows{f' ({where})' if where else ''}"
 
-    why = []
-    if kinds["empty"].any():
-        why.append(f"{rows(kinds['empty'])} whose expected values are all 0: a row with nothing to normalise, such as "
-                   f"a softmax row whose every key is masked: exp(-inf - (-inf)) = NaN when the row's max is -inf "
-                   f"(subtract 0 there instead), or 0/0 when its sum is 0 (divide by 1 there instead); such a row "
-                   f"must come out as zeros")
-    if kinds["overflow"].any():
-        why.append(f"{rows(kinds['overflow'])} whose other elements came out 0: the row's sum overflowed to inf "
-                   f"(inf/inf = NaN where an exp overflowed, x/inf = 0 elsewhere); subtract the row's max before the "
-                   f"exp")
-    if kinds["whole"].any():
-        why.append(f"{rows(kinds['whole'])} entirely NaN, whose expected values are not 0: a NaN spread through a "
-                   f"reduction over the row (a load outside an input, which holds NaN between and around its rows, "
-                   f"reaching a sum or a max), or 0/0 from a sum or a norm that came out 0 (a missing eps; every exp "
-                   f"of the row underflowed: was the max taken over the row's own visible entries?)")
+    explained = {
+        "empty": ("whose expected values are all 0: a row with nothing to normalise, such as a softmax row whose "
+                  "every key is masked: exp(-inf - (-inf)) = NaN when the row's max is -inf (subtract 0 there "
+                  "instead), or 0/0 when its sum is 0 (divide by 1 there instead); such a row must come out as zeros"),
+        "overflow": ("whose other elements came out 0: the row's sum overflowed to inf (inf/inf = NaN where an exp "
+                     "overflowed, x/inf = 0 elsewhere); subtract the row's max before the exp"),
+        "whole": ("entirely NaN, whose expected values are not 0: a NaN spread through a reduction over the row (a "
+                  "load outside an input, which holds NaN between and around its rows, reaching a sum or a max), or "
+                  "0/0 from a sum or a norm that came out 0 (a missing eps; every exp of the row underflowed: was the "
+                  "max taken over the row's own visible entries?)"),
+    }
+    why = [f"{rows(kinds[kind])} {text}" for kind, text in explained.items() if kinds[kind].any()]
     if kinds["scattered"].any():
         why.append(_NAN_CAUSES if len(why) == 0 else f"{rows(kinds['scattered'])}: {_NAN_CAUSES}")
     if len(why) == 1 and kinds["scattered"].any():
@@ -540,17 +537,15 @@ class _StrayReads:
 def _watching_reads(guards: dict, allocated: list):
     """Yields a _StrayReads filled while the block runs, where the Triton interpreter runs the kernels (elsewhere,
     or with an interpreter whose loads go another way, it stays empty)."""
-    watch = _StrayReads(guards, allocated)
-    try:
-        from triton.runtime import interpreter
-        builder = interpreter.InterpreterBuilder
-        original = builder.create_masked_load
-    except (ImportError, AttributeError):
-        yield watch
-        return
     from .runtime import interpreter_active
 
-    if not interpreter_active():
+    watch = _StrayReads(guards, allocated)
+    builder = None
+    if interpreter_active():
+        from triton.runtime import interpreter
+        builder = getattr(interpreter, "InterpreterBuilder", None)
+    original = getattr(builder, "create_masked_load", None)
+    if original is None:
         yield watch
         return
 
@@ -652,13 +647,13 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
                     raise CheckFailed(f"{label}: matches the reference's output {other} instead: the outputs are "
                                       f"swapped (returned, or stored into each other's buffer){_tip(hint)}") from failed
         except CheckFailed as failed:
-            suspects = reads.notes() + unfilled_masked_loads(getattr(launches, "functions", {}))
-            suspects += unordered_inplace_updates(getattr(launches, "functions", {}))
+            suspects = (reads.notes() + unfilled_masked_loads(launches.functions)
+                        + unordered_inplace_updates(launches.functions))
             if not suspects:
                 raise
             raise CheckFailed(f"{failed}\n  also: {suspects[0]}" + (f" (and {len(suspects) - 1} more such notes)"
                                                                      if len(suspects) > 1 else "")) from failed
-        kernels_run.update(getattr(launches, "functions", {}))
+        kernels_run.update(launches.functions)
         stray_reads += [note for note in reads.notes() if note not in stray_reads]
         if not quiet:
             worst = max((c.max_abs for c in results[-len(expected):]), default=0.0)
@@ -843,19 +838,9 @@ def unfilled_masked_loads(functions: dict) -> list[str]:
     kernel without a reduction is left out: its masked lanes reach no stored value (a masked store drops them),
     and pointing at them would send a learner after a mistake that is not there. -> one sentence per such load."""
     import ast
-    import inspect
-    import textwrap
 
     found = []
-    for name, fn in functions.items():
-        code = getattr(fn, "__code__", None)
-        if code is not None and not _learner_code(code.co_filename):
-            continue  # qwen_lab's own kernels, launched beside the learner's (a model step): not the learner's to fix
-        try:
-            lines, first = inspect.getsourcelines(fn)
-        except (OSError, TypeError):  # no source to read (a kernel built at run time)
-            continue
-        tree = ast.parse(textwrap.dedent("".join(lines)))
+    for name, tree, first, _ in _learner_kernels(functions):
         calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
         if not any(c.func.attr in _REDUCTIONS for c in calls):
             continue

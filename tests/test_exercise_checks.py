@@ -20,10 +20,11 @@ from qwen_lab import checks, exercises, runtime
 SOLUTIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "solutions")
 
 
-def run_with_mistake(run_cell, notebook: str, exercise: str, wrong: str, right: str) -> None:
+def run_with_mistake(run_cell, notebook: str, exercise: str, wrong: str, right: str, before_check=None) -> None:
     """Run `notebook`'s code cells (each through `run_cell`, benchmarks/run_notebooks.py's) up to the first check
     cell after the exercise titled `exercise`, with `right` replaced by `wrong` in that exercise's cell. Returns
-    when every cell ran; raises what a cell raised."""
+    when every cell ran; raises what a cell raised. `before_check(namespace)`, if given, runs just before the check
+    cell (to change what the check finds there)."""
     path = os.path.join(SOLUTIONS, notebook)
     nb = json.load(open(path))
     index, check = exercises.exercise_and_check(path, exercise)
@@ -36,6 +37,8 @@ def run_with_mistake(run_cell, notebook: str, exercise: str, wrong: str, right: 
         code = "".join(cell["source"])
         if i == index:
             code = code.replace(right, wrong)
+        if i == check and before_check is not None:
+            before_check(namespace)
         run_cell(code, f"<{notebook} cell {i}>", namespace)
 
 
@@ -265,9 +268,6 @@ def test_the_12_1_check_takes_its_gpu_path_with_the_capture_emulated(wrong, says
     monkeypatch.chdir(SOLUTIONS)
     monkeypatch.setenv("MPLBACKEND", "Agg")
     run_cell = benchmark_module("run_notebooks").run_cell
-    notebook = "12_cuda_graph.ipynb"
-    nb = json.load(open(os.path.join(SOLUTIONS, notebook)))
-    index, check = exercises.exercise_and_check(os.path.join(SOLUTIONS, notebook), "Exercise 12.1")
     replays = []
 
     def capture(fn, warmup: int = 2, pool=None):
@@ -280,25 +280,18 @@ def test_the_12_1_check_takes_its_gpu_path_with_the_capture_emulated(wrong, says
                 fn()
         return Replayed(), None
 
-    namespace = {"__name__": "__main__"}
-    for i, cell in enumerate(nb["cells"][:check + 1]):
-        if cell["cell_type"] != "code":
-            continue
-        code = "".join(cell["source"])
-        if i == index and wrong is not None:
-            right = "    torch.index_select(s.uniforms, 0, s.counter, out=s.uniform)"
-            assert code.count(right) == 1
-            code = code.replace(right, wrong)
-        if i == check:
-            namespace["on_gpu"] = True
-            monkeypatch.setattr(namespace["graph"], "capture", capture)
-        if i == check and wrong is not None:
-            with pytest.raises(checks.CheckFailed) as failed:
-                run_cell(code, f"<{notebook} cell {i}>", namespace)
-            assert says in str(failed.value), str(failed.value)
-            assert not replays   # named in the eager steps, before the capture
-            return
-        run_cell(code, f"<{notebook} cell {i}>", namespace)
+    def as_on_a_gpu(namespace):
+        namespace["on_gpu"] = True
+        monkeypatch.setattr(namespace["graph"], "capture", capture)
+
+    right = "    torch.index_select(s.uniforms, 0, s.counter, out=s.uniform)"
+    if wrong is not None:
+        with pytest.raises(checks.CheckFailed) as failed:
+            run_with_mistake(run_cell, "12_cuda_graph.ipynb", "Exercise 12.1", wrong, right, as_on_a_gpu)
+        assert says in str(failed.value), str(failed.value)
+        assert not replays   # named in the eager steps, before the capture
+        return
+    run_with_mistake(run_cell, "12_cuda_graph.ipynb", "Exercise 12.1", right, right, as_on_a_gpu)
     assert "PASS decode_step" in capsys.readouterr().out
     assert len(replays) == 2 * 15   # two cases of 16 tokens: 15 replays each
 
