@@ -20,17 +20,18 @@ from .errors import (CheckpointError, ConfigError, DeviceError, GenerationError,
 __version__ = "0.1.0"
 
 
-def load_model(source="tiny", device=None, dtype=None, backend="triton"):
-    """Load a Qwen3.5 model: a snapshot directory, a preset ("tiny", "qwen3.5-0.8b") or a hub id."""
+def load_model(source="tiny", device=None, dtype=None, backend="triton", *, rt=None):
+    """Load a Qwen3.5 model: a snapshot directory, a preset ("tiny", "qwen3.5-0.8b") or a hub id. `rt`: a runtime
+    already chosen (qwen_lab.runtime.choose), in place of device and dtype."""
     from .model import load_model as _load
 
-    return _load(source, device=device, dtype=dtype, backend=backend)
+    return _load(source, device=device, dtype=dtype, backend=backend, rt=rt)
 
 
 def generate(model, input_ids, max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0, seed=0,
              cuda_graph=None, **kwargs):
-    """Generate new tokens after `input_ids`; returns a LongTensor of the new tokens."""
-    from .generate import generate as _generate
+    """Generate new tokens after `input_ids`; returns a LongTensor of the new tokens (qwen_lab.generation)."""
+    from .generation import generate as _generate
 
     return _generate(model, input_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                      top_p=top_p, seed=seed, cuda_graph=cuda_graph, **kwargs)

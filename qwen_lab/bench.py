@@ -110,6 +110,11 @@ def model_costs(config, weights, prefill_len: int) -> dict:
 
 def bench_qwen_lab(model, prefill_len: int, decode_steps: int, graph: bool, gen: torch.Generator,
                    status=lambda phase: None) -> dict:
+    """One row of the table: the model's fast route (qwen_lab.plan), launched from Python or replayed from CUDA
+    Graphs."""
+    from .plan import fast_plan
+
+    model = fast_plan(model)
     dev = model.device
     ids = torch.randint(0, model.config.vocab_size, (prefill_len,), generator=gen).to(dev)
     positions = torch.arange(prefill_len, device=dev)

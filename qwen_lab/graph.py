@@ -47,6 +47,7 @@ import inspect
 import torch
 
 from .errors import GenerationError, QwenLabError
+from .plan import fast_plan
 
 PREFILL_BUCKETS = (2048, 1024, 256, 64, 16, 4, 1)
 
@@ -149,6 +150,7 @@ class PrefillGraphs:
         limit = cache.max_len if max_len is None else min(int(max_len), cache.max_len)
         self.buckets = tuple(s for s in sizes if s <= limit)           # never empty: 1 <= limit
         self.model, self.cache = model, cache
+        plan = fast_plan(model)
         dev = model.device
         n = self.buckets[0]
         self.ids = torch.zeros(n, dtype=torch.long, device=dev)       # the piece's token ids (first s entries)
@@ -159,7 +161,7 @@ class PrefillGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         for s in self.buckets:  # largest first: the later, smaller captures reuse the pool's free blocks
             def body(s=s):
-                return model.step(self.ids[:s], self.positions[:s], cache, logits_out=self.logits)
+                return plan.step(self.ids[:s], self.positions[:s], cache, logits_out=self.logits)
             self.graphs[s], _ = capture(body, warmup=warmup, pool=self.pool)
         if reset_cache:
             cache.reset()
@@ -237,6 +239,7 @@ class DecodeGraph:
                  reset_cache: bool = True):
         dev = model.device
         self.model, self.cache = model, cache
+        plan = fast_plan(model)
         self.token = torch.zeros(1, dtype=torch.long, device=dev)     # in: the last token; out: the next one
         self.position = torch.zeros(1, dtype=torch.long, device=dev)  # position of self.token
         self.counter = torch.zeros(1, dtype=torch.long, device=dev)   # which uniform number to use
@@ -251,7 +254,7 @@ class DecodeGraph:
         self.draw = sampler(model)
 
         def body():
-            logits = model.step(self.token, self.position, cache)[-1]
+            logits = plan.step(self.token, self.position, cache)[-1]
             torch.index_select(self.uniforms, 0, self.counter, out=self.uniform)
             self.draw(logits, *self.sampling, self.uniform[0], out=self.token[0])
             self.position.add_(1)

@@ -20,6 +20,7 @@ import torch
 
 import qwen_lab
 from qwen_lab.graph import capture
+from qwen_lab.plan import fast_plan
 from qwen_lab.kernels import replay_us
 
 
@@ -172,8 +173,9 @@ def main(argv=None) -> int:
     result = {"model": args.model, "prefill_len": T, "gpu": torch.cuda.get_device_name()}
     lines = []
     with torch.inference_mode():
-        g_prefill, _ = capture(lambda: model.step(ids, positions, cache), warmup=2)
-        g_decode, _ = capture(lambda: model.step(token, pos, cache), warmup=2)
+        plan = fast_plan(model)
+        g_prefill, _ = capture(lambda: plan.step(ids, positions, cache), warmup=2)
+        g_decode, _ = capture(lambda: plan.step(token, pos, cache), warmup=2)
         for name, graph in (("prefill", g_prefill), ("decode", g_decode)):
             kernels, wall, busy, order = profile_replays(graph, args.reps)
             result[name] = {"wall_us": wall, "busy_us": busy, "kernels": kernels, "order": order}

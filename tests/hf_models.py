@@ -128,7 +128,11 @@ def assert_as_accurate_as_transformers(ours, theirs, want, what: str) -> float:
 
 def decode_after_prefill(model, ids, prefill: int) -> list:
     """The logits of the last of `prefill` prompt tokens, then of each later token of `ids` decoded one at a time
-    (one cache, on the model's device): the rows compared with a full forward's rows prefill - 1, prefill, ..."""
+    (one cache, on the model's device), on the fast route (qwen_lab.plan), as generation runs them: the rows
+    compared with a full forward's rows prefill - 1, prefill, ..."""
+    from qwen_lab.plan import fast_plan
+
+    model = fast_plan(model)
     cache = model.new_cache(len(ids) + 10)
     dev = model.device
     with torch.inference_mode():

@@ -179,7 +179,7 @@ def test_a_temperature_too_small_for_float32_is_refused_before_any_work(backend,
 def test_cli_stops_at_the_eos_ids_of_both_config_files(monkeypatch, capsys):
     """generate() stops by default at the ids of generation_config.json and config.json (model.config merges
     them); the command line took the tokenizer's, generation_config.json's alone, and ran past config.json's."""
-    import qwen_lab.generate as cli
+    from qwen_lab import generation as cli
 
     real_load = qwen_lab.load_model
     first = int(qwen_lab.generate(real_load("tiny", backend="torch"), cli_prompt_ids(), max_new_tokens=1,
@@ -196,7 +196,7 @@ def test_cli_stops_at_the_eos_ids_of_both_config_files(monkeypatch, capsys):
 
 def cli_prompt_ids():
     """The command line's default prompt, as its tokens."""
-    from qwen_lab.generate import _parser
+    from qwen_lab.generation import _parser
 
     return qwen_lab.load_tokenizer("tiny").encode(_parser().get_default("prompt"))
 
@@ -226,7 +226,7 @@ def test_cli_chat_uses_the_template():
 
 
 def test_cli_help_describes_every_flag_with_its_default(capsys):
-    from qwen_lab.generate import _parser, main
+    from qwen_lab.generation import _parser, main
 
     flags = {}
     for action in _parser()._actions:
@@ -321,7 +321,7 @@ def test_status_reports_the_graph_capture_first_on_a_gpu():
 def test_without_a_status_the_warm_up_shows_its_own_line_where_it_is_long(model, capsys):
     """A notebook's generate() on a GPU spends its first minute compiling: with no `status` of the caller's it shows
     a progress line on stderr, removed before the tokens come; on a CPU (or the PyTorch backend) it shows none."""
-    from qwen_lab.generate import status_line
+    from qwen_lab.generation import status_line
 
     assert status_line(model) is None  # this machine's model: the interpreter, no long warm-up
     assert status_line(types.SimpleNamespace(device=torch.device("cuda"), backend="torch")) is None

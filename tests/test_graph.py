@@ -17,6 +17,7 @@ import qwen_lab
 from qwen_lab import checks
 from qwen_lab.errors import GenerationError
 from qwen_lab.graph import PREFILL_BUCKETS, GraphCaptureError, PrefillGraphs, buckets_used, prefill_pieces
+from qwen_lab.plan import fast_plan
 
 
 # ---------------------------------------------------------------- the split
@@ -92,7 +93,9 @@ def test_prefill_graphs_need_a_gpu():
 
 def step_in_pieces(model, ids, cache, buckets, start=0, logits_out=None):
     """model.step over the bucket pieces of ids, one after another into `cache`: the logits [1, V] of the last.
-    With logits_out, every piece writes its logits there, as the captured steps do."""
+    With logits_out, every piece writes its logits there, as the captured steps do. (The fast route, as the graphs
+    run it.)"""
+    model = fast_plan(model)
     offset = 0
     with torch.inference_mode():
         for s in prefill_pieces(ids.numel(), buckets):
@@ -126,7 +129,7 @@ def cache_errors(a, b, T):
 
 @pytest.fixture(scope="module")
 def tiny():
-    return qwen_lab.load_model("tiny")  # the triton backend: the interpreter on a CPU
+    return fast_plan(qwen_lab.load_model("tiny"))  # the triton backend (the interpreter on a CPU), its fast route
 
 
 @pytest.mark.parametrize("T", [1, 5, 17, 70])
@@ -149,8 +152,8 @@ def test_steps_over_the_pieces_equal_one_prefill(tiny, T):
 
 
 def test_generate_eager_is_one_prefill_then_decode_steps():
-    """cuda_graph=False keeps the eager loop: one model.step over the prompt, then one step per token."""
-    model = qwen_lab.load_model("tiny", device="cpu", dtype=torch.float32, backend="torch")
+    """cuda_graph=False keeps the eager loop: one step of the fast route over the prompt, then one step per token."""
+    model = fast_plan(qwen_lab.load_model("tiny", device="cpu", dtype=torch.float32, backend="torch"))
     prompt = torch.randint(0, model.config.vocab_size, (9,), generator=torch.Generator().manual_seed(4))
     got = qwen_lab.generate(model, prompt, max_new_tokens=6, cuda_graph=False, eos_token_ids=())
     cache = model.new_cache(16)
@@ -263,7 +266,7 @@ def deterministic():
 
 @pytest.fixture(scope="module")
 def big(deterministic):
-    return qwen_lab.load_model("qwen3.5-0.8b", dtype=torch.bfloat16)
+    return fast_plan(qwen_lab.load_model("qwen3.5-0.8b", dtype=torch.bfloat16))
 
 
 @pytest.fixture(scope="module")

@@ -104,7 +104,9 @@ def test_graph_replay_generates_what_eager_decoding_does(monkeypatch):
     from qwen_lab.graph import DecodeGraph
 
     monkeypatch.setenv("QWEN_LAB_DETERMINISTIC", "1")  # atomics could flip a near-tie between the two runs
-    model = qwen_lab.load_model("qwen3.5-0.8b")
+    from qwen_lab.plan import fast_plan
+
+    model = fast_plan(qwen_lab.load_model("qwen3.5-0.8b"))   # the eager steps on the route the graph captures
     dev = model.device
     T = 37
     prompt = torch.randint(0, 1000, (T,), generator=torch.Generator().manual_seed(3)).to(dev)

@@ -11,9 +11,10 @@ import torch
 from hf_models import hf_logits, make_hf_model, save_hf_snapshot
 from qwen_lab import GenerationError, checks, runtime
 from qwen_lab.config import FULL, LINEAR, TINY
-from qwen_lab.generate import generate
-from qwen_lab.model import Qwen35Model, load_model
+from qwen_lab.generation import generate
+from qwen_lab.model import OPERATORS, Qwen35Model, load_model
 import qwen_lab.model as qwen_lab_model
+from qwen_lab.plan import fast_plan
 from qwen_lab.weights import random_weights
 
 CONFIGS = {
@@ -48,7 +49,9 @@ def pair(request, tmp_path_factory):
     ours = load_model(str(path), device=device, dtype=torch.float32, backend=backend)
     if ours.device.type != "cpu":
         hf = hf.to(ours.device)
-    assert ours.fallbacks == [], f"operators without a kernel: {ours.fallbacks}"
+    assert tuple(ours.ops) == OPERATORS
+    if backend == "triton":   # every operator runs its kernel
+        assert all(fn.__module__.startswith("qwen_lab.kernels.") for fn in ours.ops.values()), ours.ops
     return hf, ours
 
 
@@ -60,19 +63,24 @@ def test_prefill_logits_match_transformers(pair, T, gen):
     want = hf_logits(hf, ids)
     assert got.shape == (T, ours.config.vocab_size) and got.dtype == torch.float32
     assert checks.relative_error(got, want) <= 1e-4
+    # the fast route, every row
+    with torch.inference_mode():
+        fast = fast_plan(ours).step(ids, torch.arange(T, device=ours.device), ours.new_cache(T), all_logits=True)
+    assert checks.relative_error(fast.float(), want) <= 1e-4
 
 
 def test_decode_steps_equal_a_longer_prefill(pair, gen):
     hf, ours = pair
     ids = torch.randint(0, ours.config.vocab_size, (70,), generator=gen).to(ours.device)
     want = hf_logits(hf, ids)
-    cache = ours.new_cache(80)
-    with torch.inference_mode():
-        got = [ours.step(ids[:66], torch.arange(66, device=ours.device), cache)[-1]]
-        for t in range(66, 70):
-            got.append(ours.step(ids[t:t + 1], torch.tensor([t], device=ours.device), cache)[-1])
-    for j, logits in enumerate(got):
-        assert checks.relative_error(logits.float(), want[65 + j]) <= 1e-4, f"decode step {j}"
+    for runner in (ours, fast_plan(ours)):   # the plain route and the fast one
+        cache = runner.new_cache(80)
+        with torch.inference_mode():
+            got = [runner.step(ids[:66], torch.arange(66, device=ours.device), cache)[-1]]
+            for t in range(66, 70):
+                got.append(runner.step(ids[t:t + 1], torch.tensor([t], device=ours.device), cache)[-1])
+        for j, logits in enumerate(got):
+            assert checks.relative_error(logits.float(), want[65 + j]) <= 1e-4, f"{runner}: decode step {j}"
 
 
 def test_greedy_generation_matches_transformers_token_for_token(pair, gen):
@@ -143,37 +151,39 @@ def test_divergence_report_names_the_broken_operator():
 @pytest.mark.parametrize("name", ["tiny", "three_to_one"])   # the last layer gated attention; Gated DeltaNet
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_a_step_runs_the_last_layer_past_its_mixer_for_the_last_row(name, backend, gen):
-    """Only the last position's logits leave a step: the last layer's token mixing sees every row (the cache and
-    the states take them all), everything after it the last row alone; all_logits keeps every row everywhere."""
+    """Only the last position's logits leave a step of the fast route: the last layer's token mixing sees every row
+    (the cache and the states take them all), everything after it the last row alone; all_logits keeps every row
+    everywhere."""
     cfg = CONFIGS[name]
     device = "cpu" if backend == "torch" else runtime.choose(None, torch.float32).device
     model = Qwen35Model(cfg, random_weights(cfg, device=device, dtype=torch.float32, seed=2), device=device,
                         dtype=torch.float32, backend=backend)
+    plan = fast_plan(model)
     T = 20
     ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen).to(model.device)
     last = cfg.num_hidden_layers - 1
 
     def rows_seen(all_logits):
-        seen = []   # (operator, rows of its output) for the last layer's calls, in order
+        seen = []   # (call, rows of its output) for the last layer's calls, in order
 
-        def wrap(name, fn):
-            def observed(*args, **kwargs):
-                out = fn(*args, **kwargs)
-                first = out[0] if isinstance(out, tuple) else out
-                if model.layer_index == last and isinstance(first, torch.Tensor):
-                    seen.append((name, first.shape[0]))
-                return out
-            return observed
+        def observe(layer, name, out):
+            first = out[0] if isinstance(out, tuple) else out
+            if layer == last and isinstance(first, torch.Tensor):
+                seen.append((name, first.shape[0]))
 
         cache = model.new_cache(T + 4)
-        with torch.inference_mode(), model.wrapped_ops(wrap):
-            logits = model.step(ids, torch.arange(T, device=model.device), cache, all_logits=all_logits)
+        plan.observe = observe
+        try:
+            with torch.inference_mode():
+                logits = plan.step(ids, torch.arange(T, device=model.device), cache, all_logits=all_logits)
+        finally:
+            plan.observe = None
         return seen, logits, cache
 
     seen, logits, cache = rows_seen(False)
     full, full_logits, full_cache = rows_seen(True)
-    # the last operator that mixes positions: the delta rule, or the q/k preparation that fills the cache
-    mixing = {"deltanet_chunked", "delta_rule_chunked", "qk_norm_rope_cache", "qk_norm_rope"}
+    # the last call that mixes positions: the delta rule, or the q/k preparation that fills the cache
+    mixing = {"deltanet_chunked", "delta_rule_chunked", "qk_norm_rope_cache", "rope"}
     cut = max(j for j, (op, _) in enumerate(seen) if op in mixing) + 1
     if backend == "triton" and cfg.layer_types[last] == FULL:
         # the library's route (a prompt of GEMM rows): k and v projected for every row, q and its gate for the last
@@ -189,23 +199,26 @@ def test_a_step_runs_the_last_layer_past_its_mixer_for_the_last_row(name, backen
     # the caches and states that the last layer leaves are those of the full step
     for a, b in zip(cache.tensors(), full_cache.tensors()):
         assert torch.equal(a, b)
+    # and the plain route, which computes every row and keeps the last, gives the same logits
+    plain = model.step(ids, torch.arange(T, device=model.device), model.new_cache(T))
+    assert checks.relative_error(logits.float(), plain.float()) <= 1e-4
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_a_mixer_put_in_place_may_return_every_row(backend, gen):
     """A learner's block in place of a mixer (chapter 10) keeps the mixer's signature and may compute every row of
-    the last layer: the step cuts its output to the last row, and the logits are those of the model's own mixer.
-    The block gets the whole projection, every row's q included (the library's own block takes the last row's q
-    alone on a prompt of GEMM rows)."""
+    the last layer: the fast route cuts its output to the last row, and the logits are those of the model's own
+    mixer. The block gets the whole projection, every row's q included (the library's own block takes the last row's
+    q alone on a prompt of GEMM rows)."""
     cfg = CONFIGS["tiny"]
     device = "cpu" if backend == "torch" else runtime.choose(None, torch.float32).device
     weights = random_weights(cfg, device=device, dtype=torch.float32, seed=2)
     model, every_row = (Qwen35Model(cfg, weights, device=device, dtype=torch.float32, backend=backend)
-                        for _ in range(2))   # every_row never steps: its last_row_only stays False
+                        for _ in range(2))
     T = 20                                   # past the GEMV rows
     ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen).to(model.device)
     positions = torch.arange(T, device=model.device)
-    want = model.step(ids, positions, model.new_cache(T))
+    want = fast_plan(model).step(ids, positions, model.new_cache(T))
     widths = []
 
     def block(i, layer, proj, positions, cache):
@@ -213,29 +226,31 @@ def test_a_mixer_put_in_place_may_return_every_row(backend, gen):
         widths.append((tuple(proj.shape), out.shape[0]))
         return out
     model.gated_attention = block
-    got = model.step(ids, positions, model.new_cache(T))
-    assert widths == [((T, cfg.attn_q_dim + 2 * cfg.attn_kv_dim), T)], widths
-    assert got.shape == want.shape == (1, cfg.vocab_size)
-    assert checks.relative_error(got.float(), want.float()) <= 1e-5
+    for runner in (fast_plan(model), model):
+        widths.clear()
+        got = runner.step(ids, positions, model.new_cache(T))
+        assert widths == [((T, cfg.attn_q_dim + 2 * cfg.attn_kv_dim), T)], widths
+        assert got.shape == want.shape == (1, cfg.vocab_size)
+        assert checks.relative_error(got.float(), want.float()) <= 1e-5
 
 
 def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
-    """SPLIT_NORMS: a prompt's residual add + RMSNorm split between the GEMMs around it (no add_rms_norm kernel
+    """Split norms: a prompt's residual add + RMSNorm split between the GEMMs around it (no add_rms_norm kernel
     left at prefill), the same logits; decode keeps its fused GEMV route, launch for launch."""
-    from qwen_lab import model as model_module
     from qwen_lab.kernels import count_launches
 
     model = load_model("tiny", backend="triton")
+    plan = fast_plan(model)
     T = 20
     ids = torch.randint(0, model.config.vocab_size, (T,), generator=gen).to(model.device)
     runs = {}
     for on in (False, True):
-        monkeypatch.setattr(model_module, "SPLIT_NORMS", on)
+        monkeypatch.setattr(plan, "split_norms", on)
         cache = model.new_cache(T + 1)
         with torch.inference_mode(), count_launches() as prefill:
-            logits = model.step(ids, torch.arange(T, device=model.device), cache, all_logits=True)
+            logits = plan.step(ids, torch.arange(T, device=model.device), cache, all_logits=True)
         with torch.inference_mode(), count_launches() as decode:
-            model.step(ids[:1], torch.tensor([T], device=model.device), cache)
+            plan.step(ids[:1], torch.tensor([T], device=model.device), cache)
         runs[on] = logits.float(), dict(prefill), dict(decode)
     (off, prefill_off, decode_off), (on, prefill_on, decode_on) = runs[False], runs[True]
     # bf16 on a GPU: h = s (1 + w) is rounded where the norm kernel rounds the normed row
@@ -245,11 +260,11 @@ def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
     assert prefill_on["matmul_kernel"] == prefill_off["matmul_kernel"], (prefill_on, prefill_off)
     assert decode_on == decode_off
     # unset (None), the environment switch decides, read at each step
-    monkeypatch.setattr(model_module, "SPLIT_NORMS", None)
+    monkeypatch.setattr(plan, "split_norms", None)
     monkeypatch.setenv("QWEN_LAB_SPLIT_NORMS", "1")
-    assert model._splits_norms(T) and not model._splits_norms(1)
+    assert plan._splits_norms(T) and not plan._splits_norms(1)
     monkeypatch.setenv("QWEN_LAB_SPLIT_NORMS", "0")
-    assert not model._splits_norms(T)
+    assert not plan._splits_norms(T)
 
 
 def test_fused_paths_launch_what_they_should(gen):
@@ -259,14 +274,15 @@ def test_fused_paths_launch_what_they_should(gen):
     from qwen_lab.kernels import count_launches
 
     model = load_model("tiny", backend="triton")
+    plan = fast_plan(model)
     cfg = model.config
     T = 20                                             # past the GEMV rows: the tiled GEMM path
     ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen).to(model.device)
     cache = model.new_cache(T + 1)
     with count_launches() as prefill:
-        model.step(ids, torch.arange(T, device=model.device), cache)
+        plan.step(ids, torch.arange(T, device=model.device), cache)
     with count_launches() as decode:
-        model.step(ids[:1], torch.tensor([T], device=model.device), cache)
+        plan.step(ids[:1], torch.tensor([T], device=model.device), cache)
     L, A = cfg.num_hidden_layers, cfg.num_full_layers
     assert prefill["silu_mul_kernel"] == 0 and prefill["kv_cache_write_kernel"] == 0, dict(prefill)
     assert prefill["deltanet_gates_kernel"] == 0, dict(prefill)  # the gates are computed in the chunk prep
@@ -282,17 +298,19 @@ def test_fused_paths_launch_what_they_should(gen):
     # and the fused prompt path still equals the PyTorch operators
     oracle = Qwen35Model(cfg, model.weights, device=model.device, dtype=model.dtype, backend="torch")
     bound = 1e-4 if model.dtype == torch.float32 else 3e-2   # bf16 on a GPU: two orders of rounding
-    assert checks.relative_error(model.forward(ids), oracle.forward(ids)) <= bound
+    with torch.inference_mode():
+        fast = plan.step(ids, torch.arange(T, device=model.device), model.new_cache(T), all_logits=True).float()
+    assert checks.relative_error(fast, oracle.forward(ids)) <= bound
 
 
-def test_observing_the_operators_keeps_the_fused_routes(gen):
-    """Wrapping every operator to count it (`wrapped_ops`, as record_operators and the notebooks do) must leave the
-    model on its fused routes: the same kernels launch, the fused operators are the ones recorded, and a learner's
-    own entry still turns its fusion off."""
+def test_a_learners_entry_turns_its_fusions_off_and_is_called_where_the_plain_model_calls_it(gen):
+    """Observing the fast route changes no launch; an entry of the table that is not the library's kernel turns off
+    every fusion over it (the plan says so once, naming it), is called as often as the plain model calls it, and the
+    fusions come back when the kernel is put back."""
     from qwen_lab.kernels import count_launches
-    from qwen_lab.model import record_operators
 
     model = load_model("tiny", backend="triton")
+    plan = fast_plan(model)
     cfg = model.config
     T = 20
     ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen).to(model.device)
@@ -300,24 +318,41 @@ def test_observing_the_operators_keeps_the_fused_routes(gen):
     def launches(observe: bool):
         cache = model.new_cache(T + 1)
         counts = []
+        plan.observe = (lambda layer, name, out: None) if observe else None
         for step_ids, pos in ((ids, torch.arange(T)), (ids[:1], torch.tensor([T]))):
             with count_launches() as c:
-                if observe:
-                    with model.wrapped_ops(lambda name, fn: (lambda *a, **k: fn(*a, **k))):
-                        model.step(step_ids, pos.to(model.device), cache)
-                else:
-                    model.step(step_ids, pos.to(model.device), cache)
+                plan.step(step_ids, pos.to(model.device), cache)
             counts.append(dict(c))
+        plan.observe = None
         return counts
 
     assert launches(True) == launches(False)
-    decode_ops = {name for _, name in record_operators(model, 8, decode=True)}
-    assert "deltanet_conv_decode_step" in decode_ops and "causal_conv1d" not in decode_ops, decode_ops
-    assert all(model.ops[n] is model._stock[n] for n in model._stock)  # the table is restored after the block
-    stock_conv = model._stock["causal_conv1d"]
-    model.ops["causal_conv1d"] = lambda *a, **k: stock_conv(*a, **k)  # a learner's own entry: that fusion is off
-    decode_ops = {name for _, name in record_operators(model, 8, decode=True)}
-    assert "causal_conv1d" in decode_ops and "deltanet_conv_decode_step" not in decode_ops, decode_ops
+
+    def decode_calls():
+        called = []
+        plan.observe = lambda layer, name, out: called.append(name)
+        cache = model.new_cache(9)
+        with torch.inference_mode():
+            plan.step(ids[:8], torch.arange(8, device=model.device), cache)
+            called.clear()
+            plan.step(ids[:1], torch.tensor([8], device=model.device), cache)
+        plan.observe = None
+        return called
+
+    assert "deltanet_conv_decode_step" in decode_calls() and "causal_conv1d" not in decode_calls()
+    stock_conv = model.ops["causal_conv1d"]
+    mine = []
+    model.ops["causal_conv1d"] = lambda *a, **k: mine.append(1) or stock_conv(*a, **k)   # a learner's own entry
+    with pytest.warns(UserWarning, match=r"model.ops\['causal_conv1d'\] is not the library's kernel"):
+        called = decode_calls()
+    assert "causal_conv1d" in called and "deltanet_conv_decode_step" not in called, called
+    assert len(mine) == 2 * cfg.num_linear_layers   # the prefill's and the decode step's, per DeltaNet layer
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # said once
+        decode_calls()
+    model.ops["causal_conv1d"] = stock_conv
+    assert "deltanet_conv_decode_step" in decode_calls()
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -326,25 +361,27 @@ def test_step_refuses_more_tokens_than_the_cache_holds(backend):
     # known on the host, so the step says so before any kernel runs
     model = load_model("tiny", device="cpu" if backend == "torch" else None, dtype=torch.float32, backend=backend)
     ids = torch.arange(8, device=model.device)
-    with pytest.raises(GenerationError, match=r"ids: 8 tokens, but the cache holds max_len=4"):
-        model.step(ids, torch.arange(8, device=model.device), model.new_cache(4))
-    with pytest.raises(GenerationError, match=r"positions: shape \(7,\), expected \(8,\)"):
-        model.step(ids, torch.arange(7, device=model.device), model.new_cache(8))
-    logits = model.step(ids, torch.arange(8, device=model.device), model.new_cache(8))
-    assert logits.shape == (1, model.config.vocab_size)
+    for runner in (model, fast_plan(model)):
+        with pytest.raises(GenerationError, match=r"ids: 8 tokens, but the cache holds max_len=4"):
+            runner.step(ids, torch.arange(8, device=model.device), model.new_cache(4))
+        with pytest.raises(GenerationError, match=r"positions: shape \(7,\), expected \(8,\)"):
+            runner.step(ids, torch.arange(7, device=model.device), model.new_cache(8))
+        logits = runner.step(ids, torch.arange(8, device=model.device), model.new_cache(8))
+        assert logits.shape == (1, model.config.vocab_size)
 
 
 def test_every_launcher_takes_the_references_arguments_in_its_order():
     """A kernel's launcher can stand in for the reference function of the same name with the same call: the
     reference's parameters come first, in its order, and the launcher's extras (out=, workspaces) after them. A
-    launcher that put `out` before the reference's `gate` took a positional gate for its output buffer."""
+    launcher that put `out` before the reference's `gate` took a positional gate for its output buffer. (The fused
+    kernels of the fast route too: each has a reference of its name.)"""
     import inspect
 
     from qwen_lab import reference
     from qwen_lab.model import triton_ops
+    from qwen_lab.plan import _fused_kernels
 
-    ops, _ = triton_ops()
-    for name, fn in ops.items():
+    for name, fn in {**triton_ops(), **_fused_kernels()}.items():
         want = list(inspect.signature(getattr(reference, name)).parameters)
         params = inspect.signature(fn).parameters.values()
         positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -352,21 +389,21 @@ def test_every_launcher_takes_the_references_arguments_in_its_order():
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_the_entries_that_run_inside_others_are_never_called_and_replacing_one_warns(backend, gen):
-    """A learner's kernel put in an entry the forward never calls would change nothing, silently: each such entry is
-    named in RUNS_INSIDE, and the forward (a short prompt, a long one and a decode step) calls none of them."""
-    from qwen_lab.model import RUNS_INSIDE
+def test_the_forward_calls_every_entry_of_the_table_and_refuses_an_unknown_one(backend, gen):
+    """A learner's kernel put in the table changes the model: the forward (a short prompt, a long one and a decode
+    step) calls every entry but `sample`, which generation calls; a name the forward does not have is refused."""
+    from qwen_lab import ConfigError
 
     device, dtype = ("cpu", torch.float32) if backend == "torch" else (None, None)   # triton: the runtime's own
     model = Qwen35Model(TINY, random_weights(TINY, device=device, dtype=dtype, seed=0), device=device, dtype=dtype,
                         backend=backend)
     called = {name for T in (3, 40) for _, name in qwen_lab_model.record_operators(model, T)}
     called |= {name for _, name in qwen_lab_model.record_operators(model, 3, decode=True)}
-    assert not called & set(RUNS_INSIDE), f"entries called on their own: {called & set(RUNS_INSIDE)}"
-    assert "embedding" in called and len(called) > 8   # the count saw the whole forward
-    with pytest.warns(UserWarning, match=r"model.ops\['rope'\]: the forward never calls this entry on its own "
-                                         r"\(rope runs inside qk_norm_rope"):
-        model.ops["rope"] = model.ops["rope"]
+    assert called == set(OPERATORS) - {"sample"}, set(OPERATORS) ^ called
+    assert all(model.ops[n] is fn for n, fn in (qwen_lab_model.torch_ops() if backend == "torch"
+                                                 else qwen_lab_model.triton_ops()).items())   # restored
+    with pytest.raises(ConfigError, match=r"model.ops\['rmsnorm'\]: the forward calls no operator of that name"):
+        model.ops["rmsnorm"] = model.ops["rms_norm"]
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -5,6 +5,7 @@ import torch
 
 import qwen_lab
 from qwen_lab import kernels
+from qwen_lab.plan import fast_plan
 
 
 @pytest.mark.parametrize("capability, env, expected", [((9, 0), None, True), ((10, 0), "1", True),
@@ -68,7 +69,7 @@ def test_gpu_decode_with_pdl_equals_decode_without(monkeypatch):
         pytest.skip("programmatic dependent launch needs compute capability 9.0 or newer")
     monkeypatch.setenv("QWEN_LAB_TUNE", "0")
     monkeypatch.setenv("QWEN_LAB_DETERMINISTIC", "1")
-    model = qwen_lab.load_model("qwen3.5-0.8b", backend="triton")
+    model = fast_plan(qwen_lab.load_model("qwen3.5-0.8b", backend="triton"))   # the route the graphs capture
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (37,), generator=g).to(model.device)
     forced = torch.randint(0, model.config.vocab_size, (6,), generator=g).to(model.device)
@@ -94,7 +95,7 @@ def test_gpu_prefill_with_pdl_equals_prefill_without(monkeypatch):
         pytest.skip("programmatic dependent launch needs compute capability 9.0 or newer")
     monkeypatch.setenv("QWEN_LAB_TUNE", "0")
     monkeypatch.setenv("QWEN_LAB_DETERMINISTIC", "1")
-    model = qwen_lab.load_model("qwen3.5-0.8b", backend="triton")
+    model = fast_plan(qwen_lab.load_model("qwen3.5-0.8b", backend="triton"))   # the route the graphs capture
     ids = torch.randint(0, model.config.vocab_size, (300,), generator=torch.Generator().manual_seed(1)).to(model.device)
     positions = torch.arange(ids.numel(), device=model.device)
     cache = model.new_cache(ids.numel())
