@@ -13,9 +13,12 @@ import torch
 from hf_models import hf_logits, make_hf_model, random_tiny_config, save_hf_snapshot
 from qwen_lab.config import FULL, LINEAR, PRESETS, QWEN35_0_8B, TINY, Qwen35Config
 from qwen_lab.errors import CheckpointError, ConfigError, QwenLabError, UnsupportedModelError
-from qwen_lab.weights import (INDEX_FILE, TINY_DIR, build_tiny_checkpoint, expected_tensors, load_weights, main,
-                              random_state_dict, random_weights, read_safetensors_header, resolve_source,
-                              save_snapshot)
+from qwen_lab import snapshot, tiny
+from qwen_lab.export import save_snapshot
+from qwen_lab.safetensors_file import read_safetensors_header
+from qwen_lab.snapshot import INDEX_FILE, TINY_DIR, expected_tensors, resolve_source
+from qwen_lab.tiny import build_tiny_checkpoint
+from qwen_lab.weights import load_weights, random_state_dict, random_weights
 
 UNTIED = TINY.replace(tie_word_embeddings=False)
 
@@ -147,20 +150,20 @@ def test_build_tiny_checkpoint_is_byte_identical_to_the_committed_files(tmp_path
     assert built == sorted(p.name for p in TINY_DIR.iterdir())
     for name in built:
         assert (tmp_path / "a" / name).read_bytes() == (TINY_DIR / name).read_bytes(), (
-            f"{name} differs from qwen_lab/data/tiny/{name}: rebuild with `python -m qwen_lab.weights build-tiny "
+            f"{name} differs from qwen_lab/data/tiny/{name}: rebuild with `python -m qwen_lab.tiny "
             "qwen_lab/data/tiny` and commit it")
 
 
 def test_build_tiny_command_line(tmp_path, capsys):
-    assert main(["build-tiny", str(tmp_path / "t")]) == 0
+    assert tiny.main([str(tmp_path / "t")]) == 0
     assert (tmp_path / "t" / "model.safetensors").read_bytes() == (TINY_DIR / "model.safetensors").read_bytes()
-    assert main(["check", str(tmp_path / "t")]) == 0
+    assert snapshot.main([str(tmp_path / "t")]) == 0
     assert "OK" in capsys.readouterr().out
 
 
 def test_check_command_reports_a_bad_snapshot(tmp_path, capsys):
     snap = write(tmp_path, TINY.replace(hidden_size=96), random_state_dict(TINY))
-    assert main(["check", str(snap)]) == 2
+    assert snapshot.main([str(snap)]) == 2
     assert "hidden_size=96" in capsys.readouterr().err
 
 
@@ -648,7 +651,7 @@ def test_header_breaking_the_safetensors_rules(tmp_path, capsys, edit, fragments
         with safe_open(str(path), framework="pt") as f:
             [f.get_tensor(k) for k in f.keys()]
     raises(snap, CheckpointError, path, *fragments)
-    assert main(["check", str(snap)]) == 2
+    assert snapshot.main([str(snap)]) == 2
     assert f"error: {path}" in capsys.readouterr().err
 
 
@@ -834,13 +837,14 @@ def test_unreadable_file_is_named_and_the_check_command_reports_it(tmp_path, mon
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: deny(self) or read_text(self, *a, **k))
     exc = ConfigError if "config" in which else CheckpointError
     raises(snap, exc, f"{target}: could not read the file (Permission denied)")
-    assert main(["check", str(snap)]) == 2
+    assert snapshot.main([str(snap)]) == 2
     assert f"error: {target}: could not read the file (Permission denied)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("layout", ["seq2seq", "Causal", None])
 def test_unknown_layout_is_rejected_naming_the_argument(tmp_path, layout):
-    from qwen_lab.weights import hf_config_dict, to_hf_state_dict
+    from qwen_lab.export import hf_config_dict
+    from qwen_lab.weights import to_hf_state_dict
 
     expected = r"layout=.*; expected one of \['causal', 'multimodal'\]"
     calls = {"random_state_dict": lambda: random_state_dict(TINY, layout=layout),
@@ -913,3 +917,4 @@ def test_to_hf_state_dict_inverts_the_fusion():
     for name, t in original.items():
         assert back[name].shape == t.shape, name
         assert torch.equal(back[name].float(), t.float()), name
+
