@@ -918,3 +918,95 @@ def test_to_hf_state_dict_inverts_the_fusion():
         assert back[name].shape == t.shape, name
         assert torch.equal(back[name].float(), t.float()), name
 
+
+def test_save_snapshot_writes_tensors_that_share_memory(tmp_path):
+    """to_hf_state_dict hands back views of the fused matrices, and a state dict may hold one tensor under two names;
+    the safetensors library refuses to write memory shared so, save_snapshot writes each as its own copy."""
+    from qwen_lab.weights import to_hf_state_dict
+
+    config, weights = load("tiny")
+    state = to_hf_state_dict(config, weights)
+    state["lm_head.weight"] = state["model.embed_tokens.weight"]  # stored beside the tied embedding, equal to it
+    snap = save_snapshot(tmp_path / "again", config, state, tokenizer_dir=TINY_DIR)
+    assert read_safetensors_header(snap / "model.safetensors")["lm_head.weight"].shape == (512, 64)
+    again_config, again = load(snap)
+    assert again_config.replace(name="tiny") == config and again.tied
+    for (name, a), (_, b) in zip(weights.tensors(), again.tensors()):
+        assert torch.equal(a, b), name
+
+
+# ---------------------------------------------------------------- the loader's modules import without a cycle
+
+LOADING_MODULES = ("safetensors_file", "snapshot", "export", "weights", "tiny", "tokenizer")
+
+
+def _package_imports(module: str) -> set[str]:
+    """The qwen_lab modules that qwen_lab/<module>.py imports anywhere (at the top or inside a function), read from
+    its source."""
+    import ast
+
+    import qwen_lab
+
+    root = Path(qwen_lab.__file__).parent
+    found = set()
+    for node in ast.walk(ast.parse((root / f"{module}.py").read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "qwen_lab":
+            found |= {node.module.split(".")[1]} if "." in node.module else {a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("qwen_lab.")}
+    return {m for m in found if (root / f"{m}.py").is_file() or (root / m / "__init__.py").is_file()}
+
+
+def test_loading_modules_have_no_import_cycle_in_their_source():
+    graph, todo = {}, list(LOADING_MODULES)
+    while todo:
+        m = todo.pop()
+        if m not in graph and Path(__file__).parent.parent.joinpath("qwen_lab", f"{m}.py").is_file():
+            graph[m] = _package_imports(m)
+            todo += graph[m]
+
+    def reach(m, path=()):
+        assert m not in path, f"import cycle: {' -> '.join(path + (m,))}"
+        out = {m}
+        for n in graph.get(m, ()):
+            out |= reach(n, path + (m,))
+        return out
+
+    for m in LOADING_MODULES:
+        reach(m)
+    # the tokenizer reads snapshots; the tiny builder writes its files and imports it, never the other way round
+    assert not reach("tokenizer") & {"weights", "tiny", "export"}, graph["tokenizer"]
+    assert not reach("snapshot") & {"weights", "tiny", "tokenizer", "export"}, graph["snapshot"]
+    assert {"weights", "export", "snapshot"} <= reach("tiny")
+
+
+def test_loading_modules_import_in_any_order_in_a_fresh_interpreter():
+    """Each module imported first into a fresh interpreter, then the others forwards and backwards (a cycle fails
+    only through the module by which it is entered, so this stands for every order); importing the tokenizer
+    loads neither the weights nor the tiny builder."""
+    import subprocess
+    import sys
+
+    script = f"""
+import importlib, sys
+import qwen_lab
+import qwen_lab.tokenizer
+assert "qwen_lab.weights" not in sys.modules and "qwen_lab.tiny" not in sys.modules, sorted(sys.modules)
+names = {LOADING_MODULES!r}
+orders = 0
+for first in names:
+    rest = [n for n in names if n != first]
+    for order in ([first] + rest, [first] + rest[::-1]):
+        for n in names:  # forget the loading modules, so that each order imports them afresh
+            sys.modules.pop("qwen_lab." + n, None)
+            qwen_lab.__dict__.pop(n, None)
+        for n in order:
+            importlib.import_module("qwen_lab." + n)
+        orders += 1
+print(orders, "orders")
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(2 * len(LOADING_MODULES)), "orders"]
