@@ -681,6 +681,26 @@ def test_header_that_the_safetensors_rules_allow(tmp_path):
         assert set(f.keys()) == set(info)
 
 
+def test_a_refusal_the_header_does_not_explain_still_names_the_file(tmp_path, monkeypatch):
+    """Where the header shows no broken rule, the library's own words come back, naming the file."""
+    from qwen_lab import safetensors_file
+
+    snap = write(tmp_path)
+    path = snap / "model.safetensors"
+    rewrite_header(path, lambda header, data: data + bytes(8))  # the library refuses the trailing bytes
+    monkeypatch.setattr(safetensors_file, "_explain_refusal", lambda *args: None)
+    raises(snap, CheckpointError, f"{path}: the safetensors library refuses the file (", "download it again")
+
+
+def test_writing_where_no_directory_is_names_the_file(tmp_path):
+    from qwen_lab.safetensors_file import write_safetensors
+
+    path = tmp_path / "missing" / "model.safetensors"
+    with pytest.raises(CheckpointError, match="could not write the safetensors file") as e:
+        write_safetensors(path, {"a": torch.ones(2)})
+    assert str(e.value).startswith(f"{path}: ")
+
+
 def test_missing_tensor(tmp_path):
     state = random_state_dict(TINY)
     del state["model.layers.1.mlp.up_proj.weight"]
