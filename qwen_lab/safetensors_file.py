@@ -16,6 +16,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from torch import Tensor
 
 from .errors import CheckpointError
@@ -49,8 +51,6 @@ def read_safetensors_header(path) -> dict[str, TensorInfo]:
     """
     path = Path(path)
     size, n, raw = _raw_header(path)
-    from safetensors import SafetensorError, safe_open
-
     try:
         with safe_open(str(path), framework="pt"):
             pass
@@ -169,9 +169,6 @@ def write_safetensors(path, tensors: dict[str, Tensor], metadata: dict[str, str]
     Takes any tensors: each is moved to the host and made contiguous, and one sharing memory with another (the
     blocks of a fused matrix, a tied head) is copied, as the library refuses shared memory.
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
     own, seen = {}, set()
     for name, t in tensors.items():
         t = t.detach().to("cpu").contiguous()
