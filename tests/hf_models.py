@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 
 from qwen_lab.config import FULL, LINEAR, Qwen35Config
-from qwen_lab.weights import TINY_DIR, _tiny_vision_config, random_state_dict
+from qwen_lab.export import _tiny_vision_config
+from qwen_lab.snapshot import TINY_DIR
+from qwen_lab.weights import random_state_dict
 
 _NOT_HF_FIELDS = ("architectures", "model_type", "torch_dtype")
 

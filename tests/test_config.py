@@ -8,7 +8,8 @@ import pytest
 
 from qwen_lab.config import FULL, LINEAR, PRESETS, QWEN35_0_8B, TINY, Qwen35Config, get_preset
 from qwen_lab.errors import ConfigError, UnsupportedModelError
-from qwen_lab.weights import TINY_DIR, expected_tensors, hf_config_dict
+from qwen_lab.export import hf_config_dict
+from qwen_lab.snapshot import TINY_DIR, expected_tensors
 
 
 def flat(config=TINY, **changes):

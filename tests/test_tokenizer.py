@@ -9,9 +9,10 @@ import torch
 
 from qwen_lab.config import QWEN35_0_8B, TINY
 from qwen_lab.errors import CheckpointError, QwenLabError, TokenizerError, TokenizerTypeError
-from qwen_lab.tokenizer import (TINY_CORPUS, TINY_SPECIAL_IDS, Tokenizer, bytes_to_unicode, load_tokenizer,
-                                tiny_tokenizer_json, train_bpe)
-from qwen_lab.weights import TINY_DIR, load_weights
+from qwen_lab.snapshot import TINY_DIR
+from qwen_lab.tiny import TINY_CORPUS, TINY_SPECIAL_IDS, bytes_to_unicode, tiny_tokenizer_json, train_bpe
+from qwen_lab.tokenizer import Tokenizer, load_tokenizer
+from qwen_lab.weights import load_weights
 
 TEXTS = [
     "Hello, Triton! The kernel reads every weight once per token.",

@@ -13,9 +13,12 @@ import torch
 from hf_models import hf_logits, make_hf_model, random_tiny_config, save_hf_snapshot
 from qwen_lab.config import FULL, LINEAR, PRESETS, QWEN35_0_8B, TINY, Qwen35Config
 from qwen_lab.errors import CheckpointError, ConfigError, QwenLabError, UnsupportedModelError
-from qwen_lab.weights import (INDEX_FILE, TINY_DIR, build_tiny_checkpoint, expected_tensors, load_weights, main,
-                              random_state_dict, random_weights, read_safetensors_header, resolve_source,
-                              save_snapshot)
+from qwen_lab import snapshot, tiny
+from qwen_lab.export import save_snapshot
+from qwen_lab.safetensors_file import read_safetensors_header
+from qwen_lab.snapshot import INDEX_FILE, TINY_DIR, expected_tensors, resolve_source
+from qwen_lab.tiny import build_tiny_checkpoint
+from qwen_lab.weights import load_weights, random_state_dict, random_weights
 
 UNTIED = TINY.replace(tie_word_embeddings=False)
 
@@ -147,20 +150,20 @@ def test_build_tiny_checkpoint_is_byte_identical_to_the_committed_files(tmp_path
     assert built == sorted(p.name for p in TINY_DIR.iterdir())
     for name in built:
         assert (tmp_path / "a" / name).read_bytes() == (TINY_DIR / name).read_bytes(), (
-            f"{name} differs from qwen_lab/data/tiny/{name}: rebuild with `python -m qwen_lab.weights build-tiny "
+            f"{name} differs from qwen_lab/data/tiny/{name}: rebuild with `python -m qwen_lab.tiny "
             "qwen_lab/data/tiny` and commit it")
 
 
 def test_build_tiny_command_line(tmp_path, capsys):
-    assert main(["build-tiny", str(tmp_path / "t")]) == 0
+    assert tiny.main([str(tmp_path / "t")]) == 0
     assert (tmp_path / "t" / "model.safetensors").read_bytes() == (TINY_DIR / "model.safetensors").read_bytes()
-    assert main(["check", str(tmp_path / "t")]) == 0
+    assert snapshot.main([str(tmp_path / "t")]) == 0
     assert "OK" in capsys.readouterr().out
 
 
 def test_check_command_reports_a_bad_snapshot(tmp_path, capsys):
     snap = write(tmp_path, TINY.replace(hidden_size=96), random_state_dict(TINY))
-    assert main(["check", str(snap)]) == 2
+    assert snapshot.main([str(snap)]) == 2
     assert "hidden_size=96" in capsys.readouterr().err
 
 
@@ -648,7 +651,7 @@ def test_header_breaking_the_safetensors_rules(tmp_path, capsys, edit, fragments
         with safe_open(str(path), framework="pt") as f:
             [f.get_tensor(k) for k in f.keys()]
     raises(snap, CheckpointError, path, *fragments)
-    assert main(["check", str(snap)]) == 2
+    assert snapshot.main([str(snap)]) == 2
     assert f"error: {path}" in capsys.readouterr().err
 
 
@@ -676,6 +679,26 @@ def test_header_that_the_safetensors_rules_allow(tmp_path):
                                                      "tail": (0,)}
     with safe_open(str(path), framework="pt") as f:
         assert set(f.keys()) == set(info)
+
+
+def test_a_refusal_the_header_does_not_explain_still_names_the_file(tmp_path, monkeypatch):
+    """Where the header shows no broken rule, the library's own words come back, naming the file."""
+    from qwen_lab import safetensors_file
+
+    snap = write(tmp_path)
+    path = snap / "model.safetensors"
+    rewrite_header(path, lambda header, data: data + bytes(8))  # the library refuses the trailing bytes
+    monkeypatch.setattr(safetensors_file, "_explain_refusal", lambda *args: None)
+    raises(snap, CheckpointError, f"{path}: the safetensors library refuses the file (", "download it again")
+
+
+def test_writing_where_no_directory_is_names_the_file(tmp_path):
+    from qwen_lab.safetensors_file import write_safetensors
+
+    path = tmp_path / "missing" / "model.safetensors"
+    with pytest.raises(CheckpointError, match="could not write the safetensors file") as e:
+        write_safetensors(path, {"a": torch.ones(2)})
+    assert str(e.value).startswith(f"{path}: ")
 
 
 def test_missing_tensor(tmp_path):
@@ -834,13 +857,14 @@ def test_unreadable_file_is_named_and_the_check_command_reports_it(tmp_path, mon
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: deny(self) or read_text(self, *a, **k))
     exc = ConfigError if "config" in which else CheckpointError
     raises(snap, exc, f"{target}: could not read the file (Permission denied)")
-    assert main(["check", str(snap)]) == 2
+    assert snapshot.main([str(snap)]) == 2
     assert f"error: {target}: could not read the file (Permission denied)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("layout", ["seq2seq", "Causal", None])
 def test_unknown_layout_is_rejected_naming_the_argument(tmp_path, layout):
-    from qwen_lab.weights import hf_config_dict, to_hf_state_dict
+    from qwen_lab.export import hf_config_dict
+    from qwen_lab.weights import to_hf_state_dict
 
     expected = r"layout=.*; expected one of \['causal', 'multimodal'\]"
     calls = {"random_state_dict": lambda: random_state_dict(TINY, layout=layout),
@@ -913,3 +937,96 @@ def test_to_hf_state_dict_inverts_the_fusion():
     for name, t in original.items():
         assert back[name].shape == t.shape, name
         assert torch.equal(back[name].float(), t.float()), name
+
+
+def test_save_snapshot_writes_tensors_that_share_memory(tmp_path):
+    """to_hf_state_dict hands back views of the fused matrices, and a state dict may hold one tensor under two names;
+    the safetensors library refuses to write memory shared so, save_snapshot writes each as its own copy."""
+    from qwen_lab.weights import to_hf_state_dict
+
+    config, weights = load("tiny")
+    state = to_hf_state_dict(config, weights)
+    state["lm_head.weight"] = state["model.embed_tokens.weight"]  # stored beside the tied embedding, equal to it
+    snap = save_snapshot(tmp_path / "again", config, state, tokenizer_dir=TINY_DIR)
+    assert read_safetensors_header(snap / "model.safetensors")["lm_head.weight"].shape == (512, 64)
+    again_config, again = load(snap)
+    assert again_config.replace(name="tiny") == config and again.tied
+    for (name, a), (_, b) in zip(weights.tensors(), again.tensors()):
+        assert torch.equal(a, b), name
+
+
+# ---------------------------------------------------------------- the loader's modules import without a cycle
+
+LOADING_MODULES = ("safetensors_file", "snapshot", "export", "weights", "tiny", "tokenizer")
+
+
+def _package_imports(module: str) -> set[str]:
+    """The qwen_lab modules that qwen_lab/<module>.py imports anywhere (at the top or inside a function), read from
+    its source."""
+    import ast
+
+    import qwen_lab
+
+    root = Path(qwen_lab.__file__).parent
+    found = set()
+    for node in ast.walk(ast.parse((root / f"{module}.py").read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "qwen_lab":
+            found |= {node.module.split(".")[1]} if "." in node.module else {a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("qwen_lab.")}
+    return {m for m in found if (root / f"{m}.py").is_file() or (root / m / "__init__.py").is_file()}
+
+
+def test_loading_modules_have_no_import_cycle_in_their_source():
+    graph, todo = {}, list(LOADING_MODULES)
+    while todo:
+        m = todo.pop()
+        if m not in graph and Path(__file__).parent.parent.joinpath("qwen_lab", f"{m}.py").is_file():
+            graph[m] = _package_imports(m)
+            todo += graph[m]
+
+    def reach(m, path=()):
+        assert m not in path, f"import cycle: {' -> '.join(path + (m,))}"
+        out = {m}
+        for n in graph.get(m, ()):
+            out |= reach(n, path + (m,))
+        return out
+
+    for m in LOADING_MODULES:
+        reach(m)
+    # the tokenizer reads snapshots; the tiny builder writes its files and imports it, never the other way round
+    assert not reach("tokenizer") & {"weights", "tiny", "export"}, graph["tokenizer"]
+    assert not reach("snapshot") & {"weights", "tiny", "tokenizer", "export"}, graph["snapshot"]
+    assert {"weights", "export", "snapshot"} <= reach("tiny")
+
+
+def test_loading_modules_import_in_any_order_in_a_fresh_interpreter():
+    """Each module imported first into a fresh interpreter, then the others forwards and backwards (a cycle fails
+    only through the module by which it is entered, so this stands for every order); importing the tokenizer
+    loads neither the weights nor the tiny builder."""
+    import subprocess
+    import sys
+
+    script = f"""
+import importlib, sys
+import qwen_lab
+import qwen_lab.tokenizer
+assert "qwen_lab.weights" not in sys.modules and "qwen_lab.tiny" not in sys.modules, sorted(sys.modules)
+names = {LOADING_MODULES!r}
+orders = 0
+for first in names:
+    rest = [n for n in names if n != first]
+    for order in ([first] + rest, [first] + rest[::-1]):
+        for n in names:  # forget the loading modules, so that each order imports them afresh
+            sys.modules.pop("qwen_lab." + n, None)
+            qwen_lab.__dict__.pop(n, None)
+        for n in order:
+            importlib.import_module("qwen_lab." + n)
+        orders += 1
+print(orders, "orders")
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(2 * len(LOADING_MODULES)), "orders"]
