@@ -161,7 +161,7 @@ class Qwen35Model:
         the device and are not checked (a position at or past cache.max_len is not written to the cache).
         """
         check_step(ids, positions, cache)
-        W, ops, eps, n = self.weights, self.ops, self.config.rms_norm_eps, len(self.weights.layers)
+        W, ops, n = self.weights, self.ops, len(self.weights.layers)
         self.layer_index = -1
         x = self._t("embedding", ops["embedding"](ids, W.embed))
         y = None                                      # a branch's output, added to x by the norm that follows
