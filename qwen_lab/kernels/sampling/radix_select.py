@@ -345,7 +345,7 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, u
     _check_args(logits, temperature, top_k, top_p, uniform, out)
     V = logits.numel()
     device = logits.device
-    if workspace is None:  # (through the family: a sampling_workspace put there, as tests count them, is the one called)
+    if workspace is None:  # (through the family: a sampling_workspace put there, as a test's counter, is called)
         workspace = family.sampling_workspace(V, device)
     elif not isinstance(workspace, SamplingWorkspace) or workspace.vocab_size != V \
             or workspace.counter.device != device or workspace.config != _config(V):
