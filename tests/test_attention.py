@@ -1,4 +1,4 @@
-"""Attention kernels (qwen_lab.kernels.attention) against qwen_lab.reference.
+"""Attention kernels (the qwen_lab.kernels.attention package) against qwen_lab.reference.
 
 CPU: the Triton interpreter in float32 on small shapes (GQA ratios 1, 2, 3, 4; head_dim 32 and 24/48;
 T in 1, 7, 64, 100; caches larger than the prompt; positions not starting at 0).
@@ -9,10 +9,15 @@ GPU (marked): bf16 on Qwen3.5-0.8B shapes (8 query heads, 2 KV heads, head_dim 2
 import pytest
 import torch
 
-from qwen_lab import KernelError, checks, reference
+import triton.testing
+
+from qwen_lab import KernelError, checks, reference, runtime
 from qwen_lab.config import QWEN35_0_8B
 from qwen_lab.kernels import attention as A
 from qwen_lab.kernels import count_launches
+from qwen_lab.kernels.attention import decode as attn_decode
+from qwen_lab.kernels.attention import prefill as attn_prefill
+from qwen_lab.kernels.attention import tuning as attn_tuning
 
 
 def _randn(gen, rt, *shape, scale=1.0):
@@ -57,12 +62,12 @@ def _prefill_configs():
     """The GPU autotuner's prefill configs, pointer and TMA loads; under the interpreter (which ignores warps and
     stages) one per set of block sizes."""
     configs = A._PREFILL_CONFIGS + A._PREFILL_TMA_CONFIGS + A._SMALL_SMEM_PREFILL_CONFIGS
-    if A.runtime.interpreter_active():
+    if runtime.interpreter_active():
         configs = list({str(sorted(c.kwargs.items())): c for c in configs}.values())
     return configs
 
 
-_kv_descriptors = A._kv_descriptors  # the launcher's, wrapped by the test below to see when it runs
+_kv_descriptors = attn_prefill._kv_descriptors  # the launcher's, wrapped by the test below to see when it runs
 
 
 @pytest.mark.parametrize("config", _prefill_configs(), ids=str)
@@ -71,7 +76,8 @@ def test_prefill_every_gpu_config(rt, gen, monkeypatch, config):
     at GQA ratio 2 and a ratio-3 layout with head_dim 24 (one tile)."""
     monkeypatch.setattr(A, "FORCE_PREFILL_CONFIG", config)
     described = []
-    monkeypatch.setattr(A, "_kv_descriptors", lambda k, v: described.append(k.shape) or _kv_descriptors(k, v))
+    monkeypatch.setattr(attn_prefill, "_kv_descriptors",
+                        lambda k, v: described.append(k.shape) or _kv_descriptors(k, v))
     for shape in (PREFILL[2], PREFILL[1], PREFILL[3]):
         q, gate, k, v, pos = _problem(gen, rt, *shape)
         checks.compare(f"flash attention {config} {shape}", A.attention(q, k, v, pos, gate=gate),
@@ -90,8 +96,9 @@ def test_prefill_small_tiles_only_on_gpus_with_little_shared_memory(rt, gen, mon
     q = _problem(gen, rt, 7, 4, 2, 32, 40, 0)[0]
     seen = []
     for smem, want in ((65536, small), (101376, every), (166912, A._PREFILL_CONFIGS), (232448, A._PREFILL_CONFIGS)):
-        monkeypatch.setattr(A, "max_shared_memory", lambda device, smem=smem: seen.append(device) or smem)
-        assert A._prune_prefill_configs(every, {"q_ptr": q}, TMA_OK=False) == want, f"{smem} bytes per program"
+        monkeypatch.setattr(attn_tuning, "max_shared_memory", lambda device, smem=smem: seen.append(device) or smem)
+        got = attn_tuning._prune_prefill_configs(every, {"q_ptr": q}, TMA_OK=False)
+        assert got == want, f"{smem} bytes per program"
     assert set(seen) == {q.device}, "the pruning must ask about the GPU the call runs on"
 
 
@@ -102,33 +109,33 @@ def test_prefill_tma_configs_only_where_asked_for_and_allowed(rt, gen, monkeypat
     assert tma and all(c.kwargs["TMA"] for c in tma)
     every = A._PREFILL_CONFIGS + tma
     _, _, k, v, _ = _problem(gen, rt, 7, 4, 2, 32, 40, 0)
-    monkeypatch.setattr(A, "max_shared_memory", lambda device: 232448)   # an H100 / H200
-    assert A._prune_prefill_configs(every, {"q_ptr": k}, TMA_OK=False) == A._PREFILL_CONFIGS
-    assert A._prune_prefill_configs(every, {"q_ptr": k}, TMA_OK=True) == every
+    monkeypatch.setattr(attn_tuning, "max_shared_memory", lambda device: 232448)   # an H100 / H200
+    assert attn_tuning._prune_prefill_configs(every, {"q_ptr": k}, TMA_OK=False) == A._PREFILL_CONFIGS
+    assert attn_tuning._prune_prefill_configs(every, {"q_ptr": k}, TMA_OK=True) == every
     monkeypatch.setenv("QWEN_LAB_ATTN_TMA", "1")
-    assert A._kv_tma_ok(k, v, 32) == (rt.device.type == "cuda" and not A.runtime.interpreter_active()
+    assert attn_prefill._kv_tma_ok(k, v, 32) == (rt.device.type == "cuda" and not runtime.interpreter_active()
                                       and k.element_size() == 2 and torch.cuda.get_device_capability()[0] >= 9)
     monkeypatch.setenv("QWEN_LAB_ATTN_TMA", "0")
-    assert not A._kv_tma_ok(k, v, 32)
-    assert A._kv_tma_ok(k, v, 32, forced=True)
-    assert not A._kv_tma_ok(k, v, 64, forced=True)                  # D must fill BLOCK_D
-    assert A._kv_tma_ok(k[:, 1:], v[:, 1:], 32, forced=True)         # one head of two: rows [D] in [L, 2D]
-    assert not A._kv_tma_ok(k[..., :16], v[..., :16], 16, forced=True)  # half of each head: not [L, Hkv D]
-    assert not A._kv_tma_ok(k.transpose(0, 1), v, 32, forced=True)  # heads not side by side
+    assert not attn_prefill._kv_tma_ok(k, v, 32)
+    assert attn_prefill._kv_tma_ok(k, v, 32, forced=True)
+    assert not attn_prefill._kv_tma_ok(k, v, 64, forced=True)                  # D must fill BLOCK_D
+    assert attn_prefill._kv_tma_ok(k[:, 1:], v[:, 1:], 32, forced=True)         # one head of two: rows [D] in [L, 2D]
+    assert not attn_prefill._kv_tma_ok(k[..., :16], v[..., :16], 16, forced=True)  # half of each head: not [L, Hkv D]
+    assert not attn_prefill._kv_tma_ok(k.transpose(0, 1), v, 32, forced=True)  # heads not side by side
 
 
 def test_the_kv_descriptors_take_each_configs_tile(gen, monkeypatch):
     """The launcher makes K and V's descriptors once per call; the kernel's pre-run hook gives them each configuration's
     tile [BLOCK_N, BLOCK_D] before it is timed or launched. The hook runs here on the arguments of a launch."""
-    assert A._fit_kv_descriptors in A.flash_attention_kernel.pre_run_hooks
+    assert attn_prefill._fit_kv_descriptors in A.flash_attention_kernel.pre_run_hooks
     k = torch.zeros(40, 2, 256, dtype=torch.bfloat16)
-    k_desc, v_desc = A._kv_descriptors(k, k.clone())
+    k_desc, v_desc = attn_prefill._kv_descriptors(k, k.clone())
     assert k_desc.shape == [40, 512] and k_desc.strides == [512, 1]
     names = A.flash_attention_kernel.arg_names
     for config in A._PREFILL_TMA_CONFIGS:
         args = [None] * len(names)
         args[names.index("k_desc")], args[names.index("v_desc")] = k_desc, v_desc
-        A._fit_kv_descriptors(*args, BLOCK_D=256, **config.kwargs)
+        attn_prefill._fit_kv_descriptors(*args, BLOCK_D=256, **config.kwargs)
         assert k_desc.block_shape == v_desc.block_shape == [config.kwargs["BLOCK_N"], 256]
 
 
@@ -141,12 +148,12 @@ def test_prefill_autotuners_time_in_a_graph_after_a_synchronisation(monkeypatch)
     from qwen_lab.kernels import gemm
 
     calls = []
-    monkeypatch.setattr(A.torch.cuda, "synchronize", lambda *a: calls.append("synchronize"))
-    monkeypatch.setattr(A.triton.testing, "do_bench_cudagraph",
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("synchronize"))
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph",
                         lambda fn, rep, quantiles: calls.append("do_bench_cudagraph") or 1.0)
     assert kernels.graph_bench(lambda: None, None) == 1.0
     assert calls == ["synchronize", "do_bench_cudagraph"]
-    assert A._prefill_kernel()._do_bench is kernels.graph_bench
+    assert attn_prefill._prefill_kernel()._do_bench is kernels.graph_bench
     assert gemm.matmul_kernel._do_bench is kernels.graph_bench
 
 
@@ -215,7 +222,7 @@ def test_decode_split_count_is_a_runtime_value_tuned_by_its_power_of_two():
         assert "num_splits" in params and params["num_splits"].annotation is inspect.Parameter.empty, (
             f"{kernel.fn.__name__}: num_splits should be a runtime argument, not a constexpr")
         assert "constexpr" in str(params["D"].annotation)   # (what a constexpr looks like here)
-    assert "splits_p2" in A._decode_kernel().keys and "num_splits" not in A._decode_kernel().keys
+    assert "splits_p2" in attn_decode._decode_kernel().keys and "num_splits" not in attn_decode._decode_kernel().keys
 
 
 def test_decode_after_prefill_through_the_cache(rt, gen):
@@ -441,6 +448,35 @@ def test_attention_rejects_bad_arguments(rt, gen):
         A.kv_cache_write(k, v, q, q, pos)
 
 
+# ---------------------------------------------------------------- the teaching kernels (notebook 07)
+
+
+def test_teaching_file_is_the_notebooks_solution():
+    """attention/teach.py holds notebook 07's three exercise solutions character for character."""
+    from notebook_source import assert_teaches
+
+    assert_teaches("07_gated_attention.ipynb", "qwen_lab/kernels/attention/teach.py")
+
+
+@pytest.mark.parametrize("T,Hq,Hkv,D,L,offset", [PREFILL[0], PREFILL[2], PREFILL[3], (1, 8, 2, 32, 50, 44)])
+def test_teaching_kernels_match_reference(rt, gen, T, Hq, Hkv, D, L, offset):
+    """Scores, masked softmax and weighted sum, each against the notebook's PyTorch reference, and chained against
+    reference.attention; one query is a padding row (position -1) that sees no key."""
+    from qwen_lab.kernels.attention import teach
+
+    q, _, k, v, pos = _problem(gen, rt, T, Hq, Hkv, D, L, offset)
+    pos[T // 2] = -1
+    scale = D ** -0.5
+    scores = teach.my_scores(q, k, scale)
+    checks.compare("my_scores", scores, teach.ref_scores(q, k, scale))
+    p = teach.my_masked_softmax(scores, pos)
+    checks.compare("my_masked_softmax", p, teach.ref_masked_softmax(scores, pos))
+    assert torch.equal(p[:, T // 2], torch.zeros_like(p[:, T // 2])), "a row that sees no key is all zeros"
+    o = teach.my_weighted_sum(p, v)
+    checks.compare("my_weighted_sum", o, teach.ref_weighted_sum(p, v))
+    checks.compare("the three teaching kernels", o, reference.attention(q, k, v, pos))
+
+
 # ---------------------------------------------------------------- GPU, bf16, real shapes
 
 C = QWEN35_0_8B
@@ -496,7 +532,7 @@ def test_gpu_decode_real_shapes(cached, capacity):
 @pytest.mark.gpu
 def test_gpu_decode_tunes_once_for_caches_of_a_similar_size():
     """Capacities of 2112, 3000 and 4000 positions split the keys 33, 47 and 63 ways: one tuning for the three."""
-    tuned = A._decode_kernel()
+    tuned = attn_decode._decode_kernel()
     before = len(tuned.cache)
     for capacity in (2112, 3000, 4000):
         q, gate, k, v, pos = _real(1, capacity, 2000, capacity)

@@ -125,3 +125,33 @@ def test_launches_inside_uncounted_are_not_counted(rt, gen):
                 embedding(ids, w)
         embedding(ids, w)
     assert outer["embedding_kernel"] == 2 and inner["embedding_kernel"] == 1
+
+
+# ---------------------------------------------------------------- the teaching kernels (notebook 01)
+
+
+def test_teaching_file_is_the_notebooks_solution():
+    """embedding/teach.py holds notebook 01's exercise solutions (vector add, gather) character for character."""
+    from notebook_source import assert_teaches
+
+    assert_teaches("01_triton_basics_embedding.ipynb", "qwen_lab/kernels/embedding/teach.py")
+
+
+@pytest.mark.parametrize("n", [1, 255, 257, 1000])
+def test_teaching_vector_add(rt, gen, n):
+    from qwen_lab.kernels.embedding import teach
+
+    x, y = checks.randn(n, g=gen, dtype=rt.dtype, device=rt.device), checks.randn(n, g=gen, dtype=rt.dtype,
+                                                                                  device=rt.device)
+    out = checks.poison_(torch.empty_like(x))
+    assert teach.my_add(x, y, out=out) is out
+    checks.compare("my_add", out, x + y, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("T,V,H", [(1, 7, 5), (13, 37, 70), (40, TINY.vocab_size, TINY.hidden_size)])
+def test_teaching_embedding_gather(rt, gen, T, V, H):
+    from qwen_lab.kernels.embedding import teach
+
+    weight = _table(V, H, gen, rt)
+    ids = torch.randint(0, V, (T,), generator=gen).to(rt.device)
+    checks.compare("my_embedding", teach.my_embedding(ids, weight), reference.embedding(ids, weight), atol=0, rtol=0)

@@ -336,3 +336,24 @@ def test_the_probes_tokens_form_matches_reference(rt, gen, block_t, benchmark_mo
     probe.tokens_call(q, k, v, qw, kw, 1e-6, pos, R, 10000.0, caches[0], caches[1], out, block_t)
     checks.compare(f"probe rope tokens {block_t}: q", out, want)
     checks.compare(f"probe rope tokens {block_t}: caches", caches, ref_caches)
+
+
+# ---------------------------------------------------------------- the teaching kernel (notebook 06)
+
+
+def test_teaching_file_is_the_notebooks_solution():
+    """rope/teach.py holds notebook 06's exercise solution character for character."""
+    from notebook_source import assert_teaches
+
+    assert_teaches("06_rope.ipynb", "qwen_lab/kernels/rope/teach.py")
+
+
+@pytest.mark.parametrize("T,H,D,rot,offset", CASES)
+def test_teaching_rope_matches_reference(rt, gen, T, H, D, rot, offset):
+    from qwen_lab.kernels.rope import teach
+
+    x = _randn(gen, rt, T, H, 2 * D)[:, :, :D]  # a strided view, as q is in the model
+    pos = _positions(rt, T, offset)
+    out = checks.poison_(torch.empty(T, H, D, dtype=rt.dtype, device=rt.device))
+    assert teach.my_rope(x, pos, rot, TINY.rope_theta, out=out) is out
+    checks.compare("my_rope", out, reference.rope(x, pos, rot, TINY.rope_theta))

@@ -165,7 +165,8 @@ def test_gpu_configuration_runs_right_under_the_interpreter(rt, gen, monkeypatch
     """The GPU's constexpr configuration (1024-token blocks in 128-token chunks, 6 rounds of 5 bits, chunks
     without live tokens skipped after round 0) is not what the interpreter runs by default: check it here too."""
     from qwen_lab.kernels import sampling
-    monkeypatch.setattr(sampling, "_config", lambda V: sampling._GPU)
+    from qwen_lab.kernels.sampling import radix_select
+    monkeypatch.setattr(radix_select, "_config", lambda V: sampling._GPU)
     V = 4500
     logits = checks.randn(V, g=gen, dtype=rt.dtype, device=rt.device, scale=2.0)
     logits[[7, 2100, V - 1]] = 9.0                            # a tie spread over three blocks
@@ -184,6 +185,7 @@ def test_launch_configurations_give_the_same_search(rt, gen, monkeypatch, option
     import dataclasses
 
     from qwen_lab.kernels import sampling
+    from qwen_lab.kernels.sampling import radix_select
     V = 4500                                                  # 5 blocks of 1024, 3 of 2048
     logits = checks.randn(V, g=gen, dtype=rt.dtype, device=rt.device, scale=2.0)
     logits[[7, 2100, V - 1]] = 9.0                            # a tie, one of it in the last block
@@ -191,7 +193,7 @@ def test_launch_configurations_give_the_same_search(rt, gen, monkeypatch, option
     for temperature, top_k, top_p in [(0.8, 20, 0.9), (1.0, 0, 0.7), (1.0, 3, 1.0), (2.0, 0, 0.99)]:
         results = []
         for config in (sampling._GPU, dataclasses.replace(sampling._GPU, **option)):
-            monkeypatch.setattr(sampling, "_config", lambda V, config=config: config)
+            monkeypatch.setattr(radix_select, "_config", lambda V, config=config: config)
             ws = sampling_workspace(V, rt.device)
             token = int(sample(logits, temperature, top_k, top_p, u, workspace=ws))
             results.append((token, ws.state_i.tolist()))
@@ -375,3 +377,29 @@ def test_gpu_frequencies_full_vocab(gen):
     exp = n * torch.cat([q[:8], q[8:].sum()[None]])
     chi2 = float(((obs - exp) ** 2 / exp).sum())
     assert chi2 < 26.1, f"chi-square {chi2:.1f} (df 8, p=1e-3 limit 26.1): {obs.tolist()} vs {exp.tolist()}"
+
+
+# ---------------------------------------------------------------- the teaching sampler (notebook 11)
+
+
+def test_teaching_file_is_the_notebooks_solution():
+    """sampling/teach.py holds notebook 11's exercise solution character for character."""
+    from notebook_source import assert_teaches
+
+    assert_teaches("11_decode_and_sampling.ipynb", "qwen_lab/kernels/sampling/teach.py")
+
+
+@pytest.mark.parametrize("V", [1, 37, 1000])
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, 0, 1.0), (0.8, 0, 1.0), (0.8, 20, 1.0), (1.0, 0, 0.7),
+                                                     (0.7, 5, 0.9)])
+def test_teaching_sampler_matches_reference(rt, gen, V, temperature, top_k, top_p):
+    from qwen_lab.kernels.sampling import teach
+
+    logits = checks.randn(V, g=gen, dtype=rt.dtype, device=rt.device, scale=3.0)
+    if V > 10:
+        logits[[3, V // 2, V - 1]] = float(logits.max()) + 1.0    # a tie at the top, spread out
+    for u_value in (0.0, 0.37, 0.9, ONE_MINUS):
+        u = _u(u_value, rt.device)
+        _assert_same_draw(teach.sample_on_device(logits, temperature, top_k, top_p, u),
+                          reference.sample(logits, temperature, top_k, top_p, u), logits, temperature, top_k, top_p,
+                          u, what=f"teaching sampler, V={V}")

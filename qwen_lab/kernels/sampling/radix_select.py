@@ -52,9 +52,10 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ..errors import KernelError
-from . import pdl_options
-from ..runtime import interpreter_active
+from ...errors import KernelError
+from .. import pdl_options
+from .. import sampling as family
+from .tuning import _Config, _config
 
 KEY_BITS = 30          # keys of e in [0, 1]: bit patterns 0 .. 0x3F800000 < 2^30
 LOG2E = 1.4426950408889634
@@ -260,35 +261,6 @@ def _f32(v: float) -> float:
     return struct.unpack("f", struct.pack("f", v))[0]
 
 
-@dataclass(frozen=True)
-class _Config:
-    block: int         # tokens per program
-    chunk: int         # tokens per step of a program's loop
-    nbits: int         # bits of tau fixed per radix round (KEY_BITS must be a multiple)
-    skip_dead: bool    # after round 0, test each chunk for tokens still in play (a reduction; on a GPU only)
-    warps: int
-
-
-# GPU: 243 programs of 1024 tokens for V = 248320, two per SM of an H200; 6 rounds of 32 bins; after round 0 each
-# chunk of 128 tokens tested for tokens still in play. Timed in a graph (benchmarks/probe_sampling.py,
-# docs/perf-log.md, 2026-12-03), top-k 20 + top-p 0.9, us per draw on peaked / flat / tied logits, two rounds in
-# one run: 30.2 / 30.8 / 92.0 and 29.9 / 30.5 / 91.4, against 34.7 / 36.0 / 87.4 and 34.9 / 36.1 / 87.9 with one
-# look at the whole block instead (taken out), and 30.6 / 31.2 / 94.6 with both. Slower in earlier runs: blocks of
-# 2048 (one program of 4 warps per SM leaves the one-hot tiles' latency bare), 512 or 256, 64- or 256-token chunks,
-# 8 warps, the last program summing the histograms in slices of 32 rows (fewer registers, 48 us).
-_GPU = _Config(block=1024, chunk=128, nbits=5, skip_dead=True, warps=4)
-
-
-def _config(V: int) -> _Config:
-    """The constexpr configuration for V logits. The interpreter pays ~1-3 ms of Python for every
-    reduction or nested @jit call a program makes, whatever its size: there, few big programs (one
-    chunk each), and for a small vocabulary 3 rounds of 1024 bins instead of 5 of 64."""
-    if not interpreter_active():
-        return _GPU
-    block = min(1024, max(16, triton.next_power_of_2(V)))
-    return _Config(block=block, chunk=block, nbits=10 if block <= 64 else 6, skip_dead=False, warps=1)
-
-
 @dataclass
 class SamplingWorkspace:
     """Scratch of `sample` for one vocabulary size and device; reusable across calls (a CUDA Graph
@@ -373,8 +345,8 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, u
     _check_args(logits, temperature, top_k, top_p, uniform, out)
     V = logits.numel()
     device = logits.device
-    if workspace is None:
-        workspace = sampling_workspace(V, device)
+    if workspace is None:  # (through the family: a sampling_workspace put there, as a test's counter, is called)
+        workspace = family.sampling_workspace(V, device)
     elif not isinstance(workspace, SamplingWorkspace) or workspace.vocab_size != V \
             or workspace.counter.device != device or workspace.config != _config(V):
         got = type(workspace).__name__

@@ -1,4 +1,4 @@
-"""Token embedding: a gather of rows of the embedding table.
+"""Token embedding, the fast form: a gather of rows of the embedding table.
 
     out[t, :] = weight[ids[t], :]        ids [T] (int32 or int64), weight [V, H] -> out [T, H]
 
@@ -20,9 +20,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ..errors import KernelError
-from . import pdl_options
-from ..runtime import interpreter_active
+from ...errors import KernelError
+from ...runtime import interpreter_active
+from .. import pdl_options
 
 
 @triton.jit

@@ -1,0 +1,95 @@
+"""The attention kernels' launch configurations, and the switches scripts set at run time.
+
+The prefill autotuner's candidate tiles (`_PREFILL_CONFIGS`, their TMA twins, the small tiles of GPUs with little
+shared memory) and the rule that prunes them per GPU; the decode split kernel's candidates; the fixed
+configurations of the interpreter; the split count's bounds. `_tuned` holds the autotuners once built
+(prefill._prefill_kernel, decode._decode_kernel).
+
+Switches: FORCE_PREFILL_CONFIG, GATE_APART_FROM_TOKENS, DECODE_PREFETCH. The package re-exports them, and the
+launchers read them from the package at each call: set them there (`qwen_lab.kernels.attention.DECODE_PREFETCH =
+False`, as notebook 07, the tests and the probes do). The values below are the defaults it starts with.
+"""
+
+from __future__ import annotations
+
+import triton
+
+from .. import max_shared_memory
+
+
+# GPU: head_dim 256 in one tile. A [BLOCK_M, 256] bf16 q tile and, per pipeline stage, one [BLOCK_N, 256]
+# K and V block live in shared memory (32 + 2 x 32 KB per stage at 64/64: 160 KB with two stages, under the
+# H200's 227 KB); the fp32 accumulator [BLOCK_M, 256] lives in registers, hence 8 warps for 128 rows.
+# Compiled for sm_90 these configs use 212-255 registers per thread; the 4-warp 64 x 64 tile spills 64-72 bytes
+# (docs/perf-log.md, 2026-12-01).
+_PREFILL_CONFIGS = [
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=2),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=8, num_stages=2),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=8, num_stages=2),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=2),
+]
+# GPUs with less shared memory per program (a T4: 64 KB; an L4 or an RTX 30/40: 99 KB) than most of the tiles
+# above need (compiled for a T4, sm_75, they take 96-192 KB; tests/test_sm90_compile.py): one-stage tiles of 32
+# query rows, 64 and 48 KB there. Offered to the autotuner only on such GPUs (SMALL_SHARED_MEMORY); on the others
+# it would compile and time them for nothing.
+_SMALL_SMEM_PREFILL_CONFIGS = [
+    triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1),
+    triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1),
+]
+SMALL_SHARED_MEMORY = 128 * 1024
+# The least shared memory any of the other prefill tiles needs per program (64 x 32 keys, 3 stages: 96 KB compiled
+# for sm_75, 128 KB for sm_90; the rest 128-192 KB): below it only the small tiles are offered
+LARGE_TILE_SHARED_MEMORY = 96 * 1024
+# The same tiles with K and V fetched by the TMA unit through host tensor descriptors (sm_90+, a cache whose heads
+# sit side by side in 16-byte-aligned rows, D a power of two). Timed by the autotuner only where
+# QWEN_LAB_ATTN_TMA=1 asks for them: on the H200 they measured level with the pointer loads (docs/perf-log.md,
+# 2026-12-02), so the default leaves them out of the tuning.
+_PREFILL_TMA_CONFIGS = [triton.Config(dict(c.kwargs, TMA=True), num_warps=c.num_warps, num_stages=c.num_stages)
+                        for c in _PREFILL_CONFIGS]
+_DECODE_CONFIGS = [
+    triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=2),
+    triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_N": 64}, num_warps=8, num_stages=3),
+]
+_tuned: dict = {}
+
+
+def _prune_prefill_configs(configs, named_args, **kwargs):
+    """The TMA configurations only for calls that allow them (TMA_OK); the small tiles only on a GPU with less than
+    SMALL_SHARED_MEMORY per program, and they alone on one with less than LARGE_TILE_SHARED_MEMORY (a T4), where
+    no other tile fits and each would only cost its compile (9-56 s apiece for sm_75 on a 2-core CPU)."""
+    room = max_shared_memory(named_args["q_ptr"].device)
+    if room < LARGE_TILE_SHARED_MEMORY:
+        return list(_SMALL_SMEM_PREFILL_CONFIGS)
+    small = room < SMALL_SHARED_MEMORY
+    return [c for c in configs if (kwargs.get("TMA_OK", False) or not c.kwargs.get("TMA", False))
+            and (small or not any(c is s for s in _SMALL_SMEM_PREFILL_CONFIGS))]
+
+
+# the interpreter runs each program in NumPy: one small fixed config
+_INTERP_PREFILL = dict(BLOCK_M=32, BLOCK_N=32)
+_INTERP_DECODE_BLOCK_N = 16
+_DECODE_BLOCK_N = 64  # the chunk granularity used to choose the number of splits on the GPU
+MAX_SPLITS = 64
+
+
+# ---------------------------------------------------------------- switches, read from the package
+
+# Tests set this to a triton.Config to run the prefill kernel with that config instead of the autotuner's pick
+# (on a GPU) or the small fixed one (under the interpreter).
+FORCE_PREFILL_CONFIG = None
+# From this many query tokens the gate is applied apart, by `sigmoid_gate` after an attention without it. Every
+# program of the flash kernel holds a whole SM (its K/V stages fill the shared memory), so the gate's loads in its
+# epilogue leave the SM idle, and the gate's registers change the autotuner's pick. On the H200 (docs/perf-log.md,
+# 2026-12-02), us per layer, fused against apart: 2048 tokens 59.6-60.0 against 56.1-56.2, 1024 tokens
+# 32.9 against 31.1, 512 tokens 21.8 against 19.6, 256 tokens 16.3 against 13.6, 64 tokens 10.2 against 8.7.
+# Shorter prompts (the smallest prefill buckets), not measured, keep the epilogue and its saved launch.
+GATE_APART_FROM_TOKENS = 64
+# Each program of the split kernel asks L2 for its chunk of keys and values before its PDL wait, while the q/k/v
+# projection still runs (flash_decode_split_kernel). The model's decode step on the H200, 2k cached tokens, three
+# rounds: 663.5 / 669.5 / 669.2 us with it, 672.0 / 671.1 / 671.0 without, logits equal bit for bit
+# (benchmarks/probe_decode_prefetch.py; docs/perf-log.md, 2026-12-03). Not part of the autotuning key: the config
+# timed with the prefetch serves the kernel without it, so the two give the same bits.
+DECODE_PREFETCH = True
