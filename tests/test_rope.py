@@ -315,29 +315,6 @@ def test_gpu_qk_norm_rope_cache_real_shapes(T, offset, L):
     assert torch.equal(v_cache, ref_v)
 
 
-@pytest.mark.parametrize("block_t", [1, 4])
-def test_the_probes_tokens_form_matches_reference(rt, gen, block_t, benchmark_module):
-    """benchmarks/probe_rope.py times q/k norm, RoPE and the cache write with several tokens per program against the
-    library's kernel: on the model's kind of views (q, k, v slices of one projection, gaps between q heads) and a
-    ragged count of tokens, it must compute what the reference does."""
-    probe = benchmark_module("probe_rope")
-    T, Hq, Hk, D, R, L = 7, 4, 2, 32, 16, 12
-    proj = checks.randn(T, Hq * 2 * D + 2 * Hk * D, g=gen, dtype=rt.dtype, device=rt.device)
-    q = proj[:, :Hq * 2 * D].unflatten(1, (Hq, 2 * D))[..., :D]
-    k = proj[:, Hq * 2 * D:Hq * 2 * D + Hk * D].unflatten(1, (Hk, D))
-    v = proj[:, Hq * 2 * D + Hk * D:].unflatten(1, (Hk, D))
-    qw = checks.randn(D, g=gen, dtype=rt.dtype, device=rt.device, scale=0.1)
-    kw = checks.randn(D, g=gen, dtype=rt.dtype, device=rt.device, scale=0.1)
-    pos = torch.arange(3, 3 + T, device=rt.device)  # a prompt after 3 cached tokens
-    caches = torch.zeros(2, L, Hk, D, dtype=rt.dtype, device=rt.device)
-    ref_caches = caches.clone()
-    want = reference.qk_norm_rope_cache(q, k, v, qw, kw, 1e-6, pos, R, 10000.0, ref_caches[0], ref_caches[1])
-    out = checks.poison_(torch.empty(T, Hq, D, dtype=rt.dtype, device=rt.device))
-    probe.tokens_call(q, k, v, qw, kw, 1e-6, pos, R, 10000.0, caches[0], caches[1], out, block_t)
-    checks.compare(f"probe rope tokens {block_t}: q", out, want)
-    checks.compare(f"probe rope tokens {block_t}: caches", caches, ref_caches)
-
-
 # ---------------------------------------------------------------- the teaching kernel (notebook 06)
 
 
