@@ -24,6 +24,10 @@ from qwen_lab.kernels.deltanet import (ChunkWorkspace, autotune_configs, chunk_w
                                        delta_rule_recurrent, deltanet_chunked, deltanet_conv_decode_step,
                                        deltanet_decode_step,
                                        deltanet_gates, force_config, l2norm)
+from qwen_lab.kernels.deltanet import counters as device_counters
+from qwen_lab.kernels.deltanet import tuning
+
+from notebook_source import assert_teaches
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository (for child processes)
 
@@ -35,7 +39,7 @@ def _counters_left_at_zero():
     wrote it, in whichever test runs next in this process. Checked here, the failure names the test that left it;
     the counters are cleared so the tests after it start clean."""
     yield
-    for key, counters in list(deltanet._TICKETS.items()):
+    for key, counters in list(device_counters._TICKETS.items()):
         left = counters.nonzero().flatten().tolist()
         if left:
             counters.zero_()
@@ -151,7 +155,7 @@ def test_chunked_matches_reference(T, Hk, Hv, rt):
                             [_case(T, Hk, Hv, 16, 32, rt)], seed=T + Hv, inplace=("state",), quiet=True,
                             **_chunked_tol(rt))
     # two kernels; on a GPU these 16/32-wide heads run the recurrent kernel instead (see delta_rule_chunked)
-    assert sum(launches.values()) == (2 if deltanet.INTERPRET else 1)
+    assert sum(launches.values()) == (2 if tuning.INTERPRET else 1)
 
 
 def test_chunked_ragged_dims_and_chunk_128(rt):
@@ -163,12 +167,12 @@ def test_chunked_ragged_dims_and_chunk_128(rt):
 def test_chunked_leaves_the_scan_counters_at_zero(rt, gen):
     """On a GPU the scan waits for the prep's chunks through counters that every call must leave at zero: one
     left full would let the next call's scan read a chunk before its prep had written it. Ten chunks make two
-    groups of deltanet.SCAN_GROUP; the counters are checked before and after two calls. (Heads of 64: on a GPU
+    groups of tuning.SCAN_GROUP; the counters are checked before and after two calls. (Heads of 64: on a GPU
     narrower ones take the recurrent kernel.)"""
     T = 9 * 64 + 5
     d = _delta_inputs(T, 1, 2, 64, 64, gen, rt.dtype, rt.device)
-    counters = deltanet._tickets(rt.device, 2 * (T // 64 + 2))
-    assert T // 64 + 1 > deltanet.SCAN_GROUP and int(counters.count_nonzero()) == 0
+    counters = device_counters._tickets(rt.device, 2 * (T // 64 + 2))
+    assert T // 64 + 1 > tuning.SCAN_GROUP and int(counters.count_nonzero()) == 0
     for _ in range(2):
         delta_rule_chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"])
         left = counters.nonzero().flatten().tolist()
@@ -185,11 +189,11 @@ def test_scan_group_size_changes_only_the_polling(group, rt, gen, monkeypatch):
     start = d["state"].clone()
     runs = {}
     for size in (8, group):
-        monkeypatch.setattr(deltanet, "SCAN_GROUP", size)
+        monkeypatch.setattr(tuning, "SCAN_GROUP", size)
         d["state"].copy_(start)
         runs[size] = delta_rule_chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"]), d["state"].clone()
     assert torch.equal(runs[group][0], runs[8][0]) and torch.equal(runs[group][1], runs[8][1])
-    assert not deltanet._tickets(rt.device, 1).nonzero().numel(), f"groups of {group} left counters non-zero"
+    assert not device_counters._tickets(rt.device, 1).nonzero().numel(), f"groups of {group} left counters non-zero"
 
 
 @pytest.mark.parametrize("programs", [1, 3, 7, 1000])
@@ -203,16 +207,16 @@ def test_persistent_prep_equals_the_grid(programs, T, Hk, Hv, Dk, Dv, rt, gen, m
     fused = _fused_gates_case(T, Hk, Hv, Dk, Dv, gen, rt)[0]
     starts = d["state"].clone(), fused["state"].clone()
     runs = {}
-    left = deltanet._tickets(rt.device, 1).nonzero().flatten().tolist()
+    left = device_counters._tickets(rt.device, 1).nonzero().flatten().tolist()
     assert not left, f"counters {left} were non-zero before this test: left by an earlier call in this process"
     for setting in (False, programs):
-        monkeypatch.setattr(deltanet, "PREP_PERSISTENT", setting)
+        monkeypatch.setattr(tuning, "PREP_PERSISTENT", setting)
         d["state"].copy_(starts[0])
         fused["state"].copy_(starts[1])
         o = delta_rule_chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"])
         o_fused = deltanet_chunked(**fused)
         runs[setting] = o, d["state"].clone(), o_fused, fused["state"].clone()
-        left = deltanet._tickets(rt.device, 1).nonzero().flatten().tolist()
+        left = device_counters._tickets(rt.device, 1).nonzero().flatten().tolist()
         assert not left, f"PREP_PERSISTENT={setting}: the calls left counters {left} non-zero"
     for name, got, want in zip(("o", "final state", "o (fused gates)", "final state (fused gates)"),
                                runs[programs], runs[False]):
@@ -223,7 +227,7 @@ def test_persistent_prep_equals_the_grid(programs, T, Hk, Hv, Dk, Dv, rt, gen, m
 def test_persistent_prep_every_gpu_config_guarded(i, rt, gen, monkeypatch):
     """The persistent prep with each of the prep's GPU configs forced (force_config reaches it, though it is not
     autotuned), on guarded inputs and workspace, a last program with fewer items than the rest."""
-    monkeypatch.setattr(deltanet, "PREP_PERSISTENT", 5)
+    monkeypatch.setattr(tuning, "PREP_PERSISTENT", 5)
     c = autotune_configs("chunk_prep_kernel")[i]
     for fn in (delta_rule_chunked, deltanet_chunked):
         _run_guarded(fn, (300, 1, 2, 64, 64), gen, rt, forced=(("chunk_prep_kernel", c),))
@@ -235,24 +239,24 @@ def test_persistent_prep_program_count(monkeypatch):
     those programs would publish chunks slower than the scan reads them (the larger Qwen3.5s' 32 and 48 value
     heads), where the scan does not run beside the prep (no PDL, or the interpreter), or where the switch is off."""
     device = torch.device("cuda", 0)
-    monkeypatch.setattr(deltanet, "INTERPRET", False)
-    monkeypatch.setattr(deltanet.gemm, "sm_count", lambda dev: 132)
-    monkeypatch.setattr(deltanet, "pdl_options", lambda dev: {"USE_PDL": True, "launch_pdl": True})
-    monkeypatch.setattr(deltanet, "PREP_PERSISTENT", True)
-    assert deltanet._prep_programs(16, 32, 128, device) == 2 * 132 - 16 * 4   # Qwen3.5-0.8B at 2048 tokens
-    assert deltanet._prep_programs(16, 128, 128, device) == 200              # 8192 tokens: as many programs
-    assert deltanet._prep_programs(16, 5, 128, device) == 16 * 5             # fewer items than programs
-    assert deltanet._prep_programs(32, 32, 128, device) is None              # 136 programs for 32 heads
-    assert deltanet._prep_programs(48, 32, 128, device) is None              # 72 programs for 48 heads
-    monkeypatch.setattr(deltanet.gemm, "sm_count", lambda dev: 114)           # an H100 PCIe: 164 programs
-    assert deltanet._prep_programs(16, 32, 128, device) == 2 * 114 - 16 * 4
-    monkeypatch.setattr(deltanet, "SCAN_BESIDE_PREP", False)
-    assert deltanet._prep_programs(16, 32, 128, device) is None
-    monkeypatch.setattr(deltanet, "SCAN_BESIDE_PREP", True)
-    monkeypatch.setattr(deltanet, "pdl_options", lambda dev: {})
-    assert deltanet._prep_programs(16, 32, 128, device) is None
-    monkeypatch.setattr(deltanet, "PREP_PERSISTENT", False)
-    assert deltanet._prep_programs(16, 32, 128, device) is None
+    monkeypatch.setattr(tuning, "INTERPRET", False)
+    monkeypatch.setattr(tuning.gemm, "sm_count", lambda dev: 132)
+    monkeypatch.setattr(tuning, "pdl_options", lambda dev: {"USE_PDL": True, "launch_pdl": True})
+    monkeypatch.setattr(tuning, "PREP_PERSISTENT", True)
+    assert tuning._prep_programs(16, 32, 128, device) == 2 * 132 - 16 * 4   # Qwen3.5-0.8B at 2048 tokens
+    assert tuning._prep_programs(16, 128, 128, device) == 200              # 8192 tokens: as many programs
+    assert tuning._prep_programs(16, 5, 128, device) == 16 * 5             # fewer items than programs
+    assert tuning._prep_programs(32, 32, 128, device) is None              # 136 programs for 32 heads
+    assert tuning._prep_programs(48, 32, 128, device) is None              # 72 programs for 48 heads
+    monkeypatch.setattr(tuning.gemm, "sm_count", lambda dev: 114)           # an H100 PCIe: 164 programs
+    assert tuning._prep_programs(16, 32, 128, device) == 2 * 114 - 16 * 4
+    monkeypatch.setattr(tuning, "SCAN_BESIDE_PREP", False)
+    assert tuning._prep_programs(16, 32, 128, device) is None
+    monkeypatch.setattr(tuning, "SCAN_BESIDE_PREP", True)
+    monkeypatch.setattr(tuning, "pdl_options", lambda dev: {})
+    assert tuning._prep_programs(16, 32, 128, device) is None
+    monkeypatch.setattr(tuning, "PREP_PERSISTENT", False)
+    assert tuning._prep_programs(16, 32, 128, device) is None
 
 
 def test_chunked_kernels_tune_per_class_of_prompt_length(rt, gen, monkeypatch):
@@ -260,16 +264,16 @@ def test_chunked_kernels_tune_per_class_of_prompt_length(rt, gen, monkeypatch):
     two (N_CLASS), and the launcher passes it: a tuning made on a short prompt (a chat's first turn, a small prefill
     bucket) must not serve a 2048-token one."""
     for kernel in ("chunk_prep_kernel", "chunk_scan_kernel"):
-        assert "N_CLASS" in deltanet._KEYS[kernel], f"{kernel}: N_CLASS missing from {deltanet._KEYS[kernel]}"
+        assert "N_CLASS" in tuning._KEYS[kernel], f"{kernel}: N_CLASS missing from {tuning._KEYS[kernel]}"
     assert [deltanet.chunk_class(n) for n in (1, 2, 3, 5, 32, 33)] == [1, 2, 4, 8, 32, 64]
     seen = {}
-    launch = deltanet._launch
+    launch = tuning._launch
 
     def spy(kernel, grid, args, *rest, **kw):
         fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
         seen[fn.fn.__name__] = dict(zip(fn.arg_names, args))
         return launch(kernel, grid, args, *rest, **kw)
-    monkeypatch.setattr(deltanet, "_launch", spy)
+    monkeypatch.setattr(tuning, "_launch", spy)
     D = 16 if rt.device.type == "cpu" else deltanet.CHUNKED_MIN_HEAD_DIM  # smaller heads take the recurrent kernel
     for T, want in ((150, 4), (64, 1)):
         d = _delta_inputs(T, 1, 1, D, D, gen, rt.dtype, rt.device)
@@ -284,9 +288,9 @@ def test_the_prep_tunes_one_config_where_triton_has_no_tensor_core_dots(monkeypa
     from qwen_lab import kernels
 
     q = torch.empty(1, device="meta")
-    every = deltanet._CONFIGS["chunk_prep_kernel"][0]
+    every = tuning._CONFIGS["chunk_prep_kernel"][0]
     for capability, want in (((7, 5), every[:1]), ((8, 0), every), ((9, 0), every)):
-        monkeypatch.setattr(deltanet, "tensor_core_dots", lambda device, c=capability: c[0] >= 8)
+        monkeypatch.setattr(tuning, "tensor_core_dots", lambda device, c=capability: c[0] >= 8)
         assert autotune_configs("chunk_prep_kernel", q_ptr=q) == want, f"compute capability {capability}"
     assert autotune_configs("chunk_prep_kernel") == every, "asked without a call's arguments: every config"
     assert not kernels.tensor_core_dots("cpu")
@@ -302,9 +306,9 @@ def test_autotuned_kernels_put_back_what_their_timing_runs_write_in_place():
     the scan clears (else the scan beside the real prep goes on before the prep has written its chunks)."""
     writes = {"delta_rule_recurrent_kernel": {"state_ptr"}, "conv_decode_step_kernel": {"state_ptr", "conv_state_ptr"},
               "chunk_prep_kernel": {"ready_ptr"}, "chunk_scan_kernel": {"state_ptr", "ready_ptr"}}
-    assert set(writes) <= set(deltanet._RESTORED), sorted(deltanet._RESTORED)
+    assert set(writes) <= set(tuning._RESTORED), sorted(tuning._RESTORED)
     for kernel, written in writes.items():
-        missing = written - set(deltanet._RESTORED[kernel])
+        missing = written - set(tuning._RESTORED[kernel])
         assert not missing, f"{kernel}: its autotuner must restore {sorted(missing)}"
 
 
@@ -335,9 +339,9 @@ def test_pick_in_place_times_every_config_where_it_runs(kernel, monkeypatch):
         return cost[launched[-1]]
 
     def pick(key, launch, states, on_gpu):
-        return deltanet._pick_in_place(kernel, key, launch, states, on_gpu, calls=5, Dv=128)
-    monkeypatch.setattr(deltanet, "_time_in_graph", timer)
-    monkeypatch.setattr(deltanet, "_PICKS", {kernel: {}})
+        return tuning._pick_in_place(kernel, key, launch, states, on_gpu, calls=5, Dv=128)
+    monkeypatch.setattr(tuning, "_time_in_graph", timer)
+    monkeypatch.setattr(tuning, "_PICKS", {kernel: {}})
     assert pick("a", launch, states, on_gpu=True) is configs[-2]
     assert sorted(set(launched)) == sorted(map(str, configs)), "every config timed"
     assert torch.equal(states[0], torch.zeros(2, 4, 4)) and torch.equal(states[1], torch.ones(6, 3)), \
@@ -353,7 +357,7 @@ def test_pick_in_place_times_every_config_where_it_runs(kernel, monkeypatch):
         states = (torch.zeros(2, 4, 4), torch.ones(6, 3))
     assert pick("e", launch, states, on_gpu=True) is configs[-2]
     assert torch.equal(states[0], torch.zeros(2, 4, 4)) and torch.equal(states[1], torch.ones(6, 3))
-    assert set(deltanet._PICKS[kernel]) == {"a", "e"}, "only the timed kinds hold a pick"
+    assert set(tuning._PICKS[kernel]) == {"a", "e"}, "only the timed kinds hold a pick"
 
 
 def test_chunked_launch_runs_the_scan_with_its_pick(rt, gen, monkeypatch):
@@ -366,14 +370,14 @@ def test_chunked_launch_runs_the_scan_with_its_pick(rt, gen, monkeypatch):
     def pick(kernel, key, launch, states, on_gpu, calls, **named_args):
         asked.append((kernel, key, calls, named_args, states))
         return configs[-1]
-    monkeypatch.setattr(deltanet, "_pick_in_place", pick)
-    launch = deltanet._launch
+    monkeypatch.setattr(tuning, "_pick_in_place", pick)
+    launch = tuning._launch
 
     def spy(kernel, grid, args, kwargs, interpreter_meta, untuned=None):
         if "BV" in interpreter_meta:                      # the scan's launch
             used.append(untuned)
         return launch(kernel, grid, args, kwargs, interpreter_meta, untuned)
-    monkeypatch.setattr(deltanet, "_launch", spy)
+    monkeypatch.setattr(tuning, "_launch", spy)
     d = _delta_inputs(150, 1, 2, D, D, gen, rt.dtype, rt.device)
     ref_state = d["state"].clone()
     ref = reference.delta_rule_chunked(**{**d, "state": ref_state})
@@ -383,7 +387,7 @@ def test_chunked_launch_runs_the_scan_with_its_pick(rt, gen, monkeypatch):
     kernel, key, calls, named_args, states = asked[0]
     assert kernel == "chunk_scan_kernel" and named_args == {"Dv": D} and calls == 3
     assert key[2:8] == (2, D, D, 64, 4, False), key
-    assert states[0] is d["state"] and states[1] is deltanet._tickets(rt.device, 1), \
+    assert states[0] is d["state"] and states[1] is device_counters._tickets(rt.device, 1), \
         "the timing must put back the state and the scan's counters"
 
 
@@ -420,11 +424,11 @@ def test_gpu_persistent_prep_beside_the_scan(rt, gen, monkeypatch):
     Two prompts alternate through one workspace; every call must equal bit for bit the same persistent prep
     without PDL (the scan after it: a chunk read too early would show), and the grid's prep within bf16 rounding."""
     run = _two_prompts_through_one_workspace(rt, gen)
-    monkeypatch.setattr(deltanet, "PREP_PERSISTENT", False)
+    monkeypatch.setattr(tuning, "PREP_PERSISTENT", False)
     grid = [run(0), run(1)]
     Hv, Dv = QWEN35_0_8B.linear_num_value_heads, QWEN35_0_8B.linear_value_head_dim
-    programs = deltanet.PREP_PROGRAMS_PER_SM * deltanet.gemm.sm_count(rt.device) - Hv * Dv // 32
-    monkeypatch.setattr(deltanet, "PREP_PERSISTENT", programs)   # an int: the same count with PDL off
+    programs = tuning.PREP_PROGRAMS_PER_SM * tuning.gemm.sm_count(rt.device) - Hv * Dv // 32
+    monkeypatch.setattr(tuning, "PREP_PERSISTENT", programs)   # an int: the same count with PDL off
     monkeypatch.setenv("QWEN_LAB_PDL", "0")
     want = [run(0), run(1)]
     for i in range(2):
@@ -437,9 +441,9 @@ def test_scan_counters_are_not_inference_tensors(rt, monkeypatch):
     """The first call may come under torch.inference_mode() (the model's generation does); the counters it
     allocates are later restored with copy_ by the scan's GPU autotuner, perhaps outside that mode, which PyTorch
     refuses for an inference tensor (the H200 raised it while capturing prefill graphs)."""
-    monkeypatch.setattr(deltanet, "_TICKETS", {})
+    monkeypatch.setattr(device_counters, "_TICKETS", {})
     with torch.inference_mode():
-        counters = deltanet._tickets(rt.device, 10)
+        counters = device_counters._tickets(rt.device, 10)
     assert not counters.is_inference()
     counters.copy_(torch.zeros_like(counters))  # what the autotuner's restore does, outside inference mode
 
@@ -530,7 +534,7 @@ def test_chunked_fuses_the_gates(T, rt, gen):
     with count_launches() as launches:
         o = deltanet_chunked(**args)
     # two kernels; on a GPU these 16/32-wide heads run the recurrent kernel instead (see delta_rule_chunked)
-    assert sum(launches.values()) == (2 if deltanet.INTERPRET else 1), dict(launches)
+    assert sum(launches.values()) == (2 if tuning.INTERPRET else 1), dict(launches)
     assert launches["deltanet_gates_kernel"] == 0, dict(launches)
     _judge("o", o, ref)
     _judge("state", args["state"], ref_state)
@@ -589,6 +593,128 @@ def test_rejects_bad_arguments(rt, gen):
         delta_rule_recurrent(q, k, v, g, beta, state, out=torch.empty(5, 4, 16, device=rt.device))
     with pytest.raises(KernelError, match="b"):
         deltanet_gates(g, beta[:, :2], torch.zeros(4), torch.zeros(4))
+
+
+# ---------------------------------------------------------------- the teaching kernels (notebooks 08 and 09)
+
+
+def test_teaching_kernels_are_the_notebooks_solutions():
+    """deltanet/teach_recurrent.py holds Exercises 08.2 and 08.3's solutions, teach_chunked.py 09.1, 09.2 and
+    09.3's, as the notebooks have them: the two must not drift apart."""
+    assert_teaches("08_gated_deltanet_recurrent.ipynb", "qwen_lab/kernels/deltanet/teach_recurrent.py", cells=[13, 18])
+    assert_teaches("09_gated_deltanet_chunked.ipynb", "qwen_lab/kernels/deltanet/teach_chunked.py", cells=[8, 14, 23])
+
+
+@pytest.mark.parametrize("T, H", [(1, 4), (9, 6), (5, 24)])
+def test_teaching_gates_match_reference(T, H, rt, gen):
+    """Notebook 08's gates kernel as library code: a and b strided slices of one projection, both softplus
+    branches."""
+    from qwen_lab.kernels.deltanet import teach_recurrent
+
+    proj = checks.randn(T, 2 * H + 3, g=gen, dtype=rt.dtype, device=rt.device, scale=3.0)
+    proj[0, 3 + H:] = torch.linspace(-60, 60, H)
+    a, b = proj[:, 3 + H:], proj[:, 3:3 + H]
+    A_log, dt_bias = _gate_params(H, gen, rt.device)
+    g, beta = teach_recurrent.my_deltanet_gates(a, b, A_log, dt_bias)
+    g_ref, beta_ref = reference.deltanet_gates(a, b, A_log, dt_bias)
+    checks.compare("teach g", g, g_ref, atol=1e-6, rtol=1e-5)
+    checks.compare("teach beta", beta, beta_ref, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("T, Hk, Hv, Dk, Dv", [(1, 2, 2, 16, 32), (6, 2, 4, 16, 32), (5, 1, 3, 24, 40)])
+def test_teaching_recurrent_matches_reference(T, Hk, Hv, Dk, Dv, rt):
+    """Notebook 08's recurrent kernel as library code: Hv = Hk and a multiple of it, ragged head dims."""
+    from qwen_lab.kernels.deltanet import teach_recurrent
+
+    case = _case(T, Hk, Hv, Dk, Dv, rt)
+
+    def drop_out(g):
+        d = case(g)
+        del d["out"]  # the notebook's launcher allocates its output
+        return d
+    checks.check_kernel("teach delta_rule_recurrent", teach_recurrent.my_delta_rule_recurrent,
+                        reference.delta_rule_recurrent, [drop_out], seed=T, inplace=("state",), quiet=True)
+
+
+@pytest.mark.parametrize("B, n", [(4, 16), (3, 37), (2, 64)])
+def test_teaching_tril_inverse_matches_reference(B, n, rt, gen):
+    """Notebook 09's forward substitution: (I + L)^-1 of strictly lower triangular L, overlapping keys as in a chunk."""
+    from qwen_lab.kernels.deltanet import teach_chunked
+
+    k = torch.nn.functional.normalize(checks.randn(B, n, 32, g=gen, device=rt.device), dim=-1)
+    beta = torch.rand(B, n, 1, generator=gen).to(rt.device)
+    G = (-torch.rand(B, n, generator=gen) * 0.3).cumsum(-1).to(rt.device)
+    L = ((beta * k) @ k.transpose(1, 2) * (G[:, :, None] - G[:, None, :]).clamp(max=0).exp()).tril(-1).contiguous()
+    checks.compare(f"teach tril inverse B={B} n={n}", teach_chunked.my_tril_inverse(L),
+                   teach_chunked.ref_tril_inverse(L), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("T, Hk, Hv, D", [(7, 2, 2, 16), (70, 1, 2, 16), (130, 2, 4, 32)])
+def test_teaching_chunked_matches_reference(T, Hk, Hv, D, rt):
+    """Notebook 09's PyTorch prep + scan kernel as library code: a partial last chunk, Hv = Hk and a multiple of it.
+    (Its scan holds fp32 tiles: on a GPU tl.dot rounds them to tf32, held to bf16's tolerance as the notebook does.)"""
+    from qwen_lab.kernels.deltanet import teach_chunked
+
+    if not runtime.interpreter_active():
+        D = max(D, 64)  # Triton's chunk kernels are trusted on a GPU from heads of 64 on (CHUNKED_MIN_HEAD_DIM)
+    case = _case(T, Hk, Hv, D, D, rt)
+
+    def drop_out(g):
+        d = case(g)
+        del d["out"]  # the notebook's launcher allocates its output
+        return d
+    tol = {} if runtime.interpreter_active() else dict(zip(("atol", "rtol"), checks.tolerance(torch.bfloat16)))
+    checks.check_kernel("teach delta_rule_chunked", teach_chunked.my_delta_rule_chunked,
+                        reference.delta_rule_chunked, [drop_out], seed=T, inplace=("state",), quiet=True, **tol)
+
+
+def test_teaching_segment_maps_compose_like_the_chain(gen):
+    """Notebook 09's segment maps: a segment's (M, B) is its chunks' maps applied in order, and segments composed
+    give the state of the chunks run one after the other."""
+    from qwen_lab.kernels.deltanet import teach_chunked
+
+    Dk, Dv, n = 8, 5, 7
+    A = [torch.eye(Dk) * 0.9 + 0.05 * torch.randn(Dk, Dk, generator=gen) for _ in range(n)]
+    b = [torch.randn(Dk, Dv, generator=gen) for _ in range(n)]
+    S0 = torch.randn(Dk, Dv, generator=gen)
+
+    def chain(S, lo, hi):
+        for c in range(lo, hi):
+            S = A[c] @ S + b[c]
+        return S
+    for lo, hi in [(0, 1), (0, 2), (2, 7)]:
+        M, B = teach_chunked.segment_map(A[lo:hi], b[lo:hi])
+        checks.compare(f"segment {lo}..{hi - 1}: M S0 + B", M @ S0 + B, chain(S0, lo, hi), atol=1e-5, rtol=1e-5)
+        checks.compare(f"segment {lo}..{hi - 1}: B", B, chain(torch.zeros(Dk, Dv), lo, hi), atol=1e-5, rtol=1e-5)
+    maps = [teach_chunked.segment_map(A[i:i + 2], b[i:i + 2]) for i in range(0, n, 2)]
+    checks.compare("segments composed", teach_chunked.run_segments(maps, S0), chain(S0, 0, n), atol=1e-5, rtol=1e-5)
+
+
+def test_switches_set_on_the_package_reach_the_launchers(rt, gen, monkeypatch):
+    """Notebook 09 and the benchmarks set the switches on the package (`deltanet.PREP_PERSISTENT = False`); the
+    launchers read them in deltanet/tuning.py, which the package passes the write on to. A scan group of 1 (ten
+    chunks) gives the same result, and a replaced _launch on the package sees every launch."""
+    for name, value in (("PREP_PERSISTENT", 3), ("SCAN_GROUP", 1), ("SCAN_BESIDE_PREP", False)):
+        monkeypatch.setattr(deltanet, name, value)
+        assert getattr(tuning, name) == value and getattr(deltanet, name) == value, name
+    seen = set()
+    launch = tuning._launch
+
+    def spy(kernel, *rest, **kw):
+        fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
+        seen.add(fn.fn.__name__)
+        return launch(kernel, *rest, **kw)
+    monkeypatch.setattr(deltanet, "_launch", spy)
+    assert tuning._launch is spy
+    T = 9 * 64 + 5
+    d = _delta_inputs(T, 1, 2, 64, 64, gen, rt.dtype, rt.device)
+    ref_state = d["state"].clone()
+    ref = reference.delta_rule_chunked(**{**d, "state": ref_state})
+    _judge("o", delta_rule_chunked(**d), ref)
+    _judge("state", d["state"], ref_state)
+    assert seen == {"chunk_prep_kernel", "chunk_scan_kernel"}, seen
+    monkeypatch.undo()
+    assert tuning.PREP_PERSISTENT is True and tuning.SCAN_GROUP == 8 and tuning._launch is launch
 
 
 # ---------------------------------------------------------------- guard regions: nothing outside the tensors
@@ -786,7 +912,7 @@ def _tickets_are_zero(device):
     """The kernel's counters are back at zero after every launch (the next launch counts from there)."""
     from qwen_lab.kernels import device_key
 
-    counters = deltanet._TICKETS.get(device_key(device))
+    counters = device_counters._TICKETS.get(device_key(device))
     assert counters is not None and int(counters.abs().sum()) == 0, f"ticket counters left at {counters}"
 
 
@@ -896,7 +1022,7 @@ def test_conv_decode_step_runs_with_the_config_its_pick_times(rt, gen, monkeypat
     configs = autotune_configs("conv_decode_step_kernel", Dv=Dv)
     best = configs[-1]
     used = []
-    launch = deltanet._launch
+    launch = tuning._launch
 
     def spy(kernel, grid, args, kwargs, interpreter_meta, untuned=None):
         used.append(untuned)
@@ -906,16 +1032,16 @@ def test_conv_decode_step_runs_with_the_config_its_pick_times(rt, gen, monkeypat
         assert len(calls) == 16, f"{len(calls)} launches per timing graph, expected 16"
         calls[0]()                                       # one of them: the interpreter is slow
         return 1.0 if used[-1] is best else 2.0
-    real_pick = deltanet._pick_in_place
+    real_pick = tuning._pick_in_place
     keys = []
 
     def pick(kernel, key, launch, states, on_gpu, calls, **named_args):
         keys.append(key)
         return real_pick(kernel, key, launch, states, True, calls, **named_args)   # time as on a GPU
-    monkeypatch.setattr(deltanet, "_launch", spy)
-    monkeypatch.setattr(deltanet, "_time_in_graph", timer)
-    monkeypatch.setattr(deltanet, "_pick_in_place", pick)
-    monkeypatch.setitem(deltanet._PICKS, "conv_decode_step_kernel", {})
+    monkeypatch.setattr(tuning, "_launch", spy)
+    monkeypatch.setattr(tuning, "_time_in_graph", timer)
+    monkeypatch.setattr(tuning, "_pick_in_place", pick)
+    monkeypatch.setitem(tuning._PICKS, "conv_decode_step_kernel", {})
     for settled in (False, True):
         d = _conv_decode_inputs(1, Hk, Hv, Dk, Dv, W, gen, rt.dtype, rt.device)
         ref_conv_state, ref_state = d["conv_state"].clone(), d["state"].clone()
@@ -931,7 +1057,7 @@ def test_conv_decode_step_runs_with_the_config_its_pick_times(rt, gen, monkeypat
         assert torch.equal(d["conv_state"], ref_conv_state), "conv_state: not put back after the timing runs"
         _tickets_are_zero(rt.device)
     assert len(keys) == 2 and keys[0] != keys[1], "state_settled is part of the kind of call"
-    assert list(deltanet._PICKS["conv_decode_step_kernel"].values()) == [best, best]
+    assert list(tuning._PICKS["conv_decode_step_kernel"].values()) == [best, best]
 
 
 def test_conv_decode_step_rejects_bad_arguments(rt, gen):
@@ -1094,8 +1220,10 @@ def _probe_main(start: int):
 def test_gpu_every_config_in_its_own_process():
     jobs = _probe_jobs()
     results, start, deadline = {}, 0, time.time() + 240
+    # the child runs this file as a script: the repository and tests/ (the helpers beside it) on its path
     env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1",
-               PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+               PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]
+                                          + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     code = "import runpy, sys; runpy.run_path(sys.argv[1])['_probe_main'](int(sys.argv[2]))"
     while start < len(jobs) and time.time() < deadline:
         child = subprocess.run([sys.executable, "-c", code, __file__, str(start)], cwd=ROOT, env=env,
@@ -1154,7 +1282,7 @@ def test_gpu_scan_tunes_a_long_prompt_apart_from_a_short_one(rt, gen, monkeypatc
     Hk = Hv = QWEN35_0_8B.linear_num_value_heads
     Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
     picks = {}
-    monkeypatch.setitem(deltanet._PICKS, "chunk_scan_kernel", picks)
+    monkeypatch.setitem(tuning._PICKS, "chunk_scan_kernel", picks)
     classes = [deltanet.chunk_class(-(-T // 64)) for T in (150, 2048)]
     picked = []
     for tune in ("1", "0"):
@@ -1182,15 +1310,15 @@ def test_gpu_grid_prep_tuned_on_the_call_leaves_the_counters_at_zero(T, rt, gen,
     so they must be put back, or the scan would go on before the real prep had written its chunks and leave the
     real prep's counts behind. (On an H200, before the prep restored its counters, one prompt of one token
     left a counter at 1.)"""
-    monkeypatch.setattr(deltanet, "PREP_PERSISTENT", False)
+    monkeypatch.setattr(tuning, "PREP_PERSISTENT", False)
     monkeypatch.setattr(deltanet.chunk_prep_kernel, "cache", {})        # tune again, on this call,
     monkeypatch.setattr(deltanet.chunk_prep_kernel, "cache_results", False)   # not from the disk cache
-    monkeypatch.setitem(deltanet._PICKS, "chunk_scan_kernel", {})
+    monkeypatch.setitem(tuning._PICKS, "chunk_scan_kernel", {})
     d = _delta_inputs(T, 1, 2, 64, 64, gen, rt.dtype, rt.device)
     ref_state = d["state"].clone()
     ref = reference.delta_rule_chunked(**{**d, "state": ref_state})
     o = delta_rule_chunked(**d)
-    left = deltanet._tickets(rt.device, 1).nonzero().flatten().tolist()
+    left = device_counters._tickets(rt.device, 1).nonzero().flatten().tolist()
     assert not left, f"T={T}: counters {left} left non-zero after the prep was tuned on the call"
     _close(f"o at T={T}", o, ref)
     _close(f"state at T={T}", d["state"], ref_state)
@@ -1200,7 +1328,7 @@ def test_gpu_grid_prep_tuned_on_the_call_leaves_the_counters_at_zero(T, rt, gen,
 def test_gpu_scan_picked_beside_the_prep_leaves_the_result_right(rt, gen, monkeypatch):
     """The first call of a kind times the scan's configs on the call's own state (then put back) before it runs:
     its output and final state must be those of the reference, and the pick kept for the next call."""
-    monkeypatch.setitem(deltanet._PICKS, "chunk_scan_kernel", {})
+    monkeypatch.setitem(tuning._PICKS, "chunk_scan_kernel", {})
     Hk = Hv = QWEN35_0_8B.linear_num_value_heads
     Dk, Dv = QWEN35_0_8B.linear_key_head_dim, QWEN35_0_8B.linear_value_head_dim
     args, ref, ref_state = _fused_gates_case(2048, Hk, Hv, Dk, Dv, gen, rt)
@@ -1209,7 +1337,7 @@ def test_gpu_scan_picked_beside_the_prep_leaves_the_result_right(rt, gen, monkey
     _close("o", o, ref)
     _close("state", args["state"], ref_state)
     assert sum(launches.values()) == 2, f"the timing runs are not the call's launches: {dict(launches)}"
-    picks = list(deltanet._PICKS["chunk_scan_kernel"].values())
+    picks = list(tuning._PICKS["chunk_scan_kernel"].values())
     assert len(picks) == 1 and isinstance(picks[0], triton.Config), picks
 
 
@@ -1352,7 +1480,7 @@ def test_gpu_conv_decode_step_picked_in_place_leaves_the_result_right(rt, gen, m
     """The first call of a kind times the decode step's configs in a graph on the call's own states (then put back)
     before it runs: its output and states must be the reference's, the timing runs not counted as its launches,
     and the pick kept for the next call."""
-    monkeypatch.setitem(deltanet._PICKS, "conv_decode_step_kernel", {})
+    monkeypatch.setitem(tuning._PICKS, "conv_decode_step_kernel", {})
     d, heads = _qwen_conv_decode(QWEN35_0_8B.linear_num_value_heads, 2, rt, gen)
     conv_state, state = d["conv_state"].clone(), d["state"].clone()
     ref_conv_state, ref_state = d["conv_state"].clone(), d["state"].clone()
@@ -1365,7 +1493,7 @@ def test_gpu_conv_decode_step_picked_in_place_leaves_the_result_right(rt, gen, m
         ref = _two_reference_calls(qkv, d["conv_weight"], ref_conv_state, a, b, d["A_log"], d["dt_bias"], ref_state,
                                    *heads)
         _gpu_judge_step(f"step {s}", o, ref, conv_state, ref_conv_state, state, ref_state)
-    picks = list(deltanet._PICKS["conv_decode_step_kernel"].values())
+    picks = list(tuning._PICKS["conv_decode_step_kernel"].values())
     assert len(picks) == 1 and isinstance(picks[0], triton.Config), picks
     _tickets_are_zero(rt.device)
 
