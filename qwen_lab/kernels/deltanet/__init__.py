@@ -31,19 +31,18 @@ from . import tuning
 from .chunk_prep import ChunkWorkspace, chunk_prep_kernel, chunk_workspace
 from .chunk_scan import CHUNKED_MIN_HEAD_DIM, chunk_scan_kernel, delta_rule_chunked, deltanet_chunked
 from .counters import _TICKETS, _tickets
-from .gates import EPS, deltanet_gates, deltanet_gates_kernel, l2norm, l2norm_kernel
+from .gates import deltanet_gates, deltanet_gates_kernel, l2norm, l2norm_kernel
 from .recurrent import (conv_decode_step_kernel, delta_rule_recurrent, delta_rule_recurrent_kernel,
                         deltanet_conv_decode_step, deltanet_decode_step)
-from .tuning import (_CONFIGS, _KEYS, _RESTORED, INTERPRET, autotune_configs, chunk_class, force_config,
-                     _prep_programs)
+from .tuning import _prep_programs, autotune_configs, chunk_class, force_config
 
 __all__ = ["ChunkWorkspace", "autotune_configs", "chunk_workspace", "delta_rule_chunked", "delta_rule_recurrent",
            "deltanet_chunked", "deltanet_conv_decode_step", "deltanet_decode_step", "deltanet_gates", "force_config",
            "l2norm"]
-# the kernels and constants that benchmarks, tests/sm90_compile.py and qwen_lab/profile_step.py reach here
-__all__ += ["CHUNKED_MIN_HEAD_DIM", "EPS", "INTERPRET", "chunk_class", "chunk_prep_kernel", "chunk_scan_kernel",
-            "conv_decode_step_kernel", "delta_rule_recurrent_kernel", "deltanet_gates_kernel", "l2norm_kernel",
-            "_CONFIGS", "_KEYS", "_RESTORED", "_TICKETS", "_prep_programs", "_tickets"]
+# what notebook 09, the benchmarks, tests/sm90_compile.py, tests/test_pdl.py and qwen_lab/profile_step.py reach here
+__all__ += ["CHUNKED_MIN_HEAD_DIM", "chunk_class", "chunk_prep_kernel", "chunk_scan_kernel", "conv_decode_step_kernel",
+            "delta_rule_recurrent_kernel", "deltanet_gates_kernel", "l2norm_kernel", "_TICKETS", "_prep_programs",
+            "_tickets"]
 
 # Names read and written in tuning.py through this package (see the docstring). `triton`: the probe
 # benchmarks/probe_scan_breakdown.py reaches triton.runtime.Autotuner through the package.

@@ -179,6 +179,9 @@ def _prep_programs(Hv: int, n_chunks: int, Dv: int, device) -> int | None:
     return max(1, min(items, int(PREP_PERSISTENT)))
 
 
+# ---------------------------------------------------------------- configs picked where the kernel runs
+
+
 # Configs picked by their launchers, each timed where the kernel runs (_pick_in_place):
 # kernel name -> {the kind of call (a tuple) -> triton.Config}
 _PICKS: dict = {"chunk_scan_kernel": {}, "conv_decode_step_kernel": {}}
