@@ -88,6 +88,7 @@ def layer_inputs(T, gen, hv: int = HV):
 
 def prefill(T, gen, use_fla, result):
     from qwen_lab.kernels import deltanet
+    from qwen_lab.kernels.deltanet import tuning
 
     d = layer_inputs(T, gen)
     qkvgb = [d[n] for n in ("q", "k", "v", "g", "beta")]
@@ -114,8 +115,8 @@ def prefill(T, gen, use_fla, result):
     row["ours_eager_alloc_ms"] = ms_of(lambda: deltanet.delta_rule_chunked(*qkvgb, scratch))
     row["ours_graph_ms"] = graph_us([lambda: deltanet.delta_rule_chunked(*qkvgb, scratch, out=out, workspace=ws)]) / 1e3
     row["ours_kernels_us"] = profile_kernels(lambda: deltanet.delta_rule_chunked(*qkvgb, scratch, out=out, workspace=ws))
-    # the scan's config is picked by its launcher, timed beside the prep (deltanet._pick_in_place), not by the autotuner
-    scan_picks = deltanet._PICKS["chunk_scan_kernel"]
+    # the scan's config is picked by its launcher, timed beside the prep (tuning._pick_in_place), not by the autotuner
+    scan_picks = tuning._PICKS["chunk_scan_kernel"]
     row["tuning"] = {"chunk_prep_kernel": tuner_report(deltanet.chunk_prep_kernel),
                      "chunk_scan_kernel": {str(k): str(c) for k, c in scan_picks.items()}}
 

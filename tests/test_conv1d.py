@@ -11,8 +11,10 @@ from qwen_lab import checks, reference
 from qwen_lab.config import QWEN35_0_8B
 from qwen_lab.errors import KernelError
 from qwen_lab.kernels import count_launches
-from qwen_lab.kernels import conv1d
 from qwen_lab.kernels.conv1d import STEP_MAX_TOKENS, causal_conv1d
+from qwen_lab.kernels.conv1d import tuning as conv_tuning
+
+from notebook_source import assert_teaches
 
 
 def _inputs(T, C, W, g, dtype, device, row_pad=7, state_dtype=None):
@@ -65,7 +67,7 @@ def test_segment_shorter_than_the_state_shifts_it_in_a_second_launch(rt, gen, mo
     """With a first segment of fewer than W-1 tokens a second segment would read the old state too, so the
     segmented kernel leaves the state alone and the step kernel shifts it afterwards."""
     import triton
-    monkeypatch.setattr(conv1d, "FORCE_PREFILL_CONFIG", triton.Config({"BLOCK_T": 2, "BLOCK_C": 32}, num_warps=1))
+    monkeypatch.setattr(conv_tuning, "FORCE_PREFILL_CONFIG", triton.Config({"BLOCK_T": 2, "BLOCK_C": 32}, num_warps=1))
     T, C, W = 9, 40, 4
     x, weight, state = _inputs(T, C, W, gen, rt.dtype, rt.device)
     ref_state = state.clone()
@@ -139,6 +141,49 @@ def test_rejects_bad_arguments(rt, gen):
         causal_conv1d(x[0], weight, state)
 
 
+def test_a_config_set_on_the_package_reaches_the_launcher(rt, gen, monkeypatch):
+    """benchmarks/probe_conv.py sets conv1d.FORCE_PREFILL_CONFIG on the package; the launcher reads it in
+    conv1d/tuning.py, which the package passes the write on to (a segment of 2 tokens: two launches, as above)."""
+    import triton
+
+    from qwen_lab.kernels import conv1d
+
+    config = triton.Config({"BLOCK_T": 2, "BLOCK_C": 32}, num_warps=1)
+    monkeypatch.setattr(conv1d, "FORCE_PREFILL_CONFIG", config)
+    assert conv_tuning.FORCE_PREFILL_CONFIG is config and conv1d.FORCE_PREFILL_CONFIG is config
+    x, weight, state = _inputs(9, 40, 4, gen, rt.dtype, rt.device)
+    ref_state = state.clone()
+    ref = reference.causal_conv1d(x, weight, ref_state)
+    with count_launches() as launches:
+        y = causal_conv1d(x, weight, state)
+    assert dict(launches) == {"conv1d_prefill_kernel": 1, "conv1d_step_kernel": 1}, dict(launches)
+    checks.compare("y", y, ref)
+    checks.compare("state", state, ref_state)
+    monkeypatch.undo()
+    assert conv_tuning.FORCE_PREFILL_CONFIG is None and conv1d.FORCE_PREFILL_CONFIG is None
+
+
+# ---------------------------------------------------------------- the teaching kernel (notebook 08)
+
+
+def test_teaching_kernel_is_notebook_08s_solution():
+    """conv1d/teach.py holds Exercise 08.1's solution as the notebook has it: the two must not drift apart."""
+    assert_teaches("08_gated_deltanet_recurrent.ipynb", "qwen_lab/kernels/conv1d/teach.py", cells=[8])
+
+
+@pytest.mark.parametrize("T, C, W", [(1, 70, 4), (3, 37, 4), (9, 100, 4), (6, 70, 3), (5, 33, 2)])
+def test_teaching_kernel_matches_reference(T, C, W, rt, gen):
+    """The notebook's kernel as library code: ragged channel counts, fewer tokens than the state holds, strided x."""
+    from qwen_lab.kernels.conv1d import teach
+
+    x, weight, state = _inputs(T, C, W, gen, rt.dtype, rt.device)
+    ref_state = state.clone()
+    ref = reference.causal_conv1d(x, weight, ref_state)
+    y = teach.my_causal_conv1d(x, weight, state)
+    checks.compare(f"teach y (T={T}, C={C}, W={W})", y, ref)
+    checks.compare(f"teach state (T={T}, C={C}, W={W})", state, ref_state)
+
+
 # ---------------------------------------------------------------- guard regions: nothing outside the tensors
 #
 # The interpreter reads and writes CPU memory through raw pointers: an access past the end of a tensor lands
@@ -152,16 +197,17 @@ from qwen_lab.checks import GUARD_NAN as NAN, GUARD_SENTINEL as SENTINEL, Guarde
 
 _SIZES = [("interpreter", T) for T in (1, 2, 3, 4, 5, 63, 64, 65, 130)] + \
     [("gpu", T) for T in (1, 2, 3, 4, 5, 63, 64, 65, 130)] + \
-    [(f"prefill-config-{i}", T) for i in range(len(conv1d.PREFILL_CONFIGS)) for T in (5, 65, 130)]
+    [(f"prefill-config-{i}", T) for i in range(len(conv_tuning.PREFILL_CONFIGS)) for T in (5, 65, 130)]
 
 
 @pytest.mark.parametrize("sizes, T", _SIZES)
 def test_conv1d_stays_inside_its_tensors(T, sizes, rt, gen, monkeypatch):
     if sizes == "gpu":  # the block sizes a GPU launch uses, here as well
-        real = conv1d.block_sizes
-        monkeypatch.setattr(conv1d, "block_sizes", lambda C, interpreter: real(C, False))
+        real = conv_tuning.block_sizes
+        monkeypatch.setattr(conv_tuning, "block_sizes", lambda C, interpreter: real(C, False))
     elif sizes.startswith("prefill-config"):  # each segment the GPU autotuner may pick for the prefill kernel
-        monkeypatch.setattr(conv1d, "FORCE_PREFILL_CONFIG", conv1d.PREFILL_CONFIGS[int(sizes.rsplit("-", 1)[1])])
+        config = conv_tuning.PREFILL_CONFIGS[int(sizes.rsplit("-", 1)[1])]
+        monkeypatch.setattr(conv_tuning, "FORCE_PREFILL_CONFIG", config)
     for C, W in [(40, 4), (300, 4), (33, 2), (17, 3)]:
         x, weight, state = _inputs(T, C, W, gen, rt.dtype, rt.device)
         ref_state = state.clone()
@@ -213,7 +259,7 @@ def test_gpu_real_shapes(T, rt, gen):
 def test_gpu_autotuning_restores_the_state_between_timed_runs(rt, gen, monkeypatch):
     """The prefill kernel replaces the state; the autotuner runs it many times on the first call of a shape, so it
     must put the state back after each timed run (restore_value), or the call's own run reads a replaced one."""
-    monkeypatch.delitem(conv1d._tuned, "prefill", raising=False)   # a fresh autotuner: this call tunes
+    monkeypatch.delitem(conv_tuning._tuned, "prefill", raising=False)   # a fresh autotuner: this call tunes
     C, W, T = QWEN35_0_8B.linear_conv_dim, QWEN35_0_8B.linear_conv_kernel_dim, 700
     x = checks.randn(T, C, g=gen, dtype=rt.dtype, device=rt.device)
     weight = checks.randn(C, W, g=gen, dtype=rt.dtype, device=rt.device, scale=0.5)

@@ -27,19 +27,24 @@ Two kernels:
   one (the last W-1 inputs), each for its own channels and only after all of its threads have read the old: no
   other program reads the state, so nothing races and no second launch is needed. (When the first segment could
   not hold W-1 tokens, `conv1d_step_kernel` shifts the state afterwards, with no outputs.)
+
+The segments the GPU autotuner tries, and the block sizes of each mode: tuning.py. Notebook 08's own kernel (one
+program per block of channels walking the tokens, as conv1d_step_kernel does): teach.py.
 """
+
+from __future__ import annotations
 
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
-
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .. import runtime, tunings
-from ..errors import KernelError
-from . import pdl_options
+from ... import runtime
+from ...errors import KernelError
+from .. import pdl_options
+from . import tuning
 
 
 @triton.jit
@@ -137,43 +142,6 @@ def conv1d_prefill_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C,
 
 # ---------------------------------------------------------------- launchers
 
-# Segments of the prefill kernel the GPU autotuner times (per channel count and prompt-length bucket): the kernel
-# streams x once (plus W-1 rows per segment) and y once, and which segment keeps enough bytes in flight depends on
-# the GPU. BLOCK_T rows are unrolled (each its own registers), so segments stay short and wide; the narrow ones
-# keep enough programs for short prompts. (H200, 2048 tokens x 6144 channels: 18.3 us for 8 x 256 with 2 warps
-# and the weights stored [W, C], as the model does (18.4 stored [C, W]), against 25.4 for the best [tokens,
-# channels] tile of the earlier form and a 14.0 us copy floor; docs/perf-log.md, 2026-12-02, sessions 18-19.)
-PREFILL_CONFIGS = [triton.Config({"BLOCK_T": bt, "BLOCK_C": bc}, num_warps=w)
-                   for bt, bc, w in ((8, 256, 2), (8, 256, 1), (8, 128, 1), (16, 256, 2), (8, 512, 2), (8, 1024, 4))]
-# Tests set this to a triton.Config to run the prefill kernel with that segment (on the GPU or the interpreter).
-FORCE_PREFILL_CONFIG = None
-_tuned: dict = {}
-
-
-def _tuned_prefill():
-    if "prefill" not in _tuned:
-        # restore_value: a timed run may replace the state (WRITE_STATE), and the next must read the same one
-        _tuned["prefill"] = tunings.stored(triton.autotune(PREFILL_CONFIGS, key=["C", "T_BUCKET", "W"],
-                                                           restore_value=["state_ptr"])(conv1d_prefill_kernel))
-    return _tuned["prefill"]
-
-
-# Up to this many tokens the sequential kernel serves the call: set when the segmented kernel still needed a
-# separate state-shift launch, and not re-measured since it writes the state itself (docs/perf-log.md, 2026-11-30).
-STEP_MAX_TOKENS = 4
-
-
-def block_sizes(C: int, interpreter: bool) -> tuple[int, int, int]:
-    """(BLOCK_C of the step kernel, BLOCK_T and BLOCK_C of the prefill kernel's segments) for C channels.
-
-    On a GPU the prefill segment is autotuned over PREFILL_CONFIGS and these BLOCK_T, BLOCK_C only serve a test
-    that runs small segments through the interpreter (interpreter=False: many programs, ragged edges); the
-    interpreter's own segment is longer (16 tokens), so that it runs fewer programs.
-    """
-    if interpreter:
-        return min(256, triton.next_power_of_2(C)), 16, min(128, triton.next_power_of_2(C))
-    return min(128, triton.next_power_of_2(C)), 8, 256
-
 
 def _shape(t):
     return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
@@ -218,19 +186,19 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
     BLOCK_S = triton.next_power_of_2(max(W - 1, 1))
     args = (x, weight, state, out, T, C, x.stride(0), weight.stride(0), weight.stride(1), state.stride(0),
             out.stride(0))
-    step_block, BLOCK_T, BLOCK_C = block_sizes(C, runtime.interpreter_active())
+    step_block, BLOCK_T, BLOCK_C = tuning.block_sizes(C, runtime.interpreter_active())
     step_grid = (triton.cdiv(C, step_block),)
     pdl = pdl_options(x.device)
-    if T <= STEP_MAX_TOKENS:
+    if T <= tuning.STEP_MAX_TOKENS:
         conv1d_step_kernel[step_grid](*args, W=W, BLOCK_S=BLOCK_S, BLOCK_C=step_block, WRITE_OUT=True,
                                       num_warps=2, **pdl)
         return out
     t_bucket = triton.next_power_of_2(T)
     # The segmented kernel also writes the new state (the last W-1 inputs, all inside x since T > STEP_MAX_TOKENS)
     # when its first segment alone reads the old one; otherwise the step kernel shifts the state afterwards.
-    fuse = T >= W - 1 and all(c.kwargs["BLOCK_T"] >= W - 1 for c in PREFILL_CONFIGS)
-    if FORCE_PREFILL_CONFIG is not None:
-        c = FORCE_PREFILL_CONFIG
+    fuse = T >= W - 1 and all(c.kwargs["BLOCK_T"] >= W - 1 for c in tuning.PREFILL_CONFIGS)
+    if tuning.FORCE_PREFILL_CONFIG is not None:
+        c = tuning.FORCE_PREFILL_CONFIG
         fuse = fuse and c.kwargs["BLOCK_T"] >= W - 1
         grid = (triton.cdiv(T, c.kwargs["BLOCK_T"]), triton.cdiv(C, c.kwargs["BLOCK_C"]))
         conv1d_prefill_kernel[grid](*args, t_bucket, W=W, BLOCK_S=BLOCK_S, WRITE_STATE=fuse, num_warps=c.num_warps,
@@ -242,11 +210,10 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
                                     BLOCK_C=BLOCK_C, num_warps=4)
     else:
         grid = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(C, meta["BLOCK_C"]))  # noqa: E731
-        _tuned_prefill()[grid](*args, t_bucket, W=W, BLOCK_S=BLOCK_S, WRITE_STATE=fuse, **pdl)
+        tuning._tuned_prefill(conv1d_prefill_kernel)[grid](*args, t_bucket, W=W, BLOCK_S=BLOCK_S, WRITE_STATE=fuse,
+                                                           **pdl)
     if not fuse:
         conv1d_step_kernel[step_grid](*args, W=W, BLOCK_S=BLOCK_S, BLOCK_C=step_block, WRITE_OUT=False,
                                       num_warps=2, **pdl)
     return out
 
-
-__all__ = ["PREFILL_CONFIGS", "STEP_MAX_TOKENS", "block_sizes", "causal_conv1d"]
