@@ -9,7 +9,8 @@ GPU (marked): bf16 on Qwen3.5-0.8B shapes (8 query heads, 2 KV heads, head_dim 2
 import pytest
 import torch
 
-from qwen_lab import KernelError, checks, reference
+from qwen_lab import KernelError, reference
+from qwen_lab.course import checks
 from qwen_lab.config import QWEN35_0_8B
 from qwen_lab.kernels import attention as A
 from qwen_lab.kernels import count_launches

@@ -16,7 +16,8 @@ import pytest
 import torch
 import triton
 
-from qwen_lab import checks, reference, runtime
+from qwen_lab import reference, runtime
+from qwen_lab.course import checks
 from qwen_lab.config import QWEN35_0_8B
 from qwen_lab.errors import KernelError
 from qwen_lab.kernels import count_launches, deltanet
@@ -600,8 +601,8 @@ def test_rejects_bad_arguments(rt, gen):
 # sentinel. After the call every element outside the views must be bit for bit what it was. The GPU's
 # autotuning configs (block sizes the interpreter never picks) are forced in turn with `force_config`.
 
-from qwen_lab.checks import GUARD_NAN as NAN, GuardedTensor as _Guard  # noqa: E402
-from qwen_lab.checks import guarded_call as _guarded_call  # noqa: E402
+from qwen_lab.course.checks import GUARD_NAN as NAN, GuardedTensor as _Guard  # noqa: E402
+from qwen_lab.course.checks import guarded_call as _guarded_call  # noqa: E402
 
 
 def _inputs_for(kernel, T, Hk, Hv, Dk, Dv, gen, rt):
