@@ -14,8 +14,6 @@ from .comparison import _INT_OF, INT_POISON, poison_
 from .diagnoses import _ranges
 from .learner import _learner_code
 
-# ---------------------------------------------------------------- guard regions
-
 GUARD_NAN, GUARD_SENTINEL = float("nan"), -7777.0
 _GUARDABLE = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16)
 _tags = iter(range(1, 1 << 30))
@@ -138,6 +136,8 @@ def guarded_call(fn, args: dict, outputs=(), **kwargs) -> dict:
                         f"a store went outside the tensor")
     return {name: g.view for name, g in guards.items()}
 
+
+# ---------------------------------------------------------------- a case's tensors and the learner's allocations
 
 def _guardable(t: torch.Tensor) -> bool:
     """Whether check_kernel hands `t` over inside a GuardedTensor (expanded, empty and other tensors go as copies)."""
