@@ -37,7 +37,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 os.environ.setdefault("QWEN_LAB_TUNING_CACHE", "0")  # report what this run times, not an earlier process's record
 
 import qwen_lab  # noqa: E402,F401  (sets up the runtime before any kernel module is imported)
-from qwen_lab import checks, reference, runtime  # noqa: E402
+from qwen_lab import reference, runtime  # noqa: E402
+from qwen_lab.course import checks  # noqa: E402
 from qwen_lab.config import QWEN35_0_8B as C  # noqa: E402
 
 COPY_BANDWIDTH = 4.2e12  # bytes/s, device-to-device copy on the H200 (PERF.md)

@@ -72,7 +72,7 @@ if want kernels; then
   PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" timeout 120 python3 benchmarks/probe_sampling.py 2>&1 | tee "$OUT/sampling.txt"
 fi
 if want tests; then
-  # nbformat (the exercise tests read the notebooks through qwen_lab.exercises) where the image lacks it: carried as
+  # nbformat (the exercise tests read the notebooks through qwen_lab.course.exercises) where the image lacks it: carried as
   # Python 3.12 wheels in .whl/test (pip download --python-version 3.12 --only-binary=:all: -d .whl/test nbformat)
   # (and pytest-xdist and pytest-timeout, which spread the tests over workers and limit each test, where it lacks those)
   for pkg in nbformat:nbformat xdist:pytest-xdist pytest_timeout:pytest-timeout; do

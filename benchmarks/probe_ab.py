@@ -111,7 +111,8 @@ def last_logits_ab(model, switch, label: str, tokens: int = 512) -> None:
     """The last position's logits of a `tokens`-token prompt (model.step, as a prefill computes them) with
     switch(False) and switch(True), each against transformers in float32 on the same weights, and the two ways
     against each other; printed. Leaves the switch off."""
-    from qwen_lab import bench, checks
+    from qwen_lab import bench
+    from qwen_lab.course import checks
 
     ids = torch.randint(0, model.config.vocab_size, (tokens,), generator=torch.Generator().manual_seed(1))
     ids = ids.to(model.device)

@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 CASE = r"""
 import sys, json, torch, qwen_lab
-from qwen_lab import reference as R, checks
+from qwen_lab import reference as R
+from qwen_lab.course import checks
 from qwen_lab.kernels import deltanet as K
 form, T, Hk, Hv, Dk, Dv = sys.argv[1], *map(int, sys.argv[2:7])
 g = torch.Generator().manual_seed(T * 7 + Dk)

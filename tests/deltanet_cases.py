@@ -6,9 +6,10 @@ import contextlib
 import pytest
 import torch
 
-from qwen_lab import checks, reference
-from qwen_lab.checks import GUARD_NAN as NAN, GuardedTensor as _Guard
-from qwen_lab.checks import guarded_call as _guarded_call
+from qwen_lab import reference
+from qwen_lab.course import checks
+from qwen_lab.course.checks import GUARD_NAN as NAN, GuardedTensor as _Guard
+from qwen_lab.course.checks import guarded_call as _guarded_call
 from qwen_lab.config import QWEN35_0_8B
 from qwen_lab.kernels.deltanet import (ChunkWorkspace, chunk_workspace, delta_rule_chunked, deltanet_chunked,
                                        deltanet_conv_decode_step, deltanet_decode_step, force_config)

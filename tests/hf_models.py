@@ -121,7 +121,7 @@ def assert_as_accurate_as_transformers(ours, theirs, want, what: str) -> float:
     """Our low-precision logits against transformers' (the same weights, the same dtype), both measured against
     transformers in float32: ours may be no less accurate than theirs, x1.25 + 2e-3 (rounding in another order).
     Returns our relative error."""
-    from qwen_lab import checks
+    from qwen_lab.course import checks
 
     ours_err, theirs_err = checks.relative_error(ours.float(), want), checks.relative_error(theirs, want)
     assert ours_err <= 1.25 * theirs_err + 2e-3, f"{what}: relative error ours {ours_err:.4f}, theirs {theirs_err:.4f}"

@@ -5,7 +5,8 @@ reference.linear_silu_mul (the gate/up GEMM with SwiGLU in its epilogue, and the
 import pytest
 import torch
 
-from qwen_lab import checks, reference
+from qwen_lab import reference
+from qwen_lab.course import checks
 from qwen_lab.config import QWEN35_0_8B as C
 from qwen_lab.errors import KernelError
 from qwen_lab.kernels import count_launches

@@ -11,7 +11,8 @@ import torch
 
 import triton.testing
 
-from qwen_lab import KernelError, checks, reference, runtime
+from qwen_lab import KernelError, reference, runtime
+from qwen_lab.course import checks
 from qwen_lab.config import QWEN35_0_8B
 from qwen_lab.kernels import attention as A
 from qwen_lab.kernels import count_launches

@@ -1,12 +1,13 @@
-"""qwen_lab.checks: what a learner's mistake looks like to check_kernel (Triton interpreter on a CPU, a real launch
-on a GPU). Each mistake must fail with a message that names it, never pass and never take the process down."""
+"""qwen_lab.course.checks: what a learner's mistake looks like to check_kernel (Triton interpreter on a CPU, a real
+launch on a GPU). Each mistake must fail with a message that names it, never pass and never take the process down."""
 
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from qwen_lab import checks, runtime
+from qwen_lab import runtime
+from qwen_lab.course import checks
 
 # the cases' tensors live where the kernels run: the CPU under the interpreter, the GPU otherwise (a real launch
 # cannot read a CPU tensor)
@@ -85,8 +86,8 @@ try:
                              constexprs={"BLOCK": 256}), target=GPUTarget("cuda", 90, 32))
 except Exception as e:
     sys.path.insert(0, sys.argv[1])
-    from qwen_lab import checks
-    print(type(e).__name__, "->", repr(checks._unfinished(e)))
+    from qwen_lab.course.checks.runner import _unfinished
+    print(type(e).__name__, "->", repr(_unfinished(e)))
 """
 
 

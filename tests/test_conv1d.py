@@ -7,7 +7,8 @@ CPU: the Triton interpreter in float32 on small channel counts; GPU: bf16 on Qwe
 import pytest
 import torch
 
-from qwen_lab import checks, reference
+from qwen_lab import reference
+from qwen_lab.course import checks
 from qwen_lab.config import QWEN35_0_8B
 from qwen_lab.errors import KernelError
 from qwen_lab.kernels import count_launches
@@ -192,7 +193,7 @@ def test_teaching_kernel_matches_reference(T, C, W, rt, gen):
 # around outputs; nothing outside the views may change. The GPU's block sizes (8 x 256 segments, 128-channel
 # steps) run through the interpreter too.
 
-from qwen_lab.checks import GUARD_NAN as NAN, GUARD_SENTINEL as SENTINEL, GuardedTensor as _Guard  # noqa: E402
+from qwen_lab.course.checks import GUARD_NAN as NAN, GUARD_SENTINEL as SENTINEL, GuardedTensor as _Guard  # noqa: E402
 
 
 _SIZES = [("interpreter", T) for T in (1, 2, 3, 4, 5, 63, 64, 65, 130)] + \

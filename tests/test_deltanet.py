@@ -14,7 +14,8 @@ import pytest
 import torch
 import triton
 
-from qwen_lab import checks, reference, runtime
+from qwen_lab import reference, runtime
+from qwen_lab.course import checks
 from qwen_lab.config import QWEN35_0_8B
 from qwen_lab.errors import KernelError
 from qwen_lab.kernels import deltanet

@@ -11,8 +11,9 @@ import pytest
 import torch
 import triton
 
-from qwen_lab import checks, reference, runtime
-from qwen_lab.checks import guarded_call as _guarded_call
+from qwen_lab import reference, runtime
+from qwen_lab.course import checks
+from qwen_lab.course.checks import guarded_call as _guarded_call
 from qwen_lab.config import QWEN35_0_8B
 from qwen_lab.errors import KernelError
 from qwen_lab.kernels import count_launches

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from qwen_lab import checks, reference
+from qwen_lab import reference
+from qwen_lab.course import checks
 from qwen_lab.config import QWEN35_0_8B, TINY
 from qwen_lab.errors import KernelError
 from qwen_lab.kernels import count_launches

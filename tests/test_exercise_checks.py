@@ -15,7 +15,9 @@ import pytest
 
 import torch
 
-from qwen_lab import checks, exercises, runtime
+from qwen_lab import runtime
+from qwen_lab.course import checks, exercises
+from qwen_lab.course.checks.runner import _unfinished
 
 SOLUTIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "solutions")
 
@@ -337,7 +339,7 @@ def test_each_exercise_of_a_learners_notebook_is_checked_by_its_own_stub(noteboo
         except Exception as e:  # noqa: BLE001 (every exception is looked at below)
             tags = cell.get("metadata", {}).get("tags", [])
             assert "raises-exception" in tags, f"{notebook}, cell {i} (not a check cell) raised {e!r}"
-            unfinished = checks._unfinished(e)
+            unfinished = _unfinished(e)
             assert unfinished is not None, f"{notebook}, cell {i}: a check raised {type(e).__name__}: {e}, " \
                                            "not an exercise stub's NotImplementedError"
             raised[i] = str(unfinished)

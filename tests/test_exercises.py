@@ -19,7 +19,8 @@ import pytest
 nbformat = pytest.importorskip("nbformat", reason="the exercise tooling needs nbformat (requirements.txt)")
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output, new_raw_cell
 
-from qwen_lab import exercises as ex
+from qwen_lab.course import exercises as ex
+from qwen_lab.course.exercises import building, cells, validation
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).resolve().parent / "data" / "exercise_fixture.ipynb"
@@ -368,7 +369,8 @@ def test_default_folders(tmp_path, monkeypatch, capsys):
         (root / "solutions").mkdir(parents=True)
         nbformat.write(new_notebook(cells=GOOD), str(root / "solutions" / "02_a.ipynb"))
     elsewhere.mkdir()
-    monkeypatch.setattr(ex, "__file__", str(package / "qwen_lab" / "exercises.py"))   # the imported checkout
+    monkeypatch.setattr(building, "__file__",                                       # the imported checkout
+                        str(package / "qwen_lab" / "course" / "exercises" / "building.py"))
 
     monkeypatch.chdir(elsewhere)
     assert ex.main(["build", "--solutions", str(second / "solutions")]) == 0
@@ -568,7 +570,7 @@ def test_marker_lookalikes_in_the_course_are_only_exact_markers():
     for path in sorted((REPO / "solutions").glob("*.ipynb")):
         nb = _read(path)
         for i, cell in enumerate(nb.cells):
-            assert ex._near_markers(cell, f"{path.name}, cell {i}") == []
+            assert cells._near_markers(cell, f"{path.name}, cell {i}") == []
         assert [p for p in ex.validate(nb, path.name) if "no solution block" in p] == []
 
 
@@ -718,10 +720,10 @@ def test_nbgrader_export_marks_exercises_checks_and_answers(tmp_path):
 def test_nbgraders_stub_in_a_kernel_reads_as_not_done_yet():
     """What a GPU compile says of nbgrader's stub inside a @triton.jit body must still read as an unfinished exercise
     (checks.learner_code and check_kernel rely on it)."""
-    from qwen_lab import checks
+    from qwen_lab.course.checks.runner import _unfinished
     message = (f"at 2:4:\ndef my_kernel(x_ptr):\n    pid = tl.program_id(0)\n    {ex.NBGRADER_STUB}\n    ^\n"
                "unsupported AST node type: Raise")
-    stub = checks._unfinished(RuntimeError(message))
+    stub = _unfinished(RuntimeError(message))
     assert isinstance(stub, NotImplementedError) and str(stub) == ex.DEFAULT_TITLE
 
 
@@ -789,5 +791,5 @@ def test_a_stub_that_breaks_the_cell_is_located_in_the_solution_cell():
     with pytest.raises(ex.ExerciseError, match=r"no longer valid Python: .*\(line 17 of the solution cell"):
         ex.build_notebook(new_notebook(cells=[new_markdown_cell("# 02"), new_code_cell(source), _check("f()")]),
                           "solutions/02_lines.ipynb")
-    assert [ex._solution_line([ex._Block(2, 13, "    "), ex._Block(16, 18, "    ")], n) for n in (1, 3, 4, 6, 7)] \
-        == [1, 3, 15, 17, 20]
+    blocks = [cells._Block(2, 13, "    "), cells._Block(16, 18, "    ")]
+    assert [validation._solution_line(blocks, n) for n in (1, 3, 4, 6, 7)] == [1, 3, 15, 17, 20]

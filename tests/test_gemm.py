@@ -5,7 +5,8 @@ import pytest
 import torch
 import triton
 
-from qwen_lab import checks, reference
+from qwen_lab import reference
+from qwen_lab.course import checks
 from qwen_lab.config import QWEN35_0_8B as C
 from qwen_lab.errors import KernelError
 from qwen_lab.kernels import count_launches

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import qwen_lab
-from qwen_lab import checks
+from qwen_lab.course import checks
 from qwen_lab.errors import GenerationError
 from qwen_lab.graph import PREFILL_BUCKETS, GraphCaptureError, PrefillGraphs, buckets_used, prefill_pieces
 from qwen_lab.plan import fast_plan

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from hf_models import hf_logits, make_hf_model, save_hf_snapshot
-from qwen_lab import GenerationError, checks, runtime
+from qwen_lab import GenerationError, runtime
+from qwen_lab.course import checks
 from qwen_lab.config import FULL, LINEAR, TINY
 from qwen_lab.generation import generate
 from qwen_lab.model import OPERATORS, Qwen35Model, load_model

@@ -10,7 +10,8 @@ import torch
 
 import qwen_lab
 from hf_models import assert_as_accurate_as_transformers, decode_after_prefill, hf_logits
-from qwen_lab import bench, checks
+from qwen_lab import bench
+from qwen_lab.course import checks
 
 pytestmark = pytest.mark.gpu
 

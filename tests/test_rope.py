@@ -6,7 +6,8 @@ CPU: the Triton interpreter in float32 on small shapes. GPU (marked): bf16 on Qw
 import pytest
 import torch
 
-from qwen_lab import KernelError, checks, reference
+from qwen_lab import KernelError, reference
+from qwen_lab.course import checks
 from qwen_lab.config import QWEN35_0_8B, TINY
 from qwen_lab.kernels import count_launches
 from qwen_lab.kernels import rope as K

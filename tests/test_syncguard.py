@@ -1,4 +1,5 @@
-"""qwen_lab.syncguard: every synchronising call is caught and named, nothing else is, and the guard leaves no trace.
+"""qwen_lab.course.syncguard: every synchronising call is caught and named, nothing else is, and the guard leaves no
+trace.
 
 All on the CPU: the guard exists so that the capture rules can be taught and checked without a GPU.
 """
@@ -13,8 +14,8 @@ import triton.language as tl
 
 import qwen_lab
 from qwen_lab import reference
-from qwen_lab.syncguard import (HostSyncError, ShapeChangeError, allow_host_sync, allowing_host_sync,
-                                assert_same_shapes, find_host_syncs, forbid_host_sync, record_shapes)
+from qwen_lab.course.syncguard import (HostSyncError, ShapeChangeError, allow_host_sync, allowing_host_sync,
+                                       assert_same_shapes, find_host_syncs, forbid_host_sync, record_shapes)
 
 X = torch.arange(6, dtype=torch.float32)
 S = torch.tensor(3.0)
@@ -101,7 +102,7 @@ def test_a_cpu_tensor_read_where_a_gpu_runs_the_step_is_told_as_frozen_not_as_a_
     """Where the step runs on a GPU, reading a CPU tensor's value waits for nothing, but a graph replays the number it
     had during the capture: the message says that, not that the host waits for the GPU. (Where no GPU is in use, the
     CPU tensors stand for the GPU's, and the same read is told as a fetch.)"""
-    import qwen_lab.syncguard as syncguard
+    import qwen_lab.course.syncguard as syncguard
 
     with pytest.raises(HostSyncError, match="until the GPU has finished"):
         with forbid_host_sync():
@@ -215,7 +216,7 @@ def test_reference_operators_that_synchronise_are_named():
 _INTERPRETER_LAUNCH = """
 import torch
 from qwen_lab.kernels.embedding import embedding
-from qwen_lab.syncguard import forbid_host_sync
+from qwen_lab.course.syncguard import forbid_host_sync
 
 w = torch.randn(20, 8)
 ids = torch.tensor([3, 0, 19])

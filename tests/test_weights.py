@@ -299,7 +299,8 @@ def test_tied_checkpoint_storing_only_the_head_uses_it_as_the_embedding(tmp_path
 @pytest.mark.parametrize("multimodal", [False, True], ids=["causal", "multimodal"])
 def test_tied_config_with_a_different_stored_head_gives_transformers_logits(tmp_path, multimodal):
     transformers = pytest.importorskip("transformers")
-    from qwen_lab import checks, load_model
+    from qwen_lab import load_model
+    from qwen_lab.course import checks
 
     hf = make_hf_model(UNTIED, seed=2, multimodal=multimodal)
     snap = save_hf_snapshot(hf, tmp_path / "snap")

@@ -13,7 +13,7 @@ step's Python code make that impossible, and a CPU can detect both:
    recorded, so every tensor of the step must have the same shape at every step (a fixed set of sizes, as
    graph.PrefillGraphs splits a prompt into buckets).
 
-    from qwen_lab.syncguard import forbid_host_sync, find_host_syncs, record_shapes, assert_same_shapes
+    from qwen_lab.course.syncguard import forbid_host_sync, find_host_syncs, record_shapes, assert_same_shapes
     with forbid_host_sync():          # raises HostSyncError at the first synchronising call, naming it
         step()
     with find_host_syncs() as found:  # or: list every one without stopping
@@ -49,7 +49,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .errors import QwenLabError
+from ..errors import QwenLabError
 
 
 class HostSyncError(QwenLabError, RuntimeError):
@@ -229,6 +229,7 @@ def _call_name(func) -> str:
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _HERE = os.path.abspath(__file__)
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))   # above qwen_lab/course/
 _INTERPRETER = os.path.join("triton", "runtime", "interpreter.py")
 _KERNELS_INIT = os.path.join("qwen_lab", "kernels", "__init__.py")  # the launch hook (count_launches)
 
@@ -289,7 +290,7 @@ def _short(filename: str) -> str:
     in a Jupyter cell (compiled into a temporary file) reads "notebook cell"."""
     if _NOTEBOOK_CELL.search(filename):
         return "notebook cell"
-    for root in (os.path.dirname(os.path.dirname(_HERE)), os.getcwd()):
+    for root in (_CHECKOUT, os.getcwd()):
         if filename.startswith(root + os.sep):
             return os.path.relpath(filename, root)
     return filename
@@ -522,7 +523,7 @@ def record_shapes():
     """Record every tensor operation of the block with its output shapes, and every Triton launch with its grid,
     its Python scalars and the shapes of its tensor arguments: `with record_shapes() as ops:`. Two calls of a
     capturable step must record the same list (compare with assert_same_shapes)."""
-    from .kernels import LaunchCounter, count_launches
+    from ..kernels import LaunchCounter, count_launches
 
     records: list[OpRecord] = []
 
