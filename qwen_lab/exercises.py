@@ -4,9 +4,7 @@ command line (qwen_lab.course.exercises) and holds nothing else. Import the tool
 
 import sys
 
-# exercise_and_check: for benchmarks/probe_check_retry.py, which still imports it from here (to go once it imports
-# qwen_lab.course.exercises)
-from .course.exercises import exercise_and_check, main  # noqa: F401
+from .course.exercises import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -290,39 +290,3 @@ def test_gpu_decode_step_captures_in_a_cuda_graph(rt, gen):
     ref_state = start.clone()
     checks.compare("y", out, reference.causal_conv1d(x, weight, ref_state))
     checks.compare("state", state, ref_state)
-
-
-@pytest.mark.parametrize("span", [16, 32])
-def test_the_probes_weight_layout_form_matches_reference(span, rt, gen, benchmark_module):
-    """benchmarks/probe_conv.py times a form of the prefill conv with its weights stored [W, C]; its timings only
-    mean something if it computes the same conv (a first prefill: zero state)."""
-    import triton
-
-    probe = benchmark_module("probe_conv")
-    T, C, W = 70, 96, 4
-    x, weight, _ = _inputs(T, C, W, gen, rt.dtype, rt.device)
-    ref = reference.causal_conv1d(x, weight, torch.zeros(C, W - 1, dtype=rt.dtype, device=rt.device))
-    out = torch.empty(T, C, dtype=rt.dtype, device=rt.device)
-    probe.conv_wt2d_kernel[(triton.cdiv(T, span), triton.cdiv(C, 64))](
-        x, weight.t().contiguous(), out, T, C, x.stride(0), out.stride(0), W=W, BLOCK_T=16, BLOCK_C=64, SPAN=span,
-        TAPS=W, SILU=True)
-    checks.compare(f"probe conv span {span}", out, ref)
-
-
-@pytest.mark.parametrize("form,tile", [("gather", (16, 64)), ("gather", (4, 32)), ("rows", (8, 64)), ("rows", (4, 32))])
-def test_the_probes_read_once_forms_match_reference(form, tile, rt, gen, benchmark_module):
-    """The probe's forms that load each input row once (the taps' shifts by tl.gather, or from a window of row
-    vectors), on ragged sizes: the tiles' first rows reach back into the rows before them (zeros before row 0)."""
-    import triton
-
-    probe = benchmark_module("probe_conv")
-    T, C, W = 37, 70, 4
-    x, weight, _ = _inputs(T, C, W, gen, rt.dtype, rt.device)
-    ref = reference.causal_conv1d(x, weight, torch.zeros(C, W - 1, dtype=rt.dtype, device=rt.device))
-    out = torch.empty(T, C, dtype=rt.dtype, device=rt.device)
-    rows, cols = tile
-    kernel = probe.conv_gather_kernel if form == "gather" else probe.conv_rows_kernel
-    sizes = dict(BLOCK_T=rows) if form == "gather" else dict(SEG=rows)
-    kernel[(triton.cdiv(T, rows), triton.cdiv(C, cols))](x, weight.t().contiguous(), out, T, C, x.stride(0),
-                                                          out.stride(0), W=W, BLOCK_C=cols, **sizes)
-    checks.compare(f"probe conv {form} {tile}", out, ref)

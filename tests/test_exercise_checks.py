@@ -298,20 +298,48 @@ def test_the_12_1_check_takes_its_gpu_path_with_the_capture_emulated(wrong, says
     assert len(replays) == 2 * 15   # two cases of 16 tokens: 15 replays each
 
 
-def test_the_retry_probe_changes_a_token_of_the_atomic_round_only(monkeypatch, benchmark_module):
-    """benchmarks/probe_check_retry.py runs chapter 12 up to Exercise 12.1's check, then the check's last part with
-    eager generation one token off unless the deterministic mode is on. On a GPU that part must retry in the
-    deterministic mode and pass. Under the interpreter (never a retry) the same plumbing must reach the comparison
-    and fail on exactly that token, which shows the probe found the check, kept the notebook's namespace and changed
-    what the check compares."""
+def run_12_check_one_token_off(run_cell) -> None:
+    """Chapter 12's solution cells up to Exercise 12.1's check, as a Jupyter kernel runs them; then the check's last
+    part again with eager generation's last token changed whenever the deterministic mode is off (as if the atomics
+    had swapped a near-tie): the check must report the differing token, compare again in the deterministic mode, and
+    pass."""
+    from qwen_lab.course import exercises
+
+    notebook = os.path.join(SOLUTIONS, "12_cuda_graph.ipynb")
+    nb = json.load(open(notebook))
+    _, check = exercises.exercise_and_check(notebook, "Exercise 12.1")
+    namespace = {"__name__": "__main__"}
+    for i, cell in enumerate(nb["cells"][:check + 1]):
+        if cell["cell_type"] == "code":
+            run_cell("".join(cell["source"]), f"<12_cuda_graph.ipynb cell {i}>", namespace)
+    source = "".join(nb["cells"][check]["source"])
+    retry = source[source.index("try:\n    check_decode_step()"):]
+    eager = namespace["tokens_from_generate"]
+
+    def one_token_off(**case):
+        tokens = eager(**case)
+        if os.environ.get("QWEN_LAB_DETERMINISTIC") != "1":
+            tokens = tokens.clone()
+            tokens[-1] += 1
+        return tokens
+
+    namespace["tokens_from_generate"] = one_token_off
+    run_cell(retry, "<12_cuda_graph.ipynb check, one token off in the atomic round>", namespace)
+
+
+def test_the_check_retries_a_token_of_the_atomic_round_only(monkeypatch, benchmark_module):
+    """Chapter 12's check compares the graph-replayed step with eager generation under the default atomic split-K.
+    On a GPU, a token off in that round must send it to a retry in the deterministic mode, which passes. Under the
+    interpreter (never a retry) the same plumbing must reach the comparison and fail on exactly that token, which
+    shows the run found the check, kept the notebook's namespace and changed what the check compares."""
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.chdir(SOLUTIONS)
-    probe = benchmark_module("probe_check_retry")
+    run_cell = benchmark_module("run_notebooks").run_cell
     if ON_GPU:
-        assert probe.main(require_gpu=False) == 0   # the one-token-off round failed, the deterministic one passed
+        run_12_check_one_token_off(run_cell)   # the one-token-off round failed, the deterministic one passed
     else:
         with pytest.raises(checks.CheckFailed) as failed:
-            probe.main(require_gpu=False)
+            run_12_check_one_token_off(run_cell)
         assert "decode_step (case 0" in str(failed.value) and "1 of 3 values differ; first at (2,)" in str(failed.value)
     assert os.environ.get("QWEN_LAB_DETERMINISTIC") is None
 
