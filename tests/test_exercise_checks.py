@@ -135,8 +135,7 @@ MISTAKES = [
     ("09_gated_deltanet_chunked.ipynb", "Exercise 09.3",   # the segments applied last to first
      "    for M, B in maps:\n", "    for M, B in maps[::-1]:\n", "reverse order"),
     ("10_whole_forward.ipynb", "Exercise 10.1",
-     'o = ops["attention"](q, k_cache, v_cache, positions, gate=gate)',
-     'o = ops["attention"](q, k_cache, v_cache, positions)', "attention_block"),   # the output gate forgotten
+     'o = ops["sigmoid_gate"](o, gate)', 'o = o', "attention_block"),   # the output gate forgotten
     ("11_decode_and_sampling.ipynb", "Exercise 11.1",
      "keep &= n_greater < top_k", "keep &= n_greater <= top_k", "outside the kept set"),   # top-k keeps k + 1
     ("11_decode_and_sampling.ipynb", "Exercise 11.1",   # the count of tokens <= p_i one short: nothing is kept
