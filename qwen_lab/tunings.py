@@ -108,8 +108,10 @@ def _code_digest() -> str:
     candidates (the GEMV plans' grids, the scan timed beside its prep) or of the timers, starts a new file."""
     folder = Path(__file__).parent
     digest = hashlib.sha256()
-    for file in sorted((folder / "kernels").glob("*.py")) + [Path(__file__)]:
-        digest.update(file.name.encode() + b"\0" + file.read_bytes())
+    kernels = folder / "kernels"
+    for file in sorted(kernels.rglob("*.py")) + [Path(__file__)]:   # every family folder's files
+        name = file.relative_to(kernels) if file.is_relative_to(kernels) else file.name
+        digest.update(str(name).encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()[:16]
 
 
