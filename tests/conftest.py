@@ -78,3 +78,29 @@ def benchmark_module():
         return module
 
     return load
+
+
+class _SwitchSetter:
+    """switch(name=value, ...) sets qwen_lab.switches until the test ends; switch.force(kernel, config) forces a
+    kernel's config until then (the switches' own `with` blocks, entered for the rest of the test)."""
+
+    def __init__(self, stack):
+        self._stack = stack
+
+    def __call__(self, **values):
+        from qwen_lab.switches import switches
+
+        self._stack.enter_context(switches.set(**values))
+
+    def force(self, kernel: str, config):
+        from qwen_lab.switches import switches
+
+        self._stack.enter_context(switches.force_config(kernel, config))
+
+
+@pytest.fixture
+def switch():
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        yield _SwitchSetter(stack)

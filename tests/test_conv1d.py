@@ -64,11 +64,11 @@ def test_weight_stored_tap_by_tap(T, rt, gen):
     checks.compare(f"state, T={T}, weight stored [W, C]", state, ref_state)
 
 
-def test_segment_shorter_than_the_state_shifts_it_in_a_second_launch(rt, gen, monkeypatch):
+def test_segment_shorter_than_the_state_shifts_it_in_a_second_launch(rt, gen, switch):
     """With a first segment of fewer than W-1 tokens a second segment would read the old state too, so the
     segmented kernel leaves the state alone and the step kernel shifts it afterwards."""
     import triton
-    monkeypatch.setattr(conv_tuning, "FORCE_PREFILL_CONFIG", triton.Config({"BLOCK_T": 2, "BLOCK_C": 32}, num_warps=1))
+    switch.force("conv1d_prefill_kernel", triton.Config({"BLOCK_T": 2, "BLOCK_C": 32}, num_warps=1))
     T, C, W = 9, 40, 4
     x, weight, state = _inputs(T, C, W, gen, rt.dtype, rt.device)
     ref_state = state.clone()
@@ -142,16 +142,17 @@ def test_rejects_bad_arguments(rt, gen):
         causal_conv1d(x[0], weight, state)
 
 
-def test_a_config_set_on_the_package_reaches_the_launcher(rt, gen, monkeypatch):
-    """benchmarks/probe_conv.py sets conv1d.FORCE_PREFILL_CONFIG on the package; the launcher reads it in
-    conv1d/tuning.py, which the package passes the write on to (a segment of 2 tokens: two launches, as above)."""
+def test_a_config_forced_through_the_switches_reaches_the_launcher_for_the_block_only(rt, gen):
+    """A config forced with qwen_lab.switches reaches the launcher (a segment of 2 tokens: two launches, as above),
+    and only inside its `with` block."""
     import triton
 
-    from qwen_lab.kernels import conv1d
+    from qwen_lab.switches import switches
 
     config = triton.Config({"BLOCK_T": 2, "BLOCK_C": 32}, num_warps=1)
-    monkeypatch.setattr(conv1d, "FORCE_PREFILL_CONFIG", config)
-    assert conv_tuning.FORCE_PREFILL_CONFIG is config and conv1d.FORCE_PREFILL_CONFIG is config
+    forced = switches.force_config("conv1d_prefill_kernel", config)
+    forced.__enter__()
+    assert switches.forced("conv1d_prefill_kernel") is config
     x, weight, state = _inputs(9, 40, 4, gen, rt.dtype, rt.device)
     ref_state = state.clone()
     ref = reference.causal_conv1d(x, weight, ref_state)
@@ -160,8 +161,11 @@ def test_a_config_set_on_the_package_reaches_the_launcher(rt, gen, monkeypatch):
     assert dict(launches) == {"conv1d_prefill_kernel": 1, "conv1d_step_kernel": 1}, dict(launches)
     checks.compare("y", y, ref)
     checks.compare("state", state, ref_state)
-    monkeypatch.undo()
-    assert conv_tuning.FORCE_PREFILL_CONFIG is None and conv1d.FORCE_PREFILL_CONFIG is None
+    forced.__exit__(None, None, None)
+    assert switches.forced("conv1d_prefill_kernel") is None
+    with count_launches() as launches:
+        causal_conv1d(x, weight, state)
+    assert dict(launches) == {"conv1d_prefill_kernel": 1}, dict(launches)   # the interpreter's own segment again
 
 
 # ---------------------------------------------------------------- the teaching kernel (notebook 08)
@@ -202,13 +206,13 @@ _SIZES = [("interpreter", T) for T in (1, 2, 3, 4, 5, 63, 64, 65, 130)] + \
 
 
 @pytest.mark.parametrize("sizes, T", _SIZES)
-def test_conv1d_stays_inside_its_tensors(T, sizes, rt, gen, monkeypatch):
+def test_conv1d_stays_inside_its_tensors(T, sizes, rt, gen, monkeypatch, switch):
     if sizes == "gpu":  # the block sizes a GPU launch uses, here as well
         real = conv_tuning.block_sizes
         monkeypatch.setattr(conv_tuning, "block_sizes", lambda C, interpreter: real(C, False))
     elif sizes.startswith("prefill-config"):  # each segment the GPU autotuner may pick for the prefill kernel
         config = conv_tuning.PREFILL_CONFIGS[int(sizes.rsplit("-", 1)[1])]
-        monkeypatch.setattr(conv_tuning, "FORCE_PREFILL_CONFIG", config)
+        switch.force("conv1d_prefill_kernel", config)
     for C, W in [(40, 4), (300, 4), (33, 2), (17, 3)]:
         x, weight, state = _inputs(T, C, W, gen, rt.dtype, rt.device)
         ref_state = state.clone()

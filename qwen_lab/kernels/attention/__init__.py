@@ -16,10 +16,10 @@ Shapes: q [T, Hq, D]; k, v [L, Hkv, D]; positions [T] int on the device; out [T,
 - `decode.py`: flash-decoding, a split kernel and a combine kernel; `decode_splits`, `decode_workspace`.
 - `norm_rope_decode.py`: `qk_norm_rope_cache_attention`, the q/k norm, RoPE and cache write folded into decode.
 - `kv_cache.py`, `gate.py`: `kv_cache_write`, `sigmoid_gate`.
-- `tuning.py`: the autotuners' candidates, and the switches below.
+- `tuning.py`: the autotuners' candidates.
 
-Switches (defaults in tuning.py): the launchers read FORCE_PREFILL_CONFIG, GATE_APART_FROM_TOKENS and
-DECODE_PREFETCH from this package at each call, so set them here: `attention.GATE_APART_FROM_TOKENS = 7`.
+Its switches (`decode_prefetch`, `gate_apart_from_tokens`, `attn_tma`, and a config forced on
+`flash_attention_kernel`) are in `qwen_lab.switches`.
 """
 
 from .. import dot_precision
@@ -31,10 +31,9 @@ from .prefill import attention, flash_attention_kernel
 from .three_kernels import (attention_three_kernels, attn_masked_softmax_kernel, attn_scores_kernel,
                             attn_weighted_sum_kernel)
 from .tuning import (_DECODE_CONFIGS, _PREFILL_CONFIGS, _PREFILL_TMA_CONFIGS, _SMALL_SMEM_PREFILL_CONFIGS,
-                     DECODE_PREFETCH, FORCE_PREFILL_CONFIG, GATE_APART_FROM_TOKENS, LARGE_TILE_SHARED_MEMORY,
-                     MAX_SPLITS, SMALL_SHARED_MEMORY, _tuned)
+                     LARGE_TILE_SHARED_MEMORY, MAX_SPLITS, SMALL_SHARED_MEMORY, _tuned)
 
-__all__ = ["DECODE_PREFETCH", "FORCE_PREFILL_CONFIG", "GATE_APART_FROM_TOKENS", "LARGE_TILE_SHARED_MEMORY",
+__all__ = ["LARGE_TILE_SHARED_MEMORY",
            "MAX_SPLITS", "SMALL_SHARED_MEMORY", "_DECODE_CONFIGS", "_PREFILL_CONFIGS", "_PREFILL_TMA_CONFIGS",
            "_SMALL_SMEM_PREFILL_CONFIGS", "_tuned", "attention", "attention_three_kernels",
            "attn_masked_softmax_kernel", "attn_scores_kernel", "attn_weighted_sum_kernel", "decode_splits",

@@ -16,7 +16,7 @@ acc = 0) and exit.
 
 The split kernel also serves `qk_norm_rope_cache_attention` (norm_rope_decode.py, PREP=True): it then prepares
 q and the new key itself. Launched early under programmatic dependent launch, each program asks L2 for its chunk
-of keys and values before its wait (DECODE_PREFETCH), while the q/k/v projection before it still runs.
+of keys and values before its wait (switches.decode_prefetch), while the q/k/v projection before it still runs.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ... import runtime, tunings
 from ...errors import KernelError
-from .. import attention as family
+from ...switches import switches
 from .. import dot_precision, pdl_options
 from ..rope import _norm_rope_rows
 from .flash import _flash_step
@@ -233,7 +233,7 @@ def _decode(q, k, v, positions, qk_scale, out, gate, num_splits, workspace, prep
     else:
         # (the prefetch walks whole 128-byte lines of a row: a power of two of them, as head_dim 128 or 256 gives)
         lines = D * k.element_size() // 128
-        prefetch = bool(family.DECODE_PREFETCH) and D * k.element_size() % 128 == 0 and lines & (lines - 1) == 0
+        prefetch = bool(switches.decode_prefetch) and D * k.element_size() % 128 == 0 and lines & (lines - 1) == 0
         _decode_kernel()[(Hkv, splits)](*common, G=G, ROWS=rows, D=D, BLOCK_D=BLOCK_D,
                                         DOT_PREC=prec, **prep_meta, PREFETCH=prefetch,
                                         **pdl_options(q.device))

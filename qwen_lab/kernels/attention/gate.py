@@ -2,7 +2,7 @@
 
 o, gate, out [T, H, D]; gate is a strided view of the fused q projection ([q_h | gate_h] per head). One program
 per (token, block of heads). The prefill kernel also applies it in its epilogue (prefill.py); from
-GATE_APART_FROM_TOKENS query tokens `attention` runs this kernel in place over its output instead.
+switches.gate_apart_from_tokens query tokens `attention` runs this kernel in place over its output instead.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ cache seen as an [L, Hkv D] matrix.
 The output gate of Qwen3.5 (o * sigmoid(gate), gate a strided view of the fused q projection) is its own
 kernel `sigmoid_gate` (gate.py), and is also fused into the epilogue of `attention(..., gate=...)`: the attention
 output is rounded to the storage dtype (as the unfused pair would store it), multiplied by sigmoid(gate)
-in fp32, and stored once, saving a launch and a round trip of [T, Hq, D]. From GATE_APART_FROM_TOKENS
+in fp32, and stored once, saving a launch and a round trip of [T, Hq, D]. From switches.gate_apart_from_tokens
 query tokens the launcher runs the pair instead (the attention without its gate, then `sigmoid_gate` in
 place over the output): the same values, and on the H200 the faster of the two at every length measured
 (64 to 2048 tokens).
@@ -37,8 +37,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ... import runtime, tunings
 from ...errors import KernelError
-from .. import attention as family
-from .. import dot_precision, env_on, graph_bench, pdl_options, sm90_or_newer
+from ...switches import switches
+from .. import dot_precision, graph_bench, pdl_options, sm90_or_newer
 from .decode import _decode
 from .flash import LOG2E, _flash_step, _flash_step_tma
 from .gate import sigmoid_gate
@@ -139,9 +139,9 @@ def _prefill_kernel():
 def _kv_tma_ok(k: torch.Tensor, v: torch.Tensor, block_d: int, forced: bool = False) -> bool:
     """Whether K and V [L, Hkv, D] can be described to the TMA unit as [L, Hkv D] matrices: heads side by side
     (stride D) with unit stride inside, 16-byte-aligned starts and rows, D = BLOCK_D. Unless `forced` (a test or
-    probe forcing a TMA configuration), also 16-bit values, an sm_90+ GPU, not the interpreter, and
-    QWEN_LAB_ATTN_TMA=1."""
-    if not forced and not (env_on("QWEN_LAB_ATTN_TMA", False) and k.element_size() == 2 and sm90_or_newer(k.device)):
+    probe forcing a TMA configuration), also 16-bit values, an sm_90+ GPU, not the interpreter, and the attn_tma
+    switch on."""
+    if not forced and not (switches.attn_tma and k.element_size() == 2 and sm90_or_newer(k.device)):
         return False
     D = k.shape[2]
     for t in (k, v):
@@ -182,7 +182,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
     T > 1: the fused flash-attention kernel. T == 1: flash-decoding over `num_splits` chunks (default
     `decode_splits(L)`) with an fp32 `workspace` [num_splits, Hq, D + 2] (allocated when None), then the
     combine kernel. gate: optional [T, Hq, D] (a strided view is fine): returns o * sigmoid(gate), in the
-    kernel's epilogue, or from GATE_APART_FROM_TOKENS tokens by `sigmoid_gate` afterwards.
+    kernel's epilogue, or from switches.gate_apart_from_tokens tokens by `sigmoid_gate` afterwards.
     -> out [T, Hq, D] in q's dtype.
     """
     T, Hq, D, L, Hkv = _check_qkv(q, k, v, positions)
@@ -194,7 +194,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
     if T == 1:
         return _decode(q, k, v, positions, qk_scale, out, gate, num_splits, workspace)
     # the gate in the flash kernel's epilogue, or (a long prompt) applied after it by sigmoid_gate
-    gate_apart = gate if gate is not None and T >= family.GATE_APART_FROM_TOKENS else None
+    gate_apart = gate if gate is not None and T >= switches.gate_apart_from_tokens else None
     if gate_apart is not None:
         gate = None
     G = Hq // Hkv
@@ -203,7 +203,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
         raise KernelError(f"k: a group of {G} query heads per KV head is larger than the 64 rows of a tile")
     g = gate if gate is not None else out  # never read when HAS_GATE is False
     BLOCK_D = max(16, triton.next_power_of_2(D))
-    forced = family.FORCE_PREFILL_CONFIG  # (the switches are read from the package, where scripts set them)
+    forced = switches.forced("flash_attention_kernel")  # a config forced by a test or a timing script
     # a forced TMA configuration uses the descriptors wherever the layout allows them (the pointer loads otherwise)
     tma_forced = forced is not None and forced.kwargs.get("TMA", False)
     tma_ok = _kv_tma_ok(k, v, BLOCK_D, forced=tma_forced)

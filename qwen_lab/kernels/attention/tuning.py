@@ -1,13 +1,9 @@
-"""The attention kernels' launch configurations, and the switches scripts set at run time.
+"""The attention kernels' launch configurations.
 
 The prefill autotuner's candidate tiles (`_PREFILL_CONFIGS`, their TMA twins, the small tiles of GPUs with little
 shared memory) and the rule that prunes them per GPU; the decode split kernel's candidates; the fixed
 configurations of the interpreter; the split count's bounds. `_tuned` holds the autotuners once built
 (prefill._prefill_kernel, decode._decode_kernel).
-
-Switches: FORCE_PREFILL_CONFIG, GATE_APART_FROM_TOKENS, DECODE_PREFETCH. The package re-exports them, and the
-launchers read them from the package at each call: set them there (`qwen_lab.kernels.attention.DECODE_PREFETCH =
-False`, as notebook 07, the tests and the probes do). The values below are the defaults it starts with.
 """
 
 from __future__ import annotations
@@ -75,21 +71,8 @@ _DECODE_BLOCK_N = 64  # the chunk granularity used to choose the number of split
 MAX_SPLITS = 64
 
 
-# ---------------------------------------------------------------- switches, read from the package
-
-# Tests set this to a triton.Config to run the prefill kernel with that config instead of the autotuner's pick
-# (on a GPU) or the small fixed one (under the interpreter).
-FORCE_PREFILL_CONFIG = None
-# From this many query tokens the gate is applied apart, by `sigmoid_gate` after an attention without it. Every
-# program of the flash kernel holds a whole SM (its K/V stages fill the shared memory), so the gate's loads in its
-# epilogue leave the SM idle, and the gate's registers change the autotuner's pick. On the H200 (docs/perf-log.md,
-# 2026-12-02), us per layer, fused against apart: 2048 tokens 59.6-60.0 against 56.1-56.2, 1024 tokens
-# 32.9 against 31.1, 512 tokens 21.8 against 19.6, 256 tokens 16.3 against 13.6, 64 tokens 10.2 against 8.7.
-# Shorter prompts (the smallest prefill buckets), not measured, keep the epilogue and its saved launch.
-GATE_APART_FROM_TOKENS = 64
-# Each program of the split kernel asks L2 for its chunk of keys and values before its PDL wait, while the q/k/v
-# projection still runs (flash_decode_split_kernel). The model's decode step on the H200, 2k cached tokens, three
-# rounds: 663.5 / 669.5 / 669.2 us with it, 672.0 / 671.1 / 671.0 without, logits equal bit for bit
-# (benchmarks/probe_decode_prefetch.py; docs/perf-log.md, 2026-12-03). Not part of the autotuning key: the config
-# timed with the prefetch serves the kernel without it, so the two give the same bits.
-DECODE_PREFETCH = True
+# The family's switches live in qwen_lab.switches: `gate_apart_from_tokens` (from this many query tokens the gate
+# runs as a pass of its own: every program of the flash kernel holds a whole SM, so the gate's loads in its epilogue
+# leave the SM idle), `decode_prefetch` (the split kernel asks L2 for its keys and values before its PDL wait; not
+# part of the autotuning key, so the config timed with it serves the kernel without it and the two give the same
+# bits) and a config forced on `flash_attention_kernel`. What each measured: docs/experiments.md.

@@ -43,6 +43,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ... import runtime
 from ...errors import KernelError
+from ...switches import switches
 from .. import pdl_options
 from . import tuning
 
@@ -197,8 +198,9 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
     # The segmented kernel also writes the new state (the last W-1 inputs, all inside x since T > STEP_MAX_TOKENS)
     # when its first segment alone reads the old one; otherwise the step kernel shifts the state afterwards.
     fuse = T >= W - 1 and all(c.kwargs["BLOCK_T"] >= W - 1 for c in tuning.PREFILL_CONFIGS)
-    if tuning.FORCE_PREFILL_CONFIG is not None:
-        c = tuning.FORCE_PREFILL_CONFIG
+    forced = switches.forced("conv1d_prefill_kernel")   # a config forced by a test or a timing script
+    if forced is not None:
+        c = forced
         fuse = fuse and c.kwargs["BLOCK_T"] >= W - 1
         grid = (triton.cdiv(T, c.kwargs["BLOCK_T"]), triton.cdiv(C, c.kwargs["BLOCK_C"]))
         conv1d_prefill_kernel[grid](*args, t_bucket, W=W, BLOCK_S=BLOCK_S, WRITE_STATE=fuse, num_warps=c.num_warps,

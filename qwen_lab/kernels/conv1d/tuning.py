@@ -1,7 +1,5 @@
-"""The conv's tuning: the prefill kernel's GPU configs, how a test forces one, and the block sizes of each mode.
-
-The launcher (causal.py) reads these through this module at each call (`tuning.FORCE_PREFILL_CONFIG`), so a test
-that sets one here reaches it; the package passes a write of FORCE_PREFILL_CONFIG on to here as well.
+"""The conv's tuning: the prefill kernel's GPU configs and the block sizes of each mode. A test or a timing script
+forces one of the configs with `qwen_lab.switches.switches.force_config("conv1d_prefill_kernel", config)`.
 """
 
 from __future__ import annotations
@@ -18,8 +16,6 @@ from ... import tunings
 # channels] tile of the earlier form and a 14.0 us copy floor; docs/perf-log.md, 2026-12-02, sessions 18-19.)
 PREFILL_CONFIGS = [triton.Config({"BLOCK_T": bt, "BLOCK_C": bc}, num_warps=w)
                    for bt, bc, w in ((8, 256, 2), (8, 256, 1), (8, 128, 1), (16, 256, 2), (8, 512, 2), (8, 1024, 4))]
-# Tests set this to a triton.Config to run the prefill kernel with that segment (on the GPU or the interpreter).
-FORCE_PREFILL_CONFIG = None
 _tuned: dict = {}
 
 
