@@ -14,7 +14,7 @@ CUDA Graph, with every tile of the autotuner's list forced in turn (pointer load
 - `gate_apart`: the `model` case with the gate applied by `sigmoid_gate` after an attention without it (the
   epilogue measured 10.7 us per call, docs/perf-log.md, 2026-12-01: a separate pass over 12 MB may cost less). The
   pair measured faster at 2048, 1024, 512, 256 and 64 tokens (docs/perf-log.md, 2026-12-02), and the launcher
-  runs it from `attention.GATE_APART_FROM_TOKENS` (64) on; `--tokens` at other lengths says whether that
+  runs it from `switches.gate_apart_from_tokens` (64) on; `--tokens` at other lengths says whether that
   threshold still holds.
 """
 
@@ -32,10 +32,15 @@ def main() -> int:
         return 0
     from qwen_lab.config import QWEN35_0_8B as cfg
     from qwen_lab.kernels import attention, graph_time_us, rope
+    from qwen_lab.switches import switches
 
     # the cases with a gate time it in the flash kernel's epilogue at every length; `gate_apart` times the pair
-    # that the launcher runs from attention.GATE_APART_FROM_TOKENS tokens
-    attention.GATE_APART_FROM_TOKENS = 1 << 62
+    # that the launcher runs from switches.gate_apart_from_tokens tokens
+    with switches.set(gate_apart_from_tokens=1 << 62):
+        return _run(args, cfg, attention, graph_time_us, rope, switches)
+
+
+def _run(args, cfg, attention, graph_time_us, rope, switches) -> int:
     T, Hq, Hkv, D = args.tokens, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     dev, bf = "cuda", torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -74,13 +79,13 @@ def main() -> int:
     }
     print(f"T={T} Hq={Hq} Hkv={Hkv} D={D}, cache {args.cache} rows; us per graph replay of the case's calls")
     for c in attention._PREFILL_CONFIGS + attention._PREFILL_TMA_CONFIGS + [None]:
-        attention.FORCE_PREFILL_CONFIG = c
         name = "autotuned" if c is None else f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']} w{c.num_warps} " \
             f"s{c.num_stages}{' tma' if c.kwargs.get('TMA') else ''}"
         times = []
         for calls in cases.values():
             try:
-                times.append(f"{graph_time_us(calls, warmup=True, replays=20) * len(calls):8.2f}")
+                with switches.force_config("flash_attention_kernel", c):
+                    times.append(f"{graph_time_us(calls, warmup=True, replays=20) * len(calls):8.2f}")
             except Exception as e:  # a tile that does not fit (shared memory) on this GPU
                 times.append(f"{type(e).__name__:>8s}")
         print(f"{name:16s} " + " ".join(f"{n}={t}" for n, t in zip(cases, times)), flush=True)

@@ -12,7 +12,7 @@ fewer launches and less memory traffic:
 - the last row alone: a step that returns only the last position's logits (a prompt's prefill, a decode step)
   computes everything after the last layer's mixer for the last row only; an attention layer there projects k and
   v for every row and q and its gate for the last row alone;
-- split norms (`split_norms`, off unless set): a prompt's residual add + RMSNorm split between the GEMM before it and
+- split norms (the `split_norms` switch, off unless set): a prompt's residual add + RMSNorm split between the GEMM before it and
   the GEMM after it, no norm kernel between two prompt GEMMs.
 
 The kernels chain themselves with programmatic dependent launch on Hopper (qwen_lab.kernels.pdl_options), and
@@ -33,8 +33,8 @@ import torch
 
 from .cache import Cache
 from .config import LINEAR
-from .kernels import env_on
 from .model import Qwen35Model, check_step, triton_ops
+from .switches import switches
 
 
 class LastQuery(NamedTuple):
@@ -82,7 +82,6 @@ class FastPlan:
             self.gemv_rows = gemm.GEMV_MAX_M  # prompts longer than this run their projections as tiled GEMMs
         else:
             self.gemv_rows = 0
-        self.split_norms: bool | None = None  # None: the QWEN_LAB_SPLIT_NORMS switch decides, read at each step
         self.observe: Callable | None = None
         self.layer_index = -1
         self.last_row_only = False
@@ -117,10 +116,9 @@ class FastPlan:
         return ok and bool(self.stock)
 
     def _splits_norms(self, rows: int) -> bool:
-        """Whether a branch output of `rows` rows is left Pending: the switch on, a prompt's GEMM rows, the
-        library's linear and norms in the table."""
-        on = env_on("QWEN_LAB_SPLIT_NORMS", False) if self.split_norms is None else self.split_norms
-        return on and rows > self.gemv_rows and self._fused("linear", "add_rms_norm", "rms_norm")
+        """Whether a branch output of `rows` rows is left Pending: the split_norms switch on, a prompt's GEMM rows,
+        the library's linear and norms in the table."""
+        return switches.split_norms and rows > self.gemv_rows and self._fused("linear", "add_rms_norm", "rms_norm")
 
     def _run(self, name: str, fn: Callable, *args, **kwargs):
         out = fn(*args, **kwargs)

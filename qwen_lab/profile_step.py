@@ -135,7 +135,7 @@ def tuned_picks() -> list[str]:
             lines.append(f"  {name} [{shown}]: {config}")
     # the picks their launchers time where the kernels run (deltanet._pick_in_place), not an autotuner's
     where = {"chunk_scan_kernel": "timed beside the prep", "conv_decode_step_kernel": "timed in a graph"}
-    for name, picks in deltanet._PICKS.items():
+    for name, picks in deltanet.tuning._PICKS.items():
         for key, config in sorted(picks.items(), key=lambda kv: str(kv[0])):
             shown = ", ".join(str(k) for k in key)
             lines.append(f"  {name}, {where[name]} [{shown}]: {config}")

@@ -133,6 +133,10 @@ class Switches:
                 else:
                     self._forced[kernel] = saved
 
+    def set_in_code(self) -> dict:
+        """The switches `set` holds now (name -> value), over the environment."""
+        return dict(self._values)
+
     def describe(self) -> dict:
         """Every switch and its value now, for a benchmark's record."""
         return {name: getattr(self, name) for name in SWITCHES}

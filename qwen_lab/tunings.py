@@ -37,7 +37,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from .kernels import env_on
+from .switches import switches as _switches
 
 ENV = "QWEN_LAB_TUNING_CACHE"
 FOLDER = "qwen_lab-tunings"
@@ -49,9 +49,9 @@ _loaded: dict = {}   # file path -> its entries, as read by this process (and gr
 
 
 def enabled() -> bool:
-    """Whether picks are read from and written to disk: QWEN_LAB_TUNING_CACHE unset, or 1, true, yes or on (any
-    other value turns it off)."""
-    return env_on(ENV, True)
+    """Whether picks are read from and written to disk: the `tuning_cache` switch (QWEN_LAB_TUNING_CACHE unset, or 1,
+    true, yes or on; qwen_lab.switches)."""
+    return _switches.tuning_cache
 
 
 def cache_dir() -> Path:
@@ -85,8 +85,10 @@ def path(device) -> Path:
     name, capability = _device_identity(device)
     switches = sorted((k, v) for k, v in os.environ.items()
                       if k.startswith("QWEN_LAB_") and k not in _NOT_KERNEL_SWITCHES)
+    # switches set in code (qwen_lab.switches.set) as well: a pick timed under them is theirs alone
+    in_code = sorted((k, repr(v)) for k, v in _switches.set_in_code().items() if k != "tuning_cache")
     identity = json.dumps([name, capability, triton.__version__, torch.__version__, switches, _triton_settings(),
-                           _code_digest()])
+                           _code_digest()] + ([in_code] if in_code else []))
     digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
     slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower() or "device"
     return cache_dir() / f"{slug}-{digest}.json"

@@ -12,7 +12,8 @@ from qwen_lab.course.checks import GUARD_NAN as NAN, GuardedTensor as _Guard
 from qwen_lab.course.checks import guarded_call as _guarded_call
 from qwen_lab.config import QWEN35_0_8B
 from qwen_lab.kernels.deltanet import (ChunkWorkspace, chunk_workspace, delta_rule_chunked, deltanet_chunked,
-                                       deltanet_conv_decode_step, deltanet_decode_step, force_config)
+                                       deltanet_conv_decode_step, deltanet_decode_step)
+from qwen_lab.switches import switches
 from qwen_lab.kernels.deltanet import counters as device_counters
 
 
@@ -108,7 +109,7 @@ def _fused_gates_case(T, Hk, Hv, Dk, Dv, gen, rt):
 # tensor a kernel sees is a strided view in the middle of a larger buffer: around inputs (margins and the
 # gaps between rows) the buffer holds NaN, which would reach an output if read; around outputs it holds a
 # sentinel. After the call every element outside the views must be bit for bit what it was. The GPU's
-# autotuning configs (block sizes the interpreter never picks) are forced in turn with `force_config`.
+# autotuning configs (block sizes the interpreter never picks) are forced in turn with `switches.force_config`.
 
 
 def _inputs_for(kernel, T, Hk, Hv, Dk, Dv, gen, rt):
@@ -142,7 +143,7 @@ def _run_guarded(kernel, shape, gen, rt, forced=()):
         extra["workspace"] = ChunkWorkspace(*(g.view for g in ws))
     with contextlib.ExitStack() as stack:
         for name, config in forced:
-            stack.enter_context(force_config(name, config))
+            stack.enter_context(switches.force_config(name, config))
         got = _guarded_call(kernel, d, outputs=("out",), **extra)
     for name, g in zip(ChunkWorkspace._fields, ws):
         assert g.touched() == 0, f"{kernel.__name__}{shape}: a store went past the end of workspace.{name}"
@@ -199,7 +200,7 @@ def _run_conv_decode_guarded(shape, gen, rt, forced=(), W=4):
                 out=torch.empty(1, Hv, Dv, dtype=rt.dtype, device=rt.device))
     with contextlib.ExitStack() as stack:
         for name, config in forced:
-            stack.enter_context(force_config(name, config))
+            stack.enter_context(switches.force_config(name, config))
         got = _guarded_call(deltanet_conv_decode_step, args, outputs=("out",))
     where = f"deltanet_conv_decode_step Hk={Hk} Hv={Hv} Dk={Dk} Dv={Dv} W={W} with {[str(c) for _, c in forced]}"
     if rt.dtype == torch.float32:

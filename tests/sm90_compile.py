@@ -100,6 +100,7 @@ def cases():
     notebook exercise whose launcher sets its own pipeline depth."""
     from qwen_lab.config import QWEN35_0_8B as C
     from qwen_lab.kernels import attention, conv1d, deltanet, dot_precision, gemm, rope
+    from qwen_lab.switches import switches
 
     # The dot precision the launchers pass for a bf16 model: bf16 operands ignore it, but the chunk prep's fp32
     # merges (the inverse) then run on the tensor cores in tf32, where "ieee" would compile a different kernel
@@ -203,7 +204,7 @@ def cases():
         meta = dict(meta, PREP=True, HALF=C.rotary_dim // 2)
         out.append((f"flash_decode_split PREP {c}", lambda meta=meta, c=c: compile_case(
             attention.flash_decode_split_kernel, meta, decode_prep_types, c.num_warps, c.num_stages)))
-        # ... with the L2 prefetch of its chunk before the wait (DECODE_PREFETCH, the model's default)
+        # ... with the L2 prefetch of its chunk before the wait (switches.decode_prefetch, the model's default)
         meta = dict(meta, PREFETCH=True)
         out.append((f"flash_decode_split PREP PREFETCH {c}", lambda meta=meta, c=c: compile_case(
             attention.flash_decode_split_kernel, meta, decode_prep_types, c.num_warps, c.num_stages,
@@ -229,7 +230,7 @@ def cases():
     for c in deltanet.autotune_configs("chunk_prep_kernel"):
         for fused in (False, True):  # the gates given, or computed from the raw a, b (deltanet_chunked)
             meta = dict(c.kwargs, BT=64, BK=Dk, BDV=Dv, MERGES=5, PREC=prec, INV_PREC=prec, FUSED_GATES=fused,
-                        GROUP=deltanet.SCAN_GROUP)
+                        GROUP=switches.scan_group)
             types = dict(prep_types, g_ptr="*bf16", beta_ptr="*bf16", A_log_ptr="*fp32") if fused else prep_types
             out.append((f"chunk_prep fused_gates={fused} {c}", lambda meta=meta, c=c, types=types: compile_case(
                 deltanet.chunk_prep_kernel, meta, types, c.num_warps, c.num_stages)))
@@ -240,7 +241,7 @@ def cases():
                             c.num_stages)))
     scan_types = {"gcum_ptr": "*fp32", "state_ptr": "*fp32", "ready_ptr": "*i32"}
     for c in deltanet.autotune_configs("chunk_scan_kernel", Dv=Dv):
-        meta = dict(c.kwargs, BT=64, BK=Dk, PREC=prec, GROUP=deltanet.SCAN_GROUP)
+        meta = dict(c.kwargs, BT=64, BK=Dk, PREC=prec, GROUP=switches.scan_group)
         out.append((f"chunk_scan {c}", lambda meta=meta, c=c: compile_case(
             deltanet.chunk_scan_kernel, meta, scan_types, c.num_warps, c.num_stages)))
     conv_types = {"state_ptr": "*fp32", "A_log_ptr": "*fp32", "dt_bias_ptr": "*bf16", "ticket_ptr": "*i32",

@@ -72,10 +72,10 @@ _kv_descriptors = attn_prefill._kv_descriptors  # the launcher's, wrapped by the
 
 
 @pytest.mark.parametrize("config", _prefill_configs(), ids=str)
-def test_prefill_every_gpu_config(rt, gen, monkeypatch, config):
+def test_prefill_every_gpu_config(rt, gen, monkeypatch, switch, config):
     """Each config forced in turn, with the fused gate: 100 tokens after a cached prefix (7 ragged tiles), 64 tokens
     at GQA ratio 2 and a ratio-3 layout with head_dim 24 (one tile)."""
-    monkeypatch.setattr(A, "FORCE_PREFILL_CONFIG", config)
+    switch.force("flash_attention_kernel", config)
     described = []
     monkeypatch.setattr(attn_prefill, "_kv_descriptors",
                         lambda k, v: described.append(k.shape) or _kv_descriptors(k, v))
@@ -256,10 +256,10 @@ def test_attention_with_fused_gate(rt, gen, T):
 
 
 @pytest.mark.parametrize("T", [6, 7])
-def test_long_prompts_apply_the_gate_apart(rt, gen, T, monkeypatch):
-    """From GATE_APART_FROM_TOKENS tokens the gate runs as its own pass over the output, in place: the same values,
+def test_long_prompts_apply_the_gate_apart(rt, gen, T, switch):
+    """From switches.gate_apart_from_tokens tokens the gate runs as its own pass over the output, in place: the same values,
     one launch more; below it, the epilogue (one launch). The gate is a strided view, as the model's is."""
-    monkeypatch.setattr(A, "GATE_APART_FROM_TOKENS", 7)
+    switch(gate_apart_from_tokens=7)
     q, gate, k, v, pos = _problem(gen, rt, T, 8, 2, 32, 40, 30)
     out = checks.poison_(torch.empty_like(q))
     with count_launches() as launches:
@@ -504,13 +504,13 @@ def test_gpu_prefill_real_shapes(T):
 
 
 @pytest.mark.gpu
-def test_gpu_prefill_every_config_real_shapes(monkeypatch):
+def test_gpu_prefill_every_config_real_shapes(switch):
     """Every prefill config, forced, on 2048 and 300 tokens (ragged: 19 tiles of 16 tokens)."""
     for T in (2048, 300):
         q, gate, k, v, pos = _real(T, T, 0, T + 1)
         ref = reference.sigmoid_gate(reference.attention(q, k, v, pos), gate)
         for config in A._PREFILL_CONFIGS + A._PREFILL_TMA_CONFIGS + A._SMALL_SMEM_PREFILL_CONFIGS:
-            monkeypatch.setattr(A, "FORCE_PREFILL_CONFIG", config)
+            switch.force("flash_attention_kernel", config)
             checks.compare(f"flash attention bf16 {config}, T={T}", A.attention(q, k, v, pos, gate=gate), ref)
 
 
@@ -564,7 +564,7 @@ def test_gpu_decode_replays_in_a_cuda_graph():
 @pytest.mark.gpu
 @pytest.mark.parametrize("prefetch", [False, True], ids=["no_prefetch", "prefetch"])
 @pytest.mark.parametrize("folded", [False, True], ids=["three_launches", "folded"])
-def test_gpu_decode_layer_in_a_cuda_graph_equals_eager(folded, prefetch, monkeypatch):
+def test_gpu_decode_layer_in_a_cuda_graph_equals_eager(folded, prefetch, switch):
     """The attention layer's decode sequence, captured once in a CUDA Graph and replayed at 3 increasing positions:
     the output and both caches equal the same sequence run eagerly on copies of the caches. Three launches
     (qk_norm_rope_cache with the cache write, then the split and combine kernels), or the model's two (the
@@ -573,7 +573,7 @@ def test_gpu_decode_layer_in_a_cuda_graph_equals_eager(folded, prefetch, monkeyp
     call before the capture compiles and autotunes."""
     from qwen_lab.kernels import rope as R
 
-    monkeypatch.setattr(A, "DECODE_PREFETCH", prefetch)
+    switch(decode_prefetch=prefetch)
 
     g = torch.Generator().manual_seed(21)
     Hq, Hkv, D, L = C.num_attention_heads, C.num_key_value_heads, C.head_dim, 8192
@@ -618,7 +618,7 @@ def test_gpu_decode_layer_in_a_cuda_graph_equals_eager(folded, prefetch, monkeyp
 
 
 @pytest.mark.gpu
-def test_gpu_decode_prefetch_changes_no_bit(monkeypatch):
+def test_gpu_decode_prefetch_changes_no_bit(switch):
     """The L2 prefetch is a hint: the folded decode at real shapes gives the same bits with it and without (the
     prefetch is not in the autotuning key, so both run the config tuned first)."""
     g = torch.Generator().manual_seed(5)
@@ -630,7 +630,7 @@ def test_gpu_decode_prefetch_changes_no_bit(monkeypatch):
     pos = torch.tensor([2048], device="cuda")
     outs = {}
     for on in (False, True):
-        monkeypatch.setattr(A, "DECODE_PREFETCH", on)
+        switch(decode_prefetch=on)
         kc, vc = cache[0].clone(), cache[1].clone()
         outs[on] = (A.qk_norm_rope_cache_attention(q, k, v, wq, wk, C.rms_norm_eps, pos, C.rotary_dim,
                                                    C.rope_theta, kc, vc), kc, vc)

@@ -1,6 +1,6 @@
 """The Gated DeltaNet family as a whole (qwen_lab.kernels.deltanet) against qwen_lab.reference and transformers:
 the two forms against each other and against transformers, prefill then decode, the argument checks, the tuning
-surface (the autotuners' restores, _pick_in_place, the switches set on the package), every GPU config of every
+surface (the autotuners' restores, _pick_in_place, the switches), every GPU config of every
 kernel, and the teaching files held to notebooks 08 and 09. Each form's own tests: test_deltanet_recurrent.py,
 test_deltanet_chunked.py; what they share: deltanet_cases.py.
 """
@@ -18,10 +18,10 @@ from qwen_lab import reference, runtime
 from qwen_lab.course import checks
 from qwen_lab.config import QWEN35_0_8B
 from qwen_lab.errors import KernelError
-from qwen_lab.kernels import deltanet
 from qwen_lab.kernels.deltanet import (autotune_configs, delta_rule_chunked, delta_rule_recurrent, deltanet_chunked,
-                                       deltanet_conv_decode_step, deltanet_decode_step, deltanet_gates, force_config)
+                                       deltanet_conv_decode_step, deltanet_decode_step, deltanet_gates)
 from qwen_lab.kernels.deltanet import tuning
+from qwen_lab.switches import switches
 
 from deltanet_cases import (_close, _delta_inputs, _gate_params, _judge, _run_conv_decode_guarded, _run_guarded,
                             fail_if_counters_left)
@@ -180,7 +180,7 @@ def test_pick_in_place_times_every_config_where_it_runs(kernel, monkeypatch):
         "the states must be put back after each timing, one that ran out of resources too"
     assert pick("a", None, states, on_gpu=True) is configs[-2], "the pick is kept"
     assert pick("b", launch, states, on_gpu=False) is None
-    with force_config(kernel, configs[0]):
+    with switches.force_config(kernel, configs[0]):
         assert pick("c", launch, states, on_gpu=True) is None
     monkeypatch.setenv("QWEN_LAB_TUNE", "0")
     assert pick("d", launch, states, on_gpu=True) is None
@@ -192,13 +192,10 @@ def test_pick_in_place_times_every_config_where_it_runs(kernel, monkeypatch):
     assert set(tuning._PICKS[kernel]) == {"a", "e"}, "only the timed kinds hold a pick"
 
 
-def test_switches_set_on_the_package_reach_the_launchers(rt, gen, monkeypatch):
-    """Notebook 09 and the benchmarks set the switches on the package (`deltanet.PREP_PERSISTENT = False`); the
-    launchers read them in deltanet/tuning.py, which the package passes the write on to. A scan group of 1 (ten
-    chunks) gives the same result, and a replaced _launch on the package sees every launch."""
-    for name, value in (("PREP_PERSISTENT", 3), ("SCAN_GROUP", 1), ("SCAN_BESIDE_PREP", False)):
-        monkeypatch.setattr(deltanet, name, value)
-        assert getattr(tuning, name) == value and getattr(deltanet, name) == value, name
+def test_switches_reach_the_launchers_for_their_block_only(rt, gen, monkeypatch):
+    """The family's switches set through qwen_lab.switches (as notebook 09 and the benchmarks do) reach the launchers
+    inside the `with` block and no further: a scan group of 1 (ten chunks), the prep as 3 programs and the scan
+    after it give the same result, and a replaced _launch in tuning.py sees every launch."""
     seen = set()
     launch = tuning._launch
 
@@ -206,17 +203,18 @@ def test_switches_set_on_the_package_reach_the_launchers(rt, gen, monkeypatch):
         fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
         seen.add(fn.fn.__name__)
         return launch(kernel, *rest, **kw)
-    monkeypatch.setattr(deltanet, "_launch", spy)
-    assert tuning._launch is spy
+    monkeypatch.setattr(tuning, "_launch", spy)
     T = 9 * 64 + 5
     d = _delta_inputs(T, 1, 2, 64, 64, gen, rt.dtype, rt.device)
     ref_state = d["state"].clone()
     ref = reference.delta_rule_chunked(**{**d, "state": ref_state})
-    _judge("o", delta_rule_chunked(**d), ref)
+    with switches.set(prep_persistent=3, scan_group=1, scan_beside_prep=False):
+        assert (switches.prep_persistent, switches.scan_group, switches.scan_beside_prep) == (3, 1, False)
+        assert tuning._prep_programs(2, 10, 64, rt.device) == 3
+        _judge("o", delta_rule_chunked(**d), ref)
     _judge("state", d["state"], ref_state)
     assert seen == {"chunk_prep_kernel", "chunk_scan_kernel"}, seen
-    monkeypatch.undo()
-    assert tuning.PREP_PERSISTENT is True and tuning.SCAN_GROUP == 8 and tuning._launch is launch
+    assert switches.prep_persistent is True and switches.scan_group == 8 and switches.scan_beside_prep is True
 
 
 @pytest.mark.parametrize("kernel", ["chunk_scan_kernel", "chunk_prep_kernel", "delta_rule_recurrent_kernel"])

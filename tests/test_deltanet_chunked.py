@@ -20,6 +20,7 @@ from qwen_lab.kernels import count_launches, deltanet
 from qwen_lab.kernels.deltanet import autotune_configs, chunk_workspace, delta_rule_chunked, deltanet_chunked
 from qwen_lab.kernels.deltanet import counters as device_counters
 from qwen_lab.kernels.deltanet import tuning
+from qwen_lab.switches import switches
 
 from deltanet_cases import (_case, _chunked_tol, _close, _delta_inputs, _fused_gates_case, _judge, _pick, _run_guarded,
                             fail_if_counters_left)
@@ -126,12 +127,12 @@ def test_chunked_stays_inside_its_tensors(shape, rt, gen):
 def test_chunked_leaves_the_scan_counters_at_zero(rt, gen):
     """On a GPU the scan waits for the prep's chunks through counters that every call must leave at zero: one
     left full would let the next call's scan read a chunk before its prep had written it. Ten chunks make two
-    groups of tuning.SCAN_GROUP; the counters are checked before and after two calls. (Heads of 64: on a GPU
+    groups of switches.scan_group; the counters are checked before and after two calls. (Heads of 64: on a GPU
     narrower ones take the recurrent kernel.)"""
     T = 9 * 64 + 5
     d = _delta_inputs(T, 1, 2, 64, 64, gen, rt.dtype, rt.device)
     counters = device_counters._tickets(rt.device, 2 * (T // 64 + 2))
-    assert T // 64 + 1 > tuning.SCAN_GROUP and int(counters.count_nonzero()) == 0
+    assert T // 64 + 1 > switches.scan_group and int(counters.count_nonzero()) == 0
     for _ in range(2):
         delta_rule_chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"])
         left = counters.nonzero().flatten().tolist()
@@ -139,8 +140,8 @@ def test_chunked_leaves_the_scan_counters_at_zero(rt, gen):
 
 
 @pytest.mark.parametrize("group", [1, 3, 4])
-def test_scan_group_size_changes_only_the_polling(group, rt, gen, monkeypatch):
-    """SCAN_GROUP (chunks per counter the scan polls) changes when the scan may go on, not what it computes: the
+def test_scan_group_size_changes_only_the_polling(group, rt, gen, monkeypatch, switch):
+    """switches.scan_group (chunks per counter the scan polls) changes when the scan may go on, not what it computes: the
     same output and final state bit for bit as groups of 8, with ten chunks (a last group cut short) and every
     counter left at zero."""
     T = 9 * 64 + 5
@@ -148,7 +149,7 @@ def test_scan_group_size_changes_only_the_polling(group, rt, gen, monkeypatch):
     start = d["state"].clone()
     runs = {}
     for size in (8, group):
-        monkeypatch.setattr(tuning, "SCAN_GROUP", size)
+        switch(scan_group=size)
         d["state"].copy_(start)
         runs[size] = delta_rule_chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"]), d["state"].clone()
     assert torch.equal(runs[group][0], runs[8][0]) and torch.equal(runs[group][1], runs[8][1])
@@ -157,8 +158,8 @@ def test_scan_group_size_changes_only_the_polling(group, rt, gen, monkeypatch):
 
 @pytest.mark.parametrize("programs", [1, 3, 7, 1000])
 @pytest.mark.parametrize("T, Hk, Hv, Dk, Dv", [(300, 1, 2, 64, 64), (70, 1, 3, 24, 40), (1, 1, 2, 64, 64)])
-def test_persistent_prep_equals_the_grid(programs, T, Hk, Hv, Dk, Dv, rt, gen, monkeypatch):
-    """PREP_PERSISTENT: the prep as `programs` programs walking the (head, chunk) items gives bit for bit the
+def test_persistent_prep_equals_the_grid(programs, T, Hk, Hv, Dk, Dv, rt, gen, monkeypatch, switch):
+    """switches.prep_persistent: the prep as `programs` programs walking the (head, chunk) items gives bit for bit the
     output and final state of the grid (Hv, chunks), with the gates given and fused, for one program, fewer
     programs than heads, more than the items, and a last program with fewer items than the rest; the scan's
     counters are left at zero."""
@@ -169,31 +170,31 @@ def test_persistent_prep_equals_the_grid(programs, T, Hk, Hv, Dk, Dv, rt, gen, m
     left = device_counters._tickets(rt.device, 1).nonzero().flatten().tolist()
     assert not left, f"counters {left} were non-zero before this test: left by an earlier call in this process"
     for setting in (False, programs):
-        monkeypatch.setattr(tuning, "PREP_PERSISTENT", setting)
+        switch(prep_persistent=setting)
         d["state"].copy_(starts[0])
         fused["state"].copy_(starts[1])
         o = delta_rule_chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"])
         o_fused = deltanet_chunked(**fused)
         runs[setting] = o, d["state"].clone(), o_fused, fused["state"].clone()
         left = device_counters._tickets(rt.device, 1).nonzero().flatten().tolist()
-        assert not left, f"PREP_PERSISTENT={setting}: the calls left counters {left} non-zero"
+        assert not left, f"prep_persistent={setting}: the calls left counters {left} non-zero"
     for name, got, want in zip(("o", "final state", "o (fused gates)", "final state (fused gates)"),
                                runs[programs], runs[False]):
         assert torch.equal(got, want), f"{programs} persistent prep programs: {name} differs from the grid's"
 
 
 @pytest.mark.parametrize("i", range(len(autotune_configs("chunk_prep_kernel"))))
-def test_persistent_prep_every_gpu_config_guarded(i, rt, gen, monkeypatch):
-    """The persistent prep with each of the prep's GPU configs forced (force_config reaches it, though it is not
+def test_persistent_prep_every_gpu_config_guarded(i, rt, gen, monkeypatch, switch):
+    """The persistent prep with each of the prep's GPU configs forced (switches.force_config reaches it, though it is not
     autotuned), on guarded inputs and workspace, a last program with fewer items than the rest."""
-    monkeypatch.setattr(tuning, "PREP_PERSISTENT", 5)
+    switch(prep_persistent=5)
     c = autotune_configs("chunk_prep_kernel")[i]
     for fn in (delta_rule_chunked, deltanet_chunked):
         _run_guarded(fn, (300, 1, 2, 64, 64), gen, rt, forced=(("chunk_prep_kernel", c),))
 
 
-def test_persistent_prep_program_count(monkeypatch):
-    """PREP_PERSISTENT = True sizes the prep from the GPU: two programs per SM less one per scan program (at the
+def test_persistent_prep_program_count(monkeypatch, switch):
+    """switches.prep_persistent = True sizes the prep from the GPU: two programs per SM less one per scan program (at the
     scan's narrowest value block, 32 columns), never more than the items, at any prompt length; the grid where
     those programs would publish chunks slower than the scan reads them (the larger Qwen3.5s' 32 and 48 value
     heads), where the scan does not run beside the prep (no PDL, or the interpreter), or where the switch is off."""
@@ -201,7 +202,7 @@ def test_persistent_prep_program_count(monkeypatch):
     monkeypatch.setattr(tuning, "INTERPRET", False)
     monkeypatch.setattr(tuning.gemm, "sm_count", lambda dev: 132)
     monkeypatch.setattr(tuning, "pdl_options", lambda dev: {"USE_PDL": True, "launch_pdl": True})
-    monkeypatch.setattr(tuning, "PREP_PERSISTENT", True)
+    switch(prep_persistent=True)
     assert tuning._prep_programs(16, 32, 128, device) == 2 * 132 - 16 * 4   # Qwen3.5-0.8B at 2048 tokens
     assert tuning._prep_programs(16, 128, 128, device) == 200              # 8192 tokens: as many programs
     assert tuning._prep_programs(16, 5, 128, device) == 16 * 5             # fewer items than programs
@@ -209,12 +210,12 @@ def test_persistent_prep_program_count(monkeypatch):
     assert tuning._prep_programs(48, 32, 128, device) is None              # 72 programs for 48 heads
     monkeypatch.setattr(tuning.gemm, "sm_count", lambda dev: 114)           # an H100 PCIe: 164 programs
     assert tuning._prep_programs(16, 32, 128, device) == 2 * 114 - 16 * 4
-    monkeypatch.setattr(tuning, "SCAN_BESIDE_PREP", False)
+    switch(scan_beside_prep=False)
     assert tuning._prep_programs(16, 32, 128, device) is None
-    monkeypatch.setattr(tuning, "SCAN_BESIDE_PREP", True)
+    switch(scan_beside_prep=True)
     monkeypatch.setattr(tuning, "pdl_options", lambda dev: {})
     assert tuning._prep_programs(16, 32, 128, device) is None
-    monkeypatch.setattr(tuning, "PREP_PERSISTENT", False)
+    switch(prep_persistent=False)
     assert tuning._prep_programs(16, 32, 128, device) is None
 
 
@@ -391,16 +392,16 @@ def _alternate_under_pdl(run, want, monkeypatch, calls=20):
 
 
 @pytest.mark.gpu
-def test_gpu_persistent_prep_beside_the_scan(rt, gen, monkeypatch):
-    """PREP_PERSISTENT at the model's shapes (2048 tokens, bf16): under PDL its scan starts beside the whole prep.
+def test_gpu_persistent_prep_beside_the_scan(rt, gen, monkeypatch, switch):
+    """switches.prep_persistent at the model's shapes (2048 tokens, bf16): under PDL its scan starts beside the whole prep.
     Two prompts alternate through one workspace; every call must equal bit for bit the same persistent prep
     without PDL (the scan after it: a chunk read too early would show), and the grid's prep within bf16 rounding."""
     run = _two_prompts_through_one_workspace(rt, gen)
-    monkeypatch.setattr(tuning, "PREP_PERSISTENT", False)
+    switch(prep_persistent=False)
     grid = [run(0), run(1)]
     Hv, Dv = QWEN35_0_8B.linear_num_value_heads, QWEN35_0_8B.linear_value_head_dim
     programs = tuning.PREP_PROGRAMS_PER_SM * tuning.gemm.sm_count(rt.device) - Hv * Dv // 32
-    monkeypatch.setattr(tuning, "PREP_PERSISTENT", programs)   # an int: the same count with PDL off
+    switch(prep_persistent=programs)   # an int: the same count with PDL off
     monkeypatch.setenv("QWEN_LAB_PDL", "0")
     want = [run(0), run(1)]
     for i in range(2):
@@ -463,13 +464,13 @@ def test_gpu_scan_tunes_a_long_prompt_apart_from_a_short_one(rt, gen, monkeypatc
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 64, 300])
-def test_gpu_grid_prep_tuned_on_the_call_leaves_the_counters_at_zero(T, rt, gen, monkeypatch):
+def test_gpu_grid_prep_tuned_on_the_call_leaves_the_counters_at_zero(T, rt, gen, monkeypatch, switch):
     """The prep as a grid (the larger Qwen3.5s' 32 and 48 value heads take it), tuned by Triton's autotuner on this
     very call, with the scan beside it under PDL: the autotuner's timing runs of the prep count chunks as ready,
     so they must be put back, or the scan would go on before the real prep had written its chunks and leave the
     real prep's counts behind. (On an H200, before the prep restored its counters, one prompt of one token
     left a counter at 1.)"""
-    monkeypatch.setattr(tuning, "PREP_PERSISTENT", False)
+    switch(prep_persistent=False)
     monkeypatch.setattr(deltanet.chunk_prep_kernel, "cache", {})        # tune again, on this call,
     monkeypatch.setattr(deltanet.chunk_prep_kernel, "cache_results", False)   # not from the disk cache
     monkeypatch.setitem(tuning._PICKS, "chunk_scan_kernel", {})

@@ -18,7 +18,8 @@ from qwen_lab.config import QWEN35_0_8B
 from qwen_lab.errors import KernelError
 from qwen_lab.kernels import count_launches
 from qwen_lab.kernels.deltanet import (autotune_configs, delta_rule_recurrent, deltanet_conv_decode_step,
-                                       deltanet_decode_step, deltanet_gates, force_config, l2norm)
+                                       deltanet_decode_step, deltanet_gates, l2norm)
+from qwen_lab.switches import switches
 from qwen_lab.kernels.deltanet import tuning
 
 from deltanet_cases import (READ_HINT, _case, _conv_decode_inputs, _delta_inputs, _gate_params, _gpu_judge_step, _judge,
@@ -317,11 +318,12 @@ def test_conv_decode_step_rejects_bad_arguments(rt, gen):
 
 
 def test_model_decode_runs_the_fused_conv_and_equals_the_unfused_route(rt):
-    """The tiny model (Hv = 2 Hk): decode through deltanet_conv_decode_step equals the two-call route forced by
-    swapping the conv entry (for the reference conv, and for the same Triton conv under another name), and
+    """The tiny model's fast route (Hv = 2 Hk): decode through deltanet_conv_decode_step equals the two-call route
+    forced by swapping the conv entry (for the reference conv, and for the same Triton conv under another name), and
     launches one kernel fewer per DeltaNet layer than the latter."""
     from qwen_lab.kernels import conv1d
     from qwen_lab.model import Qwen35Model, load_model
+    from qwen_lab.plan import fast_plan
 
     base = load_model("tiny", device=rt.device, dtype=rt.dtype)
     cfg = base.config
@@ -336,6 +338,7 @@ def test_model_decode_runs_the_fused_conv_and_equals_the_unfused_route(rt):
         model = Qwen35Model(cfg, base.weights, device=rt.device, dtype=rt.dtype)
         if conv is not None:
             model.ops["causal_conv1d"] = conv
+        plan = fast_plan(model)
         cache = model.new_cache(16)
         for mine, theirs in zip(cache.tensors(), prefilled.tensors()):
             mine.copy_(theirs)
@@ -346,11 +349,11 @@ def test_model_decode_runs_the_fused_conv_and_equals_the_unfused_route(rt):
                 scratch = model.new_cache(16)
                 for mine, theirs in zip(scratch.tensors(), prefilled.tensors()):
                     mine.copy_(theirs)
-                model.step(ids[5:6], torch.tensor([5], device=rt.device), scratch)
-            model.trace = lambda layer, name, t: traced.append((layer, name))
+                plan.step(ids[5:6], torch.tensor([5], device=rt.device), scratch)
+            plan.observe = lambda layer, name, out: traced.append((layer, name))
             for t in (5, 6):
                 with count_launches() as c:
-                    logits.append(model.step(ids[t:t + 1], torch.tensor([t], device=rt.device), cache).float())
+                    logits.append(plan.step(ids[t:t + 1], torch.tensor([t], device=rt.device), cache).float())
                 launches.append(c)
         results[route] = (logits, cache, launches, traced)
     fused_logits, fused_cache, fused_launches, fused_traced = results["fused"]
@@ -363,7 +366,7 @@ def test_model_decode_runs_the_fused_conv_and_equals_the_unfused_route(rt):
                 checks.compare(f"{route}: conv_state[{i}]", fused_cache.conv_state[i], cache.conv_state[i])
                 checks.compare(f"{route}: recurrent_state[{i}]", fused_cache.recurrent_state[i],
                                cache.recurrent_state[i], *checks.tolerance(rt.dtype))
-        assert any(name == "conv1d" for _, name in traced)
+        assert any(name == "causal_conv1d" for _, name in traced)
     n_linear = cfg.num_linear_layers
     for c in fused_launches:
         assert c["conv_decode_step_kernel"] == n_linear and c["conv1d_step_kernel"] == 0
@@ -371,8 +374,8 @@ def test_model_decode_runs_the_fused_conv_and_equals_the_unfused_route(rt):
     unfused_launches = results["triton conv, unfused"][2]
     for fused, unfused in zip(fused_launches, unfused_launches):
         assert sum(unfused.values()) - sum(fused.values()) == n_linear, (dict(fused), dict(unfused))
-    assert not any(name == "conv1d" for _, name in fused_traced)
-    assert sum(name == "conv_state" for _, name in fused_traced) == 2 * n_linear
+    assert not any(name == "causal_conv1d" for _, name in fused_traced)
+    assert sum(name == "deltanet_conv_decode_step" for _, name in fused_traced) == 2 * n_linear
 
 
 def _settled_steps(Hk, Hv, Dk, Dv, W, steps, rt, gen, graph: bool = False):
@@ -531,7 +534,7 @@ def test_gpu_conv_decode_step_every_config_many_steps(Hv, rt, gen):
     for config in autotune_configs("conv_decode_step_kernel", Dv=heads[3]):
         conv_state, state = d["conv_state"].clone(), d["state"].clone()
         ref_conv_state, ref_state = d["conv_state"].clone(), d["state"].clone()
-        with force_config("conv_decode_step_kernel", config):
+        with switches.force_config("conv_decode_step_kernel", config):
             for s in range(40):
                 qkv, a, b = d["qkv"][s:s + 1], d["a"][s:s + 1], d["b"][s:s + 1]
                 o = deltanet_conv_decode_step(qkv, d["conv_weight"], conv_state, a, b, d["A_log"], d["dt_bias"],

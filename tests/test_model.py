@@ -235,7 +235,7 @@ def test_a_mixer_put_in_place_may_return_every_row(backend, gen):
         assert checks.relative_error(got.float(), want.float()) <= 1e-5
 
 
-def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
+def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch, switch):
     """Split norms: a prompt's residual add + RMSNorm split between the GEMMs around it (no add_rms_norm kernel
     left at prefill), the same logits; decode keeps its fused GEMV route, launch for launch."""
     from qwen_lab.kernels import count_launches
@@ -246,7 +246,7 @@ def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
     ids = torch.randint(0, model.config.vocab_size, (T,), generator=gen).to(model.device)
     runs = {}
     for on in (False, True):
-        monkeypatch.setattr(plan, "split_norms", on)
+        switch(split_norms=on)
         cache = model.new_cache(T + 1)
         with torch.inference_mode(), count_launches() as prefill:
             logits = plan.step(ids, torch.arange(T, device=model.device), cache, all_logits=True)
@@ -260,8 +260,8 @@ def test_split_norms_route_equals_the_norm_kernels(gen, monkeypatch):
     assert prefill_on.get("add_rms_norm_kernel", 0) == 0 and prefill_on["rms_norm_kernel"] == 1, prefill_on
     assert prefill_on["matmul_kernel"] == prefill_off["matmul_kernel"], (prefill_on, prefill_off)
     assert decode_on == decode_off
-    # unset (None), the environment switch decides, read at each step
-    monkeypatch.setattr(plan, "split_norms", None)
+    # unset (None), the environment variable decides, read at each step
+    switch(split_norms=None)
     monkeypatch.setenv("QWEN_LAB_SPLIT_NORMS", "1")
     assert plan._splits_norms(T) and not plan._splits_norms(1)
     monkeypatch.setenv("QWEN_LAB_SPLIT_NORMS", "0")

@@ -35,7 +35,7 @@ def test_tuned_picks_lists_each_autotuned_kernels_choice(profile_step, monkeypat
 
     monkeypatch.setattr(gemm, "matmul_kernel", SimpleNamespace(cache={(2048, 7168, 1024, True): "BLOCK_M: 128, JOIN"}))
     monkeypatch.setitem(attention._tuned, "prefill", SimpleNamespace(cache={(4, 256, True): "BLOCK_M: 64"}))
-    monkeypatch.setattr(deltanet, "_PICKS", {"chunk_scan_kernel": {("cuda:0", 16, 32, 200): "BV: 32"},
+    monkeypatch.setattr(deltanet.tuning, "_PICKS", {"chunk_scan_kernel": {("cuda:0", 16, 32, 200): "BV: 32"},
                                              "conv_decode_step_kernel": {("cuda:0", 16, 128, 4): "BV: 16"}})
     lines = profile_step.tuned_picks()
     assert "  matmul_kernel [2048, 7168, 1024, True]: BLOCK_M: 128, JOIN" in lines

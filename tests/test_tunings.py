@@ -194,7 +194,7 @@ def test_the_autotuner_hook_times_once_then_reads_the_record(store, monkeypatch)
 
 
 def test_the_scan_pick_of_one_process_serves_the_next(store, monkeypatch):
-    """deltanet._pick_in_place (its timing replaced, as on a CPU): the first process times every config and records
+    """deltanet.tuning._pick_in_place (its timing replaced, as on a CPU): the first process times every config and records
     the fastest; a new process takes it from the record and launches nothing to time it."""
     kernel = "chunk_scan_kernel"
     configs = deltanet.autotune_configs(kernel, Dv=128)
@@ -209,17 +209,17 @@ def test_the_scan_pick_of_one_process_serves_the_next(store, monkeypatch):
         for call in calls:
             call()
         return cost[launched[-1]]
-    monkeypatch.setattr(deltanet, "_time_in_graph", timer)
-    monkeypatch.setitem(deltanet._PICKS, kernel, {})
+    monkeypatch.setattr(deltanet.tuning, "_time_in_graph", timer)
+    monkeypatch.setitem(deltanet.tuning._PICKS, kernel, {})
     state = torch.zeros(3)
     key = (torch.device("cpu"), torch.bfloat16, 16, 128, 128, 64, 5, True, 200)
-    assert str(deltanet._pick_in_place(kernel, key, launch, (state,), True, calls=2, Dv=128)) == str(configs[3])
+    assert str(deltanet.tuning._pick_in_place(kernel, key, launch, (state,), True, calls=2, Dv=128)) == str(configs[3])
     assert len(launched) == 2 * len(configs)
 
     new_process(monkeypatch)
-    monkeypatch.setitem(deltanet._PICKS, kernel, {})
+    monkeypatch.setitem(deltanet.tuning._PICKS, kernel, {})
     launched.clear()
-    assert str(deltanet._pick_in_place(kernel, key, launch, (state,), True, calls=2, Dv=128)) == str(configs[3])
+    assert str(deltanet.tuning._pick_in_place(kernel, key, launch, (state,), True, calls=2, Dv=128)) == str(configs[3])
     assert launched == [], f"the next process timed again: {launched}"
 
 

@@ -14,8 +14,8 @@ per step.
 `dot_precision(dtype)`: the `input_precision` every launcher passes to `tl.dot` ("ieee" for fp32 operands, which
 must not drop to tf32 on the GPU; "tf32" otherwise).
 
-`pdl_options(device)`: the launch options of programmatic dependent launch (Hopper and newer, unless
-QWEN_LAB_PDL=0). A kernel launched with them may start while the kernel before it in the stream is still
+`pdl_options(device)`: the launch options of programmatic dependent launch (Hopper and newer, unless the `pdl`
+switch is off: qwen_lab.switches). A kernel launched with them may start while the kernel before it in the stream is still
 running, so it calls `gdc_wait()` before it touches any memory that kernel may write (or read) and
 `gdc_launch_dependents()` to let the next one start early in turn. The decode step is a chain of a
 hundred-odd short kernels: this hides most of the gap between one kernel's end and the next one's start.
@@ -27,6 +27,8 @@ import contextlib
 import functools
 import threading
 from collections import Counter
+
+from ..switches import env_on, switches  # noqa: F401  (env_on: the switches' reading of a variable, for the families)
 
 _state = threading.local()
 
@@ -160,15 +162,6 @@ def _max_shared(index: int) -> int:
     return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
 
 
-def env_on(name: str, default: bool) -> bool:
-    """Whether the switch `name` (an environment variable) is on: 1, true, yes or on (any case) turn it on, any other
-    value off; unset, `default`."""
-    import os
-
-    value = os.environ.get(name)
-    return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
-
-
 def _major(device) -> int:
     """The compute capability's major number of `device` if it is a CUDA GPU, else 0."""
     import torch
@@ -197,8 +190,8 @@ def tensor_core_dots(device) -> bool:
 
 def pdl_enabled(device) -> bool:
     """Whether kernels on `device` are launched with programmatic dependent launch: a CUDA GPU of compute
-    capability 9.0 or newer, the Triton interpreter off, and QWEN_LAB_PDL not set to 0."""
-    return env_on("QWEN_LAB_PDL", True) and sm90_or_newer(device)
+    capability 9.0 or newer, the Triton interpreter off, and the `pdl` switch on (qwen_lab.switches)."""
+    return switches.pdl and sm90_or_newer(device)
 
 
 def pdl_options(device) -> dict:

@@ -10,9 +10,9 @@ tril(q k^T exp(G_i - G_j)) and G per chunk), each chunk's step carries the state
 `chunk_scan_kernel`, grid (Hv, Dv / BV): carries its [Dk, BV] slice of S through the chunks in order (four matmuls
 per chunk), writes O, and the final state in place. Under programmatic dependent launch it starts once the prep's
 programs have started, not once they have finished: each prep program adds its chunk to a counter per head and
-group of SCAN_GROUP chunks (a release, after a barrier), and the scan polls that counter (an acquire) before each
+group of switches.scan_group chunks (a release, after a barrier), and the scan polls that counter (an acquire) before each
 group, so it runs beside the prep. The last scan program of a head clears its counters, which live in a small
-zeroed buffer kept per device (counters.py). With PREP_PERSISTENT (on a GPU under PDL) the prep leaves an SM slot
+zeroed buffer kept per device (counters.py). With switches.prep_persistent (on a GPU under PDL) the prep leaves an SM slot
 for each scan program: the scan is then placed at once, beside the whole prep rather than its last programs.
 
 Two launches per call (prep, then scan); on a GPU, heads narrower than CHUNKED_MIN_HEAD_DIM take the recurrent
@@ -31,6 +31,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from ...errors import KernelError
+from ...switches import switches
 from .. import device_key, dot_precision, pdl_options
 from . import tuning
 from .arguments import _check_delta, _check_gate_params, _check_out, _shape
@@ -85,7 +86,7 @@ def chunk_scan_kernel(qg_ptr, kd_ptr, w_ptr, u_ptr, aqk_ptr, gcum_ptr, ready_ptr
     # Under PDL the scan starts once every prep program has started, not once they have all finished. So there
     # is no gdc_wait here (everything before the prep is complete by then: each prep program waited for it);
     # the scan waits for the prep's chunks through the `ready` counters instead, and runs beside the prep (its
-    # last programs; all of it with PREP_PERSISTENT). Without PDL (and under the interpreter) the prep has
+    # last programs; all of it with switches.prep_persistent). Without PDL (and under the interpreter) the prep has
     # finished and the counters are already full.
     if USE_PDL:
         gdc_launch_dependents()
@@ -195,12 +196,12 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
                  q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                  g.stride(0), g.stride(1), beta.stride(0), beta.stride(1))
     prep_meta = dict(BT=chunk_size, BK=BK, BDV=BDV, MERGES=(chunk_size // 2).bit_length() - 1, PREC=prec,
-                     INV_PREC=prec, GROUP=tuning.SCAN_GROUP, FUSED_GATES=fused, **pdl_options(q.device))
+                     INV_PREC=prec, GROUP=switches.scan_group, FUSED_GATES=fused, **pdl_options(q.device))
     programs = tuning._prep_programs(Hv, n_chunks, Dv, q.device)
     scan_args = (ws.qg, ws.kd, ws.w, ws.u, ws.aqk, ws.gcum, ready, state, out, T, Tw, n_chunks, n_class,
                  Hv, Dk, Dv, state.stride(0), state.stride(1), out.stride(0), out.stride(1))
-    scan_meta = dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=tuning.SCAN_GROUP,
-                     **(pdl_options(q.device) if tuning.SCAN_BESIDE_PREP else {}))
+    scan_meta = dict(BT=chunk_size, BK=BK, PREC=prec, GROUP=switches.scan_group,
+                     **(pdl_options(q.device) if switches.scan_beside_prep else {}))
     grid = lambda META: (Hv, triton.cdiv(Dv, META["BV"]))  # noqa: E731
 
     def launch(scan_config=None):

@@ -1,47 +1,38 @@
-"""The DeltaNet family's tuning: the switches, the GPU configs of its kernels and how a launch picks one.
+"""The DeltaNet family's tuning: the GPU configs of its kernels and how a launch picks one.
 
-Switches (module globals, read at each call; tests, benchmarks and notebook 09 set them, on this module or on the
-package, which passes the write on to here):
-- SCAN_GROUP: the scan waits for the prep once per this many chunks;
-- SCAN_BESIDE_PREP: under PDL the scan is launched beside the prep (False: after it);
-- PREP_PERSISTENT: the prep as a fixed number of programs under PDL (`_prep_programs`), or its grid;
-- PREP_PROGRAMS_PER_SM, PREP_ITEM_SCAN_STEPS: what sizes the persistent prep.
+Its switches live in qwen_lab.switches, read at each call: `scan_group` (the scan waits for the prep once per this
+many chunks), `scan_beside_prep` (under PDL the scan is launched beside the prep; off: after it), `prep_persistent`
+(the prep as a fixed number of programs under PDL, `_prep_programs`, or its grid). PREP_PROGRAMS_PER_SM and
+PREP_ITEM_SCAN_STEPS below size the persistent prep.
 
 Configurations on the GPU: the recurrent kernel and the prep as a grid are autotuned by Triton (`_tuned`: the
 state is restored between trials); the chunk scan and the fused conv + decode step are picked by `_pick_in_place`,
 each config timed as the model launches it, in a CUDA Graph, and kept by `qwen_lab.tunings` (Triton's autotuner
 with QWEN_LAB_TUNE=0 or inside a capture); the persistent prep always runs its 4-warp config. Under the
-interpreter the launchers pass one small fixed configuration. `force_config` runs one chosen GPU config instead,
-in either mode: the tests run every GPU config through the interpreter.
+interpreter the launchers pass one small fixed configuration. A config forced through
+`qwen_lab.switches.switches.force_config` runs instead, in either mode: the tests run every GPU config through the
+interpreter.
 
-The kernel files import the configs and `_tuned` (used once, at definition). The launchers read the switches and
-call `_launch` and `_pick_in_place` through this module (`tuning._launch(...)`), so a test or a probe that
-replaces one here reaches every launch.
+The kernel files import the configs and `_tuned` (used once, at definition). The launchers call `_launch` and
+`_pick_in_place` through this module (`tuning._launch(...)`), so a test that replaces one here reaches every
+launch.
 """
 
 from __future__ import annotations
 
-import contextlib
 
 import torch
 import triton
 
 from ... import runtime, tunings
-from ...errors import KernelError
+from ...switches import switches
 from .. import gemm, graph_time_us, pdl_options, tensor_core_dots, uncounted
 
 INTERPRET = runtime.interpreter_active()  # fixed at import: the family's kernels are defined for one mode
-# The scan waits for the prep once per this many chunks (see chunk_scan_kernel)
-SCAN_GROUP = 8
-# Under PDL the scan is launched beside the prep's last programs; False launches it after the whole prep (the
-# form before, kept for benchmarks/probe_scan_overlap.py)
-SCAN_BESIDE_PREP = True
-# Under PDL the prep runs as a fixed number of programs that walk the (head, chunk) items (see chunk_prep_kernel),
-# as many as leave one SM slot per scan program: the scan is then placed at once and runs beside the whole prep,
-# instead of waiting for SM room until the prep's last wave. On the H200 a DeltaNet layer at 2048 tokens took
-# 84.8 us against 91.0 with the grid (benchmarks/probe_prep_persistent.py, docs/perf-log.md, 2026-12-02). False:
+# switches.prep_persistent: under PDL the prep runs as a fixed number of programs that walk the (head, chunk) items
+# (see chunk_prep_kernel), as many as leave one SM slot per scan program: the scan is then placed at once and runs
+# beside the whole prep, instead of waiting for SM room until the prep's last wave (docs/experiments.md). False:
 # the grid (Hv, chunks); an int sets the number of programs (tests).
-PREP_PERSISTENT: bool | int = True
 # Programs of chunk_prep_kernel per SM at its 4-warp config: 255 registers x 128 threads each, two fill the 64K
 # registers of an SM (sm_90, tests/sm90_compile.py); 32 KB of shared memory each, so one prep program and one scan
 # program (up to 188 KB) share an SM's 228 KB.
@@ -55,7 +46,6 @@ PREP_ITEM_SCAN_STEPS = 10
 _CONFIGS = {}   # kernel name -> (its GPU autotuning configs, their pruning function)
 _KEYS = {}      # kernel name -> the arguments whose values key the GPU autotuner's cache
 _RESTORED = {}  # kernel name -> the arguments the GPU autotuner puts back after each timing run
-_FORCED = {}    # kernel name -> the triton.Config every launch uses instead (see force_config)
 _KERNELS = {}   # kernel name -> the kernel as its module holds it (the autotuner on a GPU), for _pick_in_place
 
 
@@ -77,36 +67,19 @@ def _tuned(configs, key, restore=(), prune=None):
 
 def autotune_configs(kernel: str, **named_args) -> list:
     """The configs the GPU autotuner tries for `kernel` (a name, e.g. "chunk_scan_kernel") on arguments like
-    `named_args` (those its pruning reads, e.g. Dv=128): the configs `force_config` can run one by one."""
+    `named_args` (those its pruning reads, e.g. Dv=128): the configs a test can force one by one."""
     configs, prune = _CONFIGS[kernel]
     return list(prune(configs, named_args) if prune else configs)
 
 
-@contextlib.contextmanager
-def force_config(kernel: str, config: "triton.Config"):
-    """Launch `kernel` with this one config (meta-parameters, num_warps, num_stages), bypassing the autotuner
-    on a GPU and the small fixed config under the interpreter. Tests use it to run every GPU config through
-    the interpreter, where a config that indexes out of bounds shows up on the CPU."""
-    if kernel not in _CONFIGS:
-        raise KernelError(f"force_config: {kernel!r} is not an autotuned kernel; expected one of {sorted(_CONFIGS)}")
-    previous = _FORCED.get(kernel)
-    _FORCED[kernel] = config
-    try:
-        yield
-    finally:
-        if previous is None:
-            del _FORCED[kernel]
-        else:
-            _FORCED[kernel] = previous
-
-
 def _launch(kernel, grid, args, kwargs, interpreter_meta, untuned: "triton.Config | None" = None):
     """kernel[grid](*args, **kwargs) plus the meta-parameters of this mode: the autotuner's on a GPU,
-    `interpreter_meta` under the interpreter, or the config of `force_config` in either. `untuned`: a config to
-    run in place of the autotuner's (and of `interpreter_meta`), where the launch depends on it; `force_config`
-    still wins."""
+    `interpreter_meta` under the interpreter, or the config forced through qwen_lab.switches in either. `untuned`: a
+    config to run in place of the autotuner's (and of `interpreter_meta`), where the launch depends on it; a forced
+    config still wins."""
     fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
-    config = _FORCED.get(fn.fn.__name__, untuned)
+    forced = switches.forced(fn.fn.__name__)
+    config = forced if forced is not None else untuned
     if config is not None:
         meta = dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
         if callable(grid):
@@ -129,7 +102,7 @@ def _prune_bv(configs, named_args, **kwargs):
     return kept or configs[:1]
 
 
-_PREP_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]   # the first: PREP_PERSISTENT's
+_PREP_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]   # the first: the persistent prep's
 
 
 def _prune_prep(configs, named_args, **kwargs):
@@ -159,7 +132,7 @@ def chunk_class(n_chunks: int) -> int:
 
 
 def _prep_programs(Hv: int, n_chunks: int, Dv: int, device) -> int | None:
-    """The persistent prep's number of programs (PREP_PERSISTENT), or None for the grid (Hv, chunks).
+    """The persistent prep's number of programs (switches.prep_persistent), or None for the grid (Hv, chunks).
 
     On a GPU it only pays where the scan is launched beside the prep (PDL): every SM slot but one per program of a
     BV = 32 scan (a 16-column scan has twice the programs and waits for room), never more programs than items. With
@@ -168,15 +141,16 @@ def _prep_programs(Hv: int, n_chunks: int, Dv: int, device) -> int | None:
     would wait on the prep, which then runs at a fraction of the grid's rate: the grid again. (Measured on an H200
     at 2048 tokens, benchmarks/probe_prep_heads.py: 85 us per layer against the grid's 91 at 16 value heads, 158
     against 128 at 32, 363 against 190 at 48.)"""
-    if PREP_PERSISTENT is False:
+    persistent = switches.prep_persistent
+    if persistent is False:
         return None
     items = Hv * n_chunks
-    if PREP_PERSISTENT is True:
-        if INTERPRET or not (SCAN_BESIDE_PREP and pdl_options(device)):
+    if persistent is True:
+        if INTERPRET or not (switches.scan_beside_prep and pdl_options(device)):
             return None
         programs = PREP_PROGRAMS_PER_SM * gemm.sm_count(device) - Hv * triton.cdiv(Dv, 32)
         return min(items, programs) if programs >= PREP_ITEM_SCAN_STEPS * Hv else None
-    return max(1, min(items, int(PREP_PERSISTENT)))
+    return max(1, min(items, int(persistent)))
 
 
 # ---------------------------------------------------------------- configs picked where the kernel runs
@@ -194,7 +168,7 @@ def _pick_in_place(kernel: str, key: tuple, launch, states, on_gpu: bool, calls:
     model makes it, `calls` times back to back in a CUDA Graph; `states` (the tensors the launch updates in place)
     are put back after each. The pick is recorded on disk, and a pick an earlier process recorded is taken without
     timing (`qwen_lab.tunings`). None: the launch takes its config as it would without this pick (Triton's
-    autotuner on a GPU with QWEN_LAB_TUNE=0 or inside a capture, the forced config under `force_config`, the
+    autotuner on a GPU with QWEN_LAB_TUNE=0 or inside a capture, a config forced through qwen_lab.switches, the
     interpreter's fixed config).
 
     Two kernels are picked this way, because Triton's autotuner times a kernel alone, launched from Python:
@@ -208,7 +182,7 @@ def _pick_in_place(kernel: str, key: tuple, launch, states, on_gpu: bool, calls:
     picks = _PICKS[kernel]
     if key in picks:
         return picks[key]
-    if (not on_gpu or kernel in _FORCED or not gemm.tuning_enabled()
+    if (not on_gpu or switches.forced(kernel) is not None or not gemm.tuning_enabled()
             or any(s.is_cuda and torch.cuda.is_current_stream_capturing() for s in states)):
         return None
     candidates = autotune_configs(kernel, **named_args)
