@@ -3,7 +3,7 @@ the norm costs no launch of its own:
 
     rms_norm_linear(x, w_n, eps, W)          = rms_norm(x) (1 + w_n) W^T                x [M, H], W [N, H]
     add_rms_norm_linear(x, r, w_n, eps, W)   = (rms_norm(s) (1 + w_n) W^T, s), s = x + r
-    gated_rms_norm_linear(o, z, w_n, eps, W) = (rms_norm(o) w_n silu(z)) W^T         o, z [M, Hv, Dv], W [N, Hv Dv]
+    gated_rms_norm_linear(o, z, w_n, eps, W) = (rms_norm(o) w_n silu(z)).reshape(M, Hv Dv) W^T   o, z [M, Hv, Dv]
     linear_add_rms_norm(x, W, r, w_n, eps)   = (s, s (1 + w_n), ss), s = r + x W^T, ss: sums of s^2 by column tile
     rms_scaled_linear(h, ss, eps, W)         = (h W^T) / sqrt(sum(ss) / K + eps)
 
