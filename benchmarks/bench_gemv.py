@@ -265,6 +265,7 @@ def prefill_config_rows(gen):
     SwiGLU epilogue), launched past the autotuner and timed 10 calls to a CUDA Graph: the kernel's own time, with
     no launch overhead. -> per shape, [(config, us)] fastest first, and F.linear's us."""
     from qwen_lab.kernels import gemm
+    from qwen_lab.kernels.gemm import tiled, tuning
 
     rows = []
     cases = [(name, K, N, False) for name, K, N, _ in SHAPES if N <= 16384]
@@ -274,8 +275,8 @@ def prefill_config_rows(gen):
         w = (torch.randn(N, K, generator=gen, device=DEVICE) * K ** -0.5).to(torch.bfloat16)
         n_out = N // 2 if swiglu else N
         out = torch.empty(PREFILL_M, n_out, dtype=torch.bfloat16, device=DEVICE)
-        configs = gemm._prune_matmul_configs(gemm._matmul_all_configs(), {}, SWIGLU=swiglu,
-                                             TMA_OK=gemm._tma_ok(x, w))
+        configs = tuning._prune_matmul_configs(tuning._matmul_all_configs(), {}, SWIGLU=swiglu,
+                                               TMA_OK=tiled._tma_ok(x, w))
 
         timed = []
         for c in configs:

@@ -2,7 +2,7 @@
 
 On a GPU the first call of each kernel shape times its candidate configurations and keeps the fastest:
 Triton's autotuner for the prefill GEMM, the flash attention, the conv and the DeltaNet kernels; the launchers'
-own timing inside a CUDA Graph for the decode GEMV plans (`kernels.gemm`) and for two DeltaNet kernels
+own timing inside a CUDA Graph for the decode GEMV plans (`kernels.gemm.tuning`) and for two DeltaNet kernels
 (`kernels.deltanet._pick_in_place`). That is seconds per shape and minutes per notebook on a fresh machine.
 Triton keeps the compiled kernels on disk, but not what was picked, so without this module every new process
 (each notebook, each restart of its kernel, each run of the command line) times everything again.
@@ -106,14 +106,15 @@ def _triton_settings() -> list:
 
 @functools.lru_cache(maxsize=None)
 def _code_digest() -> str:
-    """A digest of the kernel modules' source and of this file's: any edit of a kernel, of a launcher that times its
-    candidates (the GEMV plans' grids, the scan timed beside its prep) or of the timers, starts a new file."""
+    """A digest of the kernel modules' source (every file of the family folders under kernels/) and of this file's:
+    any edit of a kernel, of a launcher that times its candidates (the GEMV plans' grids, the scan timed beside its
+    prep) or of the timers, starts a new file."""
     folder = Path(__file__).parent
-    digest = hashlib.sha256()
     kernels = folder / "kernels"
-    for file in sorted(kernels.rglob("*.py")) + [Path(__file__)]:   # every family folder's files
-        name = file.relative_to(kernels) if file.is_relative_to(kernels) else file.name
-        digest.update(str(name).encode() + b"\0" + file.read_bytes())
+    digest = hashlib.sha256()
+    for file in sorted(kernels.rglob("*.py")) + [Path(__file__)]:
+        name = file.relative_to(kernels).as_posix() if file.is_relative_to(kernels) else file.name
+        digest.update(name.encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -100,6 +100,7 @@ def cases():
     notebook exercise whose launcher sets its own pipeline depth."""
     from qwen_lab.config import QWEN35_0_8B as C
     from qwen_lab.kernels import attention, conv1d, deltanet, dot_precision, gemm, rope
+    from qwen_lab.kernels.gemm import tuning as gemm_tuning
     from qwen_lab.switches import switches
 
     # The dot precision the launchers pass for a bf16 model: bf16 operands ignore it, but the chunk prep's fp32
@@ -108,7 +109,7 @@ def cases():
     prec = dot_precision(torch.bfloat16)
     out = []
     for swiglu in (False, True):  # SWIGLU: two accumulators and two W tiles per step, its own tile shapes
-        for c in gemm._matmul_configs(swiglu):  # TMA=True: the tensor-descriptor candidates (sm_90+ only)
+        for c in gemm_tuning._matmul_configs(swiglu):  # TMA=True: the tensor-descriptor candidates (sm_90+ only)
             tma = c.kwargs.get("TMA", False)
             meta = dict(c.kwargs, DOT_PRECISION=prec, SWIGLU=swiglu, TMA=tma, TMA_OK=tma, USE_PDL=True)
             bm, bn, bk = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
@@ -142,7 +143,7 @@ def cases():
                         gemm.matmul_kernel, meta, types, warps=c.num_warps, stages=c.num_stages,
                         ptx_check=tma_descriptor_use if tma else None)))
     gemv_types = {"ws_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
-    for c in gemm._gemv_configs(gpu=True):
+    for c in gemm_tuning._gemv_configs(gpu=True):
         if c.kwargs.get("PERSIST"):  # the persistent form: one row, one split, its own kernel
             for prologue, dv in ((gemm.PRO_NONE, 1), (gemm.PRO_SWIGLU, 1), (gemm.PRO_RMS, 1), (gemm.PRO_ADD_RMS, 1),
                                  (gemm.PRO_GATED, C.linear_value_head_dim)):

@@ -11,6 +11,7 @@ from qwen_lab.config import QWEN35_0_8B as C
 from qwen_lab.errors import KernelError
 from qwen_lab.kernels import count_launches
 from qwen_lab.kernels import activations, gemm
+from qwen_lab.kernels.gemm import gemv, tiled, tuning
 
 
 def _gate_up(M, I, g, rt, pad=0):
@@ -61,7 +62,7 @@ def test_swiglu_down_matches_linear_of_silu_mul(rt, M, I, N):
 def test_swiglu_prologue_with_split_k(rt, gen, deterministic):
     # the fused prologue in every slice of K: each split must read gate at k and up at I + k
     gu, w = _gate_up(2, 150, gen, rt, pad=1), _down(40, 150, gen, rt)
-    got = gemm._gemv("swiglu_down", gu, w, 3, deterministic, None, swiglu=True)
+    got = gemv._gemv("swiglu_down", gu, w, 3, deterministic, None, swiglu=True)
     checks.compare("swiglu_down split 3", got, _swiglu_ref(gu, w))
 
 
@@ -187,8 +188,8 @@ def test_linear_silu_mul_bad_arguments_are_named(rt, gen):
 def test_swiglu_gpu_tiles_fit_a_hopper_sm(monkeypatch):
     """The SWIGLU tile shapes the GPU autotuner may pick: two fp32 accumulators within 128 registers a thread,
     the pipelined x, gate and up tiles within the 227 KB of shared memory (tests/sm90_compile.py compiles them)."""
-    monkeypatch.setattr(gemm, "interpreter_active", lambda: False)
-    plain, swiglu = gemm._matmul_configs(False), gemm._matmul_configs(True)
+    monkeypatch.setattr(tuning, "interpreter_active", lambda: False)
+    plain, swiglu = tuning._matmul_configs(False), tuning._matmul_configs(True)
     assert swiglu and plain
     for c in swiglu:
         bm, bn, bk = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
@@ -218,9 +219,9 @@ def test_gpu_swiglu_down_real_shape(rt, gen, M):
 def test_gpu_swiglu_down_deterministic_split(rt, gen):
     I, N = C.intermediate_size, C.hidden_size
     gu, w = _gate_up(1, I, gen, rt), _down(N, I, gen, rt)
-    first = gemm._gemv("swiglu_down", gu, w, 8, True, None, swiglu=True)
+    first = gemv._gemv("swiglu_down", gu, w, 8, True, None, swiglu=True)
     for _ in range(10):
-        assert torch.equal(gemm._gemv("swiglu_down", gu, w, 8, True, None, swiglu=True), first)
+        assert torch.equal(gemv._gemv("swiglu_down", gu, w, 8, True, None, swiglu=True), first)
     checks.compare("swiglu_down split 8", first, _swiglu_ref(gu, w))
 
 
@@ -239,7 +240,7 @@ def test_gpu_linear_silu_mul_real_shape(rt, gen, M):
     checks.compare(f"linear_silu_mul M={M}", got, reference.linear_silu_mul(x, w))
     # the autotuner chose among the SWIGLU tile shapes only
     best = gemm.matmul_kernel.best_config
-    assert gemm._config_id(best) in {gemm._config_id(c) for c in gemm._matmul_configs(True)}, best
+    assert tuning._config_id(best) in {tuning._config_id(c) for c in tuning._matmul_configs(True)}, best
 
 
 @pytest.mark.gpu
@@ -251,9 +252,9 @@ def test_gpu_every_swiglu_config_computes_the_same(rt, gen, M):
     x, w = _gpu_gate_up_case(M, gen, rt)
     I = w.shape[0] // 2
     ref = reference.linear_silu_mul(x, w)
-    configs = gemm._matmul_configs(True)
+    configs = tuning._matmul_configs(True)
     assert len(configs) > 1
-    if not gemm._tma_ok(x, w):  # the TMA candidates only on sm_90+ with aligned operands
+    if not tiled._tma_ok(x, w):  # the TMA candidates only on sm_90+ with aligned operands
         configs = [c for c in configs if not c.kwargs.get("TMA")]
     for c in configs:
         out = checks.poison_(torch.empty(M, I, dtype=rt.dtype, device=rt.device))
@@ -278,3 +279,27 @@ def test_the_probes_one_launch_decode_mlp_matches_the_mlp(rt, gen, B, benchmark_
         probe.mlp_decode(h, w_gate_up, w_down.t().contiguous(), ws, count, out, B)
         checks.compare(f"one-launch MLP B={B}, call {call}", out, ref)
         assert not ws.any() and count.item() == 0
+
+
+# ---------------------------------------------------------------- the teaching kernel (notebook 05)
+
+
+def test_the_teaching_kernel_is_the_notebooks_solution():
+    """activations/teach.py holds exercise 05.1 as solutions/05_swiglu_mlp.ipynb writes it."""
+    from notebook_source import assert_teaches
+
+    assert_teaches("05_swiglu_mlp.ipynb", "qwen_lab/kernels/activations/teach.py")
+
+
+@pytest.mark.parametrize("M, I", [(1, 24), (5, 200), (3, 300)])
+def test_the_teaching_kernel_matches_the_reference(rt, gen, M, I):
+    """my_silu_mul as library code: ragged widths (I not a power of two; 300 spans several blocks under the
+    interpreter), a strided gate_up (a view of wider rows), with and without `out`."""
+    from qwen_lab.kernels.activations import teach
+
+    wide = checks.randn(M, 2 * I + 6, g=gen, dtype=rt.dtype, device=rt.device, scale=3.0)
+    gu = wide[:, : 2 * I]
+    checks.compare("my_silu_mul", teach.my_silu_mul(gu), reference.silu_mul(gu))
+    out = torch.full((M, I), float("nan"), dtype=rt.dtype, device=rt.device)
+    assert teach.my_silu_mul(gu, out=out) is out
+    checks.compare("my_silu_mul(out=)", out, reference.silu_mul(gu))

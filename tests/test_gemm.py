@@ -11,6 +11,7 @@ from qwen_lab.config import QWEN35_0_8B as C
 from qwen_lab.errors import KernelError
 from qwen_lab.kernels import count_launches
 from qwen_lab.kernels import gemm
+from qwen_lab.kernels.gemm import fused_norm, gemv, tiled, tuning
 
 
 def _x(M, K, g, rt):
@@ -98,7 +99,7 @@ def test_workspace_is_left_zeroed_for_the_next_call(rt, gen):
         y = gemm.linear_splitk(x, w, split_k=3, deterministic=False)
         checks.compare("linear_splitk", y, reference.linear(x, w))
     for kind in ("sums", "counts"):
-        buf = gemm._workspaces[(kind, x.device)]
+        buf = gemv._workspaces[(kind, x.device)]
         assert int(torch.count_nonzero(buf)) == 0, f"workspace '{kind}' not reset"
 
 
@@ -119,8 +120,8 @@ def test_strided_input_rows_and_out_buffer(rt, gen):
 
 def test_plan_times_are_empty_without_the_first_call_timing(rt, gen, monkeypatch):
     """The interpreter (and a GPU with QWEN_LAB_TUNE=0) takes the first fitting plan untimed: nothing is recorded."""
-    monkeypatch.setattr(gemm, "_plans", {})
-    monkeypatch.setattr(gemm, "plan_times", {})
+    monkeypatch.setattr(tuning, "_plans", {})
+    monkeypatch.setattr(tuning, "plan_times", {})
     monkeypatch.setenv("QWEN_LAB_TUNE", "0")
     x, w = _x(1, 100, gen, rt), _w(50, 100, gen, rt)
     checks.compare("untimed plan", gemm.linear(x, w), reference.linear(x, w))
@@ -251,11 +252,11 @@ def test_gpu_few_rows_atomic_split_k_with_every_tile(rt, gen, monkeypatch, M):
     K, N = REAL["out_proj"]
     x, w = _x(M, K, gen, rt), _w(N, K, gen, rt)
     ref = reference.linear(x, w)
-    tiles = [c for c in gemm._gemv_configs(gpu=True) if not c.kwargs.get("PERSIST") and c.kwargs["BLOCK_N"] >= 16]
+    tiles = [c for c in tuning._gemv_configs(gpu=True) if not c.kwargs.get("PERSIST") and c.kwargs["BLOCK_N"] >= 16]
     assert tiles
-    monkeypatch.setattr(gemm, "_plans", {})  # a forced configuration is used only where no plan was chosen yet
+    monkeypatch.setattr(tuning, "_plans", {})  # a forced configuration is used only where no plan was chosen yet
     for config in tiles:
-        monkeypatch.setattr(gemm, "GEMV_FORCE", config)
+        monkeypatch.setattr(tuning, "GEMV_FORCE", config)
         for call in range(10):
             got = gemm.linear_splitk(x, w, split_k=8, deterministic=False)
             checks.compare(f"M={M} {config} call {call}", got, ref)
@@ -290,7 +291,7 @@ def test_gpu_chained_gemvs_in_a_graph(rt, gen, monkeypatch, pdl):
     """Each GEMV reads the previous one's output. With programmatic dependent launch a GEMV starts reading its
     weights before the previous kernel has finished: it must still read x only after that kernel's writes."""
     monkeypatch.setenv("QWEN_LAB_PDL", pdl)
-    assert gemm.pdl_enabled(rt.device) == (pdl == "1" and torch.cuda.get_device_capability()[0] >= 9)
+    assert gemv.pdl_enabled(rt.device) == (pdl == "1" and torch.cuda.get_device_capability()[0] >= 9)
     H, I = C.hidden_size, C.intermediate_size
     ws = [_w(I, H, gen, rt), _w(H, I, gen, rt), _w(2 * I, H, gen, rt), _w(H, 2 * I, gen, rt)]
     nw = _norm_w(H, gen, rt)
@@ -324,8 +325,8 @@ def test_gpu_chained_gemvs_in_a_graph(rt, gen, monkeypatch, pdl):
 def test_gpu_first_call_times_and_keeps_a_plan(rt, gen, monkeypatch):
     """The first call of a shape times its candidate plans inside a CUDA Graph and keeps the fastest; a later call
     reuses it. A narrow shape (N = 1024) also times SPLIT_K values."""
-    monkeypatch.setattr(gemm, "_plans", {})
-    monkeypatch.setattr(gemm, "plan_times", {})
+    monkeypatch.setattr(tuning, "_plans", {})
+    monkeypatch.setattr(tuning, "plan_times", {})
     K, N = REAL["mlp_down"]
     w, x = _w(N, K, gen, rt), _x(1, K, gen, rt)
     assert gemm.gemv_plan(1, N, K, dtype=rt.dtype, device=rt.device) is None
@@ -337,7 +338,7 @@ def test_gpu_first_call_times_and_keeps_a_plan(rt, gen, monkeypatch):
     assert all(t > 0 for t in times.values())
     heuristic = gemm.choose_split_k(1, N, K, gemm.sm_count(rt.device))
     assert plan is not None and plan[0] in (*gemm.SPLIT_CANDIDATES, heuristic)
-    assert plan[1] in gemm._gemv_configs()
+    assert plan[1] in tuning._gemv_configs()
     assert gemm.chosen_split_k(1, N, K, dtype=rt.dtype, device=rt.device) == plan[0]
     checks.compare("second call", gemm.linear(x, w), reference.linear(x, w))
     assert gemm.last_plan == plan
@@ -403,25 +404,25 @@ def test_fused_prologues_with_split_k(rt, gen, deterministic, M, split_k):
     # with split-K every slice uses the rstd of the whole row (RMSNorm) or of its own whole heads (gated)
     H, N = 150, 40
     x, r, nw, w = _x(M, H, gen, rt), _x(M, H, gen, rt), _norm_w(H, gen, rt), _w(N, H, gen, rt)
-    y, s = gemm._rms_linear("add_rms_norm_linear", x, r, nw, 1e-6, w, None, None, split_k, deterministic)
+    y, s = fused_norm._rms_linear("add_rms_norm_linear", x, r, nw, 1e-6, w, None, None, split_k, deterministic)
     y_ref, s_ref = reference.add_rms_norm_linear(x, r, nw, 1e-6, w)
     checks.compare(f"add_rms_norm_linear split {split_k}", y, y_ref)
     assert torch.equal(s, s_ref), "s = x + residual must be the reference's rounding exactly"
-    y = gemm._rms_linear("rms_norm_linear", x, None, nw, 1e-6, w, None, None, split_k, deterministic)
+    y = fused_norm._rms_linear("rms_norm_linear", x, None, nw, 1e-6, w, None, None, split_k, deterministic)
     checks.compare(f"rms_norm_linear split {split_k}", y, reference.rms_norm_linear(x, nw, 1e-6, w))
     o, z = _ohz(M, 6, 16, gen, rt)  # K = 96: split 4 -> slices of 32 (two heads), each split on a head boundary
     gw, gnw = _w(N, 96, gen, rt), _norm_w(16, gen, rt)
-    y = gemm._gated_linear(o, z, gnw, 1e-6, gw, None, split_k, deterministic)
+    y = fused_norm._gated_linear(o, z, gnw, 1e-6, gw, None, split_k, deterministic)
     checks.compare(f"gated_rms_norm_linear split {split_k}", y, reference.gated_rms_norm_linear(o, z, gnw, 1e-6, gw))
 
 
 def test_fused_deterministic_is_bitwise_repeatable(rt, gen):
     x, r, nw, w = _x(2, 300, gen, rt), _x(2, 300, gen, rt), _norm_w(300, gen, rt), _w(50, 300, gen, rt)
-    runs = [gemm._rms_linear("add_rms_norm_linear", x, r, nw, 1e-6, w, None, None, 5, True) for _ in range(2)]
+    runs = [fused_norm._rms_linear("add_rms_norm_linear", x, r, nw, 1e-6, w, None, None, 5, True) for _ in range(2)]
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
     o, z = _ohz(2, 8, 16, gen, rt)
     gw, gnw = _w(50, 128, gen, rt), _norm_w(16, gen, rt)
-    a, b = (gemm._gated_linear(o, z, gnw, 1e-6, gw, None, 4, True) for _ in range(2))
+    a, b = (fused_norm._gated_linear(o, z, gnw, 1e-6, gw, None, 4, True) for _ in range(2))
     assert torch.equal(a, b)
 
 
@@ -538,7 +539,7 @@ def test_gpu_gated_rms_norm_linear_real_shape(rt, gen, M):
     checks.compare(f"gated_rms_norm_linear M={M}", gemm.gated_rms_norm_linear(o, z, nw, C.rms_norm_eps, w), ref)
     for deterministic in (False, True):
         for split_k in (1, 2, 4, 8):
-            got = gemm._gated_linear(o, z, nw, C.rms_norm_eps, w, None, split_k, deterministic)
+            got = fused_norm._gated_linear(o, z, nw, C.rms_norm_eps, w, None, split_k, deterministic)
             checks.compare(f"gated split {split_k} det {deterministic}", got, ref)
 
 
@@ -546,9 +547,9 @@ def test_gpu_gated_rms_norm_linear_real_shape(rt, gen, M):
 def test_gpu_fused_deterministic_bitwise(rt, gen):
     H, N = C.hidden_size, C.attn_in_proj_dim
     x, r, nw, w = _x(1, H, gen, rt), _x(1, H, gen, rt), _norm_w(H, gen, rt), _w(N, H, gen, rt)
-    first = gemm._rms_linear("add_rms_norm_linear", x, r, nw, 1e-6, w, None, None, 4, True)
+    first = fused_norm._rms_linear("add_rms_norm_linear", x, r, nw, 1e-6, w, None, None, 4, True)
     for _ in range(10):
-        y, s = gemm._rms_linear("add_rms_norm_linear", x, r, nw, 1e-6, w, None, None, 4, True)
+        y, s = fused_norm._rms_linear("add_rms_norm_linear", x, r, nw, 1e-6, w, None, None, 4, True)
         assert torch.equal(y, first[0]) and torch.equal(s, first[1])
 
 
@@ -600,7 +601,7 @@ def test_lm_head_sized_outputs_keep_the_norm_apart(monkeypatch, rt, gen):
     from qwen_lab import reference
     from qwen_lab.kernels import count_launches, gemm
 
-    monkeypatch.setattr(gemm, "FUSED_NORM_MAX_N", 8)
+    monkeypatch.setattr(fused_norm, "FUSED_NORM_MAX_N", 8)
     x = torch.randn(1, 48, generator=gen).to(rt.device, rt.dtype)
     res = torch.randn(1, 48, generator=gen).to(rt.device, rt.dtype)
     w_norm = (torch.randn(48, generator=gen) * 0.1).to(rt.device)
@@ -622,8 +623,8 @@ def test_gemv_with_and_without_the_hand_written_prefetch(prefetch, monkeypatch, 
     from qwen_lab.kernels import activations
 
     forced = triton.Config({"BLOCK_N": 16, "BLOCK_K": 32, "PREFETCH": prefetch}, num_warps=4, num_stages=1)
-    monkeypatch.setattr(gemm, "GEMV_FORCE", forced)
-    monkeypatch.setattr(gemm, "_plans", {})
+    monkeypatch.setattr(tuning, "GEMV_FORCE", forced)
+    monkeypatch.setattr(tuning, "_plans", {})
     f = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(rt.device, rt.dtype)  # noqa: E731
     x, res, w = f(1, 100), f(1, 100), f(37, 100, scale=0.1)
     nw = (torch.randn(100, generator=gen) * 0.1).to(rt.device)
@@ -642,13 +643,14 @@ def test_gemv_with_and_without_the_hand_written_prefetch(prefetch, monkeypatch, 
                    reference.gated_rms_norm_linear(o, z, gw, 1e-6, w_out))
 
 
-@pytest.mark.parametrize("index", [i for i, c in enumerate(gemm._gemv_configs(gpu=True)) if not c.kwargs.get("PERSIST")])
+@pytest.mark.parametrize("index", [i for i, c in enumerate(tuning._gemv_configs(gpu=True))
+                                   if not c.kwargs.get("PERSIST")])
 def test_every_gpu_gemv_config_computes_the_same(index, monkeypatch, rt, gen):
     """Each block shape of the one-program-per-block GEMV the GPU's first-call timing may pick, forced here (through
     the interpreter on a CPU): plain, split in two, and with the residual-add + norm prologue, on ragged shapes.
     (The persistent form has its own test below.)"""
-    config = gemm._gemv_configs(gpu=True)[index]
-    monkeypatch.setattr(gemm, "GEMV_FORCE", config)
+    config = tuning._gemv_configs(gpu=True)[index]
+    monkeypatch.setattr(tuning, "GEMV_FORCE", config)
     f = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(rt.device, rt.dtype)  # noqa: E731
     x, res, w = f(1, 300), f(1, 300), f(37, 300, scale=0.1)
     nw = (torch.randn(300, generator=gen) * 0.1).to(rt.device)
@@ -667,25 +669,25 @@ def test_every_gpu_gemv_config_computes_the_same(index, monkeypatch, rt, gen):
 def test_tma_candidates_only_where_the_call_allows_them(monkeypatch):
     """The autotuner's list holds both modes and the TMA candidates; each call times only its mode's, and the TMA
     ones only with TMA_OK (sm_90+, aligned 16-bit operands). The interpreter has none."""
-    assert not any(c.kwargs.get("TMA") for c in gemm._matmul_all_configs() if gemm.interpreter_active())
-    monkeypatch.setattr(gemm, "interpreter_active", lambda: False)  # the GPU's lists
-    every = gemm._matmul_all_configs()
+    assert not any(c.kwargs.get("TMA") for c in tuning._matmul_all_configs() if tuning.interpreter_active())
+    monkeypatch.setattr(tuning, "interpreter_active", lambda: False)  # the GPU's lists
+    every = tuning._matmul_all_configs()
     for swiglu in (False, True):
-        mode = {gemm._config_id(c) for c in gemm._matmul_configs(swiglu)}
-        with_tma = gemm._prune_matmul_configs(every, {}, SWIGLU=swiglu, TMA_OK=True)
-        without = gemm._prune_matmul_configs(every, {}, SWIGLU=swiglu, TMA_OK=False)
-        assert {gemm._config_id(c) for c in with_tma} == mode
+        mode = {tuning._config_id(c) for c in tuning._matmul_configs(swiglu)}
+        with_tma = tuning._prune_matmul_configs(every, {}, SWIGLU=swiglu, TMA_OK=True)
+        without = tuning._prune_matmul_configs(every, {}, SWIGLU=swiglu, TMA_OK=False)
+        assert {tuning._config_id(c) for c in with_tma} == mode
         assert any(c.kwargs.get("TMA") for c in with_tma)
         assert without and not any(c.kwargs.get("TMA") for c in without)
-        assert {gemm._config_id(c) for c in without} == {i for i in mode if ("TMA", True) not in i[0]}
+        assert {tuning._config_id(c) for c in without} == {i for i in mode if ("TMA", True) not in i[0]}
         # long prompts that allow TMA time only the TMA candidates; without TMA they keep every plain one
         long = gemm.TMA_ONLY_FROM_ROWS
-        tma_long = gemm._prune_matmul_configs(every, {"M_BUCKET": long}, SWIGLU=swiglu, TMA_OK=True)
+        tma_long = tuning._prune_matmul_configs(every, {"M_BUCKET": long}, SWIGLU=swiglu, TMA_OK=True)
         assert tma_long and all(c.kwargs.get("TMA") for c in tma_long)
-        assert {gemm._config_id(c) for c in tma_long} == {i for i in mode if ("TMA", True) in i[0]}
-        assert len(gemm._prune_matmul_configs(every, {"M_BUCKET": long // 2}, SWIGLU=swiglu, TMA_OK=True)) == \
+        assert {tuning._config_id(c) for c in tma_long} == {i for i in mode if ("TMA", True) in i[0]}
+        assert len(tuning._prune_matmul_configs(every, {"M_BUCKET": long // 2}, SWIGLU=swiglu, TMA_OK=True)) == \
             len(mode)
-        assert gemm._prune_matmul_configs(every, {"M_BUCKET": long}, SWIGLU=swiglu, TMA_OK=False) == without
+        assert tuning._prune_matmul_configs(every, {"M_BUCKET": long}, SWIGLU=swiglu, TMA_OK=False) == without
 
 
 @pytest.mark.parametrize("swiglu", [False, True])
@@ -694,9 +696,9 @@ def test_the_tuner_shapes_the_host_descriptors_for_each_config(monkeypatch, swig
     configuration's tiles before it is timed or launched (a descriptor's tile is part of the kernel's signature; left
     as made, every TMA kernel failed to compile on the GPU). The autotuner runs here over the GPU's list, each
     launch replaced by what Triton's does first (the kernel's pre-run hooks) and a record of the descriptors."""
-    monkeypatch.setattr(gemm, "interpreter_active", lambda: False)  # the GPU's lists
+    monkeypatch.setattr(tuning, "interpreter_active", lambda: False)  # the GPU's lists
     tuner = gemm.matmul_kernel
-    assert gemm._fit_descriptors in tuner.fn.pre_run_hooks
+    assert tiled._fit_descriptors in tuner.fn.pre_run_hooks
     seen = []
 
     def launch(*args, grid, warmup, **meta):
@@ -706,7 +708,7 @@ def test_the_tuner_shapes_the_host_descriptors_for_each_config(monkeypatch, swig
         xt_tile = None if xt_desc is None else list(xt_desc.block_shape)
         seen.append((meta, list(x_desc.block_shape), list(w_desc.block_shape), list(w_desc.shape), xt_tile))
 
-    monkeypatch.setattr(tuner, "configs", gemm._matmul_all_configs())
+    monkeypatch.setattr(tuner, "configs", tuning._matmul_all_configs())
     monkeypatch.setattr(tuner, "cache", {})
     monkeypatch.setattr(tuner, "do_bench", lambda call, quantiles: (call(), [1.0, 1.0, 1.0])[1])
     monkeypatch.setattr(tuner.fn, "run", launch)
@@ -715,12 +717,12 @@ def test_the_tuner_shapes_the_host_descriptors_for_each_config(monkeypatch, swig
     w = torch.zeros(2 * N if swiglu else N, K, dtype=torch.bfloat16)
     out = torch.zeros(M, N, dtype=torch.bfloat16)
     # as `linear` makes them: with the slices' descriptor for SwiGLU, whose candidates are the ones with TAIL
-    tails = {c.kwargs.get("TAIL", 1) for c in gemm._matmul_configs(swiglu)}
+    tails = {c.kwargs.get("TAIL", 1) for c in tuning._matmul_configs(swiglu)}
     assert (tails != {1}) == swiglu, tails
-    x_desc, w_desc, xt_desc = gemm._tma_descriptors(x, w, tail=swiglu)
+    x_desc, w_desc, xt_desc = tiled._tma_descriptors(x, w, tail=swiglu)
     tuner[lambda meta: (1,)](x, w, out, x_desc, w_desc, xt_desc, M, N, K, M, x.stride(0), w.stride(0),
                              out.stride(0), DOT_PRECISION="tf32", SWIGLU=swiglu, TMA_OK=True)
-    timed = {gemm._config_id(c) for c in gemm._matmul_configs(swiglu) if c.kwargs.get("TMA")}
+    timed = {tuning._config_id(c) for c in tuning._matmul_configs(swiglu) if c.kwargs.get("TMA")}
     assert len(seen) == len(timed) + 1  # each TMA candidate timed once, then the pick launched
     for meta, x_tile, w_tile, w_shape, xt_tile in seen:
         bm, bn, bk = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
@@ -731,21 +733,21 @@ def test_the_tuner_shapes_the_host_descriptors_for_each_config(monkeypatch, swig
         else:
             assert (w_tile, w_shape) == ([bn, bk], [w.shape[0], K]), (meta, w_tile, w_shape)
     # a TAIL configuration's slice descriptor (matmul_with_config makes one for it) gets the slices' tile
-    x_desc, w_desc, xt_desc = gemm._tma_descriptors(x, w, tail=True)
+    x_desc, w_desc, xt_desc = tiled._tma_descriptors(x, w, tail=True)
     for tail in (1, 2, 4):
         meta = dict(seen[-1][0], TAIL=tail)
-        gemm._fit_descriptors(x, w, out, x_desc, w_desc, xt_desc, M, N, K, M, x.stride(0), w.stride(0),
+        tiled._fit_descriptors(x, w, out, x_desc, w_desc, xt_desc, M, N, K, M, x.stride(0), w.stride(0),
                               out.stride(0), **meta)
         assert xt_desc.block_shape == [meta["BLOCK_M"] // meta.get("TAIL", 1), meta["BLOCK_K"]]
 
 
 def test_tma_not_used_off_hopper(rt, gen):
     x, w = _x(32, 64, gen, rt), _w(48, 64, gen, rt)
-    if rt.device.type != "cuda" or gemm.interpreter_active():
-        assert not gemm._tma_ok(x, w)
+    if rt.device.type != "cuda" or tuning.interpreter_active():
+        assert not tiled._tma_ok(x, w)
     else:  # rows whose byte stride is not a multiple of 16 cannot be described to the TMA unit
         x_odd = _x(32, 71, gen, rt)[:, :64]
-        assert not gemm._tma_ok(x_odd, w)
+        assert not tiled._tma_ok(x_odd, w)
         checks.compare("linear, unaligned rows", gemm.linear(x_odd, w), reference.linear(x_odd, w))
 
 
@@ -755,7 +757,7 @@ def test_tma_path_of_the_kernel_on_ragged_shapes(rt, gen):
     TMA candidate."""
     M, K, N = 40, 72, 45  # K: 2 full steps and a partial one (BLOCK_K 32); rows of 144 (bf16) / 288 (fp32) bytes
     x, w = _x(M, K, gen, rt), _w(2 * N, K, gen, rt)
-    if gemm.interpreter_active():
+    if tuning.interpreter_active():
         # the one-tile-per-program form and the persistent one (4 nominal SMs: each program walks several tiles), and
         # the persistent one whose last round of tiles runs in row slices (TAIL: 6 tiles, the last 2 in 4 slices)
         plain = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "TMA": True,
@@ -763,8 +765,8 @@ def test_tma_path_of_the_kernel_on_ragged_shapes(rt, gen):
         plain += [triton.Config(dict(plain[1].kwargs, TAIL=tail), num_warps=4, num_stages=1) for tail in (2, 4)]
         # and SWIGLU's gate and up rows in one [2, BLOCK_N, BLOCK_K] tile (JOIN): N = 45 leaves the last tile ragged
         swiglu = plain + [triton.Config(dict(c.kwargs, JOIN=True), num_warps=4, num_stages=1) for c in plain]
-    elif gemm._tma_ok(x, w):
-        plain, swiglu = ([c for c in gemm._matmul_configs(s) if c.kwargs.get("TMA")] for s in (False, True))
+    elif tiled._tma_ok(x, w):
+        plain, swiglu = ([c for c in tuning._matmul_configs(s) if c.kwargs.get("TMA")] for s in (False, True))
     else:
         pytest.skip("this GPU has no TMA unit (sm_90+)")
     for c in plain:
@@ -783,14 +785,14 @@ def test_the_probes_device_descriptor_kernel_writes_the_librarys_bits(rt, gen, b
     probe = benchmark_module("probe_gemm_desc")
     M, K, N = 40, 96, 45
     x, w = _x(M, K, gen, rt), _w(2 * N, K, gen, rt)
-    if gemm.interpreter_active():
+    if tuning.interpreter_active():
         small = triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "TMA": True,
                                "PERSIST": True}, num_warps=4, num_stages=1)
         cases = [(small, False), (small, True), (triton.Config(dict(small.kwargs, JOIN=True), num_warps=4,
                                                                num_stages=1), True)]
-    elif gemm._tma_ok(x, w):
+    elif tiled._tma_ok(x, w):
         triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=rt.device))
-        cases = [(c, s) for s in (False, True) for c in gemm._matmul_configs(s) if c.kwargs.get("PERSIST")]
+        cases = [(c, s) for s in (False, True) for c in tuning._matmul_configs(s) if c.kwargs.get("PERSIST")]
     else:
         pytest.skip("this GPU has no TMA unit (sm_90+)")
     for config, swiglu in cases:
@@ -808,31 +810,31 @@ def test_gpu_every_tma_config_matches_torch(rt, gen, name):
     K, N = REAL[name]
     M = 2048
     x, w = _x(M, K, gen, rt), _w(N, K, gen, rt)
-    assert gemm._tma_ok(x, w), "the H200 should take the TMA candidates"
+    assert tiled._tma_ok(x, w), "the H200 should take the TMA candidates"
     ref = reference.linear(x, w)
-    tma = [c for c in gemm._matmul_configs(False) if c.kwargs.get("TMA")]
+    tma = [c for c in tuning._matmul_configs(False) if c.kwargs.get("TMA")]
     assert tma
     for c in tma:
         out = checks.poison_(torch.empty(M, N, dtype=rt.dtype, device=rt.device))
         checks.compare(f"TMA matmul {name} {c}", gemm.matmul_with_config(x, w, out, c), ref)
     if name == "mlp_gate_up":
         ref = reference.linear_silu_mul(x, w)
-        for c in (c for c in gemm._matmul_configs(True) if c.kwargs.get("TMA")):
+        for c in (c for c in tuning._matmul_configs(True) if c.kwargs.get("TMA")):
             out = checks.poison_(torch.empty(M, N // 2, dtype=rt.dtype, device=rt.device))
             checks.compare(f"TMA matmul SWIGLU {c}", gemm.matmul_with_config(x, w, out, c, swiglu=True), ref)
 
 
-@pytest.mark.parametrize("index", [i for i, c in enumerate(gemm._gemv_configs(gpu=True)) if c.kwargs.get("PERSIST")])
+@pytest.mark.parametrize("index", [i for i, c in enumerate(tuning._gemv_configs(gpu=True)) if c.kwargs.get("PERSIST")])
 def test_persistent_gemv_config_with_every_prologue(index, monkeypatch, rt, gen):
     """The persistent GEMV (gemv_rows_kernel: a few programs per SM walking the row blocks of W, the activation row
     computed once per program) forced with each of its configurations, one split, every prologue, on ragged
     shapes; through the interpreter on a CPU (4 nominal SMs: each program walks several blocks)."""
     from qwen_lab.kernels import activations, count_launches
 
-    config = gemm._gemv_configs(gpu=True)[index]
-    monkeypatch.setattr(gemm, "GEMV_FORCE", config)
-    monkeypatch.setattr(gemm, "_plans", {})
-    monkeypatch.setattr(gemm, "choose_split_k", lambda *a: 1)   # the persistent form serves one split
+    config = tuning._gemv_configs(gpu=True)[index]
+    monkeypatch.setattr(tuning, "GEMV_FORCE", config)
+    monkeypatch.setattr(tuning, "_plans", {})
+    monkeypatch.setattr(gemv, "choose_split_k", lambda *a: 1)   # the persistent form serves one split
     f = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(rt.device, rt.dtype)  # noqa: E731
     N = 8 * config.kwargs["BLOCK_N"] * 4 + 3                    # blocks for several rounds of 4 * PERSIST programs
     x, res, w = f(1, 300), f(1, 300), f(N, 300, scale=0.1)
@@ -857,9 +859,9 @@ def test_persistent_gemv_config_with_every_prologue(index, monkeypatch, rt, gen)
 
 def test_forced_persistent_gemv_refuses_a_split(monkeypatch, rt, gen):
     """GEMV_FORCE with the persistent form on a call it cannot serve (two splits) says so, naming the call."""
-    config = next(c for c in gemm._gemv_configs(gpu=True) if c.kwargs.get("PERSIST"))
-    monkeypatch.setattr(gemm, "GEMV_FORCE", config)
-    monkeypatch.setattr(gemm, "_plans", {})
+    config = next(c for c in tuning._gemv_configs(gpu=True) if c.kwargs.get("PERSIST"))
+    monkeypatch.setattr(tuning, "GEMV_FORCE", config)
+    monkeypatch.setattr(tuning, "_plans", {})
     x, w = _x(1, 300, gen, rt), _w(37, 300, gen, rt)
     with pytest.raises(KernelError, match="linear_splitk: GEMV_FORCE .* persistent form"):
         gemm.linear_splitk(x, w, split_k=2)
@@ -869,14 +871,14 @@ def test_persistent_gemv_is_timed_only_where_it_fits(monkeypatch):
     """Its candidates join the first-call timing for one row, one split and K within the tile; never otherwise,
     nor with QWEN_LAB_GEMV_PERSIST=0."""
     persistent = lambda cs: [c for c in cs if c.kwargs.get("PERSIST")]  # noqa: E731
-    gpu_configs = gemm._gemv_configs(gpu=True)
-    monkeypatch.setattr(gemm, "_gemv_configs", lambda gpu=None: gpu_configs)   # the GPU's list, here too
-    fits = gemm._fitting_configs(1, 8224, 1024, 1, K=1024)
+    gpu_configs = tuning._gemv_configs(gpu=True)
+    monkeypatch.setattr(tuning, "_gemv_configs", lambda gpu=None: gpu_configs)   # the GPU's list, here too
+    fits = tuning._fitting_configs(1, 8224, 1024, 1, K=1024)
     assert persistent(fits) and all(c.kwargs["BLOCK_K"] == 1024 for c in persistent(fits))
-    assert not persistent(gemm._fitting_configs(1, 1024, 512, 1, K=1024))   # split in two
-    assert not persistent(gemm._fitting_configs(16, 8224, 1024, 1, K=1024))  # a few rows: tl.dot
+    assert not persistent(tuning._fitting_configs(1, 1024, 512, 1, K=1024))   # split in two
+    assert not persistent(tuning._fitting_configs(16, 8224, 1024, 1, K=1024))  # a few rows: tl.dot
     monkeypatch.setenv("QWEN_LAB_GEMV_PERSIST", "0")
-    assert not persistent(gemm._fitting_configs(1, 8224, 1024, 1, K=1024))
+    assert not persistent(tuning._fitting_configs(1, 8224, 1024, 1, K=1024))
 
 
 def test_every_launcher_takes_one_dot_precision_rule():
@@ -887,7 +889,7 @@ def test_every_launcher_takes_one_dot_precision_rule():
 
     assert dot_precision(torch.float32) == "ieee"
     assert dot_precision(torch.bfloat16) == "tf32" and dot_precision(torch.float16) == "tf32"
-    for module in (gemm, attention, deltanet):
+    for module in (tiled, gemv, attention, deltanet):
         assert module.dot_precision is dot_precision, module.__name__
         assert not hasattr(module, "_dot_precision"), f"{module.__name__} keeps a rule of its own"
 
@@ -916,7 +918,7 @@ def test_linear_add_rms_norm_leaves_what_the_next_gemm_needs(rt, gen, M, K, H):
     checks.compare("reference slot", ss_r[:, 0], ss.sum(1), rtol=1e-4)
     # a buffer holding something else: every slot is written (those past the column tiles with zeros)
     again = torch.full_like(ss, 7.0)
-    gemm._matmul("linear_add_rms_norm", x, w, torch.empty_like(s),
+    tiled._matmul("linear_add_rms_norm", x, w, torch.empty_like(s),
                  epilogue={"residual": residual, "norm_weight": nw, "h": torch.empty_like(h), "ss": again})
     assert torch.equal(again, ss), "the slots must not depend on what the buffer held"
 
@@ -985,3 +987,38 @@ def test_gpu_split_norm_between_prompt_gemms(rt, gen, first, second):
     worst, worst_unsplit = ((t.float() - truth).abs().max().item() for t in (y, unsplit))
     assert worst <= 1.5 * worst_unsplit, f"{first} -> {second}: worst error {worst:.3g}, unsplit {worst_unsplit:.3g}"
 
+
+
+# ---------------------------------------------------------------- the teaching kernels (notebooks 03 and 04)
+
+
+def test_the_teaching_kernels_are_the_notebooks_solutions():
+    """gemm/teach_tiled.py holds exercise 03.1 as solutions/03_gemm.ipynb writes it, gemm/teach_splitk.py exercises
+    04.1 and 04.2 as solutions/04_split_k.ipynb writes them."""
+    from notebook_source import assert_teaches
+
+    assert_teaches("03_gemm.ipynb", "qwen_lab/kernels/gemm/teach_tiled.py")
+    assert_teaches("04_split_k.ipynb", "qwen_lab/kernels/gemm/teach_splitk.py")
+
+
+@pytest.mark.parametrize("M, K, N", [(1, 40, 24), (7, 72, 50), (37, 100, 33)])
+def test_the_teaching_kernels_match_the_reference(rt, gen, M, K, N):
+    """The teaching launchers as library code, on ragged shapes (no size a multiple of the tiles): the tiled GEMM,
+    split-K with atomic adds and the deterministic split-K, each with and without `out`."""
+    from qwen_lab.kernels.gemm import teach_splitk, teach_tiled
+
+    x, w = _x(M, K, gen, rt), _w(N, K, gen, rt)
+    ref = reference.linear(x, w)
+    checks.compare("my_matmul", teach_tiled.my_matmul(x, w), ref)
+    out = torch.empty(M, N, dtype=rt.dtype, device=rt.device)
+    assert teach_tiled.my_matmul(x, w, out=out) is out
+    checks.compare("my_matmul(out=)", out, ref)
+    for split_k in (1, 3):
+        for fn in (teach_splitk.my_linear_splitk, teach_splitk.my_linear_splitk_deterministic):
+            checks.compare(f"{fn.__name__}(split_k={split_k})", fn(x, w, split_k=split_k), ref)
+            out = torch.full((M, N), float("nan"), dtype=rt.dtype, device=rt.device)
+            assert fn(x, w, split_k=split_k, out=out) is out
+            checks.compare(f"{fn.__name__}(split_k={split_k}, out=)", out, ref)
+    first = teach_splitk.my_linear_splitk_deterministic(x, w, split_k=3)
+    assert torch.equal(teach_splitk.my_linear_splitk_deterministic(x, w, split_k=3), first), \
+        "the deterministic split-K must give the same bits every run"

@@ -295,3 +295,38 @@ def test_check_kernel_hands_strided_views_over_with_their_strides(rt, gen):
     with pytest.raises(checks.CheckFailed):
         checks.check_kernel("rms_norm", assumes_contiguous_rows, reference.rms_norm, [case], quiet=True,
                             require_triton=False)
+
+
+# ---------------------------------------------------------------- the teaching kernels (notebook 02)
+
+
+def test_the_teaching_kernels_are_the_notebooks_solutions():
+    """qwen_lab/kernels/norms/teach.py holds exercises 02.1-02.3 as solutions/02_rmsnorm.ipynb writes them."""
+    from notebook_source import assert_teaches
+
+    assert_teaches("02_rmsnorm.ipynb", "qwen_lab/kernels/norms/teach.py")
+
+
+@pytest.mark.parametrize("rows", [(1,), (13,), (9, 3)])
+def test_the_teaching_kernels_match_the_reference(rt, gen, rows):
+    """The teaching launchers as library code: ragged row counts (not multiples of BLOCK_R = 8) and widths (not
+    powers of two), a strided [T, heads, D] view for the two that take one."""
+    from qwen_lab.kernels.norms import teach
+
+    D = 40
+    x = _randn(*rows, D, g=gen, rt=rt, scale=2.0)
+    w = _randn(D, g=gen, rt=rt, scale=0.2)
+    checks.compare("my_rms_norm", teach.my_rms_norm(x, w, EPS), reference.rms_norm(x, w, EPS))
+    if len(rows) == 2:   # a view whose heads are not adjacent: every other head of a wider projection
+        wide = _randn(rows[0], 2 * rows[1], D, g=gen, rt=rt, scale=2.0)
+        view = wide[:, ::2]
+        checks.compare("my_rms_norm(strided)", teach.my_rms_norm(view, w, EPS), reference.rms_norm(view, w, EPS))
+    z = _randn(*rows, D, g=gen, rt=rt, scale=2.0)
+    checks.compare("my_gated_rms_norm", teach.my_gated_rms_norm(x, z, w, EPS),
+                   reference.gated_rms_norm(x, z, w, EPS))
+    if len(rows) == 1:
+        r = _randn(*rows, D, g=gen, rt=rt)
+        normed, s = teach.my_add_rms_norm(x, r, w, EPS)
+        want_normed, want_s = reference.add_rms_norm(x, r, w, EPS)
+        checks.compare("my_add_rms_norm (sum)", s, want_s)
+        checks.compare("my_add_rms_norm (normed)", normed, want_normed)

@@ -9,6 +9,7 @@ import triton.language as tl
 
 from qwen_lab import tunings
 from qwen_lab.kernels import deltanet, gemm
+from qwen_lab.kernels.gemm import gemv as gemm_gemv, tuning as gemm_tuning
 
 CONFIGS = [triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=2),
            triton.Config({"BLOCK_N": 32}, num_warps=4, num_stages=3),
@@ -357,20 +358,20 @@ def test_gpu_a_decode_gemv_plan_is_read_back_and_computes_the_same(store, monkey
     torch.manual_seed(0)
     x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(3000, 1024, device="cuda", dtype=torch.bfloat16) / 32
-    monkeypatch.setattr(gemm, "_plans", {})
-    monkeypatch.setattr(gemm, "plan_times", {})
+    monkeypatch.setattr(gemm_tuning, "_plans", {})
+    monkeypatch.setattr(gemm_tuning, "plan_times", {})
     first = gemm.linear(x, w)
     plan = gemm.gemv_plan(1, 3000, 1024, device="cuda")
     times = gemm.gemv_plan_times(1, 3000, 1024, device="cuda")
     assert plan is not None and times, "the first call must time its plans"
 
     new_process(monkeypatch)
-    monkeypatch.setattr(gemm, "_plans", {})
-    monkeypatch.setattr(gemm, "plan_times", {})
+    monkeypatch.setattr(gemm_tuning, "_plans", {})
+    monkeypatch.setattr(gemm_tuning, "plan_times", {})
 
     def no_timing(*args, **kwargs):
         raise AssertionError("the plan was timed again instead of read from the store")
-    monkeypatch.setattr(gemm, "_tune_plan", no_timing)
+    monkeypatch.setattr(gemm_gemv, "_tune_plan", no_timing)
     again = gemm.linear(x, w)
 
     def text(plan):  # (SPLIT_K, config) as text (a tuple's str shows the config's address)

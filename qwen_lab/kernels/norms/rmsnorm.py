@@ -36,9 +36,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ..errors import KernelError
-from . import pdl_options
-from ..runtime import interpreter_active
+from ...errors import KernelError
+from .. import pdl_options
+from ...runtime import interpreter_active
 
 MAX_D = 32768
 

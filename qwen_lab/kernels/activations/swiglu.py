@@ -33,9 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..errors import KernelError
-from ..runtime import interpreter_active
-from . import gemm
+from ...errors import KernelError
+from ...runtime import interpreter_active
+from .. import gemm
 
 
 @triton.jit
