@@ -12,8 +12,8 @@ fewer launches and less memory traffic:
 - the last row alone: a step that returns only the last position's logits (a prompt's prefill, a decode step)
   computes everything after the last layer's mixer for the last row only; an attention layer there projects k and
   v for every row and q and its gate for the last row alone;
-- split norms (the `split_norms` switch, off unless set): a prompt's residual add + RMSNorm split between the GEMM before it and
-  the GEMM after it, no norm kernel between two prompt GEMMs.
+- split norms (the `split_norms` switch, off unless set): a prompt's residual add + RMSNorm split between the
+  GEMM before it and the GEMM after it, no norm kernel between two prompt GEMMs.
 
 The kernels chain themselves with programmatic dependent launch on Hopper (qwen_lab.kernels.pdl_options), and
 qwen_lab.graph captures the plan's steps as CUDA Graphs (the decode step; the prefill in buckets).

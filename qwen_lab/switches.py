@@ -6,19 +6,19 @@ on, any other value off), from its default.
 
 | switch | environment | default | what it does |
 | --- | --- | --- | --- |
-| deterministic | QWEN_LAB_DETERMINISTIC | off | split-K partial sums added in a fixed order: bitwise repeatable results |
-| tune | QWEN_LAB_TUNE | on | time each decode GEMV plan, the DeltaNet scan beside its prep and the fused decode step on a shape's first call (off: the first fitting plan, Triton's autotuner for the tiles) |
-| tuning_cache | QWEN_LAB_TUNING_CACHE | on | keep those picks and the autotuner's on disk for later processes (qwen_lab.tunings) |
+| deterministic | QWEN_LAB_DETERMINISTIC | off | split-K sums added in a fixed order: bitwise repeatable |
+| tune | QWEN_LAB_TUNE | on | time the decode plans on a shape's first call (off: the first that fits) |
+| tuning_cache | QWEN_LAB_TUNING_CACHE | on | keep the picks on disk for later processes (qwen_lab.tunings) |
 | pdl | QWEN_LAB_PDL | on | programmatic dependent launch on Hopper and newer |
 | gemv_persist | QWEN_LAB_GEMV_PERSIST | on | offer the persistent decode GEMV to the plan timing |
-| tma | QWEN_LAB_TMA | on | offer the prefill GEMM's tensor-descriptor (TMA) tiles to its autotuner |
+| tma | QWEN_LAB_TMA | on | offer the prefill GEMM's TMA tiles to its autotuner |
 | attn_tma | QWEN_LAB_ATTN_TMA | off | offer the prefill flash attention's TMA tiles to its autotuner |
-| split_norms | QWEN_LAB_SPLIT_NORMS | off | a prompt's add + norm split between the GEMMs around it (qwen_lab.plan) |
-| decode_prefetch | - | on | the decode attention's split kernel requests its keys and values before it waits on the projection |
-| gate_apart_from_tokens | - | 64 | from this many query tokens the attention's output gate runs as a pass of its own |
+| split_norms | QWEN_LAB_SPLIT_NORMS | off | a prompt's add + norm split between the GEMMs around it (plan) |
+| decode_prefetch | - | on | decode attention asks L2 for its keys and values before it waits |
+| gate_apart_from_tokens | - | 64 | from this many query tokens the attention's gate is a pass of its own |
 | scan_group | - | 8 | chunks per counter of the DeltaNet scan beside its prep |
-| scan_beside_prep | - | on | under PDL the DeltaNet scan is launched beside the chunk prep (off: after it) |
-| prep_persistent | - | on | the chunk prep as a fixed number of programs (True: sized from the GPU; an int: that many) |
+| scan_beside_prep | - | on | under PDL the DeltaNet scan starts beside the chunk prep (off: after) |
+| prep_persistent | - | on | the chunk prep as a fixed set of programs (an int: that many) |
 
 One way to force a kernel's configuration, for a timing script or a test: `with switches.force_config(
 "chunk_scan_kernel", triton.Config({"BV": 32}, num_warps=4)): ...`. Every launch of that kernel inside the block

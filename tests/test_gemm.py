@@ -244,7 +244,7 @@ def test_gpu_deterministic_bitwise_and_atomic_close(rt, gen):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [2, 4, 16])
-def test_gpu_few_rows_atomic_split_k_with_every_tile(rt, gen, monkeypatch, M):
+def test_gpu_few_rows_atomic_split_k_with_every_tile(rt, gen, monkeypatch, M, switch):
     """A few prompt rows (the tl.dot path) split 8 ways with atomic adds, each block shape the first-call timing may
     pick, forced, ten calls in a row. With 4 rows, BLOCK_N 64 and BLOCK_K 128 (the H200's pick for the narrow
     projections), the last program once cleared sums other threads of it had yet to read: 4-token prefill pieces
@@ -256,7 +256,7 @@ def test_gpu_few_rows_atomic_split_k_with_every_tile(rt, gen, monkeypatch, M):
     assert tiles
     monkeypatch.setattr(tuning, "_plans", {})  # a forced configuration is used only where no plan was chosen yet
     for config in tiles:
-        monkeypatch.setattr(tuning, "GEMV_FORCE", config)
+        switch.force("gemv_splitk_kernel", config)
         for call in range(10):
             got = gemm.linear_splitk(x, w, split_k=8, deterministic=False)
             checks.compare(f"M={M} {config} call {call}", got, ref)
@@ -615,7 +615,7 @@ def test_lm_head_sized_outputs_keep_the_norm_apart(monkeypatch, rt, gen):
 
 
 @pytest.mark.parametrize("prefetch", [0, 1])
-def test_gemv_with_and_without_the_hand_written_prefetch(prefetch, monkeypatch, rt, gen):
+def test_gemv_with_and_without_the_hand_written_prefetch(prefetch, monkeypatch, rt, gen, switch):
     """Both bodies of the decode GEMV (the first-call tuning chooses per shape on the GPU) compute the same products,
     with every prologue: plain, SwiGLU, RMSNorm, residual add + RMSNorm, gated norm."""
     import triton
@@ -623,7 +623,7 @@ def test_gemv_with_and_without_the_hand_written_prefetch(prefetch, monkeypatch, 
     from qwen_lab.kernels import activations
 
     forced = triton.Config({"BLOCK_N": 16, "BLOCK_K": 32, "PREFETCH": prefetch}, num_warps=4, num_stages=1)
-    monkeypatch.setattr(tuning, "GEMV_FORCE", forced)
+    switch.force("gemv_splitk_kernel", forced)
     monkeypatch.setattr(tuning, "_plans", {})
     f = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(rt.device, rt.dtype)  # noqa: E731
     x, res, w = f(1, 100), f(1, 100), f(37, 100, scale=0.1)
@@ -645,12 +645,12 @@ def test_gemv_with_and_without_the_hand_written_prefetch(prefetch, monkeypatch, 
 
 @pytest.mark.parametrize("index", [i for i, c in enumerate(tuning._gemv_configs(gpu=True))
                                    if not c.kwargs.get("PERSIST")])
-def test_every_gpu_gemv_config_computes_the_same(index, monkeypatch, rt, gen):
+def test_every_gpu_gemv_config_computes_the_same(index, monkeypatch, rt, gen, switch):
     """Each block shape of the one-program-per-block GEMV the GPU's first-call timing may pick, forced here (through
     the interpreter on a CPU): plain, split in two, and with the residual-add + norm prologue, on ragged shapes.
     (The persistent form has its own test below.)"""
     config = tuning._gemv_configs(gpu=True)[index]
-    monkeypatch.setattr(tuning, "GEMV_FORCE", config)
+    switch.force("gemv_splitk_kernel", config)
     f = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(rt.device, rt.dtype)  # noqa: E731
     x, res, w = f(1, 300), f(1, 300), f(37, 300, scale=0.1)
     nw = (torch.randn(300, generator=gen) * 0.1).to(rt.device)
@@ -825,14 +825,14 @@ def test_gpu_every_tma_config_matches_torch(rt, gen, name):
 
 
 @pytest.mark.parametrize("index", [i for i, c in enumerate(tuning._gemv_configs(gpu=True)) if c.kwargs.get("PERSIST")])
-def test_persistent_gemv_config_with_every_prologue(index, monkeypatch, rt, gen):
+def test_persistent_gemv_config_with_every_prologue(index, monkeypatch, rt, gen, switch):
     """The persistent GEMV (gemv_rows_kernel: a few programs per SM walking the row blocks of W, the activation row
     computed once per program) forced with each of its configurations, one split, every prologue, on ragged
     shapes; through the interpreter on a CPU (4 nominal SMs: each program walks several blocks)."""
     from qwen_lab.kernels import activations, count_launches
 
     config = tuning._gemv_configs(gpu=True)[index]
-    monkeypatch.setattr(tuning, "GEMV_FORCE", config)
+    switch.force("gemv_splitk_kernel", config)
     monkeypatch.setattr(tuning, "_plans", {})
     monkeypatch.setattr(gemv, "choose_split_k", lambda *a: 1)   # the persistent form serves one split
     f = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(rt.device, rt.dtype)  # noqa: E731
@@ -857,13 +857,13 @@ def test_persistent_gemv_config_with_every_prologue(index, monkeypatch, rt, gen)
     assert gemm.last_plan[1] is config
 
 
-def test_forced_persistent_gemv_refuses_a_split(monkeypatch, rt, gen):
-    """GEMV_FORCE with the persistent form on a call it cannot serve (two splits) says so, naming the call."""
+def test_forced_persistent_gemv_refuses_a_split(monkeypatch, rt, gen, switch):
+    """A persistent config forced on the GEMV, on a call it cannot serve (two splits) says so, naming the call."""
     config = next(c for c in tuning._gemv_configs(gpu=True) if c.kwargs.get("PERSIST"))
-    monkeypatch.setattr(tuning, "GEMV_FORCE", config)
+    switch.force("gemv_splitk_kernel", config)
     monkeypatch.setattr(tuning, "_plans", {})
     x, w = _x(1, 300, gen, rt), _w(37, 300, gen, rt)
-    with pytest.raises(KernelError, match="linear_splitk: GEMV_FORCE .* persistent form"):
+    with pytest.raises(KernelError, match="linear_splitk: the config forced on gemv_splitk_kernel .* persistent form"):
         gemm.linear_splitk(x, w, split_k=2)
 
 

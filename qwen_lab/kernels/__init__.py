@@ -15,7 +15,8 @@ per step.
 must not drop to tf32 on the GPU; "tf32" otherwise).
 
 `pdl_options(device)`: the launch options of programmatic dependent launch (Hopper and newer, unless the `pdl`
-switch is off: qwen_lab.switches). A kernel launched with them may start while the kernel before it in the stream is still
+switch is off: qwen_lab.switches).
+A kernel launched with them may start while the kernel before it in the stream is still
 running, so it calls `gdc_wait()` before it touches any memory that kernel may write (or read) and
 `gdc_launch_dependents()` to let the next one start early in turn. The decode step is a chain of a
 hundred-odd short kernels: this hides most of the gap between one kernel's end and the next one's start.
@@ -28,7 +29,7 @@ import functools
 import threading
 from collections import Counter
 
-from ..switches import env_on, switches  # noqa: F401  (env_on: the switches' reading of a variable, for the families)
+from ..switches import switches
 
 _state = threading.local()
 

@@ -20,7 +20,7 @@ the state update is sequential, one matmul-sized step per chunk instead of per t
 A^-1 is built by doubling: the 2 x 2 diagonal blocks of I + L are inverted exactly (I - L there), then
 neighbouring blocks are merged while their size doubles (2 -> 4 -> ... -> 64):
 [[P, 0], [M, Q]]^-1 = [[P^-1, 0], [-Q^-1 M P^-1, Q^-1]], two matmuls per merge. Results go to a workspace
-[Hv, T padded, .] (`ChunkWorkspace`). With switches.prep_persistent (qwen_lab.switches; on a GPU under PDL) the prep runs as a
+[Hv, T padded, .] (`ChunkWorkspace`). With switches.prep_persistent (on a GPU under PDL) the prep runs as a
 fixed number of programs, all resident at once, that leave an SM slot for each scan program. Each program counts
 its finished chunk in the scan's `ready` counters. The tail of the last chunk is padded with k = v = 0, beta = 0
 and g = 0, so it changes neither O nor S; with FUSED_GATES the prep computes the gates of its rows from the raw

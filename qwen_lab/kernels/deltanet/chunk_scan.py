@@ -10,10 +10,10 @@ tril(q k^T exp(G_i - G_j)) and G per chunk), each chunk's step carries the state
 `chunk_scan_kernel`, grid (Hv, Dv / BV): carries its [Dk, BV] slice of S through the chunks in order (four matmuls
 per chunk), writes O, and the final state in place. Under programmatic dependent launch it starts once the prep's
 programs have started, not once they have finished: each prep program adds its chunk to a counter per head and
-group of switches.scan_group chunks (a release, after a barrier), and the scan polls that counter (an acquire) before each
-group, so it runs beside the prep. The last scan program of a head clears its counters, which live in a small
-zeroed buffer kept per device (counters.py). With switches.prep_persistent (on a GPU under PDL) the prep leaves an SM slot
-for each scan program: the scan is then placed at once, beside the whole prep rather than its last programs.
+group of `scan_group` chunks (qwen_lab.switches; a release, after a barrier), and the scan polls that counter (an
+acquire) before each group, so it runs beside the prep. The last scan program of a head clears its counters, which live in a small
+zeroed buffer kept per device (counters.py). With `prep_persistent` (on a GPU under PDL) the prep leaves an SM
+slot for each scan program: the scan is then placed at once, beside the whole prep rather than its last programs.
 
 Two launches per call (prep, then scan); on a GPU, heads narrower than CHUNKED_MIN_HEAD_DIM take the recurrent
 kernel. `deltanet_chunked` (the model's prefill) passes the raw projections a, b instead of g, beta: the prep

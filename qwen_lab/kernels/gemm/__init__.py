@@ -20,8 +20,7 @@ one file each, beside the kernels a learner writes:
 - `common.py`: the operand checks, the limits and the prologue ids the others share.
 
 This module re-exports what the model, the notebooks and the other families use. The GEMV's plan state
-(`last_plan`, `GEMV_FORCE`, `_plans`, `plan_times`) is read from `tuning`, where the launcher keeps it: set
-`tuning.GEMV_FORCE`, not `gemm.GEMV_FORCE`.
+(`last_plan`, `_plans`, `plan_times`) is read from `tuning`, where the launcher keeps it.
 """
 
 from __future__ import annotations
@@ -44,8 +43,6 @@ def __getattr__(name: str):
     tests swap the others, so a copy taken here at import would go stale."""
     if name == "last_plan":
         return tuning.last_plan
-    if name == "GEMV_FORCE":
-        return tuning.GEMV_FORCE
     if name == "_plans":
         return tuning._plans
     if name == "plan_times":

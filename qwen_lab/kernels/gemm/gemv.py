@@ -48,7 +48,8 @@ from ... import tunings  # the picks kept on disk, for later processes
 from ...errors import KernelError
 from ...runtime import interpreter_active
 from .. import dot_precision, pdl_enabled, uncounted
-from . import tuning  # the plan state (_plans, plan_times, GEMV_FORCE, last_plan), read and written there
+from ...switches import switches
+from . import tuning  # the plan state (_plans, plan_times, last_plan), read and written there
 from .common import (GEMV_MAX_M, K_GRANULE, MAX_SPLIT_K, PRO_ADD_RMS, PRO_NONE, PRO_RMS, PRO_SWIGLU,
                      REDUCE_ATOMIC, REDUCE_DETERMINISTIC, REDUCE_NONE, _check_operands, _fail, sm_count)
 from .tiled import _matmul
@@ -435,14 +436,14 @@ def _launch_gemv(name, x, weight, out, M, N, K, split_k, deterministic, prologue
     key = _plan_key(prologue, M, N, K, deterministic, x.dtype, x.device, asked, pdl)
     plan = tuning._plans.get(key)
     if plan is None:
-        forced = tuning.GEMV_FORCE  # read where tests set it
+        forced = switches.forced("gemv_splitk_kernel")  # a config forced by a test
         if forced is not None:
             plan = (split_k, forced)
             splits = per_split(split_k)[1]
             if _persistent(forced) and (block_m != 1 or splits != 1 or forced.kwargs["BLOCK_K"] < K):
                 # (the timed plans come from _fitting_configs, which offers the persistent form only where it fits)
-                _fail(name, "GEMV_FORCE", f"{forced} is the persistent form, which serves one row, one split "
-                      f"and K <= BLOCK_K; this call has {M} rows, {splits} splits and K={K}")
+                _fail(name, "the config forced on gemv_splitk_kernel",
+                      f"{forced} is the persistent form, which serves one row, one split and K <= BLOCK_K; this call has {M} rows, {splits} splits and K={K}")
         elif x.device.type != "cuda" or interpreter_active():
             plan = candidates([split_k])[0]
         elif not tuning_enabled() or torch.cuda.is_current_stream_capturing():

@@ -44,7 +44,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ... import tunings
-from .. import dot_precision, env_on, graph_bench, pdl_options, sm90_or_newer
+from ...switches import switches
+from .. import dot_precision, graph_bench, pdl_options, sm90_or_newer
 from .common import _check_operands, _check_swiglu_operands, sm_count
 from .tuning import _matmul_all_configs, _prune_matmul_configs
 
@@ -267,7 +268,7 @@ def _row_scale(ss_ptr, m0, M, K, eps, BLOCK_M: tl.constexpr, SS_SLOTS: tl.conste
 def _tma_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the TMA candidates may serve this call: a Hopper-or-newer GPU (not the interpreter), 16-bit
     operands with 16-byte-aligned starts and row strides. QWEN_LAB_TMA=0 leaves them out."""
-    if x.element_size() != 2 or not env_on("QWEN_LAB_TMA", True) or not sm90_or_newer(x.device):
+    if x.element_size() != 2 or not switches.tma or not sm90_or_newer(x.device):
         return False
     for t in (x, weight):
         if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:

@@ -9,8 +9,9 @@ the L2 cache (as the model's layers do), and keeps the fastest (`gemv_plan` tell
 form won every decode projection but the LM head). The pick is recorded on disk for later processes on the same
 kind of GPU (`qwen_lab.tunings`, which also keeps what Triton's autotuner picks for the tiled GEMM).
 
-The plan state lives here, and the GEMV launcher reads and writes it here: `_plans`, `plan_times`, `GEMV_FORCE`
-(set it on this module) and `last_plan`. `qwen_lab.kernels.gemm` reads the four from this module too.
+The plan state lives here, and the GEMV launcher reads and writes it here: `_plans`, `plan_times` and `last_plan`.
+`qwen_lab.kernels.gemm` reads the three from this module too. A config forced on every GEMV comes from
+`qwen_lab.switches` (`switches.force_config("gemv_splitk_kernel", config)`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from .. import device_key, env_on, graph_time_us, pdl_enabled
+from ...switches import switches
+from .. import device_key, graph_time_us, pdl_enabled
 from ...runtime import interpreter_active
 from .common import PRO_NONE, sm_count
 
@@ -210,8 +212,9 @@ def choose_split_k(M: int, N: int, K: int, sms: int) -> int:
 
 
 def deterministic_mode() -> bool:
-    """True when QWEN_LAB_DETERMINISTIC is set to 1 (true/yes/on): split-K then reduces in a fixed order."""
-    return env_on("QWEN_LAB_DETERMINISTIC", False)
+    """The `deterministic` switch (QWEN_LAB_DETERMINISTIC, qwen_lab.switches): split-K then reduces in a fixed
+    order."""
+    return switches.deterministic
 
 
 # The launch plan of every GEMV shape met so far, measured on the GPU:
@@ -219,9 +222,9 @@ def deterministic_mode() -> bool:
 _plans: dict = {}
 # SPLIT_K values timed for a narrow shape (one where choose_split_k wants to split), with its own choice.
 SPLIT_CANDIDATES = (1, 2, 4, 8)
-# Tests set this to run every GEMV with one configuration: a triton.Config of `_gemv_configs` (BLOCK_N, BLOCK_K and
-# PREFETCH, or a persistent one with PERSIST and DEPTH, which serves one row with K <= BLOCK_K).
-GEMV_FORCE = None
+# A test forces every GEMV's configuration with switches.force_config("gemv_splitk_kernel", config): a triton.Config
+# of `_gemv_configs` (BLOCK_N, BLOCK_K and PREFETCH, or a persistent one with PERSIST and DEPTH, which runs
+# gemv_rows_kernel and serves one row with K <= BLOCK_K).
 # The (SPLIT_K, config) of the last GEMV launched: what a benchmark reports.
 last_plan = None
 # What the first-call timing measured, per plan key (as in _plans): {(SPLIT_K, config): microseconds per call}.
@@ -229,16 +232,16 @@ plan_times: dict = {}
 
 
 def _persistent_enabled() -> bool:
-    """Whether the first-call timing may pick the persistent GEMV (QWEN_LAB_GEMV_PERSIST=0 leaves it out)."""
-    return env_on("QWEN_LAB_GEMV_PERSIST", True)
+    """Whether the first-call timing may pick the persistent GEMV (the `gemv_persist` switch)."""
+    return switches.gemv_persist
 
 
 def tuning_enabled() -> bool:
     """On a GPU the first call of each GEMV shape times its candidate plans (block shapes, and SPLIT_K for the
     narrow shapes) and keeps the fastest, as the chunked delta rule times its scan's tiles beside the prep and the
     decode step its configs in a graph (deltanet._pick_in_place); QWEN_LAB_TUNE=0 turns all of them off (the first
-    fitting plan is used, and those two kernels' configs are left to Triton's autotuner)."""
-    return env_on("QWEN_LAB_TUNE", True)
+    fitting plan is used, and those two kernels' configs are left to Triton's autotuner). The `tune` switch."""
+    return switches.tune
 
 
 def _plan_key(prologue, M, N, K, deterministic, dtype, device, split_k, pdl):
