@@ -12,8 +12,8 @@ CUDA Graph, with every tile of the autotuner's list forced in turn (pointer load
   than the prompt ([L, 2, 256] of a [layers, L, 2, 256] buffer), the gate a view of the [T, 5120] projection;
 - `model+rope`: the model's q/k norm, RoPE and cache write launched before it in the same graph (PDL as in the model);
 - `gate_apart`: the `model` case with the gate applied by `sigmoid_gate` after an attention without it (the
-  epilogue measured 10.7 us per call, docs/perf-log.md, 2026-12-01: a separate pass over 12 MB may cost less). The
-  pair measured faster at 2048, 1024, 512, 256 and 64 tokens (docs/perf-log.md, 2026-12-02), and the launcher
+  epilogue measured 10.7 us per call, docs/experiments.md, 2026-12-01: a separate pass over 12 MB may cost less). The
+  pair measured faster at 2048, 1024, 512, 256 and 64 tokens (docs/experiments.md, 2026-12-02), and the launcher
   runs it from `switches.gate_apart_from_tokens` (64) on; `--tokens` at other lengths says whether that
   threshold still holds.
 """

@@ -162,7 +162,7 @@ MISTAKES = [
     ("13_generation_and_benchmark.ipynb", "Exercise 13.2:",   # the delta rule's Dk x Dk: the config with Dk != Dv
      "c.linear_key_head_dim * c.linear_value_head_dim * T", "c.linear_key_head_dim * c.linear_key_head_dim * T",
      "prefill_flops (case 4"),
-    # (added after the ids above were cited in docs/perf-log.md: new mistakes go at the end, so those stay put)
+    # (added after the ids above were cited in docs/experiments.md: new mistakes go at the end, so those stay put)
     ("03_gemm.ipynb", "Exercise 03.1",   # the program ids' axes swapped: only a grid that is not square shows it
      "    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)\n    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
      "    offs_m = pid_n * BLOCK_M + tl.arange(0, BLOCK_M)\n    offs_n = pid_m * BLOCK_N + tl.arange(0, BLOCK_N)",

@@ -89,7 +89,7 @@ def test_the_atomic_split_k_clears_its_sums_only_after_every_thread_read_them(re
 def test_the_tma_kernels_take_their_descriptors_from_the_host(results):
     """The TMA configurations of the prefill GEMM and of flash attention load through tensor descriptors made by the
     launcher. Made by the kernel (`tl.make_tensor_descriptor`), each program wrote and fenced its own in global memory
-    before its first load: 2-3.5 us per GEMM call on the H200 (docs/perf-log.md, 2026-12-01), as much as cuBLAS's
+    before its first load: 2-3.5 us per GEMM call on the H200 (docs/experiments.md, 2026-12-01), as much as cuBLAS's
     lead on the narrow shapes."""
     tma = [r for r in results if r["ok"] and "tma_loads" in r]
     matmuls = [r for r in tma if r["label"].startswith("matmul")]

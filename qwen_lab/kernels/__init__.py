@@ -185,7 +185,7 @@ def tensor_core_dots(device) -> bool:
     """Whether Triton compiles `tl.dot` to tensor-core instructions on CUDA `device`: compute capability 8.0 or newer
     (A100, L4, RTX 30/40, H100/H200). Below it (a T4, sm_75) Triton 3.6 emits no `mma` instruction: every product
     becomes a loop of fp32 FMAs, slow to run and minutes to compile for the large kernels (compiled offline,
-    docs/perf-log.md, 2026-12-03)."""
+    docs/experiments.md, 2026-12-03)."""
     return _major(device) >= 8
 
 
@@ -207,7 +207,7 @@ def graph_bench(kernel_call, quantiles):
     than its launch (a TMA candidate's launch also encodes its tensor descriptors on the host) is timed
     at the host's pace: on the H200, with the descriptors made on the device at every launch, it ranked the
     out-projection's persistent TMA tile at 54.7 us, which took 15.7 us in a graph, and picked a tile taking 21.5
-    (docs/perf-log.md, 2026-11-30).
+    (docs/experiments.md, 2026-11-30).
     It also flushes L2 between calls, while in the model the input a prefill kernel reads was just written and sits
     in L2.
 

@@ -17,7 +17,7 @@ from .. import max_shared_memory
 # K and V block live in shared memory (32 + 2 x 32 KB per stage at 64/64: 160 KB with two stages, under the
 # H200's 227 KB); the fp32 accumulator [BLOCK_M, 256] lives in registers, hence 8 warps for 128 rows.
 # Compiled for sm_90 these configs use 212-255 registers per thread; the 4-warp 64 x 64 tile spills 64-72 bytes
-# (docs/perf-log.md, 2026-12-01).
+# (docs/experiments.md, 2026-12-01).
 _PREFILL_CONFIGS = [
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=2),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=3),
@@ -40,7 +40,7 @@ SMALL_SHARED_MEMORY = 128 * 1024
 LARGE_TILE_SHARED_MEMORY = 96 * 1024
 # The same tiles with K and V fetched by the TMA unit through host tensor descriptors (sm_90+, a cache whose heads
 # sit side by side in 16-byte-aligned rows, D a power of two). Timed by the autotuner only where
-# QWEN_LAB_ATTN_TMA=1 asks for them: on the H200 they measured level with the pointer loads (docs/perf-log.md,
+# QWEN_LAB_ATTN_TMA=1 asks for them: on the H200 they measured level with the pointer loads (docs/experiments.md,
 # 2026-12-02), so the default leaves them out of the tuning.
 _PREFILL_TMA_CONFIGS = [triton.Config(dict(c.kwargs, TMA=True), num_warps=c.num_warps, num_stages=c.num_stages)
                         for c in _PREFILL_CONFIGS]

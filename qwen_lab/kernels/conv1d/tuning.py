@@ -13,7 +13,7 @@ from ... import tunings
 # the GPU. BLOCK_T rows are unrolled (each its own registers), so segments stay short and wide; the narrow ones
 # keep enough programs for short prompts. (H200, 2048 tokens x 6144 channels: 18.3 us for 8 x 256 with 2 warps
 # and the weights stored [W, C], as the model does (18.4 stored [C, W]), against 25.4 for the best [tokens,
-# channels] tile of the earlier form and a 14.0 us copy floor; docs/perf-log.md, 2026-12-02, sessions 18-19.)
+# channels] tile of the earlier form and a 14.0 us copy floor; docs/experiments.md, 2026-12-02, sessions 18-19.)
 PREFILL_CONFIGS = [triton.Config({"BLOCK_T": bt, "BLOCK_C": bc}, num_warps=w)
                    for bt, bc, w in ((8, 256, 2), (8, 256, 1), (8, 128, 1), (16, 256, 2), (8, 512, 2), (8, 1024, 4))]
 _tuned: dict = {}
@@ -30,7 +30,7 @@ def _tuned_prefill(kernel):
 
 
 # Up to this many tokens the sequential kernel serves the call: set when the segmented kernel still needed a
-# separate state-shift launch, and not re-measured since it writes the state itself (docs/perf-log.md, 2026-11-30).
+# separate state-shift launch, and not re-measured since it writes the state itself (docs/experiments.md, 2026-11-30).
 STEP_MAX_TOKENS = 4
 
 

@@ -149,7 +149,7 @@ def _prep_chunk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, qg
     #      (2 -> 4 -> ... -> BT). For [[P, 0], [M, Q]] the inverse is [[P^-1, 0], [-Q^-1 M P^-1, Q^-1]], i.e.
     #      X <- X - X M X with M the link blocks of L: two [BT, BT] tensor-core products per level, MERGES levels.
     #      (Row-by-row forward substitution of 16 x 16 blocks was 15 dependent steps of small reductions, a third
-    #      of this kernel's time; an error analysis of the doubling in tf32 is in docs/perf-log.md.)
+    #      of this kernel's time; an error analysis of the doubling in tf32 is in docs/experiments.md.)
     X = (i[:, None] == i[None, :]).to(tl.float32) - tl.where((i[:, None] == i[None, :] + 1) & (i[:, None] % 2 == 1),
                                                              L, 0.0)
     for level in tl.static_range(MERGES):

@@ -176,7 +176,7 @@ def _chunked_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, chunk_size, 
                                   f"with chunk_workspace(T, Hv, Dk, Dv, dtype, device, chunk_size)")
     if min(Dk, Dv) < CHUNKED_MIN_HEAD_DIM and not INTERPRET:
         # Compiled for sm_90 by Triton 3.6, the chunked kernels fault (or return garbage) when a head dim is below
-        # 64, while 64 and 128 (every released Qwen3.5) are right: benchmarks/probe_deltanet.py, docs/perf-log.md.
+        # 64, while 64 and 128 (every released Qwen3.5) are right: benchmarks/probe_deltanet.py, docs/experiments.md.
         # Such small heads only occur in test models, where the recurrent kernel computes the same function.
         return _recurrent_launch(q, k, v, g, beta, A_log, dt_bias, state, scale, out, fused)
     if workspace is None:

@@ -108,7 +108,7 @@ _PREP_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8)]  
 def _prune_prep(configs, named_args, **kwargs):
     """Every config where Triton's products run on tensor cores; below sm_80 (a T4) the first alone. There each
     product is a loop of fp32 FMAs, and compiling this kernel for sm_75 took 224-270 s per config on a 2-core CPU
-    (2.3 s for sm_90; docs/perf-log.md, 2026-12-03): a second config would double a learner's first prefill."""
+    (2.3 s for sm_90; docs/experiments.md, 2026-12-03): a second config would double a learner's first prefill."""
     q = named_args.get("q_ptr")  # absent when a test or the offline compile asks for every config
     return configs if q is None or tensor_core_dots(q.device) else configs[:1]
 
@@ -127,7 +127,7 @@ def chunk_class(n_chunks: int) -> int:
     latency, 32 chunks are mostly products), so a tuning made on a short prompt must not serve a long one. On the
     H200, 2048 tokens with the pick tuned on 150 took 90.5 us per layer against 84.6 with their own; notebook 09,
     whose checks run 133-150 tokens first, timed 127 us per layer before the class was keyed, 85 after
-    (docs/perf-log.md, 2026-12-03)."""
+    (docs/experiments.md, 2026-12-03)."""
     return triton.next_power_of_2(max(1, int(n_chunks)))
 
 
@@ -139,7 +139,7 @@ def _prep_programs(Hv: int, n_chunks: int, Dv: int, device) -> int | None:
     P programs the prep publishes P / Hv chunks of every head per PREP_ITEM_SCAN_STEPS scan steps; where that is
     less than one chunk per step (the larger Qwen3.5s' 32 or 48 value heads leave 136 or 72 programs), the scan
     would wait on the prep, which then runs at a fraction of the grid's rate: the grid again. (Measured on an H200
-    at 2048 tokens, benchmarks/probe_prep_heads.py: 85 us per layer against the grid's 91 at 16 value heads, 158
+    at 2048 tokens, docs/experiments.md: 85 us per layer against the grid's 91 at 16 value heads, 158
     against 128 at 32, 363 against 190 at 48.)"""
     persistent = switches.prep_persistent
     if persistent is False:
@@ -175,10 +175,10 @@ def _pick_in_place(kernel: str, key: tuple, launch, states, on_gpu: bool, calls:
     - the chunk scan runs beside the persistent prep, which leaves one SM slot per scan program of 32 value columns
       and 4 warps; a scan of 16 columns (twice the programs) or of 8 warps waits for room. On the H200 at 2048
       tokens the autotuner, timing the scan after the prep, picked 16 columns in one run (99.7 us per layer beside
-      the prep) and 32 columns with 3 stages (84.7 us) in another (docs/perf-log.md, 2026-12-03);
+      the prep) and 32 columns with 3 stages (84.7 us) in another (docs/experiments.md, 2026-12-03);
     - the fused conv + delta-rule decode step runs for ~4 us, against 11-16 us of launch cost for each launch the
       autotuner times from Python: its ranking is mostly the host's noise. In the replayed decode step of
-      Qwen3.5-0.8B its configs are 12-19 us per token apart (benchmarks/probe_decode_step_configs.py)."""
+      Qwen3.5-0.8B its configs are 12-19 us per token apart (docs/experiments.md)."""
     picks = _PICKS[kernel]
     if key in picks:
         return picks[key]

@@ -73,7 +73,7 @@ def _matmul_configs(swiglu: bool = False):
     # The persistent TMA candidates: one program per SM walks the tiles (PERSIST in the kernel), so the loads of a
     # program's next tile are issued while it still multiplies and stores the current one, and no SM waits for a
     # new program between tiles. On the H200 they are the fastest candidates of every prefill projection, the narrow
-    # N = 1024 ones included, level with cuBLAS (docs/perf-log.md). With SWIGLU's two products per K step they
+    # N = 1024 ones included, level with cuBLAS (docs/experiments.md). With SWIGLU's two products per K step they
     # measured slower than the one-tile-per-program form; SWIGLU's persistent candidates join the two into one (JOIN).
     if not swiglu:
         configs += [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "TMA": True,
@@ -84,10 +84,10 @@ def _matmul_configs(swiglu: bool = False):
         # JOIN: the gate and up rows of a tile arrive in one [2, BLOCK_N, BLOCK_K] TMA tile and meet x in one
         # BLOCK_M x 2 BLOCK_N product (one m64n256 tensor-core instruction instead of two m64n128). Persistent only:
         # on the H200 the persistent JOIN candidates took the SwiGLU prefill GEMM from 60 to 51 us, the one-tile
-        # JOIN form measured the same as the two-product one (docs/perf-log.md). Half-size JOIN tiles (64 x 128,
+        # JOIN form measured the same as the two-product one (docs/experiments.md). Half-size JOIN tiles (64 x 128,
         # 128 x 64: 6.8 rounds of tiles per SM at 2048 tokens instead of 3.4) were slower there and were removed.
         # TAIL = 2: at 2048 tokens the 448 tiles are 3.4 rounds on 132 SMs, and the last round, in half-height
-        # slices, ends sooner (H200: 49.6 -> 47.0 us per call, docs/perf-log.md, 2026-12-02). The SwiGLU candidates
+        # slices, ends sooner (H200: 49.6 -> 47.0 us per call, docs/experiments.md, 2026-12-02). The SwiGLU candidates
         # are the only ones with TAIL, so only the SwiGLU launches make the slices' descriptor (`_tma_descriptors`).
         configs += [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "TMA": True,
                                    "PERSIST": True, "JOIN": True, "TAIL": tail}, num_stages=s, num_warps=w)
@@ -112,7 +112,7 @@ def _matmul_all_configs() -> list:
 # From this many rows on (M_BUCKET), a call that may use TMA times only the TMA candidates. Timed alone, the
 # out-projection's plain 128 x 128 tile (4 warps) came level with its TMA forms and was picked in one run of three;
 # in the model it took ~10 us more per call than they did (the prefill's GEMMs 3619 us against 3379-3440 us in the
-# other runs, docs/perf-log.md): an isolated timing does not see what the model's neighbours do to a kernel.
+# other runs, docs/experiments.md): an isolated timing does not see what the model's neighbours do to a kernel.
 TMA_ONLY_FROM_ROWS = 1024
 
 
@@ -154,7 +154,7 @@ def _gemv_configs(gpu: bool | None = None):
     # Each shape twice: with the hand-written prefetch of the next weight tile (evicted from L2 first), and with
     # plain loads left to the compiler's pipelining (the first version's body). On the H200 the version with the
     # prefetch ran the narrow projections faster and the wide ones slower than the first version did
-    # (docs/perf-log.md); which of its changes slowed the wide ones is not yet known, so the first-call timing
+    # (docs/experiments.md); which of its changes slowed the wide ones is not yet known, so the first-call timing
     # in `_launch_gemv` decides.
     configs = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "PREFETCH": p}, num_warps=w, num_stages=s)
                for bn, bk, w, s in shapes for p in (1, 0)]

@@ -6,12 +6,12 @@
   KV-cache write too).
 
 The private names re-exported here are reached from outside the family: attention's decode (`_check_qk`,
-`_check_rotary`, `_norm_rope_rows`) and benchmarks/probe_rope.py (`_rotary_lanes`, `_rotation`).
+`_check_rotary`, `_norm_rope_rows`).
 """
 
 from .norm_rope import _check_qk, qk_norm_rope, qk_norm_rope_cache, qk_norm_rope_cache_kernel, qk_norm_rope_kernel
-from .rotary import _check_rotary, _norm_rope_rows, _rotary_lanes, _rotation, inv_freq_table, rope, rope_kernel
+from .rotary import _check_rotary, _norm_rope_rows, inv_freq_table, rope, rope_kernel
 
-__all__ = ["_check_qk", "_check_rotary", "_norm_rope_rows", "_rotary_lanes", "_rotation", "inv_freq_table",
+__all__ = ["_check_qk", "_check_rotary", "_norm_rope_rows", "inv_freq_table",
            "qk_norm_rope", "qk_norm_rope_cache", "qk_norm_rope_cache_kernel", "qk_norm_rope_kernel", "rope",
            "rope_kernel"]
