@@ -262,25 +262,6 @@ def test_gpu_every_swiglu_config_computes_the_same(rt, gen, M):
         checks.compare(f"linear_silu_mul M={M} {c}", out, ref)
 
 
-@pytest.mark.parametrize("B", [4, 16])
-def test_the_probes_one_launch_decode_mlp_matches_the_mlp(rt, gen, B, benchmark_module):
-    """benchmarks/probe_mlp_decode.py: gate/up, SwiGLU and down of one token in one launch (each program its own
-    slice of the intermediate rows, fp32 atomics, the last program rounding and clearing). Ragged sizes (the last
-    program's slice runs past I); called twice, to see the sums and the counter left at zero."""
-    probe = benchmark_module("probe_mlp_decode")
-    H, I = 72, 100
-    f = lambda *s, scale: checks.randn(*s, g=gen, dtype=rt.dtype, device=rt.device, scale=scale)  # noqa: E731
-    w_gate_up, w_down, h = f(2 * I, H, scale=H ** -0.5), f(H, I, scale=I ** -0.5), f(1, H, scale=1.0)
-    ws = torch.zeros(H, dtype=torch.float32, device=rt.device)
-    count = torch.zeros(1, dtype=torch.int32, device=rt.device)
-    ref = reference.linear(reference.silu_mul(reference.linear(h, w_gate_up)), w_down)
-    for call in range(2):
-        out = checks.poison_(torch.empty(1, H, dtype=rt.dtype, device=rt.device))
-        probe.mlp_decode(h, w_gate_up, w_down.t().contiguous(), ws, count, out, B)
-        checks.compare(f"one-launch MLP B={B}, call {call}", out, ref)
-        assert not ws.any() and count.item() == 0
-
-
 # ---------------------------------------------------------------- the teaching kernel (notebook 05)
 
 

@@ -778,31 +778,6 @@ def test_tma_path_of_the_kernel_on_ragged_shapes(rt, gen):
                        reference.linear_silu_mul(x, w))
 
 
-def test_the_probes_device_descriptor_kernel_writes_the_librarys_bits(rt, gen, benchmark_module):
-    """benchmarks/probe_gemm_desc.py times the library's TMA kernel against a form that makes its descriptors in
-    every program; the comparison means something only if both compute the same tiles: the same bits, plain, SwiGLU
-    and JOIN (under the interpreter with a small persistent tile, on a GPU with the persistent candidates)."""
-    probe = benchmark_module("probe_gemm_desc")
-    M, K, N = 40, 96, 45
-    x, w = _x(M, K, gen, rt), _w(2 * N, K, gen, rt)
-    if tuning.interpreter_active():
-        small = triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "TMA": True,
-                               "PERSIST": True}, num_warps=4, num_stages=1)
-        cases = [(small, False), (small, True), (triton.Config(dict(small.kwargs, JOIN=True), num_warps=4,
-                                                               num_stages=1), True)]
-    elif tiled._tma_ok(x, w):
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=rt.device))
-        cases = [(c, s) for s in (False, True) for c in tuning._matmul_configs(s) if c.kwargs.get("PERSIST")]
-    else:
-        pytest.skip("this GPU has no TMA unit (sm_90+)")
-    for config, swiglu in cases:
-        n_out = N if swiglu else 2 * N
-        ours, theirs = (torch.empty(M, n_out, dtype=rt.dtype, device=rt.device) for _ in range(2))
-        gemm.matmul_with_config(x, w, ours, config, swiglu=swiglu)
-        probe.device_desc_call(x, w, theirs, config, swiglu)()
-        assert torch.equal(ours, theirs), (config, swiglu)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["mlp_gate_up", "mlp_down", "deltanet_in_proj"])
 def test_gpu_every_tma_config_matches_torch(rt, gen, name):
@@ -885,11 +860,12 @@ def test_every_launcher_takes_one_dot_precision_rule():
     """fp32 operands multiply exactly ("ieee": tf32 would cost ~1e-3 on the GPU, which the interpreter does not
     show), anything else takes "tf32" (the chunk prep's fp32 merges of a bf16 model run on the tensor cores). The
     GEMM, attention and DeltaNet launchers all read this one function."""
-    from qwen_lab.kernels import attention, deltanet, dot_precision
+    from qwen_lab.kernels import attention, dot_precision
+    from qwen_lab.kernels.deltanet import chunk_scan
 
     assert dot_precision(torch.float32) == "ieee"
     assert dot_precision(torch.bfloat16) == "tf32" and dot_precision(torch.float16) == "tf32"
-    for module in (tiled, gemv, attention, deltanet):
+    for module in (tiled, gemv, attention, chunk_scan):
         assert module.dot_precision is dot_precision, module.__name__
         assert not hasattr(module, "_dot_precision"), f"{module.__name__} keeps a rule of its own"
 

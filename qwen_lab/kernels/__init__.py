@@ -1,4 +1,4 @@
-"""The course's Triton kernels, one module per operator family.
+"""The course's Triton kernels, one folder per operator family.
 
 Each module reads top-down: the math in a docstring, the `@triton.jit` kernels, then the Python
 launchers. A launcher takes the arguments of the function of the same name in `qwen_lab.reference`, in its
