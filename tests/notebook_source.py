@@ -26,12 +26,20 @@ def solution_cells(notebook: str) -> dict[int, str]:
     return cells
 
 
-def assert_teaches(notebook: str, module_file: str, cells: list[int] | None = None) -> None:
-    """Every solution cell of `notebook` (or those of `cells`) appears whole, line for line, in `module_file`
-    (a path relative to the repository's root)."""
+def assert_teaches(notebook: str, module_file: str, exercises: list[str] | None = None) -> None:
+    """Every solution cell of `notebook` (or those of `exercises`, e.g. ["08.2", "08.3"], found by their titles
+    "# Exercise 08.2: ...") appears whole, line for line, in `module_file` (a path relative to the repository's
+    root)."""
     text = (ROOT / module_file).read_text()
     found = solution_cells(notebook)
-    wanted = found if cells is None else {i: found[i] for i in cells}
+    if exercises is None:
+        wanted = found
+    else:
+        wanted = {i: source for i, source in found.items()
+                  if any(source.startswith(f"# Exercise {e}:") for e in exercises)}
+        if len(wanted) != len(exercises):
+            raise AssertionError(f"solutions/{notebook}: expected the exercises {exercises}, found the cells "
+                                 f"{sorted(wanted)} for them")
     for i, source in wanted.items():
         if source not in text:
             first = source.splitlines()[0]

@@ -173,7 +173,7 @@ def test_a_config_forced_through_the_switches_reaches_the_launcher_for_the_block
 
 def test_teaching_kernel_is_notebook_08s_solution():
     """conv1d/teach.py holds Exercise 08.1's solution as the notebook has it: the two must not drift apart."""
-    assert_teaches("08_gated_deltanet_recurrent.ipynb", "qwen_lab/kernels/conv1d/teach.py", cells=[8])
+    assert_teaches("08_gated_deltanet_recurrent.ipynb", "qwen_lab/kernels/conv1d/teach.py", exercises=["08.1"])
 
 
 @pytest.mark.parametrize("T, C, W", [(1, 70, 4), (3, 37, 4), (9, 100, 4), (6, 70, 3), (5, 33, 2)])

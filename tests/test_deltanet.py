@@ -247,8 +247,8 @@ def test_every_gpu_config(kernel, rt, gen):
 def test_teaching_kernels_are_the_notebooks_solutions():
     """deltanet/teach_recurrent.py holds Exercises 08.2 and 08.3's solutions, teach_chunked.py 09.1, 09.2 and
     09.3's, as the notebooks have them: the two must not drift apart."""
-    assert_teaches("08_gated_deltanet_recurrent.ipynb", "qwen_lab/kernels/deltanet/teach_recurrent.py", cells=[13, 18])
-    assert_teaches("09_gated_deltanet_chunked.ipynb", "qwen_lab/kernels/deltanet/teach_chunked.py", cells=[8, 14, 23])
+    assert_teaches("08_gated_deltanet_recurrent.ipynb", "qwen_lab/kernels/deltanet/teach_recurrent.py", exercises=["08.2", "08.3"])
+    assert_teaches("09_gated_deltanet_chunked.ipynb", "qwen_lab/kernels/deltanet/teach_chunked.py", exercises=["09.1", "09.2", "09.3"])
 
 
 # ---------------------------------------------------------------- GPU: every autotuning config, faults isolated
