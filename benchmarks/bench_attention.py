@@ -23,9 +23,10 @@ from qwen_lab.kernels import attention
 
 def sdpa(q, k, v, causal):
     """softmax(q k^T / sqrt(D)) v by PyTorch: q [T, Hq, D], k, v [S, Hkv, D] (the visible keys) -> [T, Hq, D]."""
-    o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=causal,
-                                       enable_gqa=True)
-    return o.transpose(0, 1)
+    # [1, heads, tokens, D], the layout its fused kernels take
+    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                       is_causal=causal, enable_gqa=True)
+    return o[0].transpose(0, 1)
 
 
 def cases(env):

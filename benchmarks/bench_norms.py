@@ -26,13 +26,14 @@ def cases(env):
     out = []
     for T in (env.tokens, 1):
         def rows(seed, T=T):
-            return {"x": env.randn(T, H, seed=seed), "r": env.randn(T, H, seed=seed + 1000),
-                    "w": env.randn(H, seed=7, scale=0.1)}
+            w = env.randn(H, seed=7, scale=0.1)
+            return {"x": env.randn(T, H, seed=seed), "r": env.randn(T, H, seed=seed + 1000), "w": w,
+                    "w1": 1.0 + w}   # torch's RMSNorm multiplies by its weight, ours by (1 + w)
         out.append(Case(
             "rms_norm", f"T={T} H={H}", rows,
             {"triton": lambda d: norms.rms_norm(d["x"], d["w"], eps),
              "torch reference": lambda d: reference.rms_norm(d["x"], d["w"], eps),
-             "torch F.rms_norm": lambda d: F.rms_norm(d["x"], (H,), 1.0 + d["w"], eps)},
+             "torch F.rms_norm": lambda d: F.rms_norm(d["x"], (H,), d["w1"], eps)},
             lambda d: reference.rms_norm(d["x"], d["w"], eps), bytes=(2 * T * H + H) * es))
         out.append(Case(
             "add_rms_norm", f"T={T} H={H}", rows,
