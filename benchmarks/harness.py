@@ -31,7 +31,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -97,7 +97,6 @@ class Case:
     eager: frozenset = frozenset()
     compare: Callable[[Any, Any], float] | None = None
     tol: float | None = None
-    notes: list = field(default_factory=list)
 
 
 def relative_error(got, want) -> float:
@@ -120,16 +119,20 @@ def default_tol(dtype) -> float:
     return 1e-4 if dtype == torch.float32 else 2e-2
 
 
-def check(case: Case, env: Env) -> dict[str, float]:
-    """Each implementation's error against the case's truth, each run on fresh inputs of the same seed."""
+def check(case: Case, env: Env) -> tuple[dict[str, float], dict[str, str]]:
+    """Each implementation's error against the case's truth, each run on fresh inputs of the same seed, and what
+    an implementation that raised said (its error is then inf)."""
+    errors, raised = {}, {}
     with torch.inference_mode():
         want = case.truth(case.inputs(0))
-        errors = {}
         for name, fn in case.impls.items():
-            errors[name] = (case.compare or relative_error)(fn(case.inputs(0)), want)
+            try:
+                errors[name] = (case.compare or relative_error)(fn(case.inputs(0)), want)
+            except Exception as e:   # reported in its row; the other implementations still run
+                errors[name], raised[name] = math.inf, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
     if env.gpu:
         torch.cuda.synchronize()
-    return errors
+    return errors, raised
 
 
 def copies_for(case: Case, env: Env) -> int:
@@ -153,7 +156,7 @@ def time_impl(fn, inputs: list, env: Env, rounds: int, eager: bool) -> tuple[lis
         if not eager:
             try:
                 return [graph_time_us(calls, warmup=r == 0, replays=REPLAYS) for r in range(rounds)], GRAPH
-            except RuntimeError:   # a capture refused (a host synchronisation): timed eagerly below
+            except RuntimeError:   # a capture refused (a host synchronisation): timed eagerly below, and said
                 torch.cuda.synchronize()
         for call in calls:   # warm-up
             call()
@@ -172,7 +175,7 @@ def time_impl(fn, inputs: list, env: Env, rounds: int, eager: bool) -> tuple[lis
 
 def run_case(case: Case, env: Env, floors: dict, rounds: int) -> list[dict]:
     """The rows of one case: each implementation checked, then timed (if it passed)."""
-    errors = check(case, env)
+    errors, raised = check(case, env)
     tol = case.tol if case.tol is not None else default_tol(env.dtype)
     inputs = [case.inputs(i) for i in range(copies_for(case, env))]
     rows = []
@@ -180,7 +183,8 @@ def run_case(case: Case, env: Env, floors: dict, rounds: int) -> list[dict]:
         ok = errors[name] <= tol
         row = {"case": case.name, "shape": case.shape, "impl": name, "error": errors[name], "tol": tol, "ok": ok,
                "bytes": case.bytes, "flops": case.flops, "us": None, "us_rounds": [], "timing": None,
-               "GBps": None, "TFLOPs": None, "copy_share": None, "matmul_share": None, "copies": len(inputs)}
+               "GBps": None, "TFLOPs": None, "copy_share": None, "matmul_share": None, "copies": len(inputs),
+               "note": raised.get(name)}
         if ok:
             times, how = time_impl(fn, inputs, env, rounds, name in case.eager)
             us = statistics.median(times)
@@ -233,7 +237,7 @@ def format_table(result: dict) -> str:
     lines += ["", "| case | shape | impl | us | GB/s | % copy | TFLOP/s | % matmul | error | timing |",
               "|" + " --- |" * 10]
     for r in result["rows"]:
-        err = f"{r['error']:.1e}" + ("" if r["ok"] else f" > {r['tol']:g} FAILED")
+        err = r["note"] or f"{r['error']:.1e}" + ("" if r["ok"] else f" > {r['tol']:g} FAILED")
         share = lambda x: "-" if x is None else f"{x:.0%}"  # noqa: E731
         lines.append(f"| {r['case']} | {r['shape']} | {r['impl']} | {_fmt(r['us'], '.2f')} | "
                      f"{bench.format_rate(r['GBps'])} | {share(r['copy_share'])} | {bench.format_rate(r['TFLOPs'])} | "

@@ -18,7 +18,7 @@ from qwen_lab import bench, bench_ab, runtime
 
 FAMILIES = ("norms", "attention", "rope", "embedding", "conv1d", "activations", "sampling")
 ROW_KEYS = {"case", "shape", "impl", "error", "tol", "ok", "bytes", "flops", "us", "us_rounds", "timing", "GBps",
-            "TFLOPs", "copy_share", "matmul_share", "copies"}
+            "TFLOPs", "copy_share", "matmul_share", "copies", "note"}
 RESULT_KEYS = {"benchmark", "gpu", "torch", "triton", "commit", "date", "dtype", "config", "tokens", "rounds",
                "floors", "measured", "rows"}
 GPU = torch.cuda.is_available() and not runtime.interpreter_active()
@@ -76,7 +76,10 @@ def test_an_implementation_that_disagrees_with_the_reference_is_reported_and_not
     from qwen_lab.kernels import norms
 
     _, harness = load(benchmark_module, "norms")
-    calls = {"wrong": 0, "right": 0}
+    calls = {"wrong": 0, "right": 0, "raises": 0}
+
+    def raises(d):
+        raise ValueError("x: expected [T, H]")
 
     def counted(name, fn):
         def run(d):
@@ -89,17 +92,20 @@ def test_an_implementation_that_disagrees_with_the_reference_is_reported_and_not
         return [harness.Case(
             "rms_norm", f"T=3 H={H}", lambda seed: {"x": env.randn(3, H, seed=seed), "w": env.randn(H, seed=7)},
             {"right": counted("right", lambda d: norms.rms_norm(d["x"], d["w"], 1e-6)),
-             "wrong": counted("wrong", lambda d: norms.rms_norm(d["x"], d["w"], 1e-6) * 1.1)},
+             "wrong": counted("wrong", lambda d: norms.rms_norm(d["x"], d["w"], 1e-6) * 1.1),
+             "raises": counted("raises", raises)},
             lambda d: reference.rms_norm(d["x"], d["w"], 1e-6), bytes=6 * H * 4)]
     rc = harness.main("bench_wrong", cases, "A benchmark with a wrong implementation.", ["--rounds", "1"])
     assert rc == 1
     assert "checks failed (not timed): rms_norm (T=3 H=" in capsys.readouterr().err
     result = harness.run(cases, "bench_wrong", rounds=1, progress=False)
-    right, wrong = result["rows"]
-    assert right["ok"] and right["us"] > 0
+    right, wrong, raised = result["rows"]
+    assert right["ok"] and right["us"] > 0 and right["note"] is None
     assert not wrong["ok"] and wrong["error"] > wrong["tol"]
-    assert wrong["us"] is None and wrong["us_rounds"] == [] and wrong["timing"] is None
-    assert calls["wrong"] == 2, "the wrong implementation ran once per run, for its check, and was never timed"
+    assert not raised["ok"] and raised["error"] == math.inf and raised["note"] == "ValueError: x: expected [T, H]"
+    for r in (wrong, raised):
+        assert r["us"] is None and r["us_rounds"] == [] and r["timing"] is None
+    assert calls["wrong"] == calls["raises"] == 2, "each ran once per run, for its check, and was never timed"
     assert calls["right"] >= 4
 
 
