@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Everything a GPU run checks, in one command on the GPU machine; name targets to run only some of them.
-#   bash benchmarks/gpu_session.sh [all] [tests] [bench] [kernels] [profile] [probes] [experiments] [scanprobes]
-#                                  [notebooks]
+#   bash benchmarks/gpu_session.sh [all] [tests] [bench] [kernels] [families] [ab] [profile] [probes] [experiments]
+#                                  [scanprobes] [notebooks]
 #   results under $OUT (or ./gpu_out). `probes` takes most of 10 minutes on an H200; `scanprobes` (the DeltaNet
 #   scan's launch forms, then its A/B) up to twice that: run its probes one at a time where a run's time is limited
 #   TEST_SHARD=0/2 bash benchmarks/gpu_session.sh tests      (then 1/2 in a second run: half the test files each)
 #   TEST_FILES="tests/test_conv1d.py tests/test_attention.py" bash benchmarks/gpu_session.sh tests   (chosen files)
 #   SAVE_TRITON_CACHE=1 bash benchmarks/gpu_session.sh tests   (then .tcache/triton-cache.tar.xz for the next call)
+#   FAMILIES="norms rope" bash benchmarks/gpu_session.sh families   (some of the kernel families' benchmarks)
+#   AB_SWITCH=QWEN_LAB_DETERMINISTIC=0,1 AB_ROUNDS=3 bash benchmarks/gpu_session.sh ab   (one switch's A/B)
 # On a machine with two GPUs, run the timing targets on one and the tests and notebooks on the other:
 #   CUDA_VISIBLE_DEVICES=1 bash benchmarks/gpu_session.sh tests notebooks & CUDA_VISIBLE_DEVICES=0 bash benchmarks/gpu_session.sh bench profile
 set -u
@@ -70,6 +72,20 @@ if want kernels; then
   PYTHONPATH="$FLA_PATH" timeout 120 python3 benchmarks/bench_deltanet.py --out "$OUT" 2>&1 | tail -n 40 | tee "$OUT/deltanet.txt"
   # the draw of a token, each sampling setting in a graph (about 30 s; --configs adds the launch configurations)
   PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" timeout 120 python3 benchmarks/probe_sampling.py 2>&1 | tee "$OUT/sampling.txt"
+fi
+if want families; then
+  # one benchmark per kernel family on the shared harness (benchmarks/harness.py): each implementation checked
+  # against the reference, then timed in a CUDA Graph; a table each, and $OUT/bench_<family>.json
+  for family in ${FAMILIES:-norms attention rope embedding conv1d activations sampling}; do
+    timeout ${FAMILY_TIMEOUT:-180} python3 benchmarks/bench_$family.py --json "$OUT/bench_$family.json" \
+        2>"$OUT/bench_$family.log" | tee "$OUT/bench_$family.txt"
+    tail -n 3 "$OUT/bench_$family.log"   # a failed check, or an error
+  done
+fi
+if want ab; then
+  # the same-process A/B of one public switch (python -m qwen_lab.bench ab), prefill and decode, both orders
+  timeout ${AB_TIMEOUT:-480} python3 -m qwen_lab.bench ab --switch "${AB_SWITCH:-QWEN_LAB_PDL=0,1}" \
+      --rounds ${AB_ROUNDS:-3} --json "$OUT/ab.json" 2>&1 | grep -v "falling back" | tee "$OUT/ab.txt"
 fi
 if want tests; then
   # nbformat (the exercise tests read the notebooks through qwen_lab.course.exercises) where the image lacks it: carried as

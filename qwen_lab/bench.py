@@ -12,6 +12,11 @@ Floors are measured in the same run: the copy bandwidth (a large device-to-devic
 must read every weight once per token; the bf16 matmul rate bounds prefill.
 On a CPU the benchmark still runs (tiny shapes, interpreter) so the code path is tested; its times mean nothing
 and the graph row is skipped with a note.
+
+    python -m qwen_lab.bench ab --switch QWEN_LAB_PDL=0,1 [--rounds N] [--json out.json]
+
+times the fast route's prefill and decode with a switch set one way and the other, alternated in one process
+(qwen_lab.bench_ab). The kernels one by one: benchmarks/bench_<family>.py, on the harness of benchmarks/harness.py.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import contextlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -103,6 +109,33 @@ def model_costs(config, weights, prefill_len: int) -> dict:
     flops += c.num_linear_layers * 4 * 2 * state * prefill_len
     state_bytes = c.num_linear_layers * 2 * 4 * state
     return {"weight_bytes": weight_bytes, "decode_bytes": weight_bytes + state_bytes, "prefill_flops": flops}
+
+
+def run_info(device) -> dict:
+    """What a benchmark's JSON says about where it ran: the GPU (or the CPU and its interpreter), the versions of
+    PyTorch and Triton, the git commit of this checkout (None outside a git checkout; "+dirty" when files differ
+    from it) and the date and time in UTC."""
+    import triton
+
+    device = torch.device(device)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"
+    return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "commit": git_commit(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout holding this package, with "+dirty" when tracked files changed; None when it is
+    not in a git checkout (a copied tree) or git is missing."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 # ---------------------------------------------------------------- rows
@@ -397,6 +430,11 @@ def plot(result: dict, path: str | None = None):
 def main(argv=None) -> int:
     from .errors import QwenLabError
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["ab"]:   # python -m qwen_lab.bench ab --switch NAME=A,B ...
+        from . import bench_ab
+
+        return bench_ab.main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m qwen_lab.bench",
                                 description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--model", default=None, help="a preset, snapshot directory or hub id (default: qwen3.5-0.8b on a "
