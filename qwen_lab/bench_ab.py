@@ -11,10 +11,10 @@ runs of each: between machines, and between runs of one machine, the prefill mov
 asked to see, and the order cancels a drift within the process. The report gives each setting's median prefill ms
 and decode ms per token, and B's difference from A in %; the JSON holds every run.
 
-The switches (SWITCHES) are the environment variables the kernels read when they are called, and `split_norms`,
-the attribute of the model's plan (qwen_lab.plan.FastPlan). A switch marked first-call decides a choice a shape
-makes on its first call (the decode GEMV's timed plans), which the process keeps: there the A/B times the first
-setting's picks both ways, and says so.
+The switches are those of qwen_lab.switches, named there or by their environment variable; each run sets its
+setting with `switches.set` for that run alone. A switch of FIRST_CALL decides a choice a shape makes on its first
+call (the decode GEMV's timed plans), which the process keeps: there the A/B times the first setting's picks both
+ways, and says so.
 
 On a CPU there is nothing to time: the command refuses, unless `--cpu-dry-run` runs one round of the tiny model
 (the path of the command, for the tests; its times mean nothing).
@@ -27,67 +27,67 @@ import json
 import os
 import statistics
 import sys
-from typing import NamedTuple
 
 import torch
 
 from . import bench, runtime
+from .switches import SWITCHES as ENGINE_SWITCHES
+from .switches import switches
 
 
-class Switch(NamedTuple):
-    """A public switch: what it changes, and when the kernels read it ("call": at every call, so a setting applies
-    to the run it is set for; "first-call": at a shape's first call, kept for the process)."""
-    what: str
-    read: str = "call"
-
-
-SWITCHES = {
-    "QWEN_LAB_PDL": Switch("programmatic dependent launch on Hopper and newer (default on)"),
-    "QWEN_LAB_DETERMINISTIC": Switch("split-K GEMV sums in a fixed order (default off)"),
-    "QWEN_LAB_SPLIT_NORMS": Switch("a prompt's residual add + RMSNorm in the GEMM epilogues around it (default off)"),
-    "QWEN_LAB_TMA": Switch("the prefill GEMM's tensor-descriptor (TMA) candidates (default on)"),
-    "QWEN_LAB_ATTN_TMA": Switch("the prefill flash attention's TMA candidates (default off)"),
-    "QWEN_LAB_GEMV_PERSIST": Switch("the persistent decode GEMV among the first-call timing's plans (default on)",
-                                    "first-call"),
-    "QWEN_LAB_TUNE": Switch("the first-call timing of each decode GEMV shape and of the DeltaNet kernels (default on)",
-                            "first-call"),
-    "split_norms": Switch("the plan's attribute (qwen_lab.plan.FastPlan.split_norms), the same choice as "
-                          "QWEN_LAB_SPLIT_NORMS without the environment"),
-}
-# The values a setting may take: what kernels.env_on reads as on, and as off.
+# Switches read at a shape's first call (the decode GEMV's timed plans), kept for the process.
+FIRST_CALL = {"tune", "gemv_persist"}
+# The values a setting may take: on and off (the switches' reading of an environment variable), or a number for the
+# switches that hold one.
 ON, OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+SWITCHES = {name: s for name, s in ENGINE_SWITCHES.items() if name != "tuning_cache"}
+
+
+def switch_name(text: str) -> str | None:
+    """The switch named `text`, by its name in qwen_lab.switches or by its environment variable; None if neither."""
+    for name, s in SWITCHES.items():
+        if text in (name, s.env):
+            return name
+    return None
+
+
+def setting_value(name: str, text: str):
+    """The value a setting's text gives the switch `name`: True / False, or an int where the switch holds one."""
+    if text in ON or text in OFF:
+        return text in ON
+    default = SWITCHES[name].default
+    if (not isinstance(default, bool) or name == "prep_persistent") and text.isdigit():
+        return int(text)
+    return None
 
 
 def parse_switch(text: str) -> tuple[str, tuple[str, str]]:
-    """"NAME=A,B" -> (NAME, (A, B)); ValueError saying what was expected."""
+    """"NAME=A,B" -> (NAME, (A, B)), NAME a switch of qwen_lab.switches or its environment variable; ValueError
+    saying what was expected."""
     name, sep, values = text.partition("=")
     if not sep:
-        raise ValueError(f"--switch {text}: expected NAME=A,B (e.g. QWEN_LAB_PDL=0,1)")
-    if name not in SWITCHES:
-        raise ValueError(f"--switch {text}: unknown switch {name!r}; expected one of {', '.join(SWITCHES)}")
+        raise ValueError(f"--switch {text}: expected NAME=A,B (e.g. QWEN_LAB_PDL=0,1 or pdl=off,on)")
+    if switch_name(name) is None:
+        known = ", ".join(s.env or n for n, s in SWITCHES.items())
+        raise ValueError(f"--switch {text}: unknown switch {name!r}; expected one of {known} (or their names in "
+                         f"qwen_lab.switches)")
     settings = tuple(v.strip().lower() for v in values.split(","))
     if len(settings) != 2 or not all(settings):
         raise ValueError(f"--switch {text}: expected two settings A,B after '=', got {values!r}")
+    key = switch_name(name)
     for v in settings:
-        if v not in ON + OFF:
+        if setting_value(key, v) is None:
+            number = "" if isinstance(SWITCHES[key].default, bool) and key != "prep_persistent" else " nor a number"
             raise ValueError(f"--switch {text}: setting {v!r} is neither on ({'/'.join(ON)}) nor off "
-                             f"({'/'.join(OFF)})")
-    if (settings[0] in ON) == (settings[1] in ON):
-        raise ValueError(f"--switch {text}: A and B are the same setting; expected one on and one off")
+                             f"({'/'.join(OFF)}){number}")
+    if setting_value(key, settings[0]) == setting_value(key, settings[1]):
+        raise ValueError(f"--switch {text}: A and B are the same setting; expected two different ones")
     return name, settings
 
 
 def order(rounds: int) -> list[int]:
     """Which setting (0: A, 1: B) runs when: A B, then B A, alternating for `rounds` runs of each."""
     return [i if r % 2 == 0 else 1 - i for r in range(rounds) for i in (0, 1)]
-
-
-def apply(plan, name: str, value: str) -> None:
-    """Set the switch `name` to `value` for the runs that follow."""
-    if name == "split_norms":
-        plan.split_norms = value in ON
-    else:
-        os.environ[name] = value
 
 
 def run(switch: str, settings: tuple[str, str], rounds: int = 3, source: str = "qwen3.5-0.8b",
@@ -109,36 +109,30 @@ def run(switch: str, settings: tuple[str, str], rounds: int = 3, source: str = "
                           f"model's max_position_embeddings={limit} ({model.config.name}); shorten --prefill-len or "
                           "--decode-steps")
     plan = fast_plan(model)
-    saved_env, saved_attr = os.environ.get(switch), plan.split_norms
+    name = switch_name(switch)
     runs: dict[str, dict[str, list]] = {v: {"prefill_ms": [], "decode_ms": []} for v in settings}
     sequence = order(rounds)
 
-    def one(value):
-        apply(plan, switch, value)
-        return bench.bench_qwen_lab(plan, prefill_len, decode_steps, graph=gpu, gen=torch.Generator().manual_seed(seed))
+    def one(value):   # the switch set for this run alone (qwen_lab.switches), the process as it was after it
+        with switches.set(**{name: setting_value(name, value)}):
+            return bench.bench_qwen_lab(plan, prefill_len, decode_steps, graph=gpu,
+                                        gen=torch.Generator().manual_seed(seed))
 
-    try:
-        if not cpu_dry_run:
-            for value in settings:     # compiling and tuning under each setting, untimed
-                log(f"warm-up: {switch}={value}")
-                one(value)
-        for i in sequence:
-            value = settings[i]
-            r = one(value)
-            runs[value]["prefill_ms"].append(r["prefill_ms"])
-            runs[value]["decode_ms"].append(r["decode_ms"])
-            log(f"{switch}={value}: prefill {r['prefill_ms']:.3f} ms, decode {r['decode_ms']:.4f} ms per token")
-    finally:   # the process as it was
-        if saved_env is None:
-            os.environ.pop(switch, None)
-        else:
-            os.environ[switch] = saved_env
-        plan.split_norms = saved_attr
+    if not cpu_dry_run:
+        for value in settings:     # compiling and tuning under each setting, untimed
+            log(f"warm-up: {switch}={value}")
+            one(value)
+    for i in sequence:
+        value = settings[i]
+        r = one(value)
+        runs[value]["prefill_ms"].append(r["prefill_ms"])
+        runs[value]["decode_ms"].append(r["decode_ms"])
+        log(f"{switch}={value}: prefill {r['prefill_ms']:.3f} ms, decode {r['decode_ms']:.4f} ms per token")
     median = {v: {k: statistics.median(ts) for k, ts in runs[v].items()} for v in settings}
     a, b = settings
     diff = {k: (median[b][k] - median[a][k]) / median[a][k] * 100 for k in ("prefill_ms", "decode_ms")}
     notes = []
-    if SWITCHES[switch].read == "first-call":
+    if name in FIRST_CALL:
         notes.append(f"{switch} acts at a shape's first call and the process keeps that call's picks: both settings "
                      f"ran with the picks of {switch}={settings[0]} (the first setting run); time "
                      f"each setting in a process of its own (python -m qwen_lab.bench with {switch} set)")
@@ -167,7 +161,8 @@ def format_report(result: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m qwen_lab.bench ab",
                                 description=" ".join(__doc__.split("\n\n")[0].split()),
-                                epilog="switches: " + "; ".join(f"{k}: {v.what}" for k, v in SWITCHES.items()))
+                                epilog="switches (qwen_lab.switches, where each is described): "
+                                       + ", ".join(f"{k} ({v.env})" if v.env else k for k, v in SWITCHES.items()))
     p.add_argument("--switch", required=True, help="NAME=A,B: the switch and its two settings, e.g. QWEN_LAB_PDL=0,1")
     p.add_argument("--rounds", type=int, default=3, help="timed runs of each setting (default 3)")
     p.add_argument("--model", default="qwen3.5-0.8b", help="a preset, snapshot directory or hub id "

@@ -133,7 +133,7 @@ def test_bench_ab_parses_its_switch_and_refuses_what_it_cannot_time(capsys, tmp_
         err = capsys.readouterr().err
         assert message in err, (text, err)
         if "unknown" in message:
-            assert all(name in err for name in bench_ab.SWITCHES), err
+            assert all(name in err or (s.env and s.env in err) for name, s in bench_ab.SWITCHES.items()), err
     for argv, message in ((["--rounds", "0"], "--rounds 0: expected at least 1"),
                           (["--json", str(tmp_path / "missing" / "ab.json")], "does not exist")):
         with pytest.raises(SystemExit):
@@ -151,21 +151,22 @@ def test_bench_ab_parses_its_switch_and_refuses_what_it_cannot_time(capsys, tmp_
 def test_bench_ab_sets_each_setting_for_its_run_in_both_orders_and_restores_the_switch(monkeypatch):
     """The alternation, the medians and the difference, with the timed run replaced by one that reports what it ran
     under (so this runs in no time, on any machine)."""
-    seen, plans = [], []
+    from qwen_lab.switches import switches
+
+    seen = []
 
     def timed(model, prefill_len, decode_steps, graph, gen, status=None):
-        persist, split = os.environ.get("QWEN_LAB_GEMV_PERSIST"), model.split_norms
+        persist, split = switches.gemv_persist, switches.split_norms
         seen.append((persist, split))
-        plans.append(model)
-        fast = persist == "1" or split is True
+        fast = persist is True or split is True
         return {"prefill_ms": 10.0 if fast else 20.0, "decode_ms": 1.0 if fast else 4.0}
     monkeypatch.setattr(bench, "bench_qwen_lab", timed)
-    monkeypatch.setenv("QWEN_LAB_GEMV_PERSIST", "kept")
+    monkeypatch.setenv("QWEN_LAB_GEMV_PERSIST", "0")
     r = bench_ab.run("QWEN_LAB_GEMV_PERSIST", ("0", "1"), rounds=2, source="tiny", prefill_len=4, decode_steps=1,
                      log=lambda line: None)
     # one untimed run of each setting, then A B, B A
-    assert [p for p, _ in seen] == ["0", "1", "0", "1", "1", "0"] and r["order"] == ["0", "1", "1", "0"]
-    assert os.environ["QWEN_LAB_GEMV_PERSIST"] == "kept"
+    assert [p for p, _ in seen] == [False, True, False, True, True, False] and r["order"] == ["0", "1", "1", "0"]
+    assert switches.set_in_code() == {} and switches.gemv_persist is False, "the switch is left as it was"
     assert r["runs"]["0"]["prefill_ms"] == [20.0, 20.0] and r["runs"]["1"]["decode_ms"] == [1.0, 1.0]
     assert r["diff_pct"] == {"prefill_ms": -50.0, "decode_ms": -75.0}
     # a switch read at a shape's first call: the A/B says that it timed the first setting's picks both ways
@@ -174,9 +175,10 @@ def test_bench_ab_sets_each_setting_for_its_run_in_both_orders_and_restores_the_
     seen.clear()
     r = bench_ab.run("split_norms", ("off", "on"), rounds=1, source="tiny", prefill_len=4, decode_steps=1,
                      log=lambda line: None)
-    assert [s for _, s in seen] == [False, True, False, True]   # the plan's attribute, not the environment
+    assert [s for _, s in seen] == [False, True, False, True]
     assert r["diff_pct"]["prefill_ms"] == -50.0 and not any("first call" in n for n in r["notes"])
-    assert plans[-1].split_norms is None, "the plan's attribute is left as it was (None: the environment decides)"
+    assert switches.set_in_code() == {}, "nothing left set"
+    assert bench_ab.parse_switch("scan_group=8,4") == ("scan_group", ("8", "4"))
 
 
 @pytest.mark.skipif(GPU, reason="the dry run is the CPU's; a GPU times for real (test_bench_ab_on_the_gpu)")
