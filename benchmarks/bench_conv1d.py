@@ -21,7 +21,6 @@ from qwen_lab.kernels import conv1d
 def torch_conv(x, weight, state):
     """causal_conv1d with PyTorch's depthwise conv: y = silu(conv([state^T; x])), state <- the last W-1 inputs."""
     T, C = x.shape
-    W = weight.shape[1]
     xx = torch.cat([state.t(), x], dim=0)                         # [W-1+T, C]
     y = F.conv1d(xx.t()[None], weight[:, None, :], groups=C)[0]   # [C, T]
     state.copy_(xx[T:].t())
