@@ -164,14 +164,12 @@ class FastPlan:
     def mixer(self, i: int, layer, proj, positions: torch.Tensor, cache: Cache) -> torch.Tensor:
         """The layer's mixer on the fast route, or a block a learner put in place of the model's method (chapter
         10), which gets the whole projection and may return every row (the step keeps the last)."""
-        name = "gated_deltanet" if layer.kind == LINEAR else "gated_attention"
-        if name in vars(self.model):
-            if isinstance(proj, LastQuery):
-                raise AssertionError("a replaced mixer gets the whole projection")
-            return getattr(self.model, name)(i, layer, proj, cache) if layer.kind == LINEAR else \
-                getattr(self.model, name)(i, layer, proj, positions, cache)
         if layer.kind == LINEAR:
+            if "gated_deltanet" in vars(self.model):
+                return self.model.gated_deltanet(i, layer, proj, cache)
             return self.gated_deltanet(i, layer, proj, cache)
+        if "gated_attention" in vars(self.model):   # (never a LastQuery: _projects_last_query leaves it whole)
+            return self.model.gated_attention(i, layer, proj, positions, cache)
         return self.gated_attention(i, layer, proj, positions, cache)
 
     def _linear(self, h: torch.Tensor, weight: torch.Tensor, out=None) -> torch.Tensor:
