@@ -230,7 +230,7 @@ def test_notebook_without_exercises_copied_and_stale_removed(tmp_path):
     (sol / "02_gone.ipynb").unlink()
     (out / "README.md").write_text("generated from solutions/\n")
     report = ex.build(sol, out)
-    assert sorted(p.name for p in out.iterdir()) == ["00_tour.ipynb", "README.md"]
+    assert sorted(p.name for p in out.iterdir() if p.name != ex.RECORD) == ["00_tour.ipynb", "README.md"]
     assert report.removed and report.removed[0].endswith("02_gone.ipynb") and report.exercises == 0
     built = _read(out / "00_tour.ipynb")
     assert [c.source for c in built.cells] == ["# Tour", "print(1)"]
@@ -251,7 +251,7 @@ def test_check_reports_differing_missing_and_stale(tmp_path, capsys):
     assert not report.ok and len(report.problems) == 1
     assert re.search(r"notebooks/99_fixture\.ipynb differs from what .*solutions/99_fixture\.ipynb builds: "
                      r"run python -m qwen_lab\.exercises build", report.problems[0])
-    assert "a change made there by hand is lost" in report.problems[0]   # build is no way to keep a hand edit
+    assert "build refuses to overwrite it" in report.problems[0]   # build is no way to keep a hand edit
     assert ex.main(["check", *args]) == 1
     assert "differs" in capsys.readouterr().err
 
@@ -265,6 +265,46 @@ def test_check_reports_differing_missing_and_stale(tmp_path, capsys):
     assert len(problems) == 2
     assert any("99_fixture.ipynb is missing" in p for p in problems)
     assert any("05_stale.ipynb has no counterpart" in p for p in problems)
+
+
+def test_build_refuses_to_overwrite_a_notebook_edited_since_it_wrote_it(tmp_path, capsys):
+    """An instructor's tweak or a learner's solution in notebooks/ used to be overwritten without a word ("1
+    written"). Build now refuses, naming the notebook and writing nothing; --force overwrites it and keeps a copy;
+    a notebook build wrote, and nobody edited, is rebuilt as before."""
+    sol_path, nb_path, _ = _built_fixture(tmp_path)
+    sol, out = sol_path.parent, nb_path.parent
+    args = ["--solutions", str(sol), "--notebooks", str(out)]
+    nb = _read(sol_path)                                  # the course text changes: build rewrites its notebook
+    nb.cells[2].source += "\nOne more sentence."
+    nbformat.write(nb, str(sol_path))
+    assert ex.main(["build", *args]) == 0 and "1 written" in capsys.readouterr().out
+    edited = _read(nb_path)                               # a hand edit in the learner's notebook
+    edited.cells[0].source += "\nMy own note."
+    nbformat.write(edited, str(nb_path))
+    mine = nb_path.read_bytes()
+    nb.cells[2].source += "\nAnd another."              # the course text changes again
+    nbformat.write(nb, str(sol_path))
+    assert ex.main(["build", *args]) == 1
+    err = capsys.readouterr().err
+    assert "nothing written: 1 problem(s) in" in err and "notebooks/" in err.splitlines()[0]
+    assert re.search(r"99_fixture\.ipynb: edited since build last wrote it; build leaves it alone\. Move the change "
+                     r"into .*solutions/99_fixture\.ipynb .*build --force", err), err
+    assert nb_path.read_bytes() == mine
+    with pytest.raises(ex.EditedNotebooks):
+        ex.build(sol, out)
+    assert ex.main(["build", "--force", *args]) == 0
+    stdout = capsys.readouterr().out
+    assert "kept the edited notebook as" in stdout and "99_fixture.ipynb.bak" in stdout and "1 written" in stdout
+    assert (out / "99_fixture.ipynb.bak").read_bytes() == mine
+    assert "And another." in nb_path.read_text() and "My own note." not in nb_path.read_text()
+    assert ex.build(sol, out).written == []              # rebuilt, recorded: nothing to refuse any more
+    # a stale notebook (its solution gone) that somebody edited stays too
+    edited = _read(nb_path)
+    edited.cells[0].source += "\nMine again."
+    nbformat.write(edited, str(nb_path))
+    sol_path.unlink()
+    report = ex.build(sol, out)
+    assert nb_path.exists() and report.removed == [] and [Path(p).name for p in report.kept] == ["99_fixture.ipynb"]
 
 
 def test_build_removes_only_notebooks_it_wrote(tmp_path, capsys):
@@ -295,7 +335,7 @@ def test_build_removes_only_notebooks_it_wrote(tmp_path, capsys):
 
     assert ex.main(["build", "--solutions", str(sol), "--notebooks", str(out)]) == 0
     stdout = capsys.readouterr().out
-    assert sorted(p.name for p in out.iterdir()) == sorted(kept + ["02_a.ipynb"])
+    assert sorted(p.name for p in out.iterdir() if p.name != ex.RECORD) == sorted(kept + ["02_a.ipynb"])
     assert all((out / name).read_bytes() == data for name, data in before.items())
     assert re.search(r"removed .*02_gone\.ipynb \(no solution\)", stdout)
     for name in kept:

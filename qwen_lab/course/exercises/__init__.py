@@ -66,8 +66,8 @@ validation.py (the rules, and the exercises of a notebook), building.py (the lea
 nbgrader.py (the nbgrader export), cli.py (the command line).
 """
 
-from .building import (Report, build, build_notebook, check, default_root, is_generated_notebook, resolve_dirs,
-                       strip_solutions)
+from .building import (RECORD, EditedNotebooks, Report, build, build_notebook, check, default_root,
+                       edited_since_built, is_generated_notebook, resolve_dirs, strip_solutions)
 from .cells import (BEGIN, CHECK_TAG, DEFAULT_TITLE, END, LEARNER_KERNELSPEC, LEARNER_LANGUAGE_INFO, MARKDOWN_STUB,
                     RAISES_TAG, REBUILD, ExerciseError, cell_title, stub_line)
 from .cli import main
@@ -75,7 +75,8 @@ from .files import dumps
 from .nbgrader import NBGRADER_CONFIG, NBGRADER_SCHEMA, NBGRADER_STUB, export_nbgrader, nbgrader_notebook
 from .validation import exercise_and_check, list_exercises, validate
 
-__all__ = ["BEGIN", "CHECK_TAG", "DEFAULT_TITLE", "END", "LEARNER_KERNELSPEC", "LEARNER_LANGUAGE_INFO", "MARKDOWN_STUB",
+__all__ = ["RECORD", "EditedNotebooks", "edited_since_built",
+           "BEGIN", "CHECK_TAG", "DEFAULT_TITLE", "END", "LEARNER_KERNELSPEC", "LEARNER_LANGUAGE_INFO", "MARKDOWN_STUB",
            "NBGRADER_CONFIG", "NBGRADER_SCHEMA", "NBGRADER_STUB", "RAISES_TAG", "REBUILD", "ExerciseError", "Report",
            "build", "build_notebook", "cell_title", "check", "default_root", "dumps", "exercise_and_check",
            "export_nbgrader", "is_generated_notebook", "list_exercises", "main", "nbgrader_notebook", "resolve_dirs",

@@ -5,7 +5,10 @@ notebooks/ from solutions/, `check` compares them, and the default folders are f
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -168,6 +171,7 @@ class Report:
     written: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)      # notebooks without a solution that build leaves alone
+    backed_up: list[str] = field(default_factory=list)  # copies of edited notebooks build --force overwrote
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -208,10 +212,47 @@ def _without_solution(notebooks: Path, built: dict[str, str]) -> tuple[list[Path
     return stale, other
 
 
-def build(solutions=None, notebooks=None) -> Report:
+# What build last wrote in a notebooks/ folder: file name -> sha256 of its text. A notebook whose text is no longer
+# that is someone's edit (a learner's solution, an instructor's tweak), which build does not overwrite unprompted.
+RECORD = ".built.json"
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_record(notebooks: Path) -> dict:
+    try:
+        record = json.loads((notebooks / RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+class EditedNotebooks(ExerciseError):
+    """Notebooks of notebooks/ edited since build last wrote them, which build does not overwrite."""
+
+
+def edited_since_built(notebooks: Path, built: dict[str, str]) -> list[Path]:
+    """The notebooks of `notebooks` that build would change and that differ from what it last wrote there (or that
+    it has no record of writing)."""
+    record, edited = _read_record(notebooks), []
+    for fname, text in built.items():
+        target = notebooks / fname
+        if not target.exists():
+            continue
+        data = target.read_bytes()
+        if data != text.encode("utf-8") and record.get(fname) != _digest(data):
+            edited.append(target)
+    return edited
+
+
+def build(solutions=None, notebooks=None, force: bool = False) -> Report:
     """Write notebooks/ from solutions/ (only files whose text changes) and remove stale notebooks.
 
-    Defaults as in `resolve_dirs`. A notebook in notebooks/ without a solution is removed only when
+    Defaults as in `resolve_dirs`. A notebook someone edited since build last wrote it is not overwritten: build
+    writes nothing and raises ExerciseError naming each one, unless `force`, which first copies each to
+    `<name>.ipynb.bak` beside it. A notebook in notebooks/ without a solution is removed only when
     `is_generated_notebook` says build wrote it (a chapter whose solution was deleted or renamed); any other file
     is left alone and listed in `kept`. Nothing is written when any solution has a problem (ExerciseError lists them
     all), nor when notebooks/ is the solutions folder or inside it.
@@ -220,15 +261,36 @@ def build(solutions=None, notebooks=None) -> Report:
     _refuse_overlap(solutions, notebooks)
     built, report = _build_all(solutions)
     notebooks.mkdir(parents=True, exist_ok=True)
+    edited = edited_since_built(notebooks, built)
+    if edited and not force:
+        raise EditedNotebooks([f"{_display(path)}: edited since build last wrote it; build leaves it alone. Move the "
+                             f"change into {_display(solutions / path.name)} (the source of the course text), or "
+                             f"run build --force to overwrite it (keeping a copy as {_display(path)}.bak)"
+                             for path in edited])
+    for path in edited:
+        shutil.copyfile(path, path.with_name(path.name + ".bak"))
+        report.backed_up.append(_display(path.with_name(path.name + ".bak")))
+    record = _read_record(notebooks)
     for fname, text in built.items():
         target = notebooks / fname
-        if not target.exists() or target.read_bytes() != text.encode("utf-8"):
-            target.write_bytes(text.encode("utf-8"))
+        data = text.encode("utf-8")
+        if not target.exists() or target.read_bytes() != data:
+            target.write_bytes(data)
             report.written.append(_display(target))
+        record[fname] = _digest(data)
     stale, other = _without_solution(notebooks, built)
+    for path in list(stale):   # (a stale notebook edited since build wrote it stays, as an edited one does)
+        if record.get(path.name) not in (None, _digest(path.read_bytes())):
+            stale.remove(path)
+            other.append(path)
     for path in stale:
         path.unlink()
+        record.pop(path.name, None)
         report.removed.append(_display(path))
+    record = {name: record[name] for name in sorted(record) if (notebooks / name).exists()}
+    text = json.dumps(record, indent=1) + "\n"
+    if not (notebooks / RECORD).exists() or (notebooks / RECORD).read_text() != text:
+        (notebooks / RECORD).write_text(text)
     report.kept = [_display(path) for path in other]
     return report
 
@@ -248,8 +310,8 @@ def check(solutions=None, notebooks=None) -> Report:
             report.problems.append(f"{_display(target)} is missing; {_display(source)} builds it: {REBUILD}")
         elif target.read_bytes() != text.encode("utf-8"):
             report.problems.append(f"{_display(target)} differs from what {_display(source)} builds: {REBUILD} "
-                                   f"(it rewrites {_display(target)}: a change made there by hand is lost; make "
-                                   f"it in {_display(source)})")
+                                   f"(a change made by hand in {_display(target)} belongs in {_display(source)}: "
+                                   f"build refuses to overwrite it, and build --force keeps a copy of it)")
     stale, other = _without_solution(notebooks, built)
     for path in stale:
         report.problems.append(f"{_display(path)} has no counterpart in {_display(solutions)}/ "

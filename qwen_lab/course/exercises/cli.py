@@ -7,14 +7,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from .building import Report, _default_root_note, build, check, default_root, resolve_dirs
+from .building import EditedNotebooks, Report, _default_root_note, build, check, default_root, resolve_dirs
 from .cells import ExerciseError
 from .files import _display
 from .nbgrader import export_nbgrader
 from .validation import list_exercises
 
-def _print_problems(e: ExerciseError, solutions: Path) -> int:
-    print(f"nothing written: {len(e.problems)} problem(s) in {_display(solutions)}/", file=sys.stderr)
+def _print_problems(e: ExerciseError, solutions: Path, notebooks: Path | None = None) -> int:
+    where = notebooks if isinstance(e, EditedNotebooks) and notebooks is not None else solutions
+    print(f"nothing written: {len(e.problems)} problem(s) in {_display(where)}/", file=sys.stderr)
     for p in e.problems:
         print(f"  {p}", file=sys.stderr)
     return 1
@@ -32,7 +33,10 @@ def main(argv=None) -> int:
                       help="where the learner's notebooks go (default: notebooks/ beside --solutions DIR when that "
                            "is given, else notebooks/ of the same checkout as the default solutions/)")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", parents=[dirs], help="write notebooks/ from solutions/")
+    builder = sub.add_parser("build", parents=[dirs], help="write notebooks/ from solutions/")
+    builder.add_argument("--force", action="store_true",
+                         help="overwrite notebooks edited since build last wrote them, keeping a copy of each as "
+                              "NAME.ipynb.bak")
     sub.add_parser("check", parents=[dirs], help="exit 1 unless notebooks/ is what solutions/ builds")
     sub.add_parser("list", parents=[dirs], help="list every exercise of every solution notebook")
     grader = sub.add_parser("nbgrader", help="write an nbgrader course directory (source/ and nbgrader_config.py)")
@@ -77,9 +81,11 @@ def main(argv=None) -> int:
 
     if args.command == "build":
         try:
-            report = build(solutions, notebooks)
+            report = build(solutions, notebooks, force=args.force)
         except ExerciseError as e:
-            return _print_problems(e, solutions)
+            return _print_problems(e, solutions, notebooks)
+        for path in report.backed_up:
+            print(f"kept the edited notebook as {path}")
         for path in report.written:
             print(f"wrote {path}")
         for path in report.removed:
