@@ -587,3 +587,16 @@ def test_a_read_outside_an_input_is_named_with_its_line_even_when_its_value_reac
     if runtime.interpreter_active():
         line = _shifted_read_kernel.fn.__code__.co_firstlineno + 3
         assert f"also: _shifted_read_kernel (line {line} of its file) read 1 element(s) outside 'x'" in str(failed.value)
+
+
+def test_compare_holds_the_kernel_to_a_non_finite_reference():
+    """compare used to zero the difference wherever the reference was NaN or infinite, so a kernel could return
+    anything there: compare('a', [1, 5], [nan, inf]) passed. Now NaN must be NaN and an infinity the same one."""
+    nan, inf = float("nan"), float("inf")
+    with pytest.raises(checks.CheckFailed, match=r"a: 2 of 2 elements where the reference is NaN or infinite differ, "
+                                                 r"first at \(0,\): got 1, expected nan"):
+        checks.compare("a", torch.tensor([1.0, 5.0]), torch.tensor([nan, inf]))
+    with pytest.raises(checks.CheckFailed, match=r"1 of 1 elements where the reference is NaN or infinite differ, "
+                                                 r"first at \(1,\): got inf, expected -inf"):
+        checks.compare("b", torch.tensor([0.5, inf]), torch.tensor([0.5, -inf]))
+    checks.compare("c", torch.tensor([nan, -inf, inf, 2.0]), torch.tensor([nan, -inf, inf, 2.0]))

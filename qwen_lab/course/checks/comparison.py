@@ -91,8 +91,9 @@ def _fmt_index(flat: int, shape) -> tuple:
 def compare(name: str, out, ref, atol: float | None = None, rtol: float | None = None, hint: str = "") -> Comparison:
     """Assert that `out` matches `ref`; raise CheckFailed explaining the first thing wrong.
 
-    Checks in order: it is a tensor, the shape, the dtype, unwritten (NaN) or infinite elements,
-    then values within atol + rtol * |ref|. Integer tensors must match exactly.
+    Checks in order: it is a tensor, the shape, the dtype, unwritten (NaN) or infinite elements, the same NaN or
+    infinity wherever the reference has one, then values within atol + rtol * |ref|. Integer tensors must match
+    exactly.
     """
     tip = _tip(hint)
     if not isinstance(out, torch.Tensor):
@@ -145,8 +146,16 @@ def compare(name: str, out, ref, atol: float | None = None, rtol: float | None =
         raise CheckFailed(f"{name}: {int(inf_out.sum())} elements are infinite, first at {idx} (an overflow, or a "
                           f"load that read memory outside the inputs: check the load masks and the pointer "
                           f"arithmetic){tip}")
-    diff = (o - r).abs()
+    # where the reference is NaN or infinite the kernel must give the same: NaN where NaN, the same infinity
     finite = torch.isfinite(r)
+    unlike = ~finite & ~(torch.isnan(r) & torch.isnan(o)) & (o != r)
+    if unlike.any():
+        flat = int(unlike.flatten().nonzero()[0])
+        raise CheckFailed(f"{name}: {int(unlike.sum())} of {int((~finite).sum())} elements where the reference is NaN "
+                          f"or infinite differ, first at {_fmt_index(flat, o.shape)}: got {o.flatten()[flat].item():.6g}, "
+                          f"expected {r.flatten()[flat].item()} (where the reference is NaN or infinite the kernel "
+                          f"must give the same: NaN where it is NaN, the same infinity where it is infinite){tip}")
+    diff = (o - r).abs()
     diff = torch.where(finite, diff, torch.zeros_like(diff))
     limit = atol + rtol * r.abs()
     bad = diff > limit
