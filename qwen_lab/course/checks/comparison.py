@@ -104,6 +104,8 @@ def compare(name: str, out, ref, atol: float | None = None, rtol: float | None =
         raise CheckFailed(f"{name}: dtype {out.dtype}, expected {ref.dtype}{tip}")
     o, r = out.detach().cpu(), ref.detach().cpu()
     numel = o.numel()
+    if numel == 0:   # nothing to compare once the shapes and dtypes agree
+        return Comparison(name, 0.0, 0.0, (), 0, 0)
     if not o.is_floating_point():
         bad = o != r
         n_bad = int(bad.sum())
