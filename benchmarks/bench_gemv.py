@@ -123,7 +123,7 @@ def decode_rows(gen, l2_bytes, bw_measured):
         ref = reference.linear(rot.xs[0], rot.weights[0])
         err = (gemm.linear(rot.xs[0], rot.weights[0]).float() - ref.float()).abs().max().item()
         us = time_graph(rot.calls(lambda x, w, o: gemm.linear(x, w, out=o)))
-        config = str(gemm.last_plan[1]) if gemm.last_plan else "-"
+        config = str(gemm.tuning.last_plan[1]) if gemm.tuning.last_plan else "-"
         # the first-call timing's measurements of this shape, fastest first: how close the runners-up came
         timed = sorted(gemm.gemv_plan_times(1, N, K, device=DEVICE).items(), key=lambda kv: kv[1])
         runners = [dict(us=t, split=p[0], config=str(p[1])) for p, t in timed[:4]]

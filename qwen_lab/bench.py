@@ -114,13 +114,15 @@ def model_costs(config, weights, prefill_len: int) -> dict:
 def run_info(device) -> dict:
     """What a benchmark's JSON says about where it ran: the GPU (or the CPU and its interpreter), the versions of
     PyTorch and Triton, the git commit of this checkout (None outside a git checkout; "+dirty" when files differ
-    from it) and the date and time in UTC."""
+    from it), every switch's value (qwen_lab.switches) and the date and time in UTC."""
     import triton
+
+    from .switches import switches
 
     device = torch.device(device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"
     return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "commit": git_commit(),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "switches": switches.describe(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def git_commit() -> str | None:
@@ -326,10 +328,10 @@ def run(source: str = "qwen3.5-0.8b", prefill_len: int = 2048, decode_steps: int
         floors["prefill_ms"] = costs["prefill_flops"] / (floors["matmul_TFLOPs"] * 1e12) * 1e3
     floors.update({k: costs[k] for k in ("weight_bytes", "decode_bytes", "prefill_flops")})
     wanted = list(rows or ROWS)
-    result = {"gpu": torch.cuda.get_device_name() if rt.device.type == "cuda" else "cpu (Triton interpreter)",
+    result = {**run_info(rt.device), "date": time.strftime("%Y-%m-%d"),   # the table prints the day
               "dtype": str(rt.dtype).removeprefix("torch."), "config": model.config.name,
               "prefill_len": prefill_len, "decode_steps": decode_steps, "floors": floors, "rows": [],
-              "skipped": [], "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__}
+              "skipped": []}
     from tqdm.auto import tqdm
 
     bar = tqdm(wanted, desc="bench", unit="row", disable=not progress, file=sys.stderr)

@@ -202,7 +202,7 @@ class PrefillGraphs:
 def sampler(model):
     """`model.ops["sample"]` as draw(logits, temperature, top_k, top_p, uniform, out=None), its scratch allocated once.
 
-    The course's kernel (kernels/sampling.py) takes a `workspace`; without one it allocates its scratch and clears
+    The course's kernel (kernels/sampling/) takes a `workspace`; without one it allocates its scratch and clears
     a counter on every call, which inside a captured step is a memset replayed with every token, and in an eager
     loop an allocation per token. Here one workspace serves every draw of the generation. A sampler without that
     argument (the reference, a learner's own) is called as it is, and one without `out` has its result copied

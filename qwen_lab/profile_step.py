@@ -107,11 +107,11 @@ def decode_plans(runners: int = 3) -> list[str]:
     from qwen_lab.kernels import gemm
 
     lines = ["decode GEMV plans (prologue, N, K): us per call of the fastest timed plans"]
-    for key, plan in sorted(gemm._plans.items(), key=lambda kv: (kv[0][2], kv[0][3], kv[0][0])):
+    for key, plan in sorted(gemm.tuning._plans.items(), key=lambda kv: (kv[0][2], kv[0][3], kv[0][0])):
         prologue, m_bucket, N, K = key[:4]
         if m_bucket != 1:
             continue
-        timed = sorted(gemm.plan_times.get(key, {}).items(), key=lambda kv: kv[1])[:runners]
+        timed = sorted(gemm.tuning.plan_times.get(key, {}).items(), key=lambda kv: kv[1])[:runners]
         name = gemm.PROLOGUE_NAMES.get(prologue, prologue)
         lines.append(f"  {name:8s} N={N:<6d} K={K:<5d} -> split {plan[0]} {plan[1]}")
         lines += [f"      {us:6.2f} us  split {split} {config}" for (split, config), us in timed]

@@ -19,7 +19,7 @@ from qwen_lab import bench, bench_ab, runtime
 FAMILIES = ("norms", "attention", "rope", "embedding", "conv1d", "activations", "sampling")
 ROW_KEYS = {"case", "shape", "impl", "error", "tol", "ok", "bytes", "flops", "us", "us_rounds", "timing", "GBps",
             "TFLOPs", "copy_share", "matmul_share", "copies", "note"}
-RESULT_KEYS = {"benchmark", "gpu", "torch", "triton", "commit", "date", "dtype", "config", "tokens", "rounds",
+RESULT_KEYS = {"benchmark", "gpu", "torch", "triton", "commit", "switches", "date", "dtype", "config", "tokens", "rounds",
                "floors", "measured", "rows"}
 GPU = torch.cuda.is_available() and not runtime.interpreter_active()
 

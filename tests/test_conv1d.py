@@ -64,20 +64,24 @@ def test_weight_stored_tap_by_tap(T, rt, gen):
     checks.compare(f"state, T={T}, weight stored [W, C]", state, ref_state)
 
 
+def _two_segments_of_9_tokens(rt, gen) -> dict:
+    """A 9-token prompt through causal_conv1d, checked against the reference: the kernels it launched."""
+    x, weight, state = _inputs(9, 40, 4, gen, rt.dtype, rt.device)
+    ref_state = state.clone()
+    ref = reference.causal_conv1d(x, weight, ref_state)
+    with count_launches() as launches:
+        y = causal_conv1d(x, weight, state)
+    checks.compare("y", y, ref)
+    checks.compare("state", state, ref_state)
+    return dict(launches)
+
+
 def test_segment_shorter_than_the_state_shifts_it_in_a_second_launch(rt, gen, switch):
     """With a first segment of fewer than W-1 tokens a second segment would read the old state too, so the
     segmented kernel leaves the state alone and the step kernel shifts it afterwards."""
     import triton
     switch.force("conv1d_prefill_kernel", triton.Config({"BLOCK_T": 2, "BLOCK_C": 32}, num_warps=1))
-    T, C, W = 9, 40, 4
-    x, weight, state = _inputs(T, C, W, gen, rt.dtype, rt.device)
-    ref_state = state.clone()
-    ref = reference.causal_conv1d(x, weight, ref_state)
-    with count_launches() as launches:
-        y = causal_conv1d(x, weight, state)
-    assert dict(launches) == {"conv1d_prefill_kernel": 1, "conv1d_step_kernel": 1}, dict(launches)
-    checks.compare("y", y, ref)
-    checks.compare("state", state, ref_state)
+    assert _two_segments_of_9_tokens(rt, gen) == {"conv1d_prefill_kernel": 1, "conv1d_step_kernel": 1}
 
 
 def test_causal_conv1d_check_kernel(rt):
@@ -150,22 +154,12 @@ def test_a_config_forced_through_the_switches_reaches_the_launcher_for_the_block
     from qwen_lab.switches import switches
 
     config = triton.Config({"BLOCK_T": 2, "BLOCK_C": 32}, num_warps=1)
-    forced = switches.force_config("conv1d_prefill_kernel", config)
-    forced.__enter__()
-    assert switches.forced("conv1d_prefill_kernel") is config
-    x, weight, state = _inputs(9, 40, 4, gen, rt.dtype, rt.device)
-    ref_state = state.clone()
-    ref = reference.causal_conv1d(x, weight, ref_state)
-    with count_launches() as launches:
-        y = causal_conv1d(x, weight, state)
-    assert dict(launches) == {"conv1d_prefill_kernel": 1, "conv1d_step_kernel": 1}, dict(launches)
-    checks.compare("y", y, ref)
-    checks.compare("state", state, ref_state)
-    forced.__exit__(None, None, None)
+    with switches.force_config("conv1d_prefill_kernel", config):
+        assert switches.forced("conv1d_prefill_kernel") is config
+        assert _two_segments_of_9_tokens(rt, gen) == {"conv1d_prefill_kernel": 1, "conv1d_step_kernel": 1}
     assert switches.forced("conv1d_prefill_kernel") is None
-    with count_launches() as launches:
-        causal_conv1d(x, weight, state)
-    assert dict(launches) == {"conv1d_prefill_kernel": 1}, dict(launches)   # the interpreter's own segment again
+    # the interpreter's own segment again: the state written by the one launch
+    assert _two_segments_of_9_tokens(rt, gen) == {"conv1d_prefill_kernel": 1}
 
 
 # ---------------------------------------------------------------- the teaching kernel (notebook 08)

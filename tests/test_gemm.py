@@ -125,7 +125,7 @@ def test_plan_times_are_empty_without_the_first_call_timing(rt, gen, monkeypatch
     monkeypatch.setenv("QWEN_LAB_TUNE", "0")
     x, w = _x(1, 100, gen, rt), _w(50, 100, gen, rt)
     checks.compare("untimed plan", gemm.linear(x, w), reference.linear(x, w))
-    assert gemm.last_plan is not None
+    assert gemm.tuning.last_plan is not None
     assert gemm.gemv_plan(1, 50, 100, dtype=rt.dtype, device=rt.device) is None  # an untimed plan is not kept
     assert gemm.gemv_plan_times(1, 50, 100, dtype=rt.dtype, device=rt.device) == {}
 
@@ -260,7 +260,7 @@ def test_gpu_few_rows_atomic_split_k_with_every_tile(rt, gen, monkeypatch, M, sw
         for call in range(10):
             got = gemm.linear_splitk(x, w, split_k=8, deterministic=False)
             checks.compare(f"M={M} {config} call {call}", got, ref)
-            assert gemm.last_plan == (8, config)
+            assert gemm.tuning.last_plan == (8, config)
 
 
 @pytest.mark.gpu
@@ -341,7 +341,7 @@ def test_gpu_first_call_times_and_keeps_a_plan(rt, gen, monkeypatch):
     assert plan[1] in tuning._gemv_configs()
     assert gemm.chosen_split_k(1, N, K, dtype=rt.dtype, device=rt.device) == plan[0]
     checks.compare("second call", gemm.linear(x, w), reference.linear(x, w))
-    assert gemm.last_plan == plan
+    assert gemm.tuning.last_plan == plan
 
 
 # ---------------------------------------------------------------- norms fused into the GEMV prologue
@@ -629,7 +629,7 @@ def test_gemv_with_and_without_the_hand_written_prefetch(prefetch, monkeypatch, 
     x, res, w = f(1, 100), f(1, 100), f(37, 100, scale=0.1)
     nw = (torch.randn(100, generator=gen) * 0.1).to(rt.device)
     checks.compare("linear", gemm.linear(x, w), reference.linear(x, w))
-    assert gemm.last_plan[1].kwargs["PREFETCH"] == prefetch
+    assert gemm.tuning.last_plan[1].kwargs["PREFETCH"] == prefetch
     gu, down = f(1, 2 * 70), f(37, 70, scale=0.1)
     checks.compare("swiglu_down", activations.swiglu_down(gu, down), reference.swiglu_down(gu, down))
     checks.compare("rms_norm_linear", gemm.rms_norm_linear(x, nw, 1e-6, w), reference.rms_norm_linear(x, nw, 1e-6, w))
@@ -660,7 +660,7 @@ def test_every_gpu_gemv_config_computes_the_same(index, monkeypatch, rt, gen, sw
     y_ref, s_ref = reference.add_rms_norm_linear(x, res, nw, 1e-6, w)
     checks.compare(f"add_rms_norm_linear {config}", y, y_ref)
     checks.compare(f"residual {config}", s, s_ref)
-    assert gemm.last_plan[1] is config
+    assert gemm.tuning.last_plan[1] is config
 
 
 # ---------------------------------------------------------------- the TMA (tensor-descriptor) candidates
@@ -829,7 +829,7 @@ def test_persistent_gemv_config_with_every_prologue(index, monkeypatch, rt, gen,
     w_out, gw = f(N, 128, scale=0.1), (1 + torch.randn(32, generator=gen) * 0.1).to(rt.device)
     checks.compare(f"gated_rms_norm_linear {config}", gemm.gated_rms_norm_linear(o, z, gw, 1e-6, w_out),
                    reference.gated_rms_norm_linear(o, z, gw, 1e-6, w_out))
-    assert gemm.last_plan[1] is config
+    assert gemm.tuning.last_plan[1] is config
 
 
 def test_forced_persistent_gemv_refuses_a_split(monkeypatch, rt, gen, switch):

@@ -33,7 +33,8 @@ def test_bench_runs_on_the_tiny_model_and_writes_json(tmp_path):
     bench.main(["--model", "tiny", "--prefill-len", "5", "--decode-steps", "1", "--rows", "triton",
                 "--json", str(path), "--plot", str(tmp_path / "bench.png")])
     data = json.loads(path.read_text())
-    assert set(data) >= {"gpu", "config", "floors", "rows"}
+    assert set(data) >= {"gpu", "config", "floors", "rows", "torch", "triton", "commit", "switches"}
+    assert data["switches"]["deterministic"] in (True, False)   # the switches it ran under, as data
     assert data["rows"][0]["name"] == "triton" and data["rows"][0]["prefill_ms"] > 0
     assert (tmp_path / "bench.png").stat().st_size > 1000
 

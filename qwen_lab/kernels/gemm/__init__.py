@@ -20,7 +20,8 @@ one file each, beside the kernels a learner writes:
 - `common.py`: the operand checks, the limits and the prologue ids the others share.
 
 This module re-exports what the model, the notebooks and the other families use. The GEMV's plan state
-(`last_plan`, `_plans`, `plan_times`) is read from `tuning`, where the launcher keeps it.
+(`last_plan`, `_plans`, `plan_times`) lives in `tuning`, where the launcher keeps it: read it there
+(`gemm.tuning.last_plan`).
 """
 
 from __future__ import annotations
@@ -38,19 +39,7 @@ from .tuning import (SPLIT_CANDIDATES, TMA_ONLY_FROM_ROWS, _gemv_configs, _matmu
                      gemv_plan_times, tuning_enabled)
 
 
-def __getattr__(name: str):
-    """The GEMV's plan state, read from `tuning` at each access: the launcher rebinds `last_plan` at every call and
-    tests swap the others, so a copy taken here at import would go stale."""
-    if name == "last_plan":
-        return tuning.last_plan
-    if name == "_plans":
-        return tuning._plans
-    if name == "plan_times":
-        return tuning.plan_times
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["FUSED_NORM_MAX_N", "GEMV_MAX_M", "K_GRANULE", "MAX_SPLIT_K", "PROLOGUE_NAMES", "PRO_ADD_RMS", "PRO_GATED",
+__all__ = ["tuning", "FUSED_NORM_MAX_N", "GEMV_MAX_M", "K_GRANULE", "MAX_SPLIT_K", "PROLOGUE_NAMES", "PRO_ADD_RMS", "PRO_GATED",
            "PRO_NONE", "PRO_RMS", "PRO_SWIGLU", "REDUCE_ATOMIC", "REDUCE_DETERMINISTIC", "REDUCE_NONE",
            "SPLIT_CANDIDATES", "TMA_ONLY_FROM_ROWS", "WHOLE_ROW_MAX", "add_rms_norm_linear", "choose_split_k",
            "chosen_split_k", "deterministic_mode", "gated_rms_norm_linear", "gemv_plan", "gemv_plan_times",

@@ -5,8 +5,8 @@
   by a radix select over the probabilities' bits, no sort.
 - `tuning.py`: the launch configuration (`_GPU` on a GPU, a small one under the interpreter).
 
-`sample` calls `sampling_workspace` and `tuning._config` reads `_GPU` through this package, so what a script or a
-test puts here (`sampling._GPU = ...`, a wrapped `sampling_workspace`) is what runs.
+`sample` calls `sampling_workspace` through this package, so a wrapped one put here (a test's counter) is what
+runs.
 """
 
 from .radix_select import (FLOAT32_MAX, FLOAT32_TINY, KEY_BITS, LOG2E, SamplingWorkspace, sample,

@@ -1,7 +1,6 @@
 """The sampler's launch configuration: tokens per program and per loop step, bits per radix round, warps.
 
-On a GPU the one measured fastest (`_GPU`); under the interpreter, few big programs (`_config`). Scripts that
-time another set it on the family: `qwen_lab.kernels.sampling._GPU = _Config(...)`, which `_config` reads.
+On a GPU the one measured fastest (`_GPU`); under the interpreter, few big programs (`_config`).
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from dataclasses import dataclass
 import triton
 
 from ...runtime import interpreter_active
-from .. import sampling as family
 
 
 @dataclass(frozen=True)
@@ -25,7 +23,7 @@ class _Config:
 
 # GPU: 243 programs of 1024 tokens for V = 248320, two per SM of an H200; 6 rounds of 32 bins; after round 0 each
 # chunk of 128 tokens tested for tokens still in play. Timed in a graph (docs/experiments.md,
-# docs/experiments.md, 2026-12-03), top-k 20 + top-p 0.9, us per draw on peaked / flat / tied logits, two rounds in
+# 2026-12-03), top-k 20 + top-p 0.9, us per draw on peaked / flat / tied logits, two rounds in
 # one run: 30.2 / 30.8 / 92.0 and 29.9 / 30.5 / 91.4, against 34.7 / 36.0 / 87.4 and 34.9 / 36.1 / 87.9 with one
 # look at the whole block instead (taken out), and 30.6 / 31.2 / 94.6 with both. Slower in earlier runs: blocks of
 # 2048 (one program of 4 warps per SM leaves the one-hot tiles' latency bare), 512 or 256, 64- or 256-token chunks,
@@ -38,6 +36,6 @@ def _config(V: int) -> _Config:
     reduction or nested @jit call a program makes, whatever its size: there, few big programs (one
     chunk each), and for a small vocabulary 3 rounds of 1024 bins instead of 5 of 64."""
     if not interpreter_active():
-        return family._GPU  # (read from the family, where a timing script puts the config it times)
+        return _GPU
     block = min(1024, max(16, triton.next_power_of_2(V)))
     return _Config(block=block, chunk=block, nbits=10 if block <= 64 else 6, skip_dead=False, warps=1)
