@@ -4,6 +4,7 @@
     from qwen_lab.course import exercises   # build notebooks/ from solutions/, check they are in sync (exercises/)
     from qwen_lab.course import syncguard   # what would break a CUDA Graph capture, found on any machine
     from qwen_lab.course import setup       # the notebooks' first cell: rt = setup()
+    from qwen_lab.course import recorded    # a GPU cell's result: kept on a GPU (recording runs), shown on a CPU
 
     python -m qwen_lab.course build|check|list|nbgrader     (the same as python -m qwen_lab.exercises ...)
 

@@ -1,0 +1,136 @@
+"""Record the GPU results that the notebooks show on a CPU (qwen_lab.course.recorded), in one run on a GPU.
+
+Each solution notebook runs in a process of its own (benchmarks/run_notebooks.py: every code cell in order, as a
+kernel would) with QWEN_LAB_RECORD set, so every measuring cell's `recorded.keep(...)` writes its record (NAME.json,
+NAME.png) into OUT. Then the records come into the course with one copy:
+
+    python benchmarks/record_notebooks.py --out $OUT/records            # on a GPU, about 5-8 minutes warm
+    cp $OUT/records/* qwen_lab/course/records/                          # then commit them
+
+    --only 03 07       only these notebooks (the others' records are left as they are)
+    --skip-slow        notebook 13's benchmark without its transformers row (transformers hidden from the
+                       notebook): the slowest cell of the course; its records 13.bench and 13.compare then come
+                       from --bench-json, or stay as they were
+    --bench-json FILE  13.bench and 13.compare from a `python -m qwen_lab.bench --json` result instead of the
+                       notebook's run (labelled with that result's GPU, date and versions); with no GPU needed
+    --timeout S        seconds per notebook (default 240); --budget S: no notebook starts past S seconds (450)
+
+Prints one line per notebook, then which records the notebooks keep and which of them this run did not write.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+KEEP = re.compile(r"""recorded\.keep\(\s*["']([^"']+)["']""")
+# run_notebooks.py with transformers made unimportable: bench.run then leaves its row out and says so
+HIDE_TRANSFORMERS = ("import runpy, sys; sys.modules['transformers'] = None; sys.argv = sys.argv[1:]; "
+                     "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def kept_names(path: Path) -> list[str]:
+    """The records a notebook's code cells keep."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return [m for c in cells if c["cell_type"] == "code" for m in KEEP.findall("".join(c["source"]))]
+
+
+def _shown(path: Path) -> str:
+    """A path as the repository names it where it lies inside, else as given."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def bench_records(bench_json: Path, out: Path) -> list[str]:
+    """13.bench and 13.compare from a saved benchmark result, labelled with where that result was measured."""
+    from qwen_lab import bench
+    from qwen_lab.course import recorded
+
+    result = json.loads(bench_json.read_text(encoding="utf-8"))
+    versions = result.get("versions") or {}
+    measured = {"gpu": result["gpu"], "date": str(result["date"])[:10],
+                "torch": versions.get("torch") or result.get("torch"),
+                "triton": versions.get("triton") or result.get("triton"), "commit": result.get("commit"),
+                "source": f"from {_shown(bench_json)}"}
+    command = result.get("command") or (f"python -m qwen_lab.bench --model {result['config']} --prefill-len "
+                                        f"{result['prefill_len']}" + (f" --decode-steps {result['decode_steps']}"
+                                                                       if result.get("decode_steps") else ""))
+    floors = result["floors"]
+    columns = ("name", "prefill_ms", "decode_ms", "tokens_per_s", "prefill_floor_share", "decode_floor_share")
+    notes = [result["note"]] if result.get("note") else []
+    if floors.get("prefill_ms") and floors.get("decode_ms"):
+        notes.append(f"floors: prefill {floors['prefill_ms']:.3g} ms, decode {floors['decode_ms']:.3g} ms")
+    recorded.keep("13.bench", table=[{k: r.get(k) for k in columns} for r in result["rows"]],
+                  figure=bench.plot(result), notes=notes, command=command, folder=out, measured=measured)
+    rows = {r["name"]: r for r in result["rows"] if r["name"] in ("transformers-eager", "triton", "triton+cuda-graph")}
+    if floors.get("prefill_ms") and floors.get("decode_ms"):
+        rows["floor"] = floors
+    recorded.keep("13.compare", table={name: {"prefill ms": r["prefill_ms"], "decode ms": r["decode_ms"]}
+                                       for name, r in rows.items()}, notes=notes[:1] if result.get("note") else (),
+                  command=command, folder=out, measured=measured)
+    return ["13.bench", "13.compare"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "records"))
+    ap.add_argument("--only", nargs="*", default=None, help="notebook numbers, e.g. 03 07")
+    ap.add_argument("--skip-slow", action="store_true")
+    ap.add_argument("--bench-json", type=Path, default=None)
+    ap.add_argument("--timeout", type=float, default=240)
+    ap.add_argument("--budget", type=float, default=450)
+    args = ap.parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    notebooks = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
+    if args.only is not None:
+        notebooks = [p for p in notebooks if p.name[:2] in args.only]
+    if args.bench_json is not None:
+        bench_records(args.bench_json, out)
+    env = {**os.environ, "QWEN_LAB_RECORD": str(out), "MPLBACKEND": "Agg"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    start, failed, expected = time.time(), [], []
+    for path in notebooks:
+        names = kept_names(path)
+        expected += names
+        if not names:
+            continue
+        left = args.budget - (time.time() - start)
+        if left <= 0:
+            print(f"NOT RUN {path.name}: past the budget of {args.budget:.0f} s (run it again with --only "
+                  f"{path.name[:2]})", flush=True)
+            failed.append(path.name)
+            continue
+        runner = [sys.executable, str(ROOT / "benchmarks" / "run_notebooks.py"), str(path)]
+        slow = args.skip_slow and path.name.startswith("13")
+        if slow:
+            runner = [sys.executable, "-c", HIDE_TRANSFORMERS] + runner[1:]
+        t0 = time.time()
+        try:
+            done = subprocess.run(runner, env=env, cwd=ROOT, timeout=args.timeout, capture_output=True, text=True)
+            ok = done.returncode == 0
+            why = "" if ok else (done.stdout + done.stderr)[-2000:]
+        except subprocess.TimeoutExpired:
+            ok, why = False, f"past the timeout of {args.timeout:.0f} s (records it kept before that are written)"
+        print(f"{'ok  ' if ok else 'FAIL'} {path.name} ({time.time() - t0:.0f} s)"
+              + (" without transformers" if slow else "") + (f"\n{why}" if why else ""), flush=True)
+        if not ok:
+            failed.append(path.name)
+    written = {p.stem for p in out.glob("*.json")}
+    missing = [n for n in expected if n not in written]
+    print(f"\n{len(written)} records in {out}; the notebooks keep {len(expected)}"
+          + (f"; not written this run: {', '.join(missing)}" if missing else ""))
+    print(f"copy them into the course: cp {out}/* {ROOT / 'qwen_lab' / 'course' / 'records'}/")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
