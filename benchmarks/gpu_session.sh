@@ -7,6 +7,7 @@
 #   SAVE_TRITON_CACHE=1 bash benchmarks/gpu_session.sh tests   (then .tcache/triton-cache.tar.xz for the next call)
 #   FAMILIES="norms rope" bash benchmarks/gpu_session.sh families   (some of the kernel families' benchmarks)
 #   AB_SWITCH=QWEN_LAB_DETERMINISTIC=0,1 AB_ROUNDS=3 bash benchmarks/gpu_session.sh ab   (one switch's A/B)
+#   bash benchmarks/gpu_session.sh record   (not part of all: the notebooks' recorded GPU results, into $OUT/records)
 # On a machine with two GPUs, run the timing targets on one and the tests and notebooks on the other:
 #   CUDA_VISIBLE_DEVICES=1 bash benchmarks/gpu_session.sh tests notebooks & CUDA_VISIBLE_DEVICES=0 bash benchmarks/gpu_session.sh bench profile
 set -u
@@ -126,5 +127,10 @@ if want probes; then
 fi
 if want notebooks; then
   timeout ${NB_TIMEOUT:-500} python3 benchmarks/run_notebooks.py solutions/*.ipynb 2>&1 | tee "$OUT/notebooks.txt"
+fi
+if [[ "$what" == *" record "* ]]; then   # named only, not part of all: the records the notebooks show on a CPU
+  # with flash-linear-attention on the path, as the benchmark runs: notebook 09's fla row, notebook 13's transformers
+  PYTHONPATH="$FLA_PATH" timeout ${RECORD_TIMEOUT:-570} python3 benchmarks/record_notebooks.py --out "$OUT/records" \
+    ${RECORD_ARGS:-} 2>&1 | tee "$OUT/record.txt"
 fi
 save_cache

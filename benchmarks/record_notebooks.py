@@ -1,8 +1,9 @@
 """Record the GPU results that the notebooks show on a CPU (qwen_lab.course.recorded), in one run on a GPU.
 
-Each solution notebook runs in a process of its own (benchmarks/run_notebooks.py: every code cell in order, as a
-kernel would) with QWEN_LAB_RECORD set, so every measuring cell's `recorded.keep(...)` writes its record (NAME.json,
-NAME.png) into OUT. Then the records come into the course with one copy:
+Each solution notebook runs through benchmarks/run_notebooks.py (every code cell in order, in a namespace of its own,
+as a kernel would; all in this process, so the kernels one notebook compiled and tuned serve the next) with
+QWEN_LAB_RECORD set: every measuring cell's `recorded.keep(...)` writes its record (NAME.json, NAME.png) into OUT.
+Then the records come into the course with one copy:
 
     python benchmarks/record_notebooks.py --out $OUT/records            # on a GPU, about 5-8 minutes warm
     cp $OUT/records/* qwen_lab/course/records/                          # then commit them
@@ -14,25 +15,25 @@ NAME.png) into OUT. Then the records come into the course with one copy:
     --bench-json FILE  13.bench and 13.compare from a `python -m qwen_lab.bench --json` result instead of the
                        notebook's run (labelled with that result's GPU, date and versions); with no GPU needed
     --timeout S        seconds per notebook (default 240); --budget S: no notebook starts past S seconds (450)
+                       (a notebook stopped by its timeout keeps the records its earlier cells wrote)
 
-Prints one line per notebook, then which records the notebooks keep and which of them this run did not write.
+Prints one line per notebook (what its cells print goes to record_logs/NAME.txt beside OUT, or --logs DIR), then
+which records the notebooks run keep and which of them this run did not write.
 """
 
 import argparse
 import json
 import os
 import re
-import subprocess
+import signal
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))      # run_notebooks.py, beside this file
 KEEP = re.compile(r"""recorded\.keep\(\s*["']([^"']+)["']""")
-# run_notebooks.py with transformers made unimportable: bench.run then leaves its row out and says so
-HIDE_TRANSFORMERS = ("import runpy, sys; sys.modules['transformers'] = None; sys.argv = sys.argv[1:]; "
-                     "runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
 def kept_names(path: Path) -> list[str]:
@@ -65,7 +66,8 @@ def bench_records(bench_json: Path, out: Path) -> list[str]:
                                                                        if result.get("decode_steps") else ""))
     floors = result["floors"]
     columns = ("name", "prefill_ms", "decode_ms", "tokens_per_s", "prefill_floor_share", "decode_floor_share")
-    notes = [result["note"]] if result.get("note") else []
+    # the note's first sentence says how the run was made; the rest is about the JSON's own fields
+    notes = [result["note"].split(". ")[0].rstrip(".") + "."] if result.get("note") else []
     if floors.get("prefill_ms") and floors.get("decode_ms"):
         notes.append(f"floors: prefill {floors['prefill_ms']:.3g} ms, decode {floors['decode_ms']:.3g} ms")
     recorded.keep("13.bench", table=[{k: r.get(k) for k in columns} for r in result["rows"]],
@@ -79,6 +81,41 @@ def bench_records(bench_json: Path, out: Path) -> list[str]:
     return ["13.bench", "13.compare"]
 
 
+class _Late(BaseException):
+    """A notebook ran past its time (not an Exception: run_notebooks.run goes on past a cell's Exception)."""
+
+
+def _on_alarm(signum, frame):
+    raise _Late()
+
+
+def run_one(path: Path, timeout: float, hide_transformers: bool, log: Path) -> tuple[bool, str]:
+    """One notebook through run_notebooks.run (its own namespace, this process: the kernels compiled and tuned
+    by one notebook serve the next, as in gpu_session.sh's notebooks target), stopped after `timeout` seconds.
+    What its cells print, and each cell's time, go to `log`."""
+    import contextlib
+
+    import run_notebooks
+
+    hidden = sys.modules.get("transformers", False)
+    if hide_transformers:           # bench.run then leaves its transformers row out, and says so
+        sys.modules["transformers"] = None
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        with open(log, "w", encoding="utf-8") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+            return run_notebooks.run(str(path))
+    except _Late:
+        return False, f"past the timeout of {timeout:.0f} s (the records it kept before that are written)"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        if hide_transformers:
+            if hidden is False:
+                del sys.modules["transformers"]
+            else:
+                sys.modules["transformers"] = hidden
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "records"))
@@ -87,16 +124,19 @@ def main(argv=None) -> int:
     ap.add_argument("--bench-json", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=240)
     ap.add_argument("--budget", type=float, default=450)
+    ap.add_argument("--logs", default=None, help="what the notebooks print (default: record_logs beside OUT)")
     args = ap.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    logs = Path(args.logs).resolve() if args.logs else out.parent / "record_logs"
+    logs.mkdir(parents=True, exist_ok=True)
     notebooks = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
     if args.only is not None:
         notebooks = [p for p in notebooks if p.name[:2] in args.only]
     if args.bench_json is not None:
         bench_records(args.bench_json, out)
-    env = {**os.environ, "QWEN_LAB_RECORD": str(out), "MPLBACKEND": "Agg"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    os.environ[recorded_env()] = str(out)          # every recorded.keep of the notebooks writes here
+    os.environ.setdefault("MPLBACKEND", "Agg")
     start, failed, expected = time.time(), [], []
     for path in notebooks:
         names = kept_names(path)
@@ -109,27 +149,24 @@ def main(argv=None) -> int:
                   f"{path.name[:2]})", flush=True)
             failed.append(path.name)
             continue
-        runner = [sys.executable, str(ROOT / "benchmarks" / "run_notebooks.py"), str(path)]
         slow = args.skip_slow and path.name.startswith("13")
-        if slow:
-            runner = [sys.executable, "-c", HIDE_TRANSFORMERS] + runner[1:]
         t0 = time.time()
-        try:
-            done = subprocess.run(runner, env=env, cwd=ROOT, timeout=args.timeout, capture_output=True, text=True)
-            ok = done.returncode == 0
-            why = "" if ok else (done.stdout + done.stderr)[-2000:]
-        except subprocess.TimeoutExpired:
-            ok, why = False, f"past the timeout of {args.timeout:.0f} s (records it kept before that are written)"
+        ok, why = run_one(path, min(args.timeout, left + 60), slow, logs / f"{path.stem}.txt")
         print(f"{'ok  ' if ok else 'FAIL'} {path.name} ({time.time() - t0:.0f} s)"
-              + (" without transformers" if slow else "") + (f"\n{why}" if why else ""), flush=True)
+              + (" without transformers" if slow else "") + (f": {why}" if why else ""), flush=True)
         if not ok:
             failed.append(path.name)
     written = {p.stem for p in out.glob("*.json")}
     missing = [n for n in expected if n not in written]
-    print(f"\n{len(written)} records in {out}; the notebooks keep {len(expected)}"
-          + (f"; not written this run: {', '.join(missing)}" if missing else ""))
-    print(f"copy them into the course: cp {out}/* {ROOT / 'qwen_lab' / 'course' / 'records'}/")
+    print(f"\n{len(written)} records in {out}; the notebooks run keep {len(expected)}"
+          + (f"; not written: {', '.join(missing)}" if missing else ""))
+    print(f"into the course: cp {out}/* {ROOT / 'qwen_lab' / 'course' / 'records'}/")
     return 1 if failed else 0
+
+
+def recorded_env() -> str:
+    from qwen_lab.course import recorded
+    return recorded.ENV
 
 
 if __name__ == "__main__":
