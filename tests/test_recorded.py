@@ -167,3 +167,25 @@ def test_every_shipped_record_is_labelled_and_kept_by_a_notebook():
 
 def test_records_ship_as_package_data():
     assert '"course/records/*"' in (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+
+
+def test_records_made_from_a_saved_result_are_what_that_result_gives(tmp_path):
+    """A shipped record that says it comes from a benchmark JSON (benchmarks/record_notebooks.py --bench-json) is
+    made again from that file: same label, same table, same notes; nothing typed in by hand."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("record_notebooks", ROOT / "benchmarks" / "record_notebooks.py")
+    record_notebooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(record_notebooks)
+    seeded = [recorded.load(n) for n in recorded.names()]
+    seeded = [r for r in seeded if str(r.get("source", "")).startswith("from docs/results/")]
+    if not seeded:
+        pytest.skip("no shipped record is made from a saved benchmark result")
+    for source in sorted({r["source"].removeprefix("from ") for r in seeded}):
+        folder = tmp_path / Path(source).stem
+        made = record_notebooks.bench_records(ROOT / source, folder)
+        for r in seeded:
+            if r["source"] == f"from {source}":
+                assert r["name"] in made
+                again = recorded.load(r["name"], folder=folder)
+                assert r == again, f"records/{r['name']}.json differs from what {source} gives"
