@@ -10,10 +10,11 @@ Then the records come into the course with one copy:
 
     --only 03 07       only these notebooks (the others' records are left as they are)
     --skip-slow        notebook 13's benchmark without its transformers row (transformers hidden from the
-                       notebook): the slowest cell of the course; its records 13.bench and 13.compare then come
-                       from --bench-json, or stay as they were
-    --bench-json FILE  13.bench and 13.compare from a `python -m qwen_lab.bench --json` result instead of the
-                       notebook's run (labelled with that result's GPU, date and versions); with no GPU needed
+                       notebook), the slowest cell of the course: 13.bench then has no transformers row, and
+                       13.compare (which needs it) is not written
+    --bench-json FILE  13.bench and 13.compare from a `python -m qwen_lab.bench --json` result, written after the
+                       notebooks (replacing notebook 13's) and labelled with that result's GPU, date and versions;
+                       with `--only` and no notebook named, this needs no GPU
     --timeout S        seconds per notebook (default 240); --budget S: no notebook starts past S seconds (450)
                        (a notebook stopped by its timeout keeps the records its earlier cells wrote)
 
@@ -133,8 +134,6 @@ def main(argv=None) -> int:
     notebooks = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
     if args.only is not None:
         notebooks = [p for p in notebooks if p.name[:2] in args.only]
-    if args.bench_json is not None:
-        bench_records(args.bench_json, out)
     os.environ[recorded_env()] = str(out)          # every recorded.keep of the notebooks writes here
     os.environ.setdefault("MPLBACKEND", "Agg")
     start, failed, expected = time.time(), [], []
@@ -156,6 +155,8 @@ def main(argv=None) -> int:
               + (" without transformers" if slow else "") + (f": {why}" if why else ""), flush=True)
         if not ok:
             failed.append(path.name)
+    if args.bench_json is not None:         # after the notebooks: these replace notebook 13's own
+        bench_records(args.bench_json, out)
     written = {p.stem for p in out.glob("*.json")}
     missing = [n for n in expected if n not in written]
     print(f"\n{len(written)} records in {out}; the notebooks run keep {len(expected)}"
