@@ -200,7 +200,10 @@ def run_case(case: Case, env: Env, floors: dict, rounds: int) -> list[dict]:
             us = statistics.median(times)
             row.update(us=us, us_rounds=times, timing=how)
             if name in case.notes:
-                row["note"] = case.notes[name]()
+                try:
+                    row["note"] = case.notes[name]()
+                except Exception as e:   # a note is a record beside the time: its failure is said, not fatal
+                    row["note"] = f"note failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             if case.bytes:
                 row["GBps"] = case.bytes / (us * 1e-6) / 1e9
                 if floors.get("copy_GBps"):

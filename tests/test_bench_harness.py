@@ -132,7 +132,8 @@ def test_a_case_may_carry_notes_a_time_limit_or_run_on_request_only(benchmark_mo
         wrong = {**impls, "wrong": lambda d: impls["triton"](d) * 1.1}
         return [harness.Case("noted", "T=3 H=8", rows, wrong, truth, bytes=100, notes={"triton": note, "wrong": note}),
                 harness.Case("late sweep", "T=3 H=8", rows, impls, truth, bytes=100, time_limit_s=0.0),
-                harness.Case("long sweep", "T=3 H=8", rows, impls, truth, bytes=100, on_request=True)]
+                harness.Case("long sweep", "T=3 H=8", rows, impls, truth, bytes=100, on_request=True,
+                             notes={"triton": lambda: 1 / 0})]
 
     result = harness.run(cases, "bench_extra", rounds=1, progress=False)
     assert [(r["case"], r["impl"]) for r in result["rows"]] == [
@@ -148,6 +149,7 @@ def test_a_case_may_carry_notes_a_time_limit_or_run_on_request_only(benchmark_mo
     result = harness.run(cases, "bench_extra", rounds=1, only="long sweep", progress=False)
     assert {r["case"] for r in result["rows"]} == {"long sweep"} and result["skipped"] == []
     assert all(r["ok"] and r["us"] > 0 for r in result["rows"])
+    assert result["rows"][0]["note"].startswith("note failed: ZeroDivisionError"), "a note that fails is said"
 
     assert harness.main("bench_extra", cases, "A benchmark with notes and sweeps.", ["--rounds", "1"]) == 1
     out = capsys.readouterr().out
