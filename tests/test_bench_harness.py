@@ -174,6 +174,25 @@ def test_bench_gemm_times_every_tiled_gemm_config_on_request(benchmark_module):
     assert {r["case"] for r in default["rows"]} == {"matmul prefill", "matmul configs"}
 
 
+def test_what_the_benchmarks_read_of_the_tuning_is_public():
+    """bench_gemm and bench_deltanet reach no private name: the tiled GEMM's candidates and the DeltaNet's picks have
+    public readers, which return copies and name what they expect."""
+    from qwen_lab.kernels import gemm
+    from qwen_lab.kernels.deltanet import tuning
+
+    x = torch.zeros(4, 64)
+    configs = gemm.matmul_candidates(x, torch.zeros(32, 64))
+    assert configs and all({"BLOCK_M", "BLOCK_N", "BLOCK_K"} <= set(c.kwargs) for c in configs)
+    assert gemm.matmul_candidates(x, torch.zeros(64, 64), swiglu=True)
+    for kernel in ("chunk_scan_kernel", "conv_decode_step_kernel"):
+        picks = tuning.picks(kernel)
+        assert isinstance(picks, dict)
+        picks["not a call"] = None
+        assert "not a call" not in tuning.picks(kernel), "a copy"
+    with pytest.raises(KeyError, match="expected one of chunk_scan_kernel, conv_decode_step_kernel"):
+        tuning.picks("chunk_prep_kernel")
+
+
 def test_relative_error_compares_every_output_and_refuses_another_shape(benchmark_module):
     _, harness = load(benchmark_module, "norms")
     a, b = torch.ones(4), torch.ones(4)
