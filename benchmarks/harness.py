@@ -21,9 +21,9 @@ A case may also carry notes (what a kernel's tuning picked, asked after its impl
 sweep that runs only when --only names it); a case left out is listed, with why, in the result's "skipped".
 
 The table goes to stdout, and with --json the result: {"gpu", "torch", "triton", "commit", "date", "floors", "rows",
-"skipped", ...}, one row per (case, implementation). On a CPU the same code runs the `tiny` config's shapes through the Triton
-interpreter, one wall-clock run each: the rows say that this is not a measurement (it tests the benchmark and its
-checks).
+"skipped", ...}, one row per (case, implementation). On a CPU the same code runs the `tiny` config's shapes through
+the Triton interpreter, one wall-clock run each: the rows say that this is not a measurement (it tests the benchmark
+and its checks).
 """
 
 from __future__ import annotations
