@@ -1,173 +1,68 @@
-"""Gated DeltaNet timings on Qwen3.5-0.8B shapes (bf16 inputs, fp32 state, one GPU).
+"""Gated DeltaNet (qwen_lab.kernels.deltanet) against PyTorch and flash-linear-attention, at Qwen3.5-0.8B's shapes.
 
-    python benchmarks/bench_deltanet.py [--out DIR] [--tokens 2048] [--no-fla]
+    python benchmarks/bench_deltanet.py [--json FILE] [--rounds N] [--only NAME]
 
-Prefill of T tokens (16 q/k and 16 value heads of 128; q, k, v strided views of the conv output, as the
-model passes them):
-- qwen_lab's `delta_rule_chunked` eagerly (two launches from Python, what the model's prefill pays) and
-  captured in a CUDA Graph (the kernels alone), with its per-kernel device times from torch.profiler;
-- flash-linear-attention's `chunk_gated_delta_rule` on the same inputs (made contiguous, with its own l2norm:
-  `use_qk_l2norm_in_kernel=True`), eagerly and, if it captures, in a graph; when `fla` imports;
-- `delta_rule_recurrent` on the same T tokens, one token after the other, for scale;
-- the relative error of each output (and final state) against qwen_lab.reference.
-Decode, one token: each DeltaNet kernel of a layer's step (conv1d, gates, the recurrent rule, the fused
-gates + rule, conv + fused) timed inside a CUDA Graph the way the model runs it: one call per layer-like copy
-of the state, enough copies to exceed twice the L2 cache so every state is read from memory, median replay
-time divided by the calls; the state's bytes (read + write) per call against the copy bandwidth; and one
-eager call, whose time is mostly the launch.
-The autotuner's choice and its timing of every config are recorded for each autotuned kernel.
-
-Writes DIR/bench_deltanet.json. Needs a CUDA GPU; prints what it skipped otherwise. About a minute on an
-H200 with compiling and autotuning (flash-linear-attention's own autotuning included).
+Bf16 inputs, an fp32 state; q, k and v strided views of the conv output, as the model passes them.
+- `delta_rule_chunked prefill` (a prompt's tokens): the two launches of the chunked form in a CUDA Graph (the kernels
+  alone; the note gives each kernel's device time from torch.profiler and the configs their tuning picked), launched
+  eagerly from Python (what the model's prefill pays without graphs), and allocating its output and workspace; the
+  recurrent kernel over the same tokens, one after the other, for scale; flash-linear-attention's
+  `chunk_gated_delta_rule` on the same inputs (made contiguous, q and k repeated to the value heads, its own l2norm:
+  `use_qk_l2norm_in_kernel=True`), a row only on a GPU where `fla` imports.
+- one decode token: `deltanet_gates`, `delta_rule_recurrent`, `deltanet_decode_step` (the gates inside, against
+  gates then the rule, two launches) and `deltanet_conv_decode_step` (the causal conv inside too, against the conv
+  then the decode step), each in a CUDA Graph and launched eagerly (then mostly the launch). Each call gets its own
+  copy of the state, as the model's layers do, enough copies to exceed twice the L2 cache: every state is read from
+  memory. The conv alone: benchmarks/bench_conv1d.py.
+Each checked against qwen_lab.reference: the output and the final state. Bytes: the inputs, the output and the
+state read and written once. On the harness of benchmarks/harness.py.
 """
 
-from __future__ import annotations
-
-import argparse
-import json
-import math
-import os
 import sys
-import time
-import traceback
 
 import torch
+import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-os.environ.setdefault("QWEN_LAB_TUNING_CACHE", "0")  # report what this run times, not an earlier process's record
-
-import qwen_lab  # noqa: E402,F401  (sets up the runtime before any kernel module is imported)
-from qwen_lab import reference, runtime  # noqa: E402
-from qwen_lab.course import checks  # noqa: E402
-from qwen_lab.config import QWEN35_0_8B as C  # noqa: E402
-
-COPY_BANDWIDTH = 4.2e12  # bytes/s, device-to-device copy on the H200 (PERF.md)
-DEVICE = "cuda"
-DTYPE = torch.bfloat16
-HK, HV, DK, DV = C.linear_num_key_heads, C.linear_num_value_heads, C.linear_key_head_dim, C.linear_value_head_dim
-CONV_DIM, W = C.linear_conv_dim, C.linear_conv_kernel_dim
+from harness import Case, main
+from qwen_lab import reference
+from qwen_lab.kernels import conv1d, deltanet
+from qwen_lab.kernels.deltanet import tuning
 
 
-def ms_of(fn, rep=60) -> float:
-    import triton.testing
-    return triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median")
-
-
-def graph_us(calls) -> float:
-    """Microseconds per call: `calls` captured in one CUDA Graph (warmed up first on a side stream), replayed."""
-    from qwen_lab.kernels import graph_time_us
-
-    return graph_time_us(calls, warmup=True, replays=50)
-
-
-def tuner_report(kernel) -> dict:
-    """The autotuner's pick and its median time (ms) for every config it tried."""
-    best = getattr(kernel, "best_config", None)
-    timings = getattr(kernel, "configs_timings", None) or {}
-    return dict(best=str(best) if best is not None else None,
-                timings_ms={str(c): (t[0] if isinstance(t, (list, tuple)) else t) for c, t in timings.items()})
-
-
-def layer_inputs(T, gen, hv: int = HV):
-    """What a DeltaNet layer's kernels receive: views of the in-projection / conv output, gates, a state. `hv`
-    value heads against the 0.8B's key heads and head sizes (the larger Qwen3.5s have 32 or 48 against 16)."""
-    conv_dim = 2 * HK * DK + hv * DV                      # q, k, v channels (the 0.8B's linear_conv_dim at hv = HV)
-    proj = torch.randn(T, conv_dim + hv * DV + 2 * hv, generator=gen, device=DEVICE).to(DTYPE)  # + z, b, a
-    conv_out = torch.nn.functional.silu(torch.randn(T, conv_dim, generator=gen, device=DEVICE)).to(DTYPE)
-    kd = HK * DK
-    q = conv_out[:, :kd].unflatten(1, (HK, DK))
-    k = conv_out[:, kd:2 * kd].unflatten(1, (HK, DK))
-    v = conv_out[:, 2 * kd:].unflatten(1, (hv, DV))
-    b = proj[:, conv_dim + hv * DV:conv_dim + hv * DV + hv]
-    a = proj[:, conv_dim + hv * DV + hv:]
-    A_log = torch.empty(hv, device=DEVICE).uniform_(0.05, 4.0, generator=gen).log()
-    dt_bias = torch.randn(hv, generator=gen, device=DEVICE) - 1.0
+def layer_inputs(env, T: int, seed: int, hv: int | None = None) -> dict:
+    """What a DeltaNet layer's kernels receive for T tokens: the in-projection's output `proj` (q | k | v | z | b | a
+    channels), q, k, v as views of the conv output, the gates' inputs and outputs, a state. `hv` value heads against
+    the config's key heads and head sizes (the larger Qwen3.5s have 32 or 48 against 16)."""
+    c = env.config
+    Hk, Dk, Dv = c.linear_num_key_heads, c.linear_key_head_dim, c.linear_value_head_dim
+    hv = hv or c.linear_num_value_heads
+    conv_dim, kd = 2 * Hk * Dk + hv * Dv, Hk * Dk
+    proj = env.randn(T, conv_dim + hv * Dv + 2 * hv, seed=seed)
+    conv_out = F.silu(env.randn(T, conv_dim, seed=seed + 1000, dtype=torch.float32)).to(env.dtype)
+    b = proj[:, conv_dim + hv * Dv:conv_dim + hv * Dv + hv]
+    a = proj[:, conv_dim + hv * Dv + hv:]
+    # A_log = log of a decay rate in [0.05, 4], dt_bias around -1: gates like a trained layer's
+    A_log = (env.randn(hv, seed=seed + 2000, dtype=torch.float32).sigmoid() * 3.95 + 0.05).log()
+    dt_bias = env.randn(hv, seed=seed + 3000, dtype=torch.float32) - 1.0
     g, beta = reference.deltanet_gates(a, b, A_log, dt_bias)
-    state = torch.randn(hv, DK, DV, generator=gen, device=DEVICE) * 0.5
-    return dict(proj=proj, q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, g=g, beta=beta, state=state)
+    return {"proj": proj, "q": conv_out[:, :kd].unflatten(1, (Hk, Dk)),
+            "k": conv_out[:, kd:2 * kd].unflatten(1, (Hk, Dk)), "v": conv_out[:, 2 * kd:].unflatten(1, (hv, Dv)),
+            "a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta,
+            "state": env.randn(hv, Dk, Dv, seed=seed + 4000, scale=0.5, dtype=torch.float32)}
 
 
-def prefill(T, gen, use_fla, result):
-    from qwen_lab.kernels import deltanet
-    from qwen_lab.kernels.deltanet import tuning
-
-    d = layer_inputs(T, gen)
-    qkvgb = [d[n] for n in ("q", "k", "v", "g", "beta")]
-    ref_state = d["state"].clone()
-    ref = reference.delta_rule_chunked(*qkvgb, ref_state)
-    row = dict(tokens=T, heads=f"Hk={HK} Hv={HV} Dk={DK} Dv={DV}")
-
-    out = torch.empty(T, HV, DV, dtype=DTYPE, device=DEVICE)
-    ws = deltanet.chunk_workspace(T, HV, DK, DV, DTYPE, DEVICE)
-    state = d["state"].clone()
-    t0 = time.time()
-    deltanet.delta_rule_chunked(*qkvgb, state, out=out, workspace=ws)
-    torch.cuda.synchronize()
-    row["ours_first_call_s"] = time.time() - t0  # compile + autotune
-    state.copy_(d["state"])
-    deltanet.delta_rule_chunked(*qkvgb, state, out=out, workspace=ws)
-    # Copies: the timed calls below write `out` again (from a state that keeps changing), and so does the
-    # recurrent kernel's timing; flash-linear-attention must be compared with this call's results.
-    ours_out, ours_state = out.clone(), state.clone()
-    row["ours_rel_err_out"] = checks.relative_error(ours_out, ref)
-    row["ours_rel_err_state"] = checks.relative_error(ours_state, ref_state)
-    scratch = d["state"].clone()  # timed calls keep updating it; the decays keep it bounded
-    row["ours_eager_ms"] = ms_of(lambda: deltanet.delta_rule_chunked(*qkvgb, scratch, out=out, workspace=ws))
-    row["ours_eager_alloc_ms"] = ms_of(lambda: deltanet.delta_rule_chunked(*qkvgb, scratch))
-    row["ours_graph_ms"] = graph_us([lambda: deltanet.delta_rule_chunked(*qkvgb, scratch, out=out, workspace=ws)]) / 1e3
-    row["ours_kernels_us"] = profile_kernels(lambda: deltanet.delta_rule_chunked(*qkvgb, scratch, out=out, workspace=ws))
-    # the scan's config is picked by its launcher, timed beside the prep (tuning._pick_in_place), not by the autotuner
-    scan_picks = tuning._PICKS["chunk_scan_kernel"]
-    row["tuning"] = {"chunk_prep_kernel": tuner_report(deltanet.chunk_prep_kernel),
-                     "chunk_scan_kernel": {str(k): str(c) for k, c in scan_picks.items()}}
-
-    rec_state = d["state"].clone()
-    rec_out = deltanet.delta_rule_recurrent(*qkvgb, rec_state)
-    row["recurrent_rel_err_out"] = checks.relative_error(rec_out, ref)
-    row["recurrent_eager_ms"] = ms_of(lambda: deltanet.delta_rule_recurrent(*qkvgb, scratch, out=out), rep=30)
-
-    if use_fla:
-        try:
-            from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-        except Exception as e:  # not installed here, or a broken install
-            row["fla"] = f"not importable: {type(e).__name__}: {e}"
-        else:
-            row["fla"] = fla_rows(chunk_gated_delta_rule, d, qkvgb, ref, ref_state, ours_out, ours_state)
-    result["prefill"] = row
-
-
-def fla_rows(chunk_gated_delta_rule, d, qkvgb, ref, ref_state, ours_out, ours_state):
-    import fla
-
-    q, k, v, g, beta = (x.contiguous()[None] for x in qkvgb)
-    init = d["state"].clone()[None]
-
-    def call():
-        return chunk_gated_delta_rule(q, k, v, g, beta, initial_state=init, output_final_state=True,
-                                      use_qk_l2norm_in_kernel=True)
-
-    r = dict(version=getattr(fla, "__version__", "?"))
-    t0 = time.time()
-    o, s = call()
-    torch.cuda.synchronize()
-    r["first_call_s"] = time.time() - t0
-    r["rel_err_out"] = checks.relative_error(o[0], ref)
-    r["rel_err_state"] = checks.relative_error(s[0], ref_state)
-    r["rel_err_vs_ours"] = checks.relative_error(o[0], ours_out)
-    r["rel_err_state_vs_ours"] = checks.relative_error(s[0], ours_state)
-    r["eager_ms"] = ms_of(call)
+def fla_rule():
+    """flash-linear-attention's chunk_gated_delta_rule and its version, or None where it does not import."""
     try:
-        r["graph_ms"] = graph_us([call]) / 1e3
-    except Exception as e:  # some versions synchronise inside (e.g. to size chunk indices)
-        r["graph_ms"] = None
-        r["graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-        torch.cuda.synchronize()
-    r["kernels_us"] = profile_kernels(call)
-    return r
+        import fla
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception:   # not installed, or a broken install: no row
+        return None
+    return chunk_gated_delta_rule, getattr(fla, "__version__", "?")
 
 
-def profile_kernels(fn, iters=5) -> dict:
-    """Average device time per call of each kernel `fn` launches (microseconds), from torch.profiler."""
+def kernel_times(fn, iters: int = 5) -> str:
+    """Each kernel fn launches, with its average device time per call (torch.profiler), longest first."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -178,134 +73,161 @@ def profile_kernels(fn, iters=5) -> dict:
         torch.cuda.synchronize()
     times: dict = {}
     for e in prof.key_averages():
-        device_us = getattr(e, "device_time_total", None)
-        if device_us is None:
-            device_us = getattr(e, "cuda_time_total", 0.0)
-        if device_us and e.key and not e.key.startswith("Memcpy"):
-            times[e.key] = times.get(e.key, 0.0) + device_us / iters
-    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
+        us = getattr(e, "device_time_total", None)
+        us = getattr(e, "cuda_time_total", 0.0) if us is None else us
+        if us and e.key and not e.key.startswith("Memcpy"):
+            times[e.key] = times.get(e.key, 0.0) + us / iters
+    return ", ".join(f"{k[:40]} {us:.1f} us" for k, us in sorted(times.items(), key=lambda kv: -kv[1]))
 
 
-def decode(gen, l2_bytes, result):
-    from qwen_lab.kernels import conv1d, deltanet
-
-    state_bytes = HV * DK * DV * 4
-    copies = max(16, math.ceil(2 * l2_bytes / state_bytes))
-    d = layer_inputs(1, gen)
-    q, k, v, a, b, A_log, dt_bias, g, beta = (d[n] for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias", "g", "beta"))
-    states = [d["state"].clone() for _ in range(copies)]
-    conv_states = [torch.randn(CONV_DIM, W - 1, generator=gen, device=DEVICE).to(DTYPE) for _ in range(copies)]
-    conv_w = torch.randn(CONV_DIM, W, generator=gen, device=DEVICE).to(DTYPE)
-    x = d["proj"][:, :CONV_DIM]
-    o = torch.empty(1, HV, DV, dtype=DTYPE, device=DEVICE)
-    y = torch.empty(1, CONV_DIM, dtype=DTYPE, device=DEVICE)
-    g_out, beta_out = torch.empty(1, HV, device=DEVICE), torch.empty(1, HV, device=DEVICE)
-
-    # correctness of the step on these inputs
-    ref_state = d["state"].clone()
-    ref = reference.delta_rule_recurrent(q, k, v, g, beta, ref_state)
-    s = d["state"].clone()
-    fused = deltanet.deltanet_decode_step(q, k, v, a, b, A_log, dt_bias, s)
-    rows = dict(state_copies=copies, state_MB=state_bytes / 1e6,
-                fused_rel_err_out=checks.relative_error(fused, ref), fused_rel_err_state=checks.relative_error(s, ref_state))
-
-    steps = {
-        "conv1d": lambda i: conv1d.causal_conv1d(x, conv_w, conv_states[i], out=y),
-        "gates": lambda i: deltanet.deltanet_gates(a, b, A_log, dt_bias, g_out=g_out, beta_out=beta_out),
-        "delta_rule_recurrent": lambda i: deltanet.delta_rule_recurrent(q, k, v, g, beta, states[i], out=o),
-        "deltanet_decode_step": lambda i: deltanet.deltanet_decode_step(q, k, v, a, b, A_log, dt_bias, states[i],
-                                                                         out=o),
-        "gates_then_recurrent": lambda i: (deltanet.deltanet_gates(a, b, A_log, dt_bias, g_out=g_out,
-                                                                   beta_out=beta_out),
-                                           deltanet.delta_rule_recurrent(q, k, v, g_out, beta_out, states[i], out=o)),
-        "conv1d_then_decode_step": lambda i: (conv1d.causal_conv1d(x, conv_w, conv_states[i], out=y),
-                                              deltanet.deltanet_decode_step(q, k, v, a, b, A_log, dt_bias, states[i],
-                                                                            out=o)),
-    }
-    timings = {}
-    for name, step in steps.items():
-        us = graph_us([lambda i=i, step=step: step(i) for i in range(copies)])
-        eager = ms_of(lambda step=step: step(0), rep=30) * 1e3
-        row = dict(graph_us=us, eager_us=eager)
-        if name in ("delta_rule_recurrent", "deltanet_decode_step"):
-            moved = 2 * state_bytes + 2 * (2 * HK * DK + 2 * HV * DV)
-            row.update(bytes=moved, GBps=moved / (us * 1e-6) / 1e9, pct_of_copy=moved / (us * 1e-6) / COPY_BANDWIDTH)
-        timings[name] = row
-    rows["steps"] = timings
-    rows["tuning"] = {"delta_rule_recurrent_kernel": tuner_report(deltanet.delta_rule_recurrent_kernel)}
-    result["decode"] = rows
+def best_config(kernel) -> str:
+    """The pick of the kernel's Triton autotuner (none under the interpreter, or before its first call)."""
+    return str(getattr(kernel, "best_config", None))
 
 
-def print_tables(result):
-    p = result.get("prefill")
-    if p:
-        print(f"\nPrefill, {p['tokens']} tokens, {p['heads']}, bf16 in / fp32 state")
-        print(f"  qwen_lab delta_rule_chunked: eager {p['ours_eager_ms']:.3f} ms (allocating {p['ours_eager_alloc_ms']:.3f}), "
-              f"graph {p['ours_graph_ms']:.3f} ms; rel err out {p['ours_rel_err_out']:.2e}, state "
-              f"{p['ours_rel_err_state']:.2e}")
-        for name, us in p["ours_kernels_us"].items():
-            print(f"      {name[:60]:60s} {us:8.1f} us")
-        fla = p.get("fla")
-        if isinstance(fla, dict):
-            graph = f"{fla['graph_ms']:.3f} ms" if fla.get("graph_ms") is not None else "n/a"
-            print(f"  fla {fla['version']} chunk_gated_delta_rule: eager {fla['eager_ms']:.3f} ms, graph {graph}; rel err "
-                  f"out {fla['rel_err_out']:.2e}, state {fla['rel_err_state']:.2e}; vs ours: out "
-                  f"{fla['rel_err_vs_ours']:.2e}, state {fla['rel_err_state_vs_ours']:.2e}")
-            for name, us in fla["kernels_us"].items():
-                print(f"      {name[:60]:60s} {us:8.1f} us")
-        elif fla:
-            print(f"  fla: {fla}")
-        print(f"  delta_rule_recurrent over the same tokens: {p['recurrent_eager_ms']:.3f} ms "
-              f"(rel err {p['recurrent_rel_err_out']:.2e})")
-    dd = result.get("decode")
-    if dd:
-        print(f"\nDecode step, one token, per call inside a CUDA Graph ({dd['state_copies']} state copies of "
-              f"{dd['state_MB']:.1f} MB rotated past L2)")
-        print(f"  {'step':26s} {'graph us':>9s} {'eager us':>9s} {'GB/s':>7s} {'%copy':>6s}")
-        for name, r in dd["steps"].items():
-            bw = f"{r['GBps']:7.0f} {100 * r['pct_of_copy']:5.0f}%" if "GBps" in r else ""
-            print(f"  {name:26s} {r['graph_us']:9.2f} {r['eager_us']:9.2f} {bw}")
+def with_state(fn, *states):
+    """fn(d) -> (its output, then the states it updated in place): what is checked."""
+    return lambda d: (fn(d), *(d[s] for s in states))
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=".", help="directory for bench_deltanet.json (default: here)")
-    parser.add_argument("--tokens", type=int, default=2048, help="prefill length (default 2048)")
-    parser.add_argument("--no-fla", action="store_true", help="skip flash-linear-attention")
-    args = parser.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "bench_deltanet.json")
+def prefill_cases(env):
+    c, es, T = env.config, env.dtype.itemsize, env.tokens
+    Hk, Hv, Dk, Dv = c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
+    fla = fla_rule() if env.gpu else None   # its kernels do not run in the interpreter
 
-    if not torch.cuda.is_available() or runtime.interpreter_active():
-        msg = "skipped: bench_deltanet needs a CUDA GPU (this machine runs kernels in the Triton interpreter)"
-        print(msg)
-        with open(path, "w") as fh:
-            json.dump({"skipped": msg}, fh, indent=1)
-        return 0
+    def inputs(seed):
+        d = layer_inputs(env, T, seed)
+        d["out"] = torch.empty(T, Hv, Dv, device=env.device, dtype=env.dtype)
+        d["ws"] = deltanet.chunk_workspace(T, Hv, Dk, Dv, env.dtype, env.device)
+        if fla:   # contiguous, batch first, each q/k head repeated for its value heads; its state a copy
+            rep = Hv // Hk
+            d["fla"] = [x.repeat_interleave(rep, dim=1).contiguous()[None] for x in (d["q"], d["k"])] + \
+                       [d[n].contiguous()[None] for n in ("v", "g", "beta")] + [d["state"].clone()[None]]
+        return d
 
-    import triton
+    def qkvgb(d):
+        return d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"]
 
-    started = time.time()
-    props = torch.cuda.get_device_properties(0)
-    l2_bytes = getattr(props, "L2_cache_size", 50 * 2**20)
-    gen = torch.Generator(device=DEVICE).manual_seed(0)
-    result = dict(gpu=props.name, sm_count=props.multi_processor_count, l2_bytes=l2_bytes, torch=torch.__version__,
-                  triton=triton.__version__, reference_bandwidth_GBps=COPY_BANDWIDTH / 1e9, errors={})
-    for name, section in (("prefill", lambda: prefill(args.tokens, gen, not args.no_fla, result)),
-                          ("decode", lambda: decode(gen, l2_bytes, result))):
-        try:
-            section()
-        except Exception as e:  # keep the other section's numbers; say what broke
-            result["errors"][name] = traceback.format_exc()
-            print(f"{name} failed: {type(e).__name__}: {e}")
-        torch.cuda.empty_cache()
-    result["elapsed_s"] = time.time() - started
-    with open(path, "w") as fh:
-        json.dump(result, fh, indent=1, default=str)
-    print_tables(result)
-    print(f"\n{result['elapsed_s']:.0f} s; wrote {path}")
-    return 1 if result["errors"] else 0
+    def chunked(d):
+        return deltanet.delta_rule_chunked(*qkvgb(d), out=d["out"], workspace=d["ws"])
+
+    impls = {"triton": with_state(chunked, "state"),
+             "triton, eager": with_state(chunked, "state"),
+             "triton allocating, eager": with_state(lambda d: deltanet.delta_rule_chunked(*qkvgb(d)), "state"),
+             "triton recurrent": with_state(lambda d: deltanet.delta_rule_recurrent(*qkvgb(d), out=d["out"]),
+                                            "state"),
+             "torch reference": with_state(lambda d: reference.delta_rule_chunked(*qkvgb(d)), "state")}
+    notes = {"triton": lambda: chunked_note(env, chunked, inputs(0))}
+    if fla:
+        rule, version = fla
+
+        def fla_call(d):
+            q, k, v, g, beta, s0 = d["fla"]
+            o, s = rule(q, k, v, g, beta, initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+            return o[0], s[0]
+        impls[f"fla {version} chunk_gated_delta_rule"] = fla_call
+        notes[f"fla {version} chunk_gated_delta_rule"] = (
+            lambda: kernel_times(lambda d=inputs(0): fla_call(d)))
+    return [Case(
+        "delta_rule_chunked prefill", f"T={T} Hk={Hk} Hv={Hv} Dk={Dk} Dv={Dv}", inputs, impls,
+        with_state(lambda d: reference.delta_rule_chunked(*qkvgb(d)), "state"),
+        bytes=T * (2 * Hk * Dk + 2 * Hv * Dv) * es + 2 * T * Hv * 4 + 2 * Hv * Dk * Dv * 4,
+        eager=frozenset({"triton, eager", "triton allocating, eager"}), notes=notes)]
+
+
+def chunked_note(env, chunked, d) -> str:
+    """The chunked form's tuning picks, and on a GPU each of its kernels' device times."""
+    said = (f"prep: {best_config(deltanet.chunk_prep_kernel)}; scan: "
+            f"{'; '.join(str(c) for c in tuning.picks('chunk_scan_kernel').values()) or 'no pick'}")
+    return said + (f"; {kernel_times(lambda: chunked(d))}" if env.gpu else "")
+
+
+def decode_cases(env):
+    c, es = env.config, env.dtype.itemsize
+    Hk, Hv, Dk, Dv = c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
+    C, W = c.linear_conv_dim, c.linear_conv_kernel_dim
+    state_bytes = 2 * Hv * Dk * Dv * 4                     # read and written
+    qkvo_bytes = (2 * Hk * Dk + 2 * Hv * Dv) * es
+
+    def inputs(seed):
+        d = layer_inputs(env, 1, seed)
+        d.update(out=torch.empty(1, Hv, Dv, device=env.device, dtype=env.dtype),
+                 g_out=torch.empty(1, Hv, device=env.device), beta_out=torch.empty(1, Hv, device=env.device),
+                 qkv=d["proj"][:, :C], conv_w=env.randn(C, W, seed=7, scale=0.5),
+                 conv_state=env.randn(C, W - 1, seed=seed + 5000),
+                 y=torch.empty(1, C, device=env.device, dtype=env.dtype))
+        return d
+
+    def gates(d):
+        return deltanet.deltanet_gates(d["a"], d["b"], d["A_log"], d["dt_bias"], g_out=d["g_out"],
+                                       beta_out=d["beta_out"])
+
+    def recurrent(d):
+        return deltanet.delta_rule_recurrent(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"], out=d["out"])
+
+    def step(d, q="q", k="k", v="v"):
+        return deltanet.deltanet_decode_step(d[q], d[k], d[v], d["a"], d["b"], d["A_log"], d["dt_bias"],
+                                             d["state"], out=d["out"])
+
+    def gates_then_rule(d):
+        g, beta = gates(d)
+        return deltanet.delta_rule_recurrent(d["q"], d["k"], d["v"], g, beta, d["state"], out=d["out"])
+
+    def conv_step(d):
+        return deltanet.deltanet_conv_decode_step(d["qkv"], d["conv_w"], d["conv_state"], d["a"], d["b"], d["A_log"],
+                                                  d["dt_bias"], d["state"], Hk, Dk, Hv, Dv, out=d["out"])
+
+    def conv_then_step(d):
+        y = conv1d.causal_conv1d(d["qkv"], d["conv_w"], d["conv_state"], out=d["y"])
+        kd = Hk * Dk
+        d.update(yq=y[:, :kd].unflatten(1, (Hk, Dk)), yk=y[:, kd:2 * kd].unflatten(1, (Hk, Dk)),
+                 yv=y[:, 2 * kd:].unflatten(1, (Hv, Dv)))
+        return step(d, "yq", "yk", "yv")
+
+    def ref_step(d):
+        return reference.deltanet_decode_step(d["q"], d["k"], d["v"], d["a"], d["b"], d["A_log"], d["dt_bias"],
+                                              d["state"])
+
+    def ref_conv_step(d):
+        return reference.deltanet_conv_decode_step(d["qkv"], d["conv_w"], d["conv_state"], d["a"], d["b"], d["A_log"],
+                                                   d["dt_bias"], d["state"], Hk, Dk, Hv, Dv)
+
+    def ref_rule(d):
+        return reference.delta_rule_recurrent(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"])
+
+    eager = frozenset({"triton, eager"})
+    conv_bytes = (C + C * W + 2 * C * (W - 1)) * es
+    return [
+        Case("deltanet_gates decode", f"Hv={Hv}", inputs,
+             {"triton": gates, "torch reference": lambda d: reference.deltanet_gates(d["a"], d["b"], d["A_log"],
+                                                                                     d["dt_bias"])},
+             lambda d: reference.deltanet_gates(d["a"], d["b"], d["A_log"], d["dt_bias"]),
+             bytes=2 * Hv * es + 2 * Hv * 4 + 2 * Hv * 4),
+        Case("delta_rule_recurrent decode", f"Hk={Hk} Hv={Hv} Dk={Dk} Dv={Dv}", inputs,
+             {"triton": with_state(recurrent, "state"), "triton, eager": with_state(recurrent, "state"),
+              "torch reference": with_state(ref_rule, "state")},
+             with_state(ref_rule, "state"), bytes=state_bytes + qkvo_bytes + 2 * Hv * 4, eager=eager,
+             notes={"triton": lambda: f"autotuner's pick: {best_config(deltanet.delta_rule_recurrent_kernel)}"}),
+        Case("deltanet_decode_step", f"Hk={Hk} Hv={Hv} Dk={Dk} Dv={Dv}", inputs,
+             {"triton": with_state(step, "state"), "triton, eager": with_state(step, "state"),
+              "triton gates + recurrent": with_state(gates_then_rule, "state"),
+              "torch reference": with_state(ref_step, "state")},
+             with_state(ref_step, "state"), bytes=state_bytes + qkvo_bytes + 2 * Hv * es, eager=eager),
+        Case("deltanet_conv_decode_step", f"C={C} W={W} Hk={Hk} Hv={Hv} Dk={Dk} Dv={Dv}", inputs,
+             {"triton": with_state(conv_step, "state", "conv_state"),
+              "triton, eager": with_state(conv_step, "state", "conv_state"),
+              "triton conv1d + decode step": with_state(conv_then_step, "state", "conv_state"),
+              "torch reference": with_state(ref_conv_step, "state", "conv_state")},
+             with_state(ref_conv_step, "state", "conv_state"),
+             bytes=state_bytes + conv_bytes + Hv * Dv * es + 2 * Hv * es, eager=eager,
+             notes={"triton": lambda: "picked: " + ("; ".join(str(c) for c in tuning.picks(
+                 "conv_decode_step_kernel").values()) or "none")}),
+    ]
+
+
+def cases(env):
+    return prefill_cases(env) + decode_cases(env)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main("bench_deltanet", cases, __doc__))

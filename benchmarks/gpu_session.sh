@@ -6,6 +6,7 @@
 #   TEST_FILES="tests/test_conv1d.py tests/test_attention.py" bash benchmarks/gpu_session.sh tests   (chosen files)
 #   SAVE_TRITON_CACHE=1 bash benchmarks/gpu_session.sh tests   (then .tcache/triton-cache.tar.xz for the next call)
 #   FAMILIES="norms rope" bash benchmarks/gpu_session.sh families   (some of the kernel families' benchmarks)
+#   bash benchmarks/gpu_session.sh kernels   (the gemm and deltanet families' benchmarks alone)
 #   AB_SWITCH=QWEN_LAB_DETERMINISTIC=0,1 AB_ROUNDS=3 bash benchmarks/gpu_session.sh ab   (one switch's A/B)
 #   bash benchmarks/gpu_session.sh record   (not part of all: the notebooks' recorded GPU results, into $OUT/records)
 # On a machine with two GPUs, run the timing targets on one and the tests and notebooks on the other:
@@ -66,19 +67,20 @@ if want bench; then
   PYTHONPATH="$FLA_PATH" timeout ${BENCH_TIMEOUT:-420} python3 -m qwen_lab.bench --model qwen3.5-0.8b --prefill-len 2048 --decode-steps 64 \
       --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | grep -v "falling back" | tee "$OUT/bench.txt"
 fi
-if want kernels; then
-  timeout 150 python3 benchmarks/bench_gemv.py --out "$OUT" 2>&1 | tail -n 60 | tee "$OUT/gemv.txt"
-  PYTHONPATH="$FLA_PATH" timeout 120 python3 benchmarks/bench_deltanet.py --out "$OUT" 2>&1 | tail -n 40 | tee "$OUT/deltanet.txt"
-fi
-if want families; then
-  # one benchmark per kernel family on the shared harness (benchmarks/harness.py): each implementation checked
-  # against the reference, then timed in a CUDA Graph; a table each, and $OUT/bench_<family>.json
-  for family in ${FAMILIES:-norms attention rope embedding conv1d activations sampling}; do
-    timeout ${FAMILY_TIMEOUT:-180} python3 benchmarks/bench_$family.py --json "$OUT/bench_$family.json" \
-        2>"$OUT/bench_$family.log" | tee "$OUT/bench_$family.txt"
-    tail -n 3 "$OUT/bench_$family.log"   # a failed check, or an error
-  done
-fi
+# one benchmark per kernel family on the shared harness (benchmarks/harness.py): each implementation checked against
+# the reference, then timed in a CUDA Graph; a table each, and $OUT/bench_<family>.json. `kernels`: the two longest,
+# gemm (every projection's decode plans, the prefill GEMMs, the SPLIT_K sweep) and deltanet (flash-linear-attention
+# beside the chunked rule, where its wheel is carried); `families`: every family (FAMILIES: some of them)
+families=""
+if want families; then families="${FAMILIES:-norms attention rope embedding conv1d activations sampling gemm deltanet}"; fi
+if want kernels; then for f in gemm deltanet; do [[ " $families " == *" $f "* ]] || families="$families $f"; done; fi
+for family in $families; do
+  # gemm compiles and times every decode plan of six shapes: the longest (its sweep stops adding cases at 150 s)
+  limit=${FAMILY_TIMEOUT:-$([ "$family" = gemm ] && echo 300 || echo 180)}
+  PYTHONPATH="$FLA_PATH" timeout "$limit" python3 benchmarks/bench_$family.py --json "$OUT/bench_$family.json" \
+      2>"$OUT/bench_$family.log" | tee "$OUT/bench_$family.txt"
+  tail -n 3 "$OUT/bench_$family.log"   # a failed check, or an error
+done
 if want ab; then
   # the same-process A/B of one public switch (python -m qwen_lab.bench ab), prefill and decode, both orders
   timeout ${AB_TIMEOUT:-480} python3 -m qwen_lab.bench ab --switch "${AB_SWITCH:-QWEN_LAB_PDL=0,1}" \

@@ -16,10 +16,14 @@ A benchmark is a function `cases(env) -> [Case]`: one operator at one shape each
 3. each row gets GB/s and TFLOP/s, and their shares of the floors measured in the same run (qwen_lab.bench:
    the copy bandwidth, bytes read + written; the dense matmul rate in the model's dtype).
 
+A case may also carry notes (what a kernel's tuning picked, asked after its implementation is timed: the row's
+"note"), a time limit (a long sweep runs only while the benchmark has run less than that long) and `on_request` (a
+sweep that runs only when --only names it); a case left out is listed, with why, in the result's "skipped".
+
 The table goes to stdout, and with --json the result: {"gpu", "torch", "triton", "commit", "date", "floors", "rows",
-...}, one row per (case, implementation). On a CPU the same code runs the `tiny` config's shapes through the Triton
-interpreter, one wall-clock run each: the rows say that this is not a measurement (it tests the benchmark and its
-checks).
+"skipped", ...}, one row per (case, implementation). On a CPU the same code runs the `tiny` config's shapes through
+the Triton interpreter, one wall-clock run each: the rows say that this is not a measurement (it tests the benchmark
+and its checks).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -86,7 +90,10 @@ class Case:
     operator returns what it wrote); `truth`: fn(inputs), the reference's result. `bytes`: the least one call must
     read and write; `flops`: what it must compute (0 for data movement). `eager`: implementations known to
     synchronise with the host (timed without a graph). `compare(got, want)` -> an error to hold against `tol`
-    (default: the relative error of the outputs, tol by dtype)."""
+    (default: the relative error of the outputs, tol by dtype). `notes`: implementation name -> fn() returning a
+    line for its row, asked once it is timed (e.g. the config its tuning picked). `time_limit_s`: left out once
+    the benchmark has run this many seconds (a sweep that fills the time left). `on_request`: run only when
+    --only names it (a sweep too long for every run)."""
     name: str
     shape: str
     inputs: Callable[[int], dict]
@@ -97,6 +104,9 @@ class Case:
     eager: frozenset = frozenset()
     compare: Callable[[Any, Any], float] | None = None
     tol: float | None = None
+    notes: dict[str, Callable[[], str | None]] = field(default_factory=dict)
+    time_limit_s: float | None = None
+    on_request: bool = False
 
 
 def relative_error(got, want) -> float:
@@ -189,6 +199,11 @@ def run_case(case: Case, env: Env, floors: dict, rounds: int) -> list[dict]:
             times, how = time_impl(fn, inputs, env, rounds, name in case.eager)
             us = statistics.median(times)
             row.update(us=us, us_rounds=times, timing=how)
+            if name in case.notes:
+                try:
+                    row["note"] = case.notes[name]()
+                except Exception as e:   # a note is a record beside the time: its failure is said, not fatal
+                    row["note"] = f"note failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             if case.bytes:
                 row["GBps"] = case.bytes / (us * 1e-6) / 1e9
                 if floors.get("copy_GBps"):
@@ -202,16 +217,30 @@ def run_case(case: Case, env: Env, floors: dict, rounds: int) -> list[dict]:
     return rows
 
 
+def skipped_why(case: Case, only: str | None, elapsed_s: float) -> str | None:
+    """Why the case is left out of this run (None: it runs). A case --only does not name is left out unlisted."""
+    if case.on_request and not only:
+        return f"runs on request only: --only '{case.name}'"
+    if case.time_limit_s is not None and elapsed_s >= case.time_limit_s:
+        return f"past its time limit: the benchmark had run {elapsed_s:.0f} s of {case.time_limit_s:g}"
+    return None
+
+
 def run(cases: Callable[[Env], list], name: str, rounds: int = 5, only: str | None = None,
         progress: bool = True) -> dict:
     """Every case of the benchmark `cases` (those whose name contains `only`) -> the result as written to JSON."""
+    started = time.perf_counter()
     env = environment()
     floors = bench.measure_floors(env.device, env.dtype)
     result = {"benchmark": name, **bench.run_info(env.device), "dtype": str(env.dtype).removeprefix("torch."),
               "config": env.config.name, "tokens": env.tokens, "rounds": rounds if env.gpu else 1,
-              "floors": floors, "measured": env.gpu, "rows": []}
+              "floors": floors, "measured": env.gpu, "rows": [], "skipped": []}
     for case in cases(env):
         if only and only not in case.name:
+            continue
+        why = skipped_why(case, only, time.perf_counter() - started)
+        if why:
+            result["skipped"].append({"case": case.name, "shape": case.shape, "why": why})
             continue
         if progress:
             print(f"{name}: {case.name} {case.shape}", file=sys.stderr, flush=True)
@@ -237,11 +266,13 @@ def format_table(result: dict) -> str:
     lines += ["", "| case | shape | impl | us | GB/s | % copy | TFLOP/s | % matmul | error | timing |",
               "|" + " --- |" * 10]
     for r in result["rows"]:
-        err = r["note"] or f"{r['error']:.1e}" + ("" if r["ok"] else f" > {r['tol']:g} FAILED")
+        err = f"{r['error']:.1e}" + ("" if r["ok"] else f" > {r['tol']:g} FAILED")
+        err = f"{err}; {r['note']}" if r["note"] and math.isfinite(r["error"]) else r["note"] or err
         share = lambda x: "-" if x is None else f"{x:.0%}"  # noqa: E731
         lines.append(f"| {r['case']} | {r['shape']} | {r['impl']} | {_fmt(r['us'], '.2f')} | "
                      f"{bench.format_rate(r['GBps'])} | {share(r['copy_share'])} | {bench.format_rate(r['TFLOPs'])} | "
                      f"{share(r['matmul_share'])} | {err} | {r['timing'] or 'not timed'} |")
+    lines += [f"skipped: {s['case']} ({s['shape']}): {s['why']}" for s in result.get("skipped", [])]
     return "\n".join(lines)
 
 

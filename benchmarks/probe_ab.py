@@ -66,13 +66,14 @@ def deltanet_layer_calls(tokens: int, value_heads: int | None = None):
     have), one call per DeltaNet layer (each with its own state and output, all through one workspace), on a
     prompt of `tokens`: -> (calls, states, outputs)."""
     from bench_deltanet import layer_inputs  # a DeltaNet layer's inputs at 0.8B's shapes, as the model passes them
+    from harness import Env
 
     from qwen_lab.config import QWEN35_0_8B as cfg
     from qwen_lab.kernels import deltanet
 
     H, D = value_heads or cfg.linear_num_value_heads, cfg.linear_key_head_dim
     dev, bf = "cuda", torch.bfloat16
-    d = layer_inputs(tokens, torch.Generator(device=dev).manual_seed(0), H)
+    d = layer_inputs(Env(torch.device(dev), bf, cfg, tokens, True), tokens, seed=0, hv=H)
     q, k, v, a, b, A_log, dt_bias = (d[n] for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias"))
     states = [d["state"].clone() for _ in range(cfg.num_linear_layers)]
     outs = [torch.empty(tokens, H, D, device=dev, dtype=bf) for _ in states]

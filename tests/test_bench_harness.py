@@ -16,11 +16,11 @@ import torch
 
 from qwen_lab import bench, bench_ab, runtime
 
-FAMILIES = ("norms", "attention", "rope", "embedding", "conv1d", "activations", "sampling")
+FAMILIES = ("norms", "attention", "rope", "embedding", "conv1d", "activations", "sampling", "gemm", "deltanet")
 ROW_KEYS = {"case", "shape", "impl", "error", "tol", "ok", "bytes", "flops", "us", "us_rounds", "timing", "GBps",
             "TFLOPs", "copy_share", "matmul_share", "copies", "note"}
 RESULT_KEYS = {"benchmark", "gpu", "torch", "triton", "commit", "switches", "date", "dtype", "config", "tokens", "rounds",
-               "floors", "measured", "rows"}
+               "floors", "measured", "rows", "skipped"}
 GPU = torch.cuda.is_available() and not runtime.interpreter_active()
 
 
@@ -107,6 +107,90 @@ def test_an_implementation_that_disagrees_with_the_reference_is_reported_and_not
         assert r["us"] is None and r["us_rounds"] == [] and r["timing"] is None
     assert calls["wrong"] == calls["raises"] == 2, "each ran once per run, for its check, and was never timed"
     assert calls["right"] >= 4
+
+
+def test_a_case_may_carry_notes_a_time_limit_or_run_on_request_only(benchmark_module, capsys):
+    """What the sweeps of bench_gemm and bench_deltanet need: a note asked once its implementation is timed (what a
+    tuning picked), a case left out past its time limit, a case that runs only when --only names it; a case left
+    out is listed with why."""
+    from qwen_lab import reference
+    from qwen_lab.kernels import norms
+
+    _, harness = load(benchmark_module, "norms")
+    asked = []
+
+    def note():
+        asked.append(1)
+        return "picked BLOCK=64"
+
+    def cases(env):
+        def rows(seed):
+            return {"x": env.randn(3, 8, seed=seed), "w": env.randn(8, seed=7)}
+        impls = {"triton": lambda d: norms.rms_norm(d["x"], d["w"], 1e-6),
+                 "torch reference": lambda d: reference.rms_norm(d["x"], d["w"], 1e-6)}
+        truth = lambda d: reference.rms_norm(d["x"], d["w"], 1e-6)  # noqa: E731
+        wrong = {**impls, "wrong": lambda d: impls["triton"](d) * 1.1}
+        return [harness.Case("noted", "T=3 H=8", rows, wrong, truth, bytes=100, notes={"triton": note, "wrong": note}),
+                harness.Case("late sweep", "T=3 H=8", rows, impls, truth, bytes=100, time_limit_s=0.0),
+                harness.Case("long sweep", "T=3 H=8", rows, impls, truth, bytes=100, on_request=True,
+                             notes={"triton": lambda: 1 / 0})]
+
+    result = harness.run(cases, "bench_extra", rounds=1, progress=False)
+    assert [(r["case"], r["impl"]) for r in result["rows"]] == [
+        ("noted", "triton"), ("noted", "torch reference"), ("noted", "wrong")]
+    triton, torch_row, wrong = result["rows"]
+    assert triton["note"] == "picked BLOCK=64" and torch_row["note"] is None
+    assert not wrong["ok"] and wrong["note"] is None and len(asked) == 1, "asked once timed, never for a failed check"
+    skipped = {s["case"]: s for s in result["skipped"]}
+    assert set(skipped) == {"late sweep", "long sweep"} and skipped["late sweep"]["shape"] == "T=3 H=8"
+    assert "past its time limit" in skipped["late sweep"]["why"]
+    assert skipped["long sweep"]["why"] == "runs on request only: --only 'long sweep'"
+
+    result = harness.run(cases, "bench_extra", rounds=1, only="long sweep", progress=False)
+    assert {r["case"] for r in result["rows"]} == {"long sweep"} and result["skipped"] == []
+    assert all(r["ok"] and r["us"] > 0 for r in result["rows"])
+    assert result["rows"][0]["note"].startswith("note failed: ZeroDivisionError"), "a note that fails is said"
+
+    assert harness.main("bench_extra", cases, "A benchmark with notes and sweeps.", ["--rounds", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "; picked BLOCK=64 |" in out, "the note beside the row's error"
+    assert "skipped: late sweep (T=3 H=8): past its time limit" in out
+    assert "skipped: long sweep (T=3 H=8): runs on request only" in out
+
+
+def test_bench_gemm_times_every_tiled_gemm_config_on_request(benchmark_module):
+    """The sweep over the tiled GEMM's configurations (gemm.matmul_candidates, each through matmul_with_config) runs
+    only when --only names it, each configuration checked against the reference like any implementation."""
+    module, harness = load(benchmark_module, "gemm")
+    result = harness.run(module.cases, "bench_gemm", rounds=1, only="matmul configs", progress=False)
+    cases = {(r["case"], r["shape"]) for r in result["rows"]}
+    assert cases and {case for case, _ in cases} == {"matmul configs"} and result["skipped"] == []
+    assert any("+silu" in shape for _, shape in cases), "the gate/up projection with its SwiGLU epilogue"
+    for case in cases:
+        impls = [r["impl"] for r in result["rows"] if (r["case"], r["shape"]) == case]
+        assert "triton" in impls and any(i.startswith("triton BLOCK_M=") for i in impls), (case, impls)
+    assert all(r["ok"] and r["us"] > 0 for r in result["rows"])
+    default = harness.run(module.cases, "bench_gemm", rounds=1, only="matmul", progress=False)
+    assert {r["case"] for r in default["rows"]} == {"matmul prefill", "matmul configs"}
+
+
+def test_what_the_benchmarks_read_of_the_tuning_is_public():
+    """bench_gemm and bench_deltanet reach no private name: the tiled GEMM's candidates and the DeltaNet's picks have
+    public readers, which return copies and name what they expect."""
+    from qwen_lab.kernels import gemm
+    from qwen_lab.kernels.deltanet import tuning
+
+    x = torch.zeros(4, 64)
+    configs = gemm.matmul_candidates(x, torch.zeros(32, 64))
+    assert configs and all({"BLOCK_M", "BLOCK_N", "BLOCK_K"} <= set(c.kwargs) for c in configs)
+    assert gemm.matmul_candidates(x, torch.zeros(64, 64), swiglu=True)
+    for kernel in ("chunk_scan_kernel", "conv_decode_step_kernel"):
+        picks = tuning.picks(kernel)
+        assert isinstance(picks, dict)
+        picks["not a call"] = None
+        assert "not a call" not in tuning.picks(kernel), "a copy"
+    with pytest.raises(KeyError, match="expected one of chunk_scan_kernel, conv_decode_step_kernel"):
+        tuning.picks("chunk_prep_kernel")
 
 
 def test_relative_error_compares_every_output_and_refuses_another_shape(benchmark_module):
@@ -209,7 +293,11 @@ def test_bench_ab_cpu_dry_run_alternates_the_settings_and_writes_every_run(tmp_p
 def test_each_benchmark_measures_on_the_gpu(family, benchmark_module, tmp_path):
     module, harness = load(benchmark_module, family)
     path = tmp_path / f"bench_{family}.json"
-    assert module.main(f"bench_{family}", module.cases, module.__doc__, ["--rounds", "1", "--json", str(path)]) == 0
+    # bench_gemm whole compiles and times every decode plan of six shapes, then its SPLIT_K sweep (minutes, the
+    # `kernels` target of gpu_session.sh): here its decode GEMVs with their fused forms
+    only = ["--only", "decode"] if family == "gemm" else []
+    assert module.main(f"bench_{family}", module.cases, module.__doc__,
+                       ["--rounds", "1", "--json", str(path), *only]) == 0
     data = json.loads(path.read_text())
     assert data["measured"] and data["config"] == "qwen3.5-0.8b" and data["floors"]["copy_GBps"] > 0
     for r in data["rows"]:

@@ -162,6 +162,14 @@ _PICKS: dict = {"chunk_scan_kernel": {}, "conv_decode_step_kernel": {}}
 _time_in_graph = graph_time_us  # the timer of _pick_in_place (tests replace it on the CPU)
 
 
+def picks(kernel: str) -> dict:
+    """What `_pick_in_place` picked for `kernel` ("chunk_scan_kernel" or "conv_decode_step_kernel") so far in this
+    process: {the kind of call: triton.Config, or None where the launch kept its own}. A benchmark's record."""
+    if kernel not in _PICKS:
+        raise KeyError(f"picks({kernel!r}): expected one of {', '.join(_PICKS)}")
+    return dict(_PICKS[kernel])
+
+
 def _pick_in_place(kernel: str, key: tuple, launch, states, on_gpu: bool, calls: int, **named_args):
     """`kernel`'s config for the calls of `key`: on the first such call, each of its GPU configs (those
     `autotune_configs(kernel, **named_args)` lists) timed through launch(config), the launcher's own launch as the

@@ -33,7 +33,8 @@ from .common import (GEMV_MAX_M, K_GRANULE, MAX_SPLIT_K, PRO_ADD_RMS, PRO_GATED,
 from .fused_norm import (FUSED_NORM_MAX_N, add_rms_norm_linear, gated_rms_norm_linear, linear_add_rms_norm,
                          rms_norm_linear, rms_scaled_linear, ss_slots)
 from .gemv import WHOLE_ROW_MAX, _gemv, _launch_gemv, gemv_rows_kernel, gemv_splitk_kernel, linear, linear_splitk
-from .tiled import _matmul, _tma_ok, _tma_program, matmul, matmul_grid, matmul_kernel, matmul_with_config
+from .tiled import (_matmul, _tma_ok, _tma_program, matmul, matmul_candidates, matmul_grid, matmul_kernel,
+                    matmul_with_config)
 from .tuning import (SPLIT_CANDIDATES, TMA_ONLY_FROM_ROWS, _gemv_configs, _matmul_all_configs, _matmul_configs,
                      _prune_matmul_configs, choose_split_k, chosen_split_k, deterministic_mode, gemv_plan,
                      gemv_plan_times, tuning_enabled)
@@ -44,8 +45,8 @@ __all__ = ["tuning", "FUSED_NORM_MAX_N", "GEMV_MAX_M", "K_GRANULE", "MAX_SPLIT_K
            "SPLIT_CANDIDATES", "TMA_ONLY_FROM_ROWS", "WHOLE_ROW_MAX", "add_rms_norm_linear", "choose_split_k",
            "chosen_split_k", "deterministic_mode", "gated_rms_norm_linear", "gemv_plan", "gemv_plan_times",
            "gemv_rows_kernel", "gemv_splitk_kernel", "linear", "linear_add_rms_norm", "linear_splitk", "matmul",
-           "matmul_grid", "matmul_kernel", "matmul_with_config", "rms_norm_linear", "rms_scaled_linear", "sm_count",
-           "ss_slots", "tuning_enabled",
+           "matmul_candidates", "matmul_grid", "matmul_kernel", "matmul_with_config", "rms_norm_linear",
+           "rms_scaled_linear", "sm_count", "ss_slots", "tuning_enabled",
            # private, re-exported where the other families (activations: _gemv, _matmul, _check_swiglu_operands),
            # the benchmarks and the probes reach them today
            "_check_swiglu_operands", "_gemv", "_gemv_configs", "_launch_gemv", "_matmul", "_matmul_all_configs",

@@ -339,6 +339,13 @@ def matmul_with_config(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
     return out
 
 
+def matmul_candidates(x: torch.Tensor, weight: torch.Tensor, swiglu: bool = False) -> list:
+    """Every configuration the autotuner may time for a call on x [M, K] and weight: those of its mode (plain, or
+    SwiGLU for weight [2N, K]), the TMA ones only where they may serve it. A benchmark times them one by one with
+    `matmul_with_config`. (From TMA_ONLY_FROM_ROWS rows on, the autotuner itself times only the TMA ones.)"""
+    return _prune_matmul_configs(_matmul_all_configs(), {}, SWIGLU=bool(swiglu), TMA_OK=_tma_ok(x, weight))
+
+
 def matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ weight^T with the tiled `tl.dot` GEMM (the prefill path). x [M, K], weight [N, K] -> [M, N]."""
     return _matmul("matmul", x, weight, out)
