@@ -65,26 +65,27 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                              D: tl.constexpr, HALF: tl.constexpr, NORM_BLOCK: tl.constexpr, BK: tl.constexpr,
                              BV: tl.constexpr, BW: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
                              ATTN_BLOCK_N: tl.constexpr, SPLITS_P: tl.constexpr, TILES_P: tl.constexpr,
-                             GEMV_N: tl.constexpr, GEMV_K: tl.constexpr, DOT_PREC: tl.constexpr,
+                             GEMV_N: tl.constexpr, GEMV_K: tl.constexpr, ALIGNED: tl.constexpr, DOT_PREC: tl.constexpr,
                              F: tl.constexpr):
     DT = logits_ptr.dtype.element_ty
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
     ok = 1
     for j in range(tl.load(starts_ptr + pid), tl.load(starts_ptr + pid + 1)):
+        # (the fields are read even after a failed wait: Triton keeps a name bound inside an if to that branch)
+        index = tl.load(order_ptr + j)
+        row = items_ptr + index.to(tl.int64) * F
+        kind = tl.load(row)
+        a0 = tl.load(row + 1)
+        a1 = tl.load(row + 2)
+        a2 = tl.load(row + 3)
+        a3 = tl.load(row + 4)
+        a4 = tl.load(row + 5)
+        a5 = tl.load(row + 6)
+        a6 = tl.load(row + 7)
+        wc = tl.load(row + 9)
+        done = tl.load(row + 12)
         if ok:
-            index = tl.load(order_ptr + j)
-            row = items_ptr + index.to(tl.int64) * F
-            kind = tl.load(row)
-            a0 = tl.load(row + 1)
-            a1 = tl.load(row + 2)
-            a2 = tl.load(row + 3)
-            a3 = tl.load(row + 4)
-            a4 = tl.load(row + 5)
-            a5 = tl.load(row + 6)
-            a6 = tl.load(row + 7)
-            wc = tl.load(row + 9)
-            done = tl.load(row + 12)
             # ---- wait: a bounded spin on the counter, then an acquire read of it
             if wc >= 0:
                 target = epoch * tl.load(row + 11) + tl.load(row + 10)
@@ -93,9 +94,9 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                 while (seen < target) & (polls < spin_limit):
                     seen = tl.load(counters_ptr + wc, volatile=True)
                     polls += 1
-                if seen >= target:
-                    tl.atomic_add(counters_ptr + wc, 0, sem="acquire", scope="gpu")
-                else:
+                # the acquire read (its value is used: an atomic whose result is unused is dropped by the compiler)
+                seen = tl.atomic_add(counters_ptr + wc, 0, sem="acquire", scope="gpu")
+                if seen < target:
                     rec = errors_ptr + pid * 4
                     tl.store(rec, index + 1)
                     tl.store(rec + 1, wc)
@@ -107,16 +108,16 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
             # ---- the item
             if kind == K_GEMV:
                 gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4, a5,
-                          a6, best_val_ptr, best_idx_ptr, 0, GEMV_N, GEMV_K)
+                          a6, best_val_ptr, best_idx_ptr, 0, GEMV_N, GEMV_K, ALIGNED)
             elif kind == K_GEMV_ADD:
                 gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4, a5,
-                          a6, best_val_ptr, best_idx_ptr, 1, GEMV_N, GEMV_K)
+                          a6, best_val_ptr, best_idx_ptr, 1, GEMV_N, GEMV_K, ALIGNED)
             elif kind == K_GEMV_SWIGLU:
                 gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4, a5,
-                          a6, best_val_ptr, best_idx_ptr, 2, GEMV_N, GEMV_K)
+                          a6, best_val_ptr, best_idx_ptr, 2, GEMV_N, GEMV_K, ALIGNED)
             elif kind == K_GEMV_ARGMAX:
                 gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4, a5,
-                          a6, best_val_ptr, best_idx_ptr, 3, GEMV_N, GEMV_K)
+                          a6, best_val_ptr, best_idx_ptr, 3, GEMV_N, GEMV_K, ALIGNED)
             elif kind == K_NORM:
                 norm_item(x_ptr, _slot(table_ptr, a0, tl.float32), h_ptr, eps, H, NORM_BLOCK)
             elif kind == K_DELTANET:

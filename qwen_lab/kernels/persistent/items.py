@@ -34,8 +34,11 @@ from ..rope.rotary import _norm_rope_rows
 
 @triton.jit
 def _slot(table_ptr, slot, ty: tl.constexpr):
-    """The pointer held in entry `slot` of the pointer table (int64 addresses), typed as *ty."""
-    return tl.load(table_ptr + slot).to(tl.pointer_type(ty), bitcast=True)
+    """The pointer held in entry `slot` of the pointer table (int64 addresses), typed as *ty. The schedule holds only
+    16-byte aligned addresses and says so here: a pointer read from memory carries no alignment the compiler can
+    see, and without it the weights would load 2 bytes at a time. (The hint goes on the op that makes the pointer:
+    on a function's argument it is lost.)"""
+    return tl.multiple_of(tl.load(table_ptr + slot).to(tl.pointer_type(ty), bitcast=True), 16)
 
 
 @triton.jit
@@ -66,10 +69,13 @@ def norm_item(x_ptr, w_ptr, h_ptr, eps, H: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_idx_ptr,
-              MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+              MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr):
     """Rows row0 .. row0 + nrows - 1 of out = W @ in (W [N, K] row-major), BLOCK_N rows at a time.
     MODE 0: store; 1: add into out (the residual stream); 2: the input is silu(gu[:K]) * gu[K:] (rounded to DT, as
-    silu_mul stores it), added into out; 3: store, and the tile's (max, first index of the max) to slot `tile`."""
+    silu_mul stores it), added into out; 3: store, and the tile's (max, first index of the max) to slot `tile`.
+    ALIGNED: the schedule vouches that every K is a multiple of 16, so the rows' loads can be 16 bytes wide."""
+    if ALIGNED:   # K written as a multiple of 16 for the offsets and masks (tl.multiple_of on a scalar int is lost)
+        K = (K // 16) * 16
     DT = out_ptr.dtype.element_ty
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)

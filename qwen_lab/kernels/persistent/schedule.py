@@ -208,6 +208,10 @@ def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, s
     buffers["best_val"] = torch.zeros(n_tiles, device=dev, dtype=torch.float32)
     buffers["best_idx"] = torch.zeros(n_tiles, device=dev, dtype=torch.int32)
 
+    for t in b.slots:
+        if t.data_ptr() % 16:
+            raise KernelError(f"persistent schedule: a tensor of shape {tuple(t.shape)} starts at an address that is "
+                              f"not 16-byte aligned; the kernel's loads assume it is (a slice of another tensor?)")
     order, starts = deal(b.items, b.totals, programs)
     rows = []
     for it in b.items:
@@ -215,6 +219,7 @@ def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, s
         wc, need = it.wait if it.wait is not None else (-1, 0)
         rows.append([it.kind, *args, wc, need, b.totals[wc] if wc >= 0 else 0, -1 if it.done is None else it.done])
     sizes = kernel_sizes(cfg, splits, block_n, n_tiles)
+    sizes["ALIGNED"] = all(it.args[5] % 16 == 0 for it in b.items if GEMV <= it.kind <= GEMV_ARGMAX)
     return Schedule(items=torch.tensor(rows, dtype=torch.int32, device=dev),
                     order=torch.tensor(order, dtype=torch.int32, device=dev),
                     starts=torch.tensor(starts, dtype=torch.int32, device=dev),
