@@ -281,8 +281,9 @@ def test_gpu_the_step_with_one_program_per_sm_equals_the_plain_decode(cfg):
 
 @pytest.mark.gpu
 def test_gpu_256_greedy_tokens_follow_the_graph_decode(big):
-    """Same logits within bf16 noise while the tokens agree; a first divergence only where the graph decode's top two
-    logits are nearly tied (closer than the logits' own difference between the two routes)."""
+    """Same logits within bf16 noise (the GPU decode tests' relative tolerance) while the tokens agree; a first
+    divergence only at a near-tie: both tokens among the graph decode's five most likely, their logits there closer
+    than that tolerance on the scale of the largest logit."""
     n = 256
     ids = torch.randint(0, big.config.vocab_size, (77,), generator=torch.Generator().manual_seed(77)).to(big.device)
     ours, our_logits = persistent_greedy(big, ids, n)
@@ -292,12 +293,13 @@ def test_gpu_256_greedy_tokens_follow_the_graph_decode(big):
         err = checks.relative_error(our_logits[t].float(), their_logits[t].float())
         assert err < 2e-2, f"step {t}: logits differ by relative error {err:.3g} (tokens agree up to {first})"
     if first < n:
-        top2 = their_logits[first].float().topk(2).values
-        gap = float(top2[0] - top2[1])
-        drift = float((our_logits[first].float() - their_logits[first].float()).abs().max())
-        assert gap <= 2 * drift + 1e-2, (f"step {first}: the persistent step picked {ours[first]}, the graph decode "
-                                         f"{theirs[first]}, with a top-2 gap of {gap:.3g} (not a near-tie; the "
-                                         f"routes' logits differ by {drift:.3g} at most)")
+        logits = their_logits[first].float()
+        best = logits.topk(5).indices.tolist()
+        gap = float(logits[theirs[first]] - logits[ours[first]])
+        tol = 2e-2 * float(logits.abs().max())
+        assert ours[first] in best and theirs[first] in best and gap <= tol, (
+            f"step {first}: the persistent step picked {ours[first]}, the graph decode {theirs[first]}: logits "
+            f"{gap:.3g} apart in the graph decode's (a near-tie is under {tol:.3g}), its top five {best}")
     print(f"first divergence at step {first} of {n}")
 
 
