@@ -1,7 +1,7 @@
 """The persistent decode step (qwen_lab.kernels.persistent, issue 50 stage 1) against the graph decode of the fast plan.
 
     python benchmarks/bench_persistent.py [--model qwen3.5-0.8b] [--prefill-len 2048] [--decode-steps 128]
-        [--rounds 4] [--variants 4:16x256,8:16x256] [--json FILE]
+        [--rounds 4] [--variants 4:16x256,4:32x256,8:32x256] [--json FILE]
 
 One process, one model (random weights, bf16): a prompt prefilled by the plan, then decode steps replayed from CUDA
 Graphs both ways, as `python -m qwen_lab.bench` times its triton + cuda-graph row (the plan's step at a fixed
@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-len", type=int, default=2048)
     p.add_argument("--decode-steps", type=int, default=128)
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--variants", default="4:16x256,8:16x256", help="num_warps:BLOCK_NxBLOCK_K, comma-separated")
+    p.add_argument("--variants", default="4:16x256,4:32x256,8:32x256", help="num_warps:BLOCK_NxBLOCK_K, comma-separated")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -79,17 +79,22 @@ def main(argv=None) -> int:
         greedy = int(first.float().argmax())
 
         # ---- the persistent step: captured before its prefill (the warm-up writes the cache), then prefilled
-        variants = []
+        variants, failed = [], {}
         for warps, block in parse_variants(args.variants):
             name = f"persistent w{warps} {block[0]}x{block[1]}"
             stamp(f"{name}: schedule, compile, capture")
-            cache = model.new_cache(T + n + 8)
-            step = PersistentDecode(model, cache, num_warps=warps, gemv_block=block)
-            t0 = time.perf_counter()
-            step.step()   # the first launch compiles
-            torch.cuda.synchronize()
-            compile_s = time.perf_counter() - t0
-            graph, _ = capture(lambda step=step: step.step(), warmup=1)
+            try:
+                cache = model.new_cache(T + n + 8)
+                step = PersistentDecode(model, cache, num_warps=warps, gemv_block=block)
+                t0 = time.perf_counter()
+                step.step()   # the first launch compiles
+                torch.cuda.synchronize()
+                compile_s = time.perf_counter() - t0
+                graph, _ = capture(lambda step=step: step.step(), warmup=1)
+            except Exception as e:   # (one variant out of resources, say: the others are still timed)
+                failed[name] = f"{type(e).__name__}: {e}"
+                stamp(f"{name}: failed: {failed[name]}")
+                continue
             cache.reset()
             step.reset()
             plan.step(ids, positions, cache)
@@ -142,7 +147,8 @@ def main(argv=None) -> int:
                                      for k in KIND_NAMES}}
             for name, step, _, compile_s in variants}
     result = {**bench.run_info(dev), "config": model.config.name, "prefill_len": T, "decode_steps": n,
-              "rounds": args.rounds, "floors": floors, "checks": checks_out, "variants": info, "rows": []}
+              "rounds": args.rounds, "floors": floors, "checks": checks_out, "variants": info, "failed": failed,
+              "rows": []}
     print(f"{'row':32s} {'decode ms/token (median of rounds)':>36s} {'share of floor':>15s}  rounds")
     for name, times in rows.items():
         ms = statistics.median(times)

@@ -94,7 +94,9 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                 while (seen < target) & (polls < spin_limit):
                     seen = tl.load(counters_ptr + wc, volatile=True)
                     polls += 1
-                # the acquire read (its value is used: an atomic whose result is unused is dropped by the compiler)
+                # The acquire read: one read for the program, shared with all its threads (each polled on its own and
+                # may have left the loop at another count), so they all take the same branch below. (Its value is
+                # used: an atomic whose result is unused is dropped by the compiler.)
                 seen = tl.atomic_add(counters_ptr + wc, 0, sem="acquire", scope="gpu")
                 if seen < target:
                     rec = errors_ptr + pid * 4

@@ -208,6 +208,12 @@ def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, s
     buffers["best_val"] = torch.zeros(n_tiles, device=dev, dtype=torch.float32)
     buffers["best_idx"] = torch.zeros(n_tiles, device=dev, dtype=torch.int32)
 
+    for name, t in (("conv_state", cache.conv_state), ("recurrent_state", cache.recurrent_state),
+                    ("key", cache.key), ("value", cache.value)):
+        for i, x in enumerate(t):
+            if x is not None and not x.is_contiguous():   # the items compute their offsets from the sizes
+                raise KernelError(f"persistent schedule: cache.{name}[{i}] is not contiguous; expected the Cache's "
+                                  f"own tensor of shape {tuple(x.shape)}")
     for t in b.slots:
         if t.data_ptr() % 16:
             raise KernelError(f"persistent schedule: a tensor of shape {tuple(t.shape)} starts at an address that is "

@@ -9,8 +9,9 @@ the counter once its rows of h are stored.
 
 - release: the tile's threads meet at a barrier after their stores, then one atomic add with release semantics
   publishes the stores with the count;
-- acquire: the waiting tile polls the counter (a volatile load), reads it once more with acquire semantics, and
-  meets a barrier; its loads of h come after, so they see every first tile's rows;
+- acquire: the waiting tile polls the counter (a volatile load), reads it once more with acquire semantics (one
+  read for the program, shared by its threads), and meets a barrier; its loads of h come after, so they see every
+  first tile's rows;
 - bounded: after `spin_limit` polls it gives up, writes which item waited into `error`, and the launcher raises.
 
 Why no deadlock on a GPU: every program is resident (P at most the SMs), and every program does its first-GEMV
@@ -61,12 +62,14 @@ def two_gemvs_kernel(x_ptr, w1_ptr, h_ptr, w2_ptr, y_ptr, counter_ptr, error_ptr
                 while (seen < T1) & (polls < spin_limit):
                     seen = tl.load(counter_ptr, volatile=True)
                     polls += 1
+                # Each thread polled on its own and may have left the loop at another count; the acquire read is
+                # made once for the program and shared, so all its threads take the same branch below.
+                seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+                tl.debug_barrier()
                 if seen < T1:
                     tl.store(error_ptr, item + 1)           # gave up: say which item waited
                     ok = 0
                 else:
-                    tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-                    tl.debug_barrier()
                     _tile(w2_ptr, h_ptr, y_ptr, (item - T1) * BLOCK_N, N2, N1, BLOCK_N, BLOCK_K)
 
 
