@@ -210,6 +210,34 @@ def test_the_teaching_kernel_reports_a_wait_that_never_ends():
         two_gemvs(x, w1, w2, block_n=16, counter=counter, spin_limit=100, programs=1)
 
 
+# ---------------------------------------------------------------- compiled for sm_90, on any machine
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine compiles the kernel for real in the GPU tests")
+def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_loads():
+    """Compiled ahead of time for an H100/H200 (tests/sm90_compile.py --persistent): each wait is one acquire load
+    after volatile polls, each bump a release atomic, the GEMV tiles' weights load 16 bytes at a time (the table's
+    pointers carry their alignment), and the shared memory fits."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sm90_compile.py")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, script, "--persistent"], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == 4
+    for r in results:
+        assert r["ok"], r
+        assert r["acquire_loads"] >= 1 and r["release_atomics"] >= 1 and r["volatile_loads"] >= 1, r
+        assert r["shared"] <= 232448, r
+        # 4 GEMV forms x a [BLOCK_N, 256] bf16 tile per step: at least 16 16-byte loads (the teaching kernel: fp32)
+        assert r["wide_loads"] >= (16 if r["label"].startswith("persistent_decode") else 1), r
+
+
 # ---------------------------------------------------------------- GPU
 
 
