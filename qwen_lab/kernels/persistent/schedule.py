@@ -251,10 +251,11 @@ def kernel_sizes(cfg, splits: int, block_n: int, n_tiles: int) -> dict:
 
 
 def deal(items: list[Item], totals: list[int], programs: int) -> tuple[list[int], list[int]]:
-    """Deal the items, in their order, to programs: each to the program that would finish it first (list
-    scheduling on the `cost` estimate: a program is free when its last item is done, an item is ready when its
-    counter has reached its need). -> (order, starts)."""
+    """Deal the items, in their order, to programs: each to the program that would finish it first, the least loaded
+    of those on a tie (list scheduling on the `cost` estimate: a program is free when its last item is done, an item
+    is ready when its counter has reached its need). -> (order, starts)."""
     free = [0.0] * programs
+    load = [0.0] * programs            # the bytes dealt to each program so far
     bumps = [[] for _ in totals]       # per counter: the finish times of its items so far
     lists = [[] for _ in range(programs)]
     for index, it in enumerate(items):
@@ -266,8 +267,11 @@ def deal(items: list[Item], totals: list[int], programs: int) -> tuple[list[int]
                 raise KernelError(f"persistent schedule: item {index} ({KIND_NAMES[it.kind]} {it.name}) waits for "
                                   f"{need} bumps of a counter that only {len(times)} earlier items bump")
             ready = times[need - 1]
-        p = min(range(programs), key=lambda q: max(free[q], ready))
+        # the earliest start; among programs idle by then, the least loaded (not always the first: it would take
+        # every lone item, the norms, the heads, and sit on the critical path of each)
+        p = min(range(programs), key=lambda q: (max(free[q], ready), load[q]))
         free[p] = max(free[p], ready) + it.cost + ITEM_OVERHEAD_BYTES
+        load[p] += it.cost + ITEM_OVERHEAD_BYTES
         if it.done is not None:
             bumps[it.done].append(free[p])
         lists[p].append(index)
