@@ -36,7 +36,8 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-len", type=int, default=2048)
     p.add_argument("--decode-steps", type=int, default=128)
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--variants", default="4:16x256,4:32x256,8:32x256", help="num_warps:BLOCK_NxBLOCK_K, comma-separated")
+    p.add_argument("--variants", default="4:16x256,4:32x256,8:32x256",
+                   help="num_warps:BLOCK_NxBLOCK_K, comma-separated")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

@@ -163,7 +163,8 @@ class PersistentDecode:
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
-            programs = 1 if interp or dev.type != "cuda" else torch.cuda.get_device_properties(dev).multi_processor_count
+            cuda = dev.type == "cuda" and not interp
+            programs = torch.cuda.get_device_properties(dev).multi_processor_count if cuda else 1
         if interp and programs != 1:
             raise KernelError(f"programs={programs}: under the Triton interpreter programs run one after another, so "
                               f"a program that waits on a later one never sees its counter move; use programs=1")
