@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything a GPU run checks, in one command on the GPU machine; name targets to run only some of them.
 #   bash benchmarks/gpu_session.sh [all] [tests] [bench] [kernels] [families] [ab] [profile] [probes] [notebooks]
+#        [persistent | persistent_tests | persistent_bench]  (the persistent decode step; only when named)
 #   results under $OUT (or ./gpu_out).
 #   TEST_SHARD=0/2 bash benchmarks/gpu_session.sh tests      (then 1/2 in a second run: half the test files each)
 #   TEST_FILES="tests/test_conv1d.py tests/test_attention.py" bash benchmarks/gpu_session.sh tests   (chosen files)
@@ -126,6 +127,21 @@ if want probes; then
   # and the prefill attention's gate apart below 64 tokens
   timeout 180 python3 benchmarks/probe_deltanet.py 2>&1 | tee "$OUT/probe_deltanet.txt"
   timeout 120 python3 benchmarks/probe_attention.py 2>&1 | tee "$OUT/probe_attention.txt"
+fi
+# the persistent decode step (issue 50): named only, not part of "all" while generate does not use it.
+# "persistent" runs both halves; on a machine without a carried Triton cache run them as two calls
+# (persistent_tests, then persistent_bench: the plan's warm-up at 2048 tokens tunes every GEMM first).
+if [[ "$what" == *" persistent "* || "$what" == *" persistent_tests "* ]]; then
+  # its tests (the GPU ones: one program per SM, 256 greedy tokens against the graph decode, bitwise repeats)
+  timeout ${PERSIST_TEST_TIMEOUT:-280} python3 -m pytest tests/test_persistent.py -q -s -p no:cacheprovider -rfE \
+      --tb=short > "$OUT/persistent_tests.txt" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed|first divergence" "$OUT/persistent_tests.txt" | tail -n 20
+fi
+if [[ "$what" == *" persistent "* || "$what" == *" persistent_bench "* ]]; then
+  # its timing against the plan's graph decode in one process, rounds in both orders
+  timeout ${PERSIST_BENCH_TIMEOUT:-300} python3 benchmarks/bench_persistent.py --json "$OUT/bench_persistent.json" \
+      ${PERSIST_ARGS:-} 2>"$OUT/bench_persistent.log" | tee "$OUT/bench_persistent.txt"
+  tail -n 5 "$OUT/bench_persistent.log"
 fi
 if want notebooks; then
   timeout ${NB_TIMEOUT:-500} python3 benchmarks/run_notebooks.py solutions/*.ipynb 2>&1 | tee "$OUT/notebooks.txt"

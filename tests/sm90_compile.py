@@ -5,7 +5,7 @@ The metadata then says how much shared memory each program needs, which is what 
 or a pipeline depth is too large ("out of resource: shared memory"). Run as a script (with the interpreter
 off) it prints one JSON line per case; tests/test_sm90_compile.py runs it and checks every case.
 
-    TRITON_INTERPRET=0 python tests/sm90_compile.py [--notebook-09-stages N]
+    TRITON_INTERPRET=0 python tests/sm90_compile.py [--notebook-09-stages N | --persistent]
 """
 
 import inspect
@@ -279,6 +279,42 @@ def cases():
         out.append((f"sample_draw USE_TAU={tau}", lambda meta=meta: compile_case(
             sampling.sample_draw_kernel, meta, sample_types, sc.warps)))
     out.append(("notebook 09 exercise chunk_scan_kernel, as its launcher runs it", _notebook_09_scan))
+    out += persistent_cases()
+    return out
+
+
+def persistent_counters(ptx: str) -> dict:
+    """The persistent step's counter protocol as compiled: a wait's acquire read (ld.global.gpu.acquire), the bump's
+    release atomic (atom.global.gpu.release), the spin's volatile loads, and how many loads are 16 bytes wide (the
+    GEMV tiles' weights: a pointer read from the table must carry its alignment)."""
+    import re
+
+    return {"acquire_loads": len(re.findall(r"ld\.global\.gpu\.acquire", ptx)),
+            "release_atomics": len(re.findall(r"atom\.global\.gpu\.release", ptx)),
+            "volatile_loads": len(re.findall(r"ld\.volatile\.global", ptx)),
+            "wide_loads": len(re.findall(r"ld\.global(?:\.nc)?\.v4", ptx))}
+
+
+def persistent_cases():
+    """The persistent decode step (kernels/persistent) at Qwen3.5-0.8B's sizes in each kernel shape its benchmark times,
+    and the notebook's two dependent GEMVs."""
+    from qwen_lab.config import QWEN35_0_8B as C
+    from qwen_lab.kernels import persistent
+    from qwen_lab.kernels.persistent import schedule
+
+    types = {"table_ptr": "*i64", "items_ptr": "*i32", "order_ptr": "*i32", "starts_ptr": "*i32",
+             "counters_ptr": "*i32", "errors_ptr": "*i32", "epoch_ptr": "*i32", "token_ptr": "*i64",
+             "pos_ptr": "*i64", "ws_ptr": "*fp32", "best_val_ptr": "*fp32", "best_idx_ptr": "*i32",
+             "inv_freq_ptr": "*fp32", "eps": "fp32", "l2_eps": "fp32", "dn_scale": "fp32", "qk_scale": "fp32"}
+    out = []
+    for warps, block_n in ((4, 16), (4, 32), (8, 32)):
+        meta = dict(schedule.kernel_sizes(C, 64, 32, 132), GEMV_N=block_n, GEMV_K=256, ALIGNED=True,
+                    DOT_PREC="tf32", F=schedule.ITEM_FIELDS)
+        out.append((f"persistent_decode w{warps} {block_n}x256", lambda meta=meta, warps=warps: compile_case(
+            persistent.persistent_decode_kernel, meta, types, warps, ptx_check=persistent_counters)))
+    teach_types = {"counter_ptr": "*i32", "error_ptr": "*i32"}
+    out.append(("persistent two_gemvs teaching kernel", lambda: compile_case(
+        persistent.two_gemvs_kernel, dict(BLOCK_N=16, BLOCK_K=64), teach_types, 4, ptx_check=persistent_counters)))
     return out
 
 
@@ -312,6 +348,8 @@ if __name__ == "__main__":
     todo = cases()
     if len(sys.argv) > 1 and sys.argv[1] == "--notebook-09-stages":  # one case, at a given pipeline depth
         todo = [(f"notebook 09 exercise, {sys.argv[2]} stages", lambda: _notebook_09_scan(int(sys.argv[2])))]
+    if len(sys.argv) > 1 and sys.argv[1] == "--persistent":  # the persistent step's cases alone
+        todo = persistent_cases()
     for label, thunk in todo:
         try:
             result = {"label": label, "ok": True, **thunk()}

@@ -1,0 +1,231 @@
+"""The persistent decode step: one launch runs a whole token, each program walking its list of work items.
+
+    program p:  epoch = epoch[0]
+                for item in items[order[starts[p]:starts[p + 1]]]:
+                    wait until counters[item.wait] >= epoch * item.total + item.need   (a bounded spin)
+                    do the item (items.py)
+                    barrier; counters[item.done] += 1 (release)
+
+The counter protocol (schedule.py builds the items). A counter is never cleared: it gets the same number of bumps
+every step (its total), so after `epoch` whole steps it holds epoch * total, and this step's need is counted from
+there. The last item (ARGMAX) advances the epoch in device memory, with the token and the position, so the step
+needs no reset launch and the next replay of a CUDA Graph finds everything in place. `reset()` zeroes the counters
+and the epoch (a new cache, or after an error); 2^31 / (the largest total, ~P) steps fit before an int32 wraps.
+
+Memory ordering. A producer's threads store the item's outputs, meet at a barrier (bar.sync orders every thread's
+stores before what follows in the program), and one atomic add with release semantics at GPU scope publishes them:
+any program that reads the counter's new value with acquire semantics sees those stores. The consumer spins on a
+volatile load (no caching of the counter), then reads the counter once more with an acquire atomic, then meets a
+barrier, so all its threads load the inputs after the acquire. Loads of a producer's outputs therefore never see
+stale data; the weights, never written, need no ordering.
+
+Bounded spin: a wait gives up after `spin_limit` polls; the program then writes an error record (item, counter,
+the count it waited for, the count it saw) to errors[p] and does nothing more. `PersistentDecode.check()` reads the
+records and raises one KernelError naming the items and the counters. (A hang is this design's failure mode: a
+schedule whose wait nobody bumps, or a program not resident on the GPU, turns into that error instead.)
+
+How many programs: one per SM on a GPU (they must all be resident at once for the order argument in schedule.py;
+one program per SM is what any kernel that launches at all can have). Under the Triton interpreter programs run one
+after another, so the step runs as one program walking every item in the schedule's order: the same code, grid (1,).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import runtime
+from ...errors import KernelError
+from .. import dot_precision
+from ..attention.flash import LOG2E
+from ..deltanet.gates import EPS as L2_EPS
+from ..rope import inv_freq_table
+from .items import (_slot, argmax_item, attn_combine_item, attn_prep_item, attn_split_item, deltanet_item,
+                    embed_item, gemv_item, norm_item)
+from .schedule import (ARGMAX, ATTN_COMBINE, ATTN_PREP, ATTN_SPLIT, DELTANET, EMBED, GEMV, GEMV_ADD, GEMV_ARGMAX,
+                       GEMV_SWIGLU, ITEM_FIELDS, NORM, Schedule, build_schedule, check_schedule)
+
+# the item kinds as constexprs (a jit function reads no plain global)
+K_EMBED, K_NORM, K_GEMV, K_GEMV_ADD, K_GEMV_SWIGLU, K_GEMV_ARGMAX = (tl.constexpr(k) for k in (
+    EMBED, NORM, GEMV, GEMV_ADD, GEMV_SWIGLU, GEMV_ARGMAX))
+K_DELTANET, K_ATTN_PREP, K_ATTN_SPLIT, K_ATTN_COMBINE, K_ARGMAX = (tl.constexpr(k) for k in (
+    DELTANET, ATTN_PREP, ATTN_SPLIT, ATTN_COMBINE, ARGMAX))
+SPIN_LIMIT_GPU = 1 << 22      # polls of a counter (~1 s on an H100) before a wait is reported as a hang
+ERROR_FIELDS = 4              # item + 1 (0: no error), counter, the count waited for, the count seen
+
+
+@triton.jit
+def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counters_ptr, errors_ptr, epoch_ptr,
+                             token_ptr, pos_ptr, x_ptr, h_ptr, proj_ptr, o_ptr, q_ptr, ws_ptr, logits_ptr,
+                             best_val_ptr, best_idx_ptr, inv_freq_ptr,
+                             L, num_splits, n_tiles, spin_limit, eps, l2_eps, dn_scale, qk_scale,
+                             H: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                             DV: tl.constexpr, CW: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                             D: tl.constexpr, HALF: tl.constexpr, NORM_BLOCK: tl.constexpr, BK: tl.constexpr,
+                             BV: tl.constexpr, BW: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+                             ATTN_BLOCK_N: tl.constexpr, SPLITS_P: tl.constexpr, TILES_P: tl.constexpr,
+                             GEMV_N: tl.constexpr, GEMV_K: tl.constexpr, ALIGNED: tl.constexpr, DOT_PREC: tl.constexpr,
+                             F: tl.constexpr):
+    DT = logits_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    epoch = tl.load(epoch_ptr)
+    ok = 1
+    for j in range(tl.load(starts_ptr + pid), tl.load(starts_ptr + pid + 1)):
+        # (the fields are read even after a failed wait: Triton keeps a name bound inside an if to that branch)
+        index = tl.load(order_ptr + j)
+        row = items_ptr + index.to(tl.int64) * F
+        kind = tl.load(row)
+        a0 = tl.load(row + 1)
+        a1 = tl.load(row + 2)
+        a2 = tl.load(row + 3)
+        a3 = tl.load(row + 4)
+        a4 = tl.load(row + 5)
+        a5 = tl.load(row + 6)
+        a6 = tl.load(row + 7)
+        wc = tl.load(row + 9)
+        done = tl.load(row + 12)
+        if ok:
+            # ---- wait: a bounded spin on the counter, then an acquire read of it
+            if wc >= 0:
+                target = epoch * tl.load(row + 11) + tl.load(row + 10)
+                seen = tl.load(counters_ptr + wc, volatile=True)
+                polls = 0
+                while (seen < target) & (polls < spin_limit):
+                    seen = tl.load(counters_ptr + wc, volatile=True)
+                    polls += 1
+                # The acquire read: one read for the program, shared with all its threads (each polled on its own and
+                # may have left the loop at another count), so they all take the same branch below. (Its value is
+                # used: an atomic whose result is unused is dropped by the compiler.)
+                seen = tl.atomic_add(counters_ptr + wc, 0, sem="acquire", scope="gpu")
+                if seen < target:
+                    rec = errors_ptr + pid * 4
+                    tl.store(rec, index + 1)
+                    tl.store(rec + 1, wc)
+                    tl.store(rec + 2, target)
+                    tl.store(rec + 3, seen)
+                    ok = 0
+                tl.debug_barrier()
+        if ok:
+            # ---- the item
+            if kind == K_GEMV:
+                gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4, a5,
+                          a6, best_val_ptr, best_idx_ptr, 0, GEMV_N, GEMV_K, ALIGNED)
+            elif kind == K_GEMV_ADD:
+                gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4, a5,
+                          a6, best_val_ptr, best_idx_ptr, 1, GEMV_N, GEMV_K, ALIGNED)
+            elif kind == K_GEMV_SWIGLU:
+                gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4, a5,
+                          a6, best_val_ptr, best_idx_ptr, 2, GEMV_N, GEMV_K, ALIGNED)
+            elif kind == K_GEMV_ARGMAX:
+                gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4, a5,
+                          a6, best_val_ptr, best_idx_ptr, 3, GEMV_N, GEMV_K, ALIGNED)
+            elif kind == K_NORM:
+                norm_item(x_ptr, _slot(table_ptr, a0, tl.float32), h_ptr, eps, H, NORM_BLOCK)
+            elif kind == K_DELTANET:
+                deltanet_item(proj_ptr, _slot(table_ptr, a0, DT), _slot(table_ptr, a0 + 1, DT),
+                              _slot(table_ptr, a0 + 2, tl.float32), _slot(table_ptr, a0 + 3, tl.float32),
+                              _slot(table_ptr, a0 + 4, tl.float32), _slot(table_ptr, a0 + 5, tl.float32), o_ptr,
+                              a1, a2, a3, dn_scale, eps, l2_eps, HK, HV, DK, DV, CW, BK, BV, BW)
+            elif kind == K_ATTN_PREP:
+                attn_prep_item(proj_ptr, _slot(table_ptr, a0, tl.float32), _slot(table_ptr, a0 + 1, tl.float32),
+                               _slot(table_ptr, a0 + 2, DT), _slot(table_ptr, a0 + 3, DT), q_ptr, inv_freq_ptr,
+                               pos_ptr, a1, L, eps, HQ, HKV, D, HALF, ROWS, BLOCK_D)
+            elif kind == K_ATTN_SPLIT:
+                attn_split_item(q_ptr, _slot(table_ptr, a0 + 2, DT), _slot(table_ptr, a0 + 3, DT), ws_ptr, pos_ptr,
+                                a1, a2, num_splits, L, qk_scale, HQ, HKV, D, ROWS, BLOCK_D, ATTN_BLOCK_N, DOT_PREC)
+            elif kind == K_ATTN_COMBINE:
+                attn_combine_item(ws_ptr, proj_ptr, o_ptr, a0, num_splits, HQ, HKV, D, SPLITS_P, BLOCK_D)
+            elif kind == K_EMBED:
+                embed_item(_slot(table_ptr, a0, DT), token_ptr, x_ptr, H, NORM_BLOCK)
+            elif kind == K_ARGMAX:
+                argmax_item(best_val_ptr, best_idx_ptr, n_tiles, token_ptr, pos_ptr, epoch_ptr, TILES_P)
+            # ---- done: every thread's stores before the bump, which publishes them (release)
+            tl.debug_barrier()
+            if done >= 0:
+                tl.atomic_add(counters_ptr + done, 1, sem="release", scope="gpu")
+
+
+class PersistentDecode:
+    """The decode step of `model` over `cache` as one persistent launch (greedy token choice inside).
+
+    `token` and `position` are device buffers (LongTensor [1]): set them with `prime(token, position)` after the
+    prefill; each `step()` reads them, writes the logits [1, V] (`self.logits`), and leaves the greedy token and the
+    next position there. No host synchronisation in `step(check=False)`, static shapes: a CUDA Graph captures it.
+    programs: default one per SM on a GPU, 1 under the interpreter (there programs run one after another).
+    gemv_tiles, splits: see build_schedule; spin_limit: polls before a wait gives up; gemv_block: the GEMV items'
+    (BLOCK_N, BLOCK_K); schedule: one built already (verify=False skips check_schedule).
+    """
+
+    def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,
+                 splits: int | None = None, spin_limit: int | None = None, num_warps: int = 4,
+                 gemv_block: tuple[int, int] | None = None, schedule: Schedule | None = None, verify: bool = True):
+        dev = model.device
+        interp = runtime.interpreter_active()
+        if programs is None:
+            cuda = dev.type == "cuda" and not interp
+            programs = torch.cuda.get_device_properties(dev).multi_processor_count if cuda else 1
+        if interp and programs != 1:
+            raise KernelError(f"programs={programs}: under the Triton interpreter programs run one after another, so "
+                              f"a program that waits on a later one never sees its counter move; use programs=1")
+        self.model, self.cache = model, cache
+        self.schedule = schedule if schedule is not None else build_schedule(model, cache, programs, gemv_tiles,
+                                                                              splits)
+        if verify:   # (False only where a test hands the kernel a broken schedule on purpose)
+            check_schedule(self.schedule)
+        s = self.schedule
+        cfg = model.config
+        self.spin_limit = (2 if interp else SPIN_LIMIT_GPU) if spin_limit is None else int(spin_limit)
+        self.num_warps = num_warps
+        self.gemv_block = gemv_block or ((16, 64) if interp else (16, 256))
+        self.counters = torch.zeros(len(s.counter_totals), dtype=torch.int32, device=dev)
+        self.errors = torch.zeros(s.programs, ERROR_FIELDS, dtype=torch.int32, device=dev)
+        self.epoch = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.token = torch.zeros(1, dtype=torch.long, device=dev)
+        self.position = torch.zeros(1, dtype=torch.long, device=dev)
+        self.logits = s.buffers["logits"].view(1, -1)
+        self.inv_freq = inv_freq_table(cfg.rotary_dim, cfg.rope_theta, dev)
+        self.scalars = (cache.max_len, s.buffers["ws"].shape[0], s.buffers["best_val"].numel(), self.spin_limit,
+                        cfg.rms_norm_eps, L2_EPS, cfg.linear_key_head_dim ** -0.5, cfg.head_dim ** -0.5 * LOG2E)
+
+    def reset(self) -> None:
+        """Zero the counters, the epoch and the error records (a new sequence, or after an error)."""
+        self.counters.zero_()
+        self.epoch.zero_()
+        self.errors.zero_()
+
+    def prime(self, token, position: int) -> None:
+        """The step's input: the last token (int or tensor) and its position."""
+        self.token.copy_(torch.as_tensor(token).reshape(1))
+        self.position.fill_(int(position))
+
+    def launch(self) -> None:
+        """One decode step: one launch, nothing read back."""
+        s, b = self.schedule, self.schedule.buffers
+        persistent_decode_kernel[(s.programs,)](
+            s.items, s.order, s.starts, s.table, self.counters, self.errors, self.epoch, self.token, self.position,
+            b["x"], b["h"], b["proj"], b["o"], b["q"], b["ws"], b["logits"], b["best_val"], b["best_idx"],
+            self.inv_freq, *self.scalars, **s.sizes, GEMV_N=self.gemv_block[0], GEMV_K=self.gemv_block[1],
+            DOT_PREC=dot_precision(self.model.dtype), F=ITEM_FIELDS, num_warps=self.num_warps)
+
+    def step(self, check: bool | None = None) -> torch.Tensor:
+        """launch(), then (check: default unless a CUDA Graph is being captured) check(). -> the logits [1, V]."""
+        self.launch()
+        if check is None:
+            check = not (self.model.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+        if check:
+            self.check()
+        return self.logits
+
+    def check(self) -> None:
+        """Raise a KernelError naming every item whose wait ran out of polls (reads the records: a host sync)."""
+        records = self.errors.tolist()
+        bad = [r for r in records if r[0] > 0]
+        if not bad:
+            return
+        s = self.schedule
+        lines = [f"{s.describe(r[0] - 1)} waited for counter {r[1]} ({s.counter_names[r[1]]}) to reach {r[2]}, "
+                 f"saw {r[3]}" for r in sorted(bad)]
+        raise KernelError(f"persistent decode step: {len(bad)} program(s) gave up after {self.spin_limit} polls "
+                          f"(a counter nobody bumps, or programs not all resident on the GPU); the step's results "
+                          f"are invalid, reset() before the next one:\n  " + "\n  ".join(lines))

@@ -1,0 +1,290 @@
+"""The work items of the persistent decode step: one device function per item kind (decode.py dispatches to them).
+
+Every item reads its inputs from global memory and writes its outputs there; the counters (decode.py) order the
+items. Activations are stored in the model dtype DT (bf16 on a GPU, fp32 under the interpreter) exactly where the
+fast plan (qwen_lab.plan) stores them, and every sum is fp32, so the step rounds where the plan rounds.
+
+    EMBED          x = embed[token]                                                    x [H]
+    NORM           h = rmsnorm(x) * (1 + w)                                            h [H]
+    GEMV           out[r0:r0+n] = W[r0:r0+n] @ in                                      a tile of rows of one projection
+    GEMV_ADD       x[r0:r0+n] += W[r0:r0+n] @ in         (the residual add: a tile owns its rows of x)
+    GEMV_SWIGLU    x[r0:r0+n] += W[r0:r0+n] @ (silu(gu[:I]) * gu[I:])                   the MLP's down projection
+    GEMV_ARGMAX    logits[r0:r0+n] = W[r0:r0+n] @ h, and the tile's (max, first argmax)   the LM head
+    DELTANET       per key head: causal conv + SiLU of its q/k/v channels (state shifted in place), the gates,
+                   one delta-rule step per value head (state [Dk, Dv] fp32 in place), gated RMSNorm * silu(z)
+    ATTN_PREP      per KV head: q/k RMSNorm + RoPE; k, v into cache row pos; the G prepared query rows to q
+    ATTN_SPLIT     per (KV head, split): online softmax of its G query rows over one chunk of the keys
+    ATTN_COMBINE   per KV head: merge the splits' partials, times sigmoid(gate)
+    ARGMAX         the greedy token from the LM head tiles' partials; token, position and epoch advanced
+
+The math is the existing kernels': the conv and delta-rule step of deltanet/recurrent.py, rope's _norm_rope_rows,
+attention's _decode_chunk and _flash_step (called here as they are), the combine of attention/decode.py.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..attention.decode import _decode_chunk
+from ..attention.flash import _flash_step
+from ..deltanet.gates import _softplus
+from ..rope.rotary import _norm_rope_rows
+
+
+@triton.jit
+def _slot(table_ptr, slot, ty: tl.constexpr):
+    """The pointer held in entry `slot` of the pointer table (int64 addresses), typed as *ty. The schedule holds only
+    16-byte aligned addresses and says so here: a pointer read from memory carries no alignment the compiler can
+    see, and without it the weights would load 2 bytes at a time. (The hint goes on the op that makes the pointer:
+    on a function's argument it is lost.)"""
+    return tl.multiple_of(tl.load(table_ptr + slot).to(tl.pointer_type(ty), bitcast=True), 16)
+
+
+@triton.jit
+def embed_item(emb_ptr, token_ptr, x_ptr, H: tl.constexpr, BLOCK: tl.constexpr):
+    tok = tl.load(token_ptr).to(tl.int64)
+    for k0 in range(0, H, BLOCK):
+        offs = k0 + tl.arange(0, BLOCK)
+        m = offs < H
+        tl.store(x_ptr + offs, tl.load(emb_ptr + tok * H + offs, mask=m), mask=m)
+
+
+@triton.jit
+def norm_item(x_ptr, w_ptr, h_ptr, eps, H: tl.constexpr, BLOCK: tl.constexpr):
+    """h = x * rsqrt(mean(x^2) + eps) * (1 + w), fp32 math, stored in x's dtype (two passes over the row)."""
+    ss = tl.zeros([BLOCK], tl.float32)
+    for k0 in range(0, H, BLOCK):
+        offs = k0 + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offs, mask=offs < H, other=0.0).to(tl.float32)
+        ss += x * x
+    rstd = tl.rsqrt(tl.sum(ss, 0) / H + eps)
+    for k0 in range(0, H, BLOCK):
+        offs = k0 + tl.arange(0, BLOCK)
+        m = offs < H
+        x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        tl.store(h_ptr + offs, (x * rstd * (1.0 + w)).to(h_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_idx_ptr,
+              MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr):
+    """Rows row0 .. row0 + nrows - 1 of out = W @ in (W [N, K] row-major), BLOCK_N rows at a time.
+    MODE 0: store; 1: add into out (the residual stream); 2: the input is silu(gu[:K]) * gu[K:] (rounded to DT, as
+    silu_mul stores it), added into out; 3: store, and the tile's (max, first index of the max) to slot `tile`.
+    ALIGNED: the schedule vouches that every K is a multiple of 16, so the rows' loads can be 16 bytes wide."""
+    if ALIGNED:   # K written as a multiple of 16 for the offsets and masks (tl.multiple_of on a scalar int is lost)
+        K = (K // 16) * 16
+    DT = out_ptr.dtype.element_ty
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    best_v = float("-inf")
+    best_i = row0
+    end = row0 + nrows
+    for r in range(row0, end, BLOCK_N):
+        rows = r + offs_n
+        r_ok = rows < end
+        w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + offs_k
+            k_ok = ks < K
+            if MODE == 2:
+                g = tl.load(in_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+                u = tl.load(in_ptr + K + ks, mask=k_ok, other=0.0).to(tl.float32)
+                x = (g * tl.sigmoid(g) * u).to(DT).to(tl.float32)
+            else:
+                x = tl.load(in_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+            w = tl.load(w_rows + ks[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+            acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
+        y = acc.to(DT)
+        if MODE == 1 or MODE == 2:   # x + y, y rounded first: the plan's GEMV output, then its residual add
+            old = tl.load(out_ptr + rows, mask=r_ok, other=0.0).to(tl.float32)
+            y = (old + y.to(tl.float32)).to(DT)
+        tl.store(out_ptr + rows, y, mask=r_ok)
+        if MODE == 3:
+            v = tl.where(r_ok, y.to(tl.float32), float("-inf"))
+            m = tl.max(v, 0)
+            i = tl.min(tl.where(v == m, rows, end), 0)
+            better = m > best_v          # strictly: an earlier block keeps a tie (the first index wins)
+            best_i = tl.where(better, i, best_i)
+            best_v = tl.where(better, m, best_v)
+    if MODE == 3:
+        tl.store(best_val_ptr + tile, best_v)
+        tl.store(best_idx_ptr + tile, best_i)
+
+
+@triton.jit
+def argmax_item(best_val_ptr, best_idx_ptr, n_tiles, token_ptr, pos_ptr, epoch_ptr, BLOCK: tl.constexpr):
+    """The greedy token (the first index of the largest logit) from the tiles' partials, written as the next step's
+    token; the position and the epoch advance. Every other item of the step is an ancestor of this one."""
+    best_v = float("-inf")
+    best_i = 0
+    for t0 in range(0, n_tiles, BLOCK):
+        offs = t0 + tl.arange(0, BLOCK)
+        v = tl.load(best_val_ptr + offs, mask=offs < n_tiles, other=float("-inf"))
+        i = tl.load(best_idx_ptr + offs, mask=offs < n_tiles, other=0)
+        m = tl.max(v, 0)
+        first = tl.min(tl.where(v == m, i, 2147483647), 0)
+        better = m > best_v
+        best_i = tl.where(better, first, best_i)
+        best_v = tl.where(better, m, best_v)
+    tl.store(token_ptr, best_i.to(tl.int64))
+    tl.store(pos_ptr, tl.load(pos_ptr) + 1)
+    tl.store(epoch_ptr, tl.load(epoch_ptr) + 1)
+
+
+@triton.jit
+def _conv_silu(proj_ptr, cw_ptr, cs_ptr, ch, ch_ok, cw0, cw1, W: tl.constexpr, BW: tl.constexpr):
+    """Causal conv + SiLU of channels `ch` for this token (conv_state [C, W-1] holds the last W-1 inputs, oldest
+    first), rounded to DT as causal_conv1d stores it; the state rows are shifted in place (a barrier between this
+    program's loads and its stores: different threads hold the same row)."""
+    offs_w = tl.arange(0, BW)
+    w_ok = offs_w < W - 1
+    shift = offs_w + 1 < W - 1
+    m2 = ch_ok[:, None] & w_ok[None, :]
+    rows = cs_ptr + ch.to(tl.int64)[:, None] * (W - 1)
+    old = tl.load(rows + offs_w[None, :], mask=m2, other=0.0)
+    nxt = tl.load(rows + 1 + offs_w[None, :], mask=ch_ok[:, None] & shift[None, :], other=0.0)
+    w = tl.load(cw_ptr + ch[:, None] * cw0 + offs_w[None, :] * cw1, mask=m2, other=0.0).to(tl.float32)
+    w_last = tl.load(cw_ptr + ch * cw0 + (W - 1) * cw1, mask=ch_ok, other=0.0).to(tl.float32)
+    x = tl.load(proj_ptr + ch, mask=ch_ok, other=0.0)
+    y = tl.sum(w * old.to(tl.float32), 1) + w_last * x.to(tl.float32)
+    y = (y * tl.sigmoid(y)).to(x.dtype).to(tl.float32)
+    tl.debug_barrier()
+    tl.store(rows + offs_w[None, :], tl.where(shift[None, :], nxt, x[:, None].to(nxt.dtype)), mask=m2)
+    return y
+
+
+@triton.jit
+def deltanet_item(proj_ptr, cw_ptr, cs_ptr, A_log_ptr, dt_bias_ptr, nw_ptr, state_ptr, o_ptr, hk, cw0, cw1,
+                  scale, eps, l2_eps,
+                  HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr, BW: tl.constexpr):
+    """Key head hk of one Gated DeltaNet layer: its q/k channels and the v channels of its REP value heads through
+    the conv; per value head, the delta-rule step of conv_decode_step_kernel (reassociated the same way) over
+    column blocks of BV, o stored in DT; then the gated RMSNorm (plain w) * silu(z) of each head's o row in place.
+    The in-projection row `proj` is [q k v (conv input) | z | b | a]."""
+    DT = o_ptr.dtype.element_ty
+    REP: tl.constexpr = HV // HK
+    KEY_DIM: tl.constexpr = HK * DK
+    CONV_DIM: tl.constexpr = 2 * HK * DK + HV * DV
+    VAL_DIM: tl.constexpr = HV * DV
+    offs_k = tl.arange(0, BK)
+    k_ok = offs_k < DK
+    q = _conv_silu(proj_ptr, cw_ptr, cs_ptr, hk * DK + offs_k, k_ok, cw0, cw1, W, BW)
+    k = _conv_silu(proj_ptr, cw_ptr, cs_ptr, KEY_DIM + hk * DK + offs_k, k_ok, cw0, cw1, W, BW)
+    rq = tl.rsqrt(tl.sum(q * q, 0) + l2_eps) * scale
+    rk = tl.rsqrt(tl.sum(k * k, 0) + l2_eps)
+    kq = tl.sum(k * q, 0)
+    for r in range(REP):
+        h = hk * REP + r
+        a = tl.load(proj_ptr + CONV_DIM + VAL_DIM + HV + h).to(tl.float32)
+        b = tl.load(proj_ptr + CONV_DIM + VAL_DIM + h).to(tl.float32)
+        d = tl.exp(-tl.exp(tl.load(A_log_ptr + h).to(tl.float32)) * _softplus(a + tl.load(dt_bias_ptr + h)))
+        beta = tl.sigmoid(b)
+        ss = 0.0
+        for c0 in range(0, DV, BV):
+            offs_v = c0 + tl.arange(0, BV)
+            v_ok = offs_v < DV
+            v = _conv_silu(proj_ptr, cw_ptr, cs_ptr, 2 * KEY_DIM + h * DV + offs_v, v_ok, cw0, cw1, W, BW)
+            s_ptrs = state_ptr + h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+            s_ok = k_ok[:, None] & v_ok[None, :]
+            S = tl.load(s_ptrs, mask=s_ok, other=0.0)
+            Sk = tl.sum(S * k[:, None], 0)
+            Sq = tl.sum(S * q[:, None], 0)
+            delta = (v - d * rk * Sk) * beta
+            o = (d * rq * Sq + (rk * rq * kq) * delta).to(DT)
+            tl.store(o_ptr + h * DV + offs_v, o, mask=v_ok)
+            tl.store(s_ptrs, S * d + (k * rk)[:, None] * delta[None, :], mask=s_ok)
+            o = tl.where(v_ok, o.to(tl.float32), 0.0)
+            ss += tl.sum(o * o, 0)
+        rstd = tl.rsqrt(ss / DV + eps)
+        tl.debug_barrier()   # this program's o stores, read back below by other threads
+        for c0 in range(0, DV, BV):
+            offs_v = c0 + tl.arange(0, BV)
+            v_ok = offs_v < DV
+            o = tl.load(o_ptr + h * DV + offs_v, mask=v_ok, other=0.0).to(tl.float32)
+            z = tl.load(proj_ptr + CONV_DIM + h * DV + offs_v, mask=v_ok, other=0.0).to(tl.float32)
+            nw = tl.load(nw_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
+            tl.store(o_ptr + h * DV + offs_v, (o * rstd * nw * (z * tl.sigmoid(z))).to(DT), mask=v_ok)
+
+
+@triton.jit
+def attn_prep_item(proj_ptr, qw_ptr, kw_ptr, k_cache_ptr, v_cache_ptr, q_ptr, inv_freq_ptr, pos_ptr, g, L, eps,
+                   HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
+                   ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """KV head g: the q/k RMSNorm (1 + w) and RoPE of its G query heads and its key (rope's _norm_rope_rows), the
+    prepared queries to q [HQ, D], the key and the value to cache row pos (nothing where pos is outside [0, L)).
+    proj is [(q_h | gate_h) per head | k | v]."""
+    G: tl.constexpr = HQ // HKV
+    QD: tl.constexpr = 2 * HQ * D
+    pos = tl.load(pos_ptr)
+    y, offs_h, offs_d, m = _norm_rope_rows(proj_ptr, qw_ptr, inv_freq_ptr, 0, pos, g * G, g * G + G, 0, 2 * D, eps,
+                                           D, HALF, True, ROWS, BLOCK_D)
+    tl.store(q_ptr + offs_h[:, None] * D + offs_d[None, :], y.to(q_ptr.dtype.element_ty), mask=m)
+    kn, _, offs_d, m = _norm_rope_rows(proj_ptr + QD, kw_ptr, inv_freq_ptr, 0, pos, g, g + 1, 0, D, eps,
+                                       D, HALF, True, 1, BLOCK_D)
+    m = m & (pos >= 0) & (pos < L)
+    row = pos.to(tl.int64) * (HKV * D) + g * D
+    tl.store(k_cache_ptr + row + offs_d[None, :], kn.to(k_cache_ptr.dtype.element_ty), mask=m)
+    v = tl.load(proj_ptr + QD + HKV * D + g * D + offs_d[None, :], mask=m)
+    tl.store(v_cache_ptr + row + offs_d[None, :], v, mask=m)
+
+
+@triton.jit
+def attn_split_item(q_ptr, k_cache_ptr, v_cache_ptr, ws_ptr, pos_ptr, g, split, num_splits, L, qk_scale,
+                    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
+                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+    """The partial (acc, m, l) of KV head g's query rows over split `split` of the keys 0 .. pos (attention/decode.py's
+    chunking), to ws [num_splits, HQ, D + 2]."""
+    G: tl.constexpr = HQ // HKV
+    rows = tl.arange(0, ROWS)
+    row_ok = rows < G
+    offs_h = g * G + rows
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    offs_n = tl.arange(0, BLOCK_N)
+    start, end = _decode_chunk(pos_ptr, L, split, num_splits, BLOCK_N)
+    q = tl.load(q_ptr + offs_h[:, None] * D + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    pos_rows = tl.zeros([ROWS], tl.int32) + (end - 1)
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    k_rows = k_cache_ptr + g * D + offs_d[None, :]
+    v_rows = v_cache_ptr + g * D + offs_d[None, :]
+    for s in range(start, end, BLOCK_N):
+        acc, m_i, l_i = _flash_step(acc, m_i, l_i, q, k_rows, v_rows, s, pos_rows, L, qk_scale, offs_n, d_ok,
+                                    HKV * D, HKV * D, True, DOT_PREC)
+    base = ws_ptr + split * (HQ * (D + 2)) + offs_h * (D + 2)
+    tl.store(base[:, None] + offs_d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(base + D, m_i, mask=row_ok)
+    tl.store(base + D + 1, l_i, mask=row_ok)
+
+
+@triton.jit
+def attn_combine_item(ws_ptr, proj_ptr, o_ptr, g, num_splits,
+                      HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, SPLITS_P: tl.constexpr,
+                      BLOCK_D: tl.constexpr):
+    """o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s for KV head g's query heads, rounded to DT, then
+    * sigmoid(gate) (flash_decode_combine_kernel's math), to o [HQ, D]."""
+    G: tl.constexpr = HQ // HKV
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    offs_s = tl.arange(0, SPLITS_P)
+    s_ok = offs_s < num_splits
+    for r in range(G):
+        h = g * G + r
+        base = ws_ptr + offs_s * (HQ * (D + 2)) + h * (D + 2)
+        m = tl.load(base + D, mask=s_ok, other=float("-inf"))
+        l = tl.load(base + D + 1, mask=s_ok, other=0.0)
+        m_max = tl.max(m, 0)
+        m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+        w = tl.exp2(m - m_max)
+        acc = tl.load(base[:, None] + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+        total = tl.sum(w * l, 0)
+        o = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+        gate = tl.load(proj_ptr + h * 2 * D + D + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+        o = o.to(o_ptr.dtype.element_ty).to(tl.float32) * tl.sigmoid(gate)
+        tl.store(o_ptr + h * D + offs_d, o.to(o_ptr.dtype.element_ty), mask=d_ok)

@@ -1,0 +1,341 @@
+"""The persistent decode step (qwen_lab.kernels.persistent): the schedule, the one-launch step, the teaching kernel.
+
+On a CPU (Triton interpreter, float32): the schedule's order is checked and run through a simulation of its counters
+(any interleaving of programs finishes every item, over several steps); the step's logits equal the plain model's
+decode steps after a prefill by the fast plan; a wait no item satisfies raises an error naming the item; the
+teaching kernel equals W2 (W1 x). On a GPU: the same with one program per SM, and on Qwen3.5-0.8B (bf16) 256 greedy
+tokens that follow the captured graph decode up to near-ties, bit-for-bit repeatable.
+"""
+
+import random
+import time
+
+import pytest
+import torch
+
+import qwen_lab
+from qwen_lab import runtime
+from qwen_lab.config import FULL, LINEAR, TINY
+from qwen_lab.course import checks
+from qwen_lab.errors import KernelError
+from qwen_lab.kernels.persistent import PersistentDecode, build_schedule, check_schedule, two_gemvs
+from qwen_lab.kernels.persistent import schedule as sched
+from qwen_lab.model import Qwen35Model
+from qwen_lab.plan import fast_plan
+from qwen_lab.weights import random_weights
+
+HAS_GPU = torch.cuda.is_available() and not runtime.interpreter_active()
+
+# attention first, Hv = 3 Hk, an untied head, widths that are not multiples of 16 (the unaligned GEMV path),
+# head_dim 24 with rotary 12
+ODD = TINY.replace(num_hidden_layers=3, layer_types=(FULL, LINEAR, LINEAR), tie_word_embeddings=False,
+                   hidden_size=48, intermediate_size=100, linear_num_key_heads=1, linear_num_value_heads=3,
+                   linear_value_head_dim=8, head_dim=24, partial_rotary_factor=0.5, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=300, pad_token_id=None, eos_token_ids=(), name="odd")
+
+
+def tiny_model(cfg, seed=2):
+    device = "cuda" if HAS_GPU else "cpu"
+    weights = random_weights(cfg, device=device, dtype=torch.float32, seed=seed)
+    return Qwen35Model(cfg, weights, device=device, dtype=torch.float32)
+
+
+# ---------------------------------------------------------------- the schedule
+
+
+def simulate(s, steps: int, rng: random.Random) -> None:
+    """Run the schedule's counter protocol on the host: at each move a random program whose current item's wait is
+    met runs it (bumps its counter); the step's last item advances the epoch. Fails if no program can move."""
+    items = s.items.tolist()
+    lists = s.program_lists()
+    counters = [0] * len(s.counter_totals)
+    for epoch in range(steps):
+        at = [0] * s.programs
+        ran = []
+        while any(at[p] < len(lists[p]) for p in range(s.programs)):
+            ready = []
+            for p in range(s.programs):
+                if at[p] < len(lists[p]):
+                    row = items[lists[p][at[p]]]
+                    wc = row[sched.WAIT_C]
+                    if wc < 0 or counters[wc] >= epoch * row[sched.WAIT_TOTAL] + row[sched.WAIT_NEED]:
+                        ready.append(p)
+            assert ready, f"step {epoch}: no program can move; waiting: " + "; ".join(
+                s.describe(lists[p][at[p]]) for p in range(s.programs) if at[p] < len(lists[p]))
+            p = rng.choice(ready)
+            index = lists[p][at[p]]
+            done = items[index][sched.DONE_C]
+            if done >= 0:
+                counters[done] += 1
+            ran.append(index)
+            at[p] += 1
+        assert sorted(ran) == list(range(len(items)))
+        assert ran[-1] == len(items) - 1, "the last item (the epoch's advance) ran before others"
+        assert counters == [(epoch + 1) * t for t in s.counter_totals]
+
+
+@pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
+@pytest.mark.parametrize("programs", [1, 3, 8, 132])
+def test_the_schedule_respects_its_dependencies_under_any_interleaving(cfg, programs):
+    model = tiny_model(cfg)
+    s = build_schedule(model, model.new_cache(32), programs, gemv_tiles=max(2, programs), splits=3)
+    check_schedule(s)
+    items = s.items.tolist()
+    # every wait's producers come earlier in the item order, so in some program's list before the consumer's turn
+    producers = {}
+    for i, row in enumerate(items):
+        if row[sched.WAIT_C] >= 0:
+            earlier = producers.get(row[sched.WAIT_C], [])
+            assert len(earlier) >= row[sched.WAIT_NEED], s.describe(i)
+            assert row[sched.WAIT_TOTAL] == s.counter_totals[row[sched.WAIT_C]], s.describe(i)
+        if row[sched.DONE_C] >= 0:
+            producers.setdefault(row[sched.DONE_C], []).append(i)
+    assert sum(len(lst) for lst in s.program_lists()) == len(items)
+    assert all(lst == sorted(lst) for lst in s.program_lists())
+    kinds = [it.kind for it in s.item_list]
+    n_linear, n_full = cfg.num_linear_layers, cfg.num_full_layers
+    assert kinds.count(sched.DELTANET) == n_linear * cfg.linear_num_key_heads
+    assert kinds.count(sched.ATTN_PREP) == kinds.count(sched.ATTN_COMBINE) == n_full * cfg.num_key_value_heads
+    assert kinds.count(sched.ATTN_SPLIT) == 3 * n_full * cfg.num_key_value_heads
+    assert kinds.count(sched.NORM) == 2 * cfg.num_hidden_layers + 1 and kinds[-1] == sched.ARGMAX
+    # the deal spreads the LM head's tiles (one per program, when the vocabulary has the rows) over the programs
+    owner = {i: p for p, lst in enumerate(s.program_lists()) for i in lst}
+    head = [i for i, k in enumerate(kinds) if k == sched.GEMV_ARGMAX]
+    rows = -(-cfg.vocab_size // max(2, programs))         # tiles as even as can be: cdiv(V, tiles) rows each
+    assert len(head) == -(-cfg.vocab_size // rows)
+    assert len({owner[i] for i in head}) == min(programs, len(head))
+    rng = random.Random(programs)
+    simulate(s, 3, rng)
+
+
+def test_check_schedule_refuses_a_broken_order():
+    model = tiny_model(TINY)
+    s = build_schedule(model, model.new_cache(16), 2, gemv_tiles=2, splits=2)
+    lists = s.program_lists()
+    bad = [lst[::-1] for lst in lists]   # a program that would run a consumer before its producer
+    s.order = torch.tensor(bad[0] + bad[1], dtype=torch.int32)
+    with pytest.raises(KernelError, match="not in the schedule's order"):
+        check_schedule(s)
+    s = build_schedule(model, model.new_cache(16), 2, gemv_tiles=2, splits=2)
+    s.items[5, sched.WAIT_NEED] = s.items[5, sched.WAIT_TOTAL] + 1   # waits for one bump more than there are
+    with pytest.raises(KernelError, match=r"item 5 \(.*\) waits for"):
+        check_schedule(s)
+
+
+# ---------------------------------------------------------------- the step
+
+
+def decode_both_ways(cfg, steps: int, prompt_len: int = 5, **kwargs):
+    """Prefill a prompt with the fast plan into two caches; decode `steps` greedy tokens with the plain model on one
+    and with the persistent step on the other. -> list of (persistent logits, plain logits, persistent token, plain
+    argmax) per step, and the PersistentDecode."""
+    model = tiny_model(cfg)
+    plan = fast_plan(model)
+    ids = torch.randint(0, cfg.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(7)).to(model.device)
+    plain_cache, cache = model.new_cache(prompt_len + steps + 1), model.new_cache(prompt_len + steps + 1)
+    out = []
+    with torch.inference_mode():
+        first = plan.step(ids, torch.arange(prompt_len, device=model.device), plain_cache)[-1]
+        plan.step(ids, torch.arange(prompt_len, device=model.device), cache)
+        step = PersistentDecode(model, cache, **kwargs)
+        token = int(first.float().argmax())
+        step.prime(token, prompt_len)
+        for t in range(steps):
+            got = step.step().clone()
+            want = model.step(torch.tensor([token], device=model.device),
+                              torch.tensor([prompt_len + t], device=model.device), plain_cache)
+            token = int(want[-1].float().argmax())
+            out.append((got, want, int(step.token), token))
+            assert int(step.position) == prompt_len + t + 1 and int(step.epoch) == t + 1
+            step.prime(token, prompt_len + t + 1)   # teacher forcing: both ways read the same token
+    return out, step
+
+
+@pytest.mark.parametrize("cfg, steps, splits", [(TINY, 4, 2), (ODD, 2, 3)], ids=["tiny", "odd"])
+def test_the_persistent_step_equals_the_plain_decode_steps(cfg, steps, splits):
+    out, step = decode_both_ways(cfg, steps, gemv_tiles=3, splits=splits)
+    for t, (got, want, token, best) in enumerate(out):
+        assert got.shape == want.shape == (1, cfg.vocab_size)
+        assert checks.relative_error(got.float(), want.float()) <= 1e-4, f"decode step {t}"
+        assert token == int(got.float().argmax()), f"decode step {t}: the step's token is not its logits' argmax"
+        assert token == best or abs(float(want[0, token] - want[0, best])) < 1e-4, f"decode step {t}"
+    assert (step.errors == 0).all()
+
+
+def test_a_wait_nobody_satisfies_raises_naming_the_item():
+    """A broken schedule: the first layer's input norm waits on a counter no item bumps. The step gives up after its
+    bounded spin and the error names the item and the counter."""
+    model = tiny_model(TINY)
+    cache = model.new_cache(8)
+    s = build_schedule(model, cache, 1 if not HAS_GPU else 4, gemv_tiles=2, splits=1)
+    s.counter_names.append("a counter nobody bumps")
+    s.counter_totals.append(1)
+    victim = next(i for i, it in enumerate(s.item_list) if it.name == "layer 0 input norm")
+    s.items[victim, sched.WAIT_C] = len(s.counter_totals) - 1
+    s.items[victim, sched.WAIT_NEED] = 1
+    s.items[victim, sched.WAIT_TOTAL] = 1
+    with pytest.raises(KernelError, match="not an ancestor|waits for"):
+        check_schedule(s)   # the host check sees it first ...
+    step = PersistentDecode(model, cache, schedule=s, verify=False, spin_limit=1000)   # ... the device on its own
+    step.prime(3, 0)
+    t0 = time.perf_counter()
+    with pytest.raises(KernelError, match=rf"item {victim} \(NORM layer 0 input norm\) waited for counter "
+                                          rf"{len(s.counter_totals) - 1} \(a counter nobody bumps\) to reach 1, saw 0"):
+        step.step()
+    assert time.perf_counter() - t0 < 120
+    step.reset()
+    assert (step.errors == 0).all() and int(step.epoch) == 0
+
+
+# ---------------------------------------------------------------- the teaching kernel
+
+
+@pytest.mark.parametrize("N1, K, N2", [(40, 24, 30), (64, 64, 16), (33, 70, 17)])
+def test_two_dependent_gemvs_in_one_launch(N1, K, N2, gen):
+    dev = "cuda" if HAS_GPU else "cpu"
+    x = torch.randn(K, generator=gen).to(dev)
+    w1 = torch.randn(N1, K, generator=gen).to(dev)
+    w2 = torch.randn(N2, N1, generator=gen).to(dev)
+    y = two_gemvs(x, w1, w2)
+    assert checks.relative_error(y, w2 @ (w1 @ x)) <= 1e-5
+
+
+def test_the_teaching_kernel_reports_a_wait_that_never_ends():
+    """The counter starts far below zero, so the second GEMV's tiles never see the first's count: the bounded spin
+    ends in an error naming the first waiting item."""
+    dev = "cuda" if HAS_GPU else "cpu"
+    x, w1, w2 = torch.ones(16, device=dev), torch.ones(32, 16, device=dev), torch.ones(8, 32, device=dev)
+    counter = torch.full((1,), -1000, dtype=torch.int32, device=dev)
+    with pytest.raises(KernelError, match=r"item 2 \(a tile of the second GEMV\) waited for the counter to reach 2"):
+        two_gemvs(x, w1, w2, block_n=16, counter=counter, spin_limit=100, programs=1)
+
+
+# ---------------------------------------------------------------- compiled for sm_90, on any machine
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine compiles the kernel for real in the GPU tests")
+def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_loads():
+    """Compiled ahead of time for an H100/H200 (tests/sm90_compile.py --persistent): each wait is one acquire load
+    after volatile polls, each bump a release atomic, the GEMV tiles' weights load 16 bytes at a time (the table's
+    pointers carry their alignment), and the shared memory fits."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sm90_compile.py")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, script, "--persistent"], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == 4
+    for r in results:
+        assert r["ok"], r
+        assert r["acquire_loads"] >= 1 and r["release_atomics"] >= 1 and r["volatile_loads"] >= 1, r
+        assert r["shared"] <= 232448, r
+        # 4 GEMV forms x a [BLOCK_N, 256] bf16 tile per step: at least 16 16-byte loads (the teaching kernel: fp32)
+        assert r["wide_loads"] >= (16 if r["label"].startswith("persistent_decode") else 1), r
+
+
+# ---------------------------------------------------------------- GPU
+
+
+@pytest.fixture(scope="module")
+def big():
+    import os
+
+    old = os.environ.get("QWEN_LAB_DETERMINISTIC")
+    os.environ["QWEN_LAB_DETERMINISTIC"] = "1"
+    yield fast_plan(qwen_lab.load_model("qwen3.5-0.8b", dtype=torch.bfloat16))
+    if old is None:
+        os.environ.pop("QWEN_LAB_DETERMINISTIC", None)
+    else:
+        os.environ["QWEN_LAB_DETERMINISTIC"] = old
+
+
+def persistent_greedy(big, ids, n: int, graph: bool = True):
+    """Prefill ids with the plan, then n greedy steps of the persistent kernel (replayed from a CUDA Graph) ->
+    (tokens, logits [n, V])."""
+    from qwen_lab.graph import capture
+
+    T = ids.numel()
+    cache = big.new_cache(T + n + 8)
+    step = PersistentDecode(big.model, cache)
+    with torch.inference_mode():
+        if graph:   # the warm-up writes the cache and the states: capture first, then reset and prefill
+            g, _ = capture(lambda: step.step())
+            cache.reset()
+            step.reset()
+        first = big.step(ids, torch.arange(T, device=big.device), cache)[-1]
+        step.prime(int(first.float().argmax()), T)
+        tokens, logits = [], []
+        for _ in range(n):
+            g.replay() if graph else step.step(check=False)
+            logits.append(step.logits[0].clone())
+            tokens.append(step.token.clone())
+        torch.cuda.synchronize()
+        step.check()
+    return torch.cat(tokens).tolist(), torch.stack(logits)
+
+
+def plan_greedy(big, ids, n: int):
+    """The same with the graph decode of the fast plan (qwen_lab.graph.DecodeGraph, temperature 0)."""
+    from qwen_lab.graph import DecodeGraph
+
+    T = ids.numel()
+    cache = big.new_cache(T + n + 8)
+    with torch.inference_mode():
+        decode = DecodeGraph(big.model, cache, 0.0, 0, 1.0, torch.zeros(n + 2, device=big.device))
+        first = big.step(ids, torch.arange(T, device=big.device), cache)[-1]
+        decode.prime(first.float().argmax(), T, 1)
+        tokens, logits = [], []
+        for _ in range(n):
+            tokens.append(decode.replay().clone())
+            logits.append(decode.logits.clone())
+        torch.cuda.synchronize()
+    return torch.cat(tokens).tolist(), torch.stack(logits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
+def test_gpu_the_step_with_one_program_per_sm_equals_the_plain_decode(cfg):
+    out, step = decode_both_ways(cfg, 6)      # programs: the SM count
+    assert step.schedule.programs == torch.cuda.get_device_properties(0).multi_processor_count
+    for t, (got, want, token, best) in enumerate(out):
+        assert checks.relative_error(got.float(), want.float()) <= 1e-4, f"decode step {t}"
+        assert token == int(got.float().argmax())
+
+
+@pytest.mark.gpu
+def test_gpu_256_greedy_tokens_follow_the_graph_decode(big):
+    """Same logits within bf16 noise (the GPU decode tests' relative tolerance) while the tokens agree; a first
+    divergence only at a near-tie: both tokens among the graph decode's five most likely, their logits there closer
+    than that tolerance on the scale of the largest logit."""
+    n = 256
+    ids = torch.randint(0, big.config.vocab_size, (77,), generator=torch.Generator().manual_seed(77)).to(big.device)
+    ours, our_logits = persistent_greedy(big, ids, n)
+    theirs, their_logits = plan_greedy(big, ids, n)
+    first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), n)
+    for t in range(first + 1 if first < n else n):
+        err = checks.relative_error(our_logits[t].float(), their_logits[t].float())
+        assert err < 2e-2, f"step {t}: logits differ by relative error {err:.3g} (tokens agree up to {first})"
+    if first < n:
+        logits = their_logits[first].float()
+        best = logits.topk(5).indices.tolist()
+        gap = float(logits[theirs[first]] - logits[ours[first]])
+        tol = 2e-2 * float(logits.abs().max())
+        assert ours[first] in best and theirs[first] in best and gap <= tol, (
+            f"step {first}: the persistent step picked {ours[first]}, the graph decode {theirs[first]}: logits "
+            f"{gap:.3g} apart in the graph decode's (a near-tie is under {tol:.3g}), its top five {best}")
+    print(f"first divergence at step {first} of {n}")
+
+
+@pytest.mark.gpu
+def test_gpu_the_persistent_step_is_bitwise_stable_run_to_run(big):
+    ids = torch.randint(0, big.config.vocab_size, (33,), generator=torch.Generator().manual_seed(33)).to(big.device)
+    a_tokens, a = persistent_greedy(big, ids, 32)
+    b_tokens, b = persistent_greedy(big, ids, 32)
+    c_tokens, c = persistent_greedy(big, ids, 32, graph=False)
+    assert a_tokens == b_tokens == c_tokens
+    assert torch.equal(a, b) and torch.equal(a, c)
