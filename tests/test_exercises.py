@@ -70,7 +70,7 @@ def test_repo_exercise_stubs_raise_and_are_checked(name):
     expected = ex.list_exercises(sol)
     assert ex.list_exercises(nb) == expected
     for cell in nb.cells:
-        assert not any(line.strip() in (ex.BEGIN, ex.END) for line in cell.source.splitlines()), \
+        assert not any(line.strip() in (ex.BEGIN, ex.END, ex.MD_BEGIN, ex.MD_END) for line in cell.source.splitlines()), \
             f"notebooks/{name}: a solution marker survived"
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None
@@ -111,7 +111,7 @@ def test_blocks_become_raises_at_the_marker_indentation(tmp_path):
     nested = nb.cells[7].source.splitlines()
     assert '            raise NotImplementedError("Exercise 99.3: softmax that survives fully masked rows")' in nested
     text = "".join(c.source for c in nb.cells)
-    for line in SOLUTION_LINES + (ex.BEGIN, ex.END):
+    for line in SOLUTION_LINES + (ex.BEGIN, ex.END, ex.MD_BEGIN, ex.MD_END):
         assert line not in text
     # everything outside the blocks is unchanged, line for line
     for i in (3, 7):
@@ -482,11 +482,17 @@ INVALID = {
                                             f"    {ex.END}\n"), _check()], 0, "line 3 looks like a solution marker"),
     "near-miss-markdown": (GOOD + [new_markdown_cell("### Exercise 02.2: why?\n\n### begin solution\nBecause.\n"
                                                      "### end solution")], 3, "looks like a solution marker"),
+    "near-miss-markdown-comment": (GOOD + [new_markdown_cell("### Exercise 02.2: why?\n\n<!--BEGIN SOLUTION-->\n"
+                                                             "Because.\n<!-- end solution -->")],
+                                   3, "looks like a solution marker"),
+    # the code cells' markers in markdown would render as headings in the solution notebook
+    "markdown-heading-markers": (GOOD + [new_markdown_cell(f"### Exercise 02.2: why?\n\n{ex.BEGIN}\nBecause.\n"
+                                                           f"{ex.END}")], 3, "renders as a heading"),
     "exercise-without-block": ([new_code_cell("# Exercise 02.1: f\ndef f(x):\n    return x\n"), _check()],
                                0, "line 1 titles the cell as an exercise but the cell holds no solution block"),
     "no-title": ([new_code_cell(f"def f(x):\n    {ex.BEGIN}\n    return x\n    {ex.END}\n"), _check()],
                  0, "first line is not an exercise title"),
-    "markdown-no-title": (GOOD + [new_markdown_cell(f"Why?\n\n{ex.BEGIN}\nBecause.\n{ex.END}")],
+    "markdown-no-title": (GOOD + [new_markdown_cell(f"Why?\n\n{ex.MD_BEGIN}\nBecause.\n{ex.MD_END}")],
                           3, "first line is not an exercise title"),
     "raw-cell": (GOOD + [new_raw_cell(f"{ex.BEGIN}\nx\n{ex.END}")], 3, "markers in a raw cell"),
     "no-check-cell": ([new_markdown_cell("# 02"), _ex("Exercise 02.1: f"), new_code_cell("print(f(1))")],
@@ -536,7 +542,7 @@ def test_valid_variants_pass():
     cells = [new_markdown_cell("# 02"),
              new_code_cell(f"# Exercise 02.1: y\n%time x = 1\n{ex.BEGIN}\ny = 2\n{ex.END}\n", metadata={"tags": ["check"]}),
              _ex("Exercise 02.2: f"), _ex("Exercise 02.3: g", name="g"),
-             new_markdown_cell(f"**Exercise 02.4: why?**\n\n{ex.BEGIN}\nBecause.\n{ex.END}"),
+             new_markdown_cell(f"**Exercise 02.4: why?**\n\n{ex.MD_BEGIN}\nBecause.\n{ex.MD_END}"),
              _check("for g in range(2):\n    print(f(g))\nprint(g(1), y)")]
     text = ex.build_notebook(new_notebook(cells=cells), "solutions/02_ok.ipynb")
     built = nbformat.reads(text, as_version=4)
@@ -612,6 +618,26 @@ def test_marker_lookalikes_in_the_course_are_only_exact_markers():
         for i, cell in enumerate(nb.cells):
             assert cells._near_markers(cell, f"{path.name}, cell {i}") == []
         assert [p for p in ex.validate(nb, path.name) if "no solution block" in p] == []
+
+
+def test_no_course_markdown_renders_a_marker_as_a_heading():
+    """Every markdown cell of solutions/, notebooks/ and the fixture rendered as Jupyter renders markdown (mistune,
+    which nbconvert uses too): no heading and no visible text names a solution marker."""
+    mistune = pytest.importorskip("mistune", reason="renders markdown as Jupyter does (nbconvert's dependency)")
+    paths = sorted((REPO / "solutions").glob("*.ipynb")) + sorted((REPO / "notebooks").glob("*.ipynb")) + [FIXTURE]
+    answers = 0
+    for path in paths:
+        for i, cell in enumerate(_read(path).cells):
+            if cell.cell_type != "markdown":
+                continue
+            html = mistune.html(cell.source)
+            shown = re.sub(r"<!--.*?-->", "", html, flags=re.S)   # HTML comments: rendered as nothing
+            headings = re.findall(r"<h\d[^>]*>(.*?)</h\d>", shown, flags=re.S)
+            assert not [h for h in headings if "SOLUTION" in h.upper()], f"{path.name}, cell {i}: {headings}"
+            visible = re.sub(r"<code>.*?</code>", "", shown, flags=re.S)   # prose may quote the markers in code
+            assert not re.search(r"(BEGIN|END) SOLUTION", visible), f"{path.name}, cell {i}: {visible[:300]}"
+            answers += ex.MD_BEGIN in cell.source
+    assert answers >= 2   # the fixture's answer and notebook 13's written answer are checked, not skipped
 
 
 def test_build_reports_every_problem_and_writes_nothing(tmp_path, capsys):

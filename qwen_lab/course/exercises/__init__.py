@@ -12,7 +12,9 @@
   (the nbgrader convention) becomes one line `raise NotImplementedError("<title>")` at the
   indentation of the BEGIN marker. The title is the cell's first line without its `# `, e.g.
   `# Exercise 02.1: zero-centred RMSNorm` gives "Exercise 02.1: zero-centred RMSNorm".
-- In a markdown cell (a written answer) the block becomes `*Your answer here.*`.
+- In a markdown cell (a written answer) the markers are HTML comments, `<!-- BEGIN SOLUTION -->` and
+  `<!-- END SOLUTION -->`, which Jupyter renders as nothing (`### BEGIN SOLUTION` would show as a
+  heading, and is refused there); the block becomes `*Your answer here.*`.
 - A cell tagged `check` (it grades an exercise, or needs one finished) also gets the tag
   `raises-exception`, so nbval and nbclient expect it to fail in the learner's version.
 - Outputs, execution counts and run metadata are dropped; cell ids are kept (cells without one get
@@ -69,7 +71,7 @@ nbgrader.py (the nbgrader export), cli.py (the command line).
 from .building import (RECORD, EditedNotebooks, Report, build, build_notebook, check, default_root,
                        edited_since_built, is_generated_notebook, resolve_dirs, strip_solutions)
 from .cells import (BEGIN, CHECK_TAG, DEFAULT_TITLE, END, LEARNER_KERNELSPEC, LEARNER_LANGUAGE_INFO, MARKDOWN_STUB,
-                    RAISES_TAG, REBUILD, ExerciseError, cell_title, stub_line)
+                    MD_BEGIN, MD_END, RAISES_TAG, REBUILD, ExerciseError, cell_title, stub_line)
 from .cli import main
 from .files import dumps
 from .nbgrader import NBGRADER_CONFIG, NBGRADER_SCHEMA, NBGRADER_STUB, export_nbgrader, nbgrader_notebook
@@ -77,7 +79,7 @@ from .validation import exercise_and_check, list_exercises, validate
 
 __all__ = ["RECORD", "EditedNotebooks", "edited_since_built",
            "BEGIN", "CHECK_TAG", "DEFAULT_TITLE", "END", "LEARNER_KERNELSPEC", "LEARNER_LANGUAGE_INFO", "MARKDOWN_STUB",
-           "NBGRADER_CONFIG", "NBGRADER_SCHEMA", "NBGRADER_STUB", "RAISES_TAG", "REBUILD", "ExerciseError", "Report",
+           "MD_BEGIN", "MD_END", "NBGRADER_CONFIG", "NBGRADER_SCHEMA", "NBGRADER_STUB", "RAISES_TAG", "REBUILD", "ExerciseError", "Report",
            "build", "build_notebook", "cell_title", "check", "default_root", "dumps", "exercise_and_check",
            "export_nbgrader", "is_generated_notebook", "list_exercises", "main", "nbgrader_notebook", "resolve_dirs",
            "strip_solutions", "stub_line", "validate"]
