@@ -38,7 +38,9 @@ Before writing anything, `build` validates every solution and stops on any probl
 notebook and the cell (cells counted from 0, as in `nb.cells[i]`): unmatched or nested markers, a
 line that looks like a marker but is not exactly one (in any case, '#' then BEGIN or END then a word
 starting with SOLUT, anywhere in a line of code or as the whole of a line of markdown: `### BEGIN
-SOLUTON`, `### END SOLUTIONS`, `x = 0  ### BEGIN SOLUTION`; named by its line), a code cell titled
+SOLUTON`, `### END SOLUTIONS`, `x = 0  ### BEGIN SOLUTION`, in markdown also such a line inside an
+HTML comment, `<!--BEGIN SOLUTION-->`; named by its line), the code cells' markers in a markdown cell
+(they would render as headings), a code cell titled
 `# Exercise ...` without a solution block (it would reach the learner whole), markers in a cell whose first line is no
 `# Exercise` title, a stub that would run as soon as its cell runs (not inside a function body), an
 exercise notebook without a `check` cell, a check cell before the exercise it grades, and a cell without the
