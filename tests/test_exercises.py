@@ -70,7 +70,7 @@ def test_repo_exercise_stubs_raise_and_are_checked(name):
     expected = ex.list_exercises(sol)
     assert ex.list_exercises(nb) == expected
     for cell in nb.cells:
-        assert not any(line.strip() in (ex.BEGIN, ex.END) for line in cell.source.splitlines()), \
+        assert not any(line.strip() in (ex.BEGIN, ex.END, ex.MD_BEGIN, ex.MD_END) for line in cell.source.splitlines()), \
             f"notebooks/{name}: a solution marker survived"
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None
@@ -111,7 +111,7 @@ def test_blocks_become_raises_at_the_marker_indentation(tmp_path):
     nested = nb.cells[7].source.splitlines()
     assert '            raise NotImplementedError("Exercise 99.3: softmax that survives fully masked rows")' in nested
     text = "".join(c.source for c in nb.cells)
-    for line in SOLUTION_LINES + (ex.BEGIN, ex.END):
+    for line in SOLUTION_LINES + (ex.BEGIN, ex.END, ex.MD_BEGIN, ex.MD_END):
         assert line not in text
     # everything outside the blocks is unchanged, line for line
     for i in (3, 7):
@@ -482,11 +482,17 @@ INVALID = {
                                             f"    {ex.END}\n"), _check()], 0, "line 3 looks like a solution marker"),
     "near-miss-markdown": (GOOD + [new_markdown_cell("### Exercise 02.2: why?\n\n### begin solution\nBecause.\n"
                                                      "### end solution")], 3, "looks like a solution marker"),
+    "near-miss-markdown-comment": (GOOD + [new_markdown_cell("### Exercise 02.2: why?\n\n<!--BEGIN SOLUTION-->\n"
+                                                             "Because.\n<!-- end solution -->")],
+                                   3, "looks like a solution marker"),
+    # the code cells' markers in markdown would render as headings in the solution notebook
+    "markdown-heading-markers": (GOOD + [new_markdown_cell(f"### Exercise 02.2: why?\n\n{ex.BEGIN}\nBecause.\n"
+                                                           f"{ex.END}")], 3, "renders as a heading"),
     "exercise-without-block": ([new_code_cell("# Exercise 02.1: f\ndef f(x):\n    return x\n"), _check()],
                                0, "line 1 titles the cell as an exercise but the cell holds no solution block"),
     "no-title": ([new_code_cell(f"def f(x):\n    {ex.BEGIN}\n    return x\n    {ex.END}\n"), _check()],
                  0, "first line is not an exercise title"),
-    "markdown-no-title": (GOOD + [new_markdown_cell(f"Why?\n\n{ex.BEGIN}\nBecause.\n{ex.END}")],
+    "markdown-no-title": (GOOD + [new_markdown_cell(f"Why?\n\n{ex.MD_BEGIN}\nBecause.\n{ex.MD_END}")],
                           3, "first line is not an exercise title"),
     "raw-cell": (GOOD + [new_raw_cell(f"{ex.BEGIN}\nx\n{ex.END}")], 3, "markers in a raw cell"),
     "no-check-cell": ([new_markdown_cell("# 02"), _ex("Exercise 02.1: f"), new_code_cell("print(f(1))")],
@@ -536,7 +542,7 @@ def test_valid_variants_pass():
     cells = [new_markdown_cell("# 02"),
              new_code_cell(f"# Exercise 02.1: y\n%time x = 1\n{ex.BEGIN}\ny = 2\n{ex.END}\n", metadata={"tags": ["check"]}),
              _ex("Exercise 02.2: f"), _ex("Exercise 02.3: g", name="g"),
-             new_markdown_cell(f"**Exercise 02.4: why?**\n\n{ex.BEGIN}\nBecause.\n{ex.END}"),
+             new_markdown_cell(f"**Exercise 02.4: why?**\n\n{ex.MD_BEGIN}\nBecause.\n{ex.MD_END}"),
              _check("for g in range(2):\n    print(f(g))\nprint(g(1), y)")]
     text = ex.build_notebook(new_notebook(cells=cells), "solutions/02_ok.ipynb")
     built = nbformat.reads(text, as_version=4)
@@ -612,6 +618,26 @@ def test_marker_lookalikes_in_the_course_are_only_exact_markers():
         for i, cell in enumerate(nb.cells):
             assert cells._near_markers(cell, f"{path.name}, cell {i}") == []
         assert [p for p in ex.validate(nb, path.name) if "no solution block" in p] == []
+
+
+def test_no_course_markdown_renders_a_marker_as_a_heading():
+    """Every markdown cell of solutions/, notebooks/ and the fixture rendered as Jupyter renders markdown (mistune,
+    which nbconvert uses too): no heading and no visible text names a solution marker."""
+    mistune = pytest.importorskip("mistune", reason="renders markdown as Jupyter does (nbconvert's dependency)")
+    paths = sorted((REPO / "solutions").glob("*.ipynb")) + sorted((REPO / "notebooks").glob("*.ipynb")) + [FIXTURE]
+    answers = 0
+    for path in paths:
+        for i, cell in enumerate(_read(path).cells):
+            if cell.cell_type != "markdown":
+                continue
+            html = mistune.html(cell.source)
+            shown = re.sub(r"<!--.*?-->", "", html, flags=re.S)   # HTML comments: rendered as nothing
+            headings = re.findall(r"<h\d[^>]*>(.*?)</h\d>", shown, flags=re.S)
+            assert not [h for h in headings if "SOLUTION" in h.upper()], f"{path.name}, cell {i}: {headings}"
+            visible = re.sub(r"<code>.*?</code>", "", shown, flags=re.S)   # prose may quote the markers in code
+            assert not re.search(r"(BEGIN|END) SOLUTION", visible), f"{path.name}, cell {i}: {visible[:300]}"
+            answers += ex.MD_BEGIN in cell.source
+    assert answers >= 2   # the fixture's answer and notebook 13's written answer are checked, not skipped
 
 
 def test_build_reports_every_problem_and_writes_nothing(tmp_path, capsys):
@@ -693,35 +719,15 @@ def test_learner_notebook_raises_until_filled_in_and_solution_runs(tmp_path):
 # nbgrader: the course directory for instructors who grade with it
 # ------------------------------------------------------------------------------------------------
 
-_NBGRADER_KEYS = {"schema_version", "grade", "locked", "solution", "task", "grade_id", "points"}
-
-
-def _nbgrader_problems(nb) -> list[str]:
-    """nbgrader's rules for its cell metadata (schema 3), as its MetadataValidator applies them before
-    `generate_assignment`: required keys and no others, ids from [a-zA-Z0-9_-] and unique, points on every graded
-    cell, markdown graded exactly when it is a solution."""
-    problems, ids = [], set()
-    for i, cell in enumerate(nb.cells):
-        meta = cell.metadata.get("nbgrader")
-        if meta is None:
-            continue
-        keys = set(meta)
-        if not {"schema_version", "grade", "locked", "solution"} <= keys or keys - _NBGRADER_KEYS:
-            problems.append(f"cell {i}: keys {sorted(keys)}")
-        if meta.get("schema_version") != 3:
-            problems.append(f"cell {i}: schema_version {meta.get('schema_version')}")
-        if meta["grade"] or meta["solution"] or meta["locked"]:
-            gid = meta.get("grade_id", "")
-            if not re.fullmatch(r"[a-zA-Z0-9_\-]+", gid):
-                problems.append(f"cell {i}: grade_id {gid!r}")
-            if gid in ids:
-                problems.append(f"cell {i}: duplicate grade_id {gid!r}")
-            ids.add(gid)
-        if meta["grade"] and not (isinstance(meta.get("points"), (int, float)) and meta["points"] >= 0):
-            problems.append(f"cell {i}: graded without points")
-        if cell.cell_type == "markdown" and meta["grade"] != meta["solution"]:
-            problems.append(f"cell {i}: a markdown cell graded {meta['grade']}, solution {meta['solution']}")
-    return problems
+def _nbgrader_validate(nb, name: str) -> None:
+    """nbgrader's own check of its cell metadata (schema 3: required keys and no others, grade ids from
+    [a-zA-Z0-9_-] and unique, points on every graded cell, markdown graded exactly when it is a solution), as
+    `generate_assignment` runs it. Called last in a test: without nbgrader the test's other checks have run."""
+    fmt = pytest.importorskip("nbgrader.nbgraderformat", reason="nbgrader checks its metadata (requirements.txt)")
+    try:
+        fmt.MetadataValidator().validate_nb(nb)
+    except fmt.ValidationError as e:
+        pytest.fail(f"{name}: nbgrader rejects the export: {e}")
 
 
 def test_nbgrader_export_marks_exercises_checks_and_answers(tmp_path):
@@ -741,7 +747,6 @@ def test_nbgrader_export_marks_exercises_checks_and_answers(tmp_path):
         8: ("check-99-3", False, True, True, 1),
         10: ("check-99-3-b", False, True, True, 1),
     }
-    assert _nbgrader_problems(nb) == []
     # the text is the solution's, markers included (nbgrader strips them); outputs and run metadata go
     for a, b in zip(original.cells, nb.cells):
         assert a.source == b.source and a.id == b.id
@@ -755,6 +760,7 @@ def test_nbgrader_export_marks_exercises_checks_and_answers(tmp_path):
     assert f'c.ClearSolutions.code_stub = {{"python": {ex.NBGRADER_STUB!r}}}' in config
     assert "c.Execute.timeout" in config
     assert ex.NBGRADER_STUB == ex.stub_line(ex.DEFAULT_TITLE)
+    _nbgrader_validate(nb, path.name)
 
 
 def test_nbgraders_stub_in_a_kernel_reads_as_not_done_yet():
@@ -774,10 +780,10 @@ def test_nbgrader_export_of_every_course_notebook(tmp_path):
     assert proc.returncode == 0, proc.stderr
     solutions = sorted((REPO / "solutions").glob("*.ipynb"))
     assert re.search(rf"{len(solutions)} assignments under .*source/", proc.stdout), proc.stdout
-    graded = 0
+    graded, exported = 0, []
     for path in solutions:
         nb = _read(out / "source" / path.stem / path.name)
-        assert _nbgrader_problems(nb) == [], path.name
+        exported.append((nb, path.name))
         exercises = ex.list_exercises(path)
         solution_cells = [i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("solution")]
         assert solution_cells == [i for _, i in exercises], path.name
@@ -787,6 +793,8 @@ def test_nbgrader_export_of_every_course_notebook(tmp_path):
         assert tests == checks, path.name
         graded += len(tests)
     assert graded >= len([p for p in solutions if ex.list_exercises(p)])
+    for nb, name in exported:
+        _nbgrader_validate(nb, name)
 
 
 def test_nbgrader_export_refuses_a_broken_solution_and_writes_nothing(tmp_path):

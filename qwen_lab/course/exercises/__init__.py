@@ -12,7 +12,9 @@
   (the nbgrader convention) becomes one line `raise NotImplementedError("<title>")` at the
   indentation of the BEGIN marker. The title is the cell's first line without its `# `, e.g.
   `# Exercise 02.1: zero-centred RMSNorm` gives "Exercise 02.1: zero-centred RMSNorm".
-- In a markdown cell (a written answer) the block becomes `*Your answer here.*`.
+- In a markdown cell (a written answer) the markers are HTML comments, `<!-- BEGIN SOLUTION -->` and
+  `<!-- END SOLUTION -->`, which Jupyter renders as nothing (`### BEGIN SOLUTION` would show as a
+  heading, and is refused there); the block becomes `*Your answer here.*`.
 - A cell tagged `check` (it grades an exercise, or needs one finished) also gets the tag
   `raises-exception`, so nbval and nbclient expect it to fail in the learner's version.
 - Outputs, execution counts and run metadata are dropped; cell ids are kept (cells without one get
@@ -36,7 +38,9 @@ Before writing anything, `build` validates every solution and stops on any probl
 notebook and the cell (cells counted from 0, as in `nb.cells[i]`): unmatched or nested markers, a
 line that looks like a marker but is not exactly one (in any case, '#' then BEGIN or END then a word
 starting with SOLUT, anywhere in a line of code or as the whole of a line of markdown: `### BEGIN
-SOLUTON`, `### END SOLUTIONS`, `x = 0  ### BEGIN SOLUTION`; named by its line), a code cell titled
+SOLUTON`, `### END SOLUTIONS`, `x = 0  ### BEGIN SOLUTION`, in markdown also such a line inside an
+HTML comment, `<!--BEGIN SOLUTION-->`; named by its line), the code cells' markers in a markdown cell
+(they would render as headings), a code cell titled
 `# Exercise ...` without a solution block (it would reach the learner whole), markers in a cell whose first line is no
 `# Exercise` title, a stub that would run as soon as its cell runs (not inside a function body), an
 exercise notebook without a `check` cell, a check cell before the exercise it grades, and a cell without the
@@ -69,7 +73,7 @@ nbgrader.py (the nbgrader export), cli.py (the command line).
 from .building import (RECORD, EditedNotebooks, Report, build, build_notebook, check, default_root,
                        edited_since_built, is_generated_notebook, resolve_dirs, strip_solutions)
 from .cells import (BEGIN, CHECK_TAG, DEFAULT_TITLE, END, LEARNER_KERNELSPEC, LEARNER_LANGUAGE_INFO, MARKDOWN_STUB,
-                    RAISES_TAG, REBUILD, ExerciseError, cell_title, stub_line)
+                    MD_BEGIN, MD_END, RAISES_TAG, REBUILD, ExerciseError, cell_title, stub_line)
 from .cli import main
 from .files import dumps
 from .nbgrader import NBGRADER_CONFIG, NBGRADER_SCHEMA, NBGRADER_STUB, export_nbgrader, nbgrader_notebook
@@ -77,7 +81,7 @@ from .validation import exercise_and_check, list_exercises, validate
 
 __all__ = ["RECORD", "EditedNotebooks", "edited_since_built",
            "BEGIN", "CHECK_TAG", "DEFAULT_TITLE", "END", "LEARNER_KERNELSPEC", "LEARNER_LANGUAGE_INFO", "MARKDOWN_STUB",
-           "NBGRADER_CONFIG", "NBGRADER_SCHEMA", "NBGRADER_STUB", "RAISES_TAG", "REBUILD", "ExerciseError", "Report",
+           "MD_BEGIN", "MD_END", "NBGRADER_CONFIG", "NBGRADER_SCHEMA", "NBGRADER_STUB", "RAISES_TAG", "REBUILD", "ExerciseError", "Report",
            "build", "build_notebook", "cell_title", "check", "default_root", "dumps", "exercise_and_check",
            "export_nbgrader", "is_generated_notebook", "list_exercises", "main", "nbgrader_notebook", "resolve_dirs",
            "strip_solutions", "stub_line", "validate"]

@@ -12,6 +12,10 @@ from ...errors import QwenLabError
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
+# In a markdown cell the markers are HTML comments, which Jupyter renders as nothing: `### BEGIN SOLUTION` there would
+# show as a heading in the solution notebook. nbgrader finds them all the same (it looks for "BEGIN SOLUTION" in a line).
+MD_BEGIN = "<!-- BEGIN SOLUTION -->"
+MD_END = "<!-- END SOLUTION -->"
 CHECK_TAG = "check"
 RAISES_TAG = "raises-exception"
 DEFAULT_TITLE = "Exercise: fill in this block"
@@ -25,9 +29,10 @@ REBUILD = "run python -m qwen_lab.exercises build"
 # of a line of markdown, and it is not exactly BEGIN or END. Prose that mentions the end and a solution ("in the end,
 # compare your solution"), or quotes the markers in a sentence, is not one.
 _LOOKALIKE = re.compile(r"#+[ \t]*(?:begin|end)[\s_-]*solut", re.IGNORECASE)
-# (in markdown only a line that holds nothing else: prose may quote the markers, "between `### BEGIN SOLUTION`
-# and ...", and a heading may read "## End solutions overview")
-_LOOKALIKE_MD = re.compile(r"^\s*#+[ \t]*(?:begin|end)[\s_-]*solut\w*\s*$", re.IGNORECASE)
+# (in markdown only a line that holds nothing else, as a heading or an HTML comment: prose may quote the markers,
+# "between `### BEGIN SOLUTION` and ...", and a heading may read "## End solutions overview")
+_LOOKALIKE_MD = re.compile(r"^\s*(?:#+|<!--[ \t#]*)[ \t]*(?:begin|end)[\s_-]*solut\w*[ \t]*(?:-->)?\s*$",
+                           re.IGNORECASE)
 # A code cell whose first line reads as an exercise title (`# Exercise 02.1: ...`, `## exercise 2`): it must hold a
 # solution block, or the whole cell, solution included, would reach the learner.
 _CODE_TITLE_LIKE = re.compile(r"^\s*#+\s*exercise\b", re.IGNORECASE)
@@ -104,15 +109,26 @@ def _where(name: str, index: int, cell) -> str:
     return f"{name}, cell {index} ({cell.get('cell_type')}, {json.dumps(first, ensure_ascii=False)})"
 
 
+def markers(cell) -> tuple[str, str]:
+    """The (begin, end) solution markers of a cell's kind: HTML comments in markdown, `###` comments elsewhere."""
+    return (MD_BEGIN, MD_END) if cell.get("cell_type") == "markdown" else (BEGIN, END)
+
+
 def _near_markers(cell, where: str) -> list[str]:
     """A problem for every line of the cell that looks like a solution marker but is not exactly one."""
     problems = []
+    markdown = cell.get("cell_type") == "markdown"
+    begin, end = markers(cell)
     for i, line in enumerate(_lines(cell.get("source", ""))):
         text = line.strip()
-        rule = _LOOKALIKE_MD if cell.get("cell_type") == "markdown" else _LOOKALIKE
-        if text not in (BEGIN, END) and rule.search(line):
-            problems.append(f"{where}: line {i + 1} looks like a solution marker but is not exactly {BEGIN!r} "
-                            f"or {END!r}: {text!r}; as written, the solution would reach the learner. Write the "
+        rule = _LOOKALIKE_MD if markdown else _LOOKALIKE
+        if markdown and text in (BEGIN, END):
+            exact = MD_BEGIN if text == BEGIN else MD_END
+            problems.append(f"{where}: line {i + 1} is the code cells' marker {text!r}, which a markdown cell "
+                            f"renders as a heading; in markdown write {exact!r} (an HTML comment, shown as nothing)")
+        elif text not in (begin, end) and rule.search(line):
+            problems.append(f"{where}: line {i + 1} looks like a solution marker but is not exactly {begin!r} "
+                            f"or {end!r}: {text!r}; as written, the solution would reach the learner. Write the "
                             f"marker exactly, alone on its line, or reword the line")
     return problems
 
@@ -129,22 +145,23 @@ def _blocks(cell, where: str) -> tuple[list[_Block], list[str]]:
     blocks, problems = [], []
     open_at: int | None = None
     indent = ""
+    begin, end = markers(cell)
     for i, line in enumerate(_lines(cell.get("source", ""))):
         text = line.strip()
-        if text == BEGIN:
+        if text == begin:
             if open_at is not None:
-                problems.append(f"{where}: nested markers: {BEGIN!r} on line {i + 1} inside the block opened "
-                                f"on line {open_at + 1}; close each block with {END!r} before opening another")
+                problems.append(f"{where}: nested markers: {begin!r} on line {i + 1} inside the block opened "
+                                f"on line {open_at + 1}; close each block with {end!r} before opening another")
                 continue
             open_at, indent = i, line[: len(line) - len(line.lstrip())]
-        elif text == END:
+        elif text == end:
             if open_at is None:
-                problems.append(f"{where}: unmatched marker: {END!r} on line {i + 1} has no {BEGIN!r} before it")
+                problems.append(f"{where}: unmatched marker: {end!r} on line {i + 1} has no {begin!r} before it")
                 continue
             blocks.append(_Block(open_at, i, indent))
             open_at = None
     if open_at is not None:
-        problems.append(f"{where}: unmatched marker: {BEGIN!r} on line {open_at + 1} is never closed by {END!r}")
+        problems.append(f"{where}: unmatched marker: {begin!r} on line {open_at + 1} is never closed by {end!r}")
     return blocks, problems
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .cells import (_CODE_TITLE_LIKE, _NUMBERED, BEGIN, CHECK_TAG, DEFAULT_TITLE, END, MARKDOWN_STUB, ExerciseError,
                     _Block, _blocks, _is_check, _lines, _near_markers, _stripped_cell_source, _where, cell_title,
-                    stub_line)
+                    markers, stub_line)
 from .files import _as_notebook
 
 # --------------------------------------------------------------------------------------------------
@@ -133,7 +133,7 @@ def list_exercises(notebook) -> list[tuple[str, int]]:
     for i, cell in enumerate(nb.cells):
         source = cell.get("source", "")
         if cell.get("cell_type") in ("code", "markdown") and any(
-                line.strip() in (BEGIN, END) for line in _lines(source)):
+                line.strip() in markers(cell) for line in _lines(source)):
             found.append((cell_title(cell) or DEFAULT_TITLE, i))
     if found:
         return found
