@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qwen_lab import reference
+from qwen_lab import reference, runtime
 from qwen_lab.course import checks, kept
 from qwen_lab.course.exercises import building
 
@@ -198,6 +198,7 @@ def test_the_solutions_keep_their_kernels_and_the_finale_generates_with_them(tmp
     pytest.importorskip("ipykernel")
     import nbformat
 
+    strict = runtime.interpreter_active()   # the notebooks run float32 here; bf16 on a GPU
     folder = tmp_path / "my_kernels"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                **{kept.ENV: str(folder)})
@@ -223,13 +224,17 @@ def test_the_solutions_keep_their_kernels_and_the_finale_generates_with_them(tmp
         assert row, out
         if operator == "sample":                                    # the same draws as reference.sample
             assert re.fullmatch(r"same token in (\d+) of \1 draws", row.group(1)), row.group(0)
-        else:                                                       # float32: the reference's values, nearly
+        elif strict:                                                # float32: the reference's values, nearly
             assert float(row.group(1)) < 1e-4, row.group(0)
+        else:                                                       # bf16 on a GPU: finite, and not far off
+            assert float(row.group(1)) < 1.0, row.group(0)
     for name in ("kv_cache_write", "sigmoid_gate"):                # no exercise writes these two
         assert re.search(rf"^{name} +the library's$", out, re.M), out
     # greedy generation with every kept kernel: the library's tokens, and the prompt's logits close to its logits
-    assert re.search(r"^the same tokens; the prompt's logits differ by \S+ \(relative\)$", out, re.M), out
-    assert float(re.search(r"differ by (\S+) \(relative\)", out).group(1)) < 1e-4, out
+    # (in float32; in bf16 a near tie between two tokens may go either way, as the notebook's line says)
+    assert re.search(r"^(the same|different) tokens.*; the prompt's logits differ by \S+ \(relative\)$", out, re.M)
+    assert not strict or "\nthe same tokens; " in out, out
+    assert float(re.search(r"differ by (\S+) \(relative\)", out).group(1)) < (1e-4 if strict else 0.1), out
 
 
 def test_the_finale_says_so_when_nothing_is_kept(kept_folder):
