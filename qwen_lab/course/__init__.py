@@ -3,6 +3,7 @@
     from qwen_lab.course import checks      # check_kernel, compare, ...: grade a learner's kernel (checks/)
     from qwen_lab.course import exercises   # build notebooks/ from solutions/, check they are in sync (exercises/)
     from qwen_lab.course import syncguard   # what would break a CUDA Graph capture, found on any machine
+    from qwen_lab.course import kept        # the learner's passing kernels, kept in my_kernels/ and loaded (kept.py)
     from qwen_lab.course import setup       # the notebooks' first cell: rt = setup()
     from qwen_lab.course import recorded    # a GPU cell's result: kept on a GPU (recording runs), shown on a CPU
 

@@ -13,6 +13,7 @@ from typing import Callable, Iterable
 import torch
 
 from ...kernels import LaunchCounter, count_launches
+from .. import kept   # (a module, not its names: kept.py imports checks too)
 from .comparison import CheckFailed, Comparison, _tip, compare, poison_
 from .guards import _guard, _guardable, _guarded_allocations
 from .learner import _learner_code
@@ -216,6 +217,7 @@ def check_kernel(name: str, fn: Callable, ref: Callable, cases: Iterable[Callabl
         if suspects:
             print(f"  note: the results are right here, but {suspects[0]}" +
                   (f" (and {len(suspects) - 1} more such notes)" if len(suspects) > 1 else ""))
+    kept.keep(name, fn, quiet)   # a passing exercise's kernel is kept in the learner's notebooks folder (course/kept.py)
     return results
 
 

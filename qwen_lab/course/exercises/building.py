@@ -255,7 +255,8 @@ def build(solutions=None, notebooks=None, force: bool = False) -> Report:
     `<name>.ipynb.bak` beside it. A notebook in notebooks/ without a solution is removed only when
     `is_generated_notebook` says build wrote it (a chapter whose solution was deleted or renamed); any other file
     is left alone and listed in `kept`. Nothing is written when any solution has a problem (ExerciseError lists them
-    all), nor when notebooks/ is the solutions folder or inside it.
+    all), nor when notebooks/ is the solutions folder or inside it. Only notebooks/*.ipynb and the record are ever
+    written or removed: the learner's kept kernels (notebooks/my_kernels/, qwen_lab.course.kept) stay as they are.
     """
     solutions, notebooks = resolve_dirs(solutions, notebooks)
     _refuse_overlap(solutions, notebooks)

@@ -48,6 +48,7 @@ def conv1d_kernel(x_ptr, w_ptr, state_ptr, out_ptr, T, C, stride_xt, stride_wc, 
 def my_causal_conv1d(x, weight, state):
     T, C_ = x.shape
     W_ = weight.shape[1]
+    weight = weight.contiguous()   # the kernel reads a channel's W taps side by side; the model keeps them C apart
     out = torch.empty(T, C_, dtype=x.dtype, device=x.device)
     BLOCK_C = 64
     conv1d_kernel[(triton.cdiv(C_, BLOCK_C),)](x, weight, state, out, T, C_, x.stride(0), weight.stride(0),
