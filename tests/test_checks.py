@@ -1,6 +1,8 @@
 """qwen_lab.course.checks: what a learner's mistake looks like to check_kernel (Triton interpreter on a CPU, a real
 launch on a GPU). Each mistake must fail with a message that names it, never pass and never take the process down."""
 
+import re
+
 import pytest
 import torch
 import triton
@@ -137,7 +139,8 @@ def test_learner_code_shows_an_unfinished_kernel_as_its_exercise():
     assert str(got.value) == f"Exercise 01.1: vector add: `add_kernel` {todo}" and got.value.__suppress_context__
 
     x = checks.randn(50, g=torch.Generator().manual_seed(0), device=DEV)
-    with pytest.raises(NotImplementedError, match=f"^Exercise 99.1: the copy: `_unfinished_copy_kernel` {todo}$"):
+    with pytest.raises(NotImplementedError, match="^" + re.escape(f"Exercise 99.1: the copy: `_unfinished_copy_kernel` {todo}")
+                       + "$"):
         with checks.learner_code():
             _unfinished_copy(x, torch.empty_like(x))
 
