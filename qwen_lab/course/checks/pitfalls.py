@@ -202,10 +202,17 @@ def _rope_interleaved(x, positions, rotary_dim, theta):
     return xf.to(x.dtype)
 
 
-def _rope_backwards(x, positions, rotary_dim, theta):
-    from ... import reference
+def _rope_signs(first: float, second: float):
+    """Rotate-half RoPE with out1 = x1 cos + first * x2 sin, out2 = x2 cos + second * x1 sin (right: -1, +1)."""
+    def computes(x, positions, rotary_dim, theta):
+        from ... import reference
 
-    return reference.rope(x, -positions, rotary_dim, theta)
+        cos, sin = reference.rope_cos_sin(positions, rotary_dim, theta)
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        xf, half = x.float(), rotary_dim // 2
+        x1, x2, rest = xf[..., :half], xf[..., half:rotary_dim], xf[..., rotary_dim:]
+        return torch.cat([x1 * cos + first * x2 * sin, x2 * cos + second * x1 * sin, rest], dim=-1).to(x.dtype)
+    return computes
 
 
 def _rope_rest_unwritten(x, positions, rotary_dim, theta):
@@ -274,8 +281,10 @@ EXERCISES = {
         Pitfall("gate and up are swapped: the result is silu(up) * gate; gate is the first I columns of the row, "
                 "up the next I", _swapped_silu),)),
     "rope": Exercise("06.1", "elementwise", (
+        Pitfall("the first half adds x_partner * sin: it subtracts it (x1 cos - x2 sin); only the second half "
+                "adds it (x2 cos + x1 sin)", _rope_signs(1.0, 1.0)),
         Pitfall("the rotation runs backwards (the sin terms' signs swapped): the first half subtracts "
-                "x_partner * sin, the second half adds it", _rope_backwards),
+                "x_partner * sin, the second half adds it", _rope_signs(1.0, -1.0)),
         Pitfall("the pairs are interleaved (2i, 2i + 1): Qwen3.5 rotates half, pairing i with i + rotary_dim / 2",
                 _rope_interleaved),
         Pitfall("the dims past rotary_dim were never written: they pass through unchanged, so copy them",
