@@ -67,8 +67,15 @@ def test_an_unfinished_kernel_reads_as_not_done_yet():
     """A kernel whose body is still the exercise's stub: under the interpreter the `raise` runs; compiled for a GPU,
     Triton refuses the statement (its error quotes the stub). Both must read as the exercise not done yet, not as
     "your function raised UnsupportedLanguageConstruct"."""
-    with pytest.raises(NotImplementedError, match="Exercise 99.1: the copy"):
+    import traceback
+
+    with pytest.raises(NotImplementedError, match="Exercise 99.1: the copy") as got:
         checks.check_kernel("copy", _unfinished_copy, _flat, [_case_1d], quiet=True)
+    # one exception, not the interpreter's chain behind it; IPython and Jupyter show its message alone
+    shown = "".join(traceback.format_exception(got.value))
+    assert "During handling" not in shown and "direct cause" not in shown, shown
+    assert got.value._render_traceback_() == [f"NotImplementedError: {got.value}"]
+    assert "`_unfinished_copy_kernel` still raises NotImplementedError" in str(got.value)
 
 
 _STUB_SCRIPT = """
@@ -139,8 +146,8 @@ def test_learner_code_shows_an_unfinished_kernel_as_its_exercise():
     assert str(got.value) == f"Exercise 01.1: vector add: `add_kernel` {todo}" and got.value.__suppress_context__
 
     x = checks.randn(50, g=torch.Generator().manual_seed(0), device=DEV)
-    with pytest.raises(NotImplementedError, match="^" + re.escape(f"Exercise 99.1: the copy: `_unfinished_copy_kernel` {todo}")
-                       + "$"):
+    stub = f"Exercise 99.1: the copy: `_unfinished_copy_kernel` {todo}"
+    with pytest.raises(NotImplementedError, match="^" + re.escape(stub) + "$"):
         with checks.learner_code():
             _unfinished_copy(x, torch.empty_like(x))
 

@@ -33,7 +33,8 @@ from .guards import GUARD_NAN, GUARD_SENTINEL, GuardedTensor, guarded_call
 from .runner import ExerciseNotDone, check_kernel, learner_code
 from .source_notes import store_notes, unfilled_masked_loads, unordered_inplace_updates
 
-__all__ = ["CheckFailed", "Comparison", "ExerciseNotDone", "TOLERANCES", "check_kernel", "compare", "finite_or_raise", "learner_code",
+__all__ = ["CheckFailed", "Comparison", "ExerciseNotDone", "TOLERANCES", "check_kernel", "compare", "finite_or_raise",
+           "learner_code",
            "poison_", "randn", "relative_error", "tolerance", "GuardedTensor", "guarded_call",
            "GUARD_NAN", "GUARD_SENTINEL", "INT_POISON", "POISON_BITS", "store_notes", "unfilled_masked_loads",
            "unordered_inplace_updates"]
