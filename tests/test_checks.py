@@ -449,6 +449,32 @@ def test_computed_nan_is_explained_by_the_rows_that_hold_it():
         checks.compare("p", scattered, ref)
 
 
+def test_computed_nan_names_only_the_causes_of_the_exercises_operator():
+    """A norm's NaN rows are told with a norm's causes (a missing eps, a load outside an input), never a softmax's
+    (a masked row's max, an exp that overflowed); a softmax keeps its own; no operator given: every cause."""
+    ref = torch.randn(2, 5, 8)
+    ref[:, 3] = 0.0                           # a row of zeros: without eps, 0 * rsqrt(0) = NaN
+    got = ref.clone()
+    got[:, 3] = float("nan")
+    got[0, 1] = float("nan")                  # a whole row
+    got[1, 2, 4] = float("nan")               # one element
+    softmax_words = ("exp(", "softmax", "the row's max", "every key is masked", "underflowed")
+    with pytest.raises(checks.CheckFailed) as norm:
+        checks.compare("y", got, ref, operator="norm")
+    said = str(norm.value)
+    assert "a row of zeros, whose sum of squares is 0: without eps, rsqrt(0) = inf" in said, said
+    assert "a missing eps" in said and "a load outside an input" in said, said
+    assert not any(word in said for word in softmax_words), said
+    with pytest.raises(checks.CheckFailed) as elementwise:
+        checks.compare("y", got, ref, operator="elementwise")
+    assert "eps" not in str(elementwise.value) and not any(w in str(elementwise.value) for w in softmax_words)
+    for operator in ("softmax", None):
+        with pytest.raises(checks.CheckFailed) as softmax:
+            checks.compare("p", got, ref, operator=operator)
+        assert "a softmax row whose every key is masked" in str(softmax.value), str(softmax.value)
+        assert "every exp of the row underflowed" in str(softmax.value), str(softmax.value)
+
+
 @triton.jit
 def _rows_scalar_mask_kernel(x_ptr, out_ptr, N, stride_o, BLOCK: tl.constexpr):
     row = tl.program_id(0)

@@ -126,8 +126,7 @@ def _half_add_case(case: dict, g: torch.Generator) -> dict:
     return dict(case, x=randn(*shape, g=g, dtype=torch.float16, device=x.device, scale=300.0),
                 residual=randn(*shape, g=g, dtype=torch.float16, device=x.device, scale=300.0),
                 weight=randn(shape[-1], g=g, dtype=torch.float16, device=x.device, scale=0.1),
-                out=torch.empty(shape, dtype=torch.float16, device=x.device),
-                residual_out=torch.empty(shape, dtype=torch.float16, device=x.device))
+                out=torch.empty(shape, dtype=torch.float16, device=x.device))
 
 
 _ADD_RMS_NORM = (
