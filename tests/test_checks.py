@@ -95,8 +95,9 @@ try:
                              constexprs={"BLOCK": 256}), target=GPUTarget("cuda", 90, 32))
 except Exception as e:
     sys.path.insert(0, sys.argv[1])
-    from qwen_lab.course.checks.runner import _unfinished
+    from qwen_lab.course.checks.runner import _not_done, _unfinished
     print(type(e).__name__, "->", repr(_unfinished(e)))
+    print("shown:", _not_done(e)._render_traceback_()[0])
 """
 
 
@@ -113,6 +114,8 @@ def test_a_kernel_stub_compiled_for_a_gpu_reads_as_not_done_yet(tmp_path):
     done = subprocess.run([sys.executable, str(script), root], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""})
     assert "-> NotImplementedError('Exercise 01.1: vector add')" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert ("shown: NotImplementedError: Exercise 01.1: vector add: `add_kernel` still raises NotImplementedError"
+            in done.stdout), done.stdout + done.stderr[-2000:]
 
 
 class _CompilationError(Exception):

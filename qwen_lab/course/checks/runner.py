@@ -64,9 +64,12 @@ def _not_done(e: BaseException) -> ExerciseNotDone | None:
     tb = stub.__traceback__
     while tb is not None:   # the innermost frame: the kernel or the function that holds the stub
         where, tb = tb.tb_frame.f_code.co_name, tb.tb_next
-    if where is None:       # compiled for a GPU: the compiler's message quotes the kernel's source
-        quoted = next((_QUOTED_DEF.search(str(x)) for x in (e, e.__cause__, e.__context__) if x is not None), None)
+    seen = set()
+    while where is None and e is not None and id(e) not in seen:   # compiled for a GPU: the compiler's message
+        seen.add(id(e))                                            # quotes the kernel's source, its def line too
+        quoted = _QUOTED_DEF.search(str(e)) if _STUB_IN_KERNEL.search(str(e)) else None
         where = quoted.group(1) if quoted else None
+        e = e.__cause__ or e.__context__
     who = f"`{where}`" if where else "your function"
     return ExerciseNotDone(f"{stub}: {who} still raises NotImplementedError (the exercise's stub): fill in the "
                            f"exercise's cell above, run it, then run this cell again")
