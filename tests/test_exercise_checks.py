@@ -452,18 +452,29 @@ def test_a_missing_load_mask_names_the_read_first_and_only_a_norms_causes(monkey
     assert "more such notes" not in said, said
 
 
-def test_a_missing_fp32_upcast_is_caught_by_the_float16_case(monkeypatch, benchmark_module):
-    """02.1 without `.to(tl.float32)`: right in float32, so the notebook's cases pass; the check's float16 case
-    (x up to about 1000: x * x overflows float16) fails, and the failure names the missing upcast first."""
+UPCASTS = [   # (exercise, the right line, its check's name, the variable whose square overflows)
+    ("Exercise 02.1", "x = tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)", "rms_norm",
+     "x"),
+    ("Exercise 02.2", "    s = s.to(tl.float32)\n", "add_rms_norm", "s"),   # the rounded sum left in float16
+    ("Exercise 02.3", "x = tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)",
+     "gated_rms_norm", "x"),
+]
+
+
+@pytest.mark.parametrize("exercise, right, name, squared", UPCASTS, ids=[u[0].split()[-1] for u in UPCASTS])
+def test_a_missing_fp32_upcast_is_caught_by_the_float16_case(exercise, right, name, squared, monkeypatch,
+                                                             benchmark_module):
+    """A norm without its `.to(tl.float32)`: right in float32, so the notebook's cases pass; the check's float16 case
+    (x up to about 1000: the square overflows float16, as on a GPU) fails, and the failure names the missing upcast
+    first."""
     monkeypatch.chdir(SOLUTIONS)
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    right = "x = tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)"
+    wrong = right.removesuffix(".to(tl.float32)") if right.endswith(")") else ""
     with pytest.raises(checks.CheckFailed) as failed:
-        run_with_mistake(benchmark_module("run_notebooks").run_cell, "02_rmsnorm.ipynb", "Exercise 02.1",
-                         right.removesuffix(".to(tl.float32)"), right)
+        run_with_mistake(benchmark_module("run_notebooks").run_cell, "02_rmsnorm.ipynb", exercise, wrong, right)
     said = str(failed.value)
-    assert re.match(r"rms_norm \(case \d+: x=\(\d+, \d+\) float16, [^\n]*\): this is what float16 arithmetic "
-                    r"gives: x \* x overflows float16", said), said
+    assert re.match(re.escape(name) + r" \(case \d+: x=\(\d+, \d+\) float16, [^\n]*\)(, output 0)?: this is what float16 "
+                    r"arithmetic gives: " + squared + r" \* " + squared + " overflows float16", said), said
     assert "the fp32 upcast is missing" in said.split("\n")[0], said
 
 

@@ -137,7 +137,9 @@ _ADD_RMS_NORM = (
     Pitfall("the norm is taken of the sum before it was rounded: round s to the stream's dtype "
             "(`.to(rout_ptr.dtype.element_ty)`), then normalise that rounded s, as the next layer will read it",
             _add_norm(lambda s, w, eps, exact: None if torch.equal(s, exact) else _rms(exact, eps) * (1.0 + w))),
-    Pitfall(_NO_UPCAST.replace("x * x", "s * s"), _no_upcast_add_norm),
+    Pitfall("this is what float16 arithmetic gives: s * s overflows float16 (max 65504) and the row comes out 0; "
+            "the fp32 upcast is missing: load in fp32, and convert the rounded s back with s.to(tl.float32) before "
+            "the norm", _no_upcast_add_norm),
 )
 
 
