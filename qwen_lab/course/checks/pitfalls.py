@@ -75,13 +75,23 @@ def _no_upcast_norm(x, weight, eps):
         return _from_half(_half_rms(x, eps) * (np.float16(1) + weight.detach().cpu().numpy().astype(np.float16)), x)
 
 
-def _half_norm_case(case: dict, g: torch.Generator) -> dict:
-    """The notebook's first case in float16, its x scaled so that x * x overflows float16 (|x| > 256)."""
-    x = case["x"]
-    shape = (5, x.shape[-1])
-    return dict(case, x=randn(*shape, g=g, dtype=torch.float16, device=x.device, scale=300.0),
-                weight=randn(shape[-1], g=g, dtype=torch.float16, device=x.device, scale=0.1),
-                out=torch.empty(shape, dtype=torch.float16, device=x.device))
+def _half_case(large: tuple):
+    """(a case of the notebook, a generator) -> the same arguments as 5 rows in float16: the rows of the arguments
+    named in `large` drawn up to about 1000 (their squares overflow float16: |v| > 256), the other rows standard
+    normal, output buffers empty; weights (1-D) and scalars as they were."""
+    def make(case: dict, g: torch.Generator) -> dict:
+        x = case["x"]
+        shape = (5, x.shape[-1])
+        half = {}
+        for k, v in case.items():
+            if not isinstance(v, torch.Tensor) or not v.is_floating_point() or v.dim() < 2:
+                half[k] = v
+            elif k.startswith("out") or k.endswith("_out"):
+                half[k] = torch.empty(shape, dtype=torch.float16, device=v.device)
+            else:
+                half[k] = randn(*shape, g=g, dtype=torch.float16, device=v.device, scale=300.0 if k in large else 1.0)
+        return half
+    return make
 
 
 _EPS_DROPPED = "eps is missing: add it to the mean square inside the root, rsqrt(sum(x * x) / D + eps)"
@@ -120,15 +130,6 @@ def _no_upcast_add_norm(x, residual, weight, eps):
     return _no_upcast_norm(s, weight, eps), s
 
 
-def _half_add_case(case: dict, g: torch.Generator) -> dict:
-    x = case["x"]
-    shape = (5, x.shape[-1])
-    return dict(case, x=randn(*shape, g=g, dtype=torch.float16, device=x.device, scale=300.0),
-                residual=randn(*shape, g=g, dtype=torch.float16, device=x.device, scale=300.0),
-                weight=randn(shape[-1], g=g, dtype=torch.float16, device=x.device, scale=0.1),
-                out=torch.empty(shape, dtype=torch.float16, device=x.device))
-
-
 _ADD_RMS_NORM = (
     Pitfall("the normed output is s / rms(s) * w: Qwen3.5's norm multiplies by (1 + w): use `* (1.0 + w)`",
             _add_norm(lambda s, w, eps, exact: _rms(s, eps) * w)),
@@ -152,15 +153,6 @@ def _no_upcast_gated(x, z, weight, eps):
         return None
     y = torch.from_numpy(_half_rms(x, eps).astype(np.float32)).to(x.device)
     return (y * weight.float() * F.silu(z.float())).to(x.dtype)
-
-
-def _half_gated_case(case: dict, g: torch.Generator) -> dict:
-    x, w = case["x"], case["weight"]
-    shape = (5, x.shape[-1])
-    return dict(case, x=randn(*shape, g=g, dtype=torch.float16, device=x.device, scale=300.0),
-                z=randn(*shape, g=g, dtype=torch.float16, device=x.device),
-                weight=randn(shape[-1], g=g, dtype=w.dtype, device=w.device, scale=0.2) + 1.0,
-                out=torch.empty(shape, dtype=torch.float16, device=x.device))
 
 
 _GATED_RMS_NORM = (
@@ -272,9 +264,9 @@ EXERCISES = {
     "embedding": Exercise("01.2", "gather", (
         Pitfall("the table's rows are read H apart: they lie stride_w apart (a row of a wider table); start row "
                 "id at weight_ptr + id * stride_w", _rows_h_apart),)),
-    "rms_norm": Exercise("02.1", "norm", _RMS_NORM, _half_norm_case),
-    "add_rms_norm": Exercise("02.2", "norm", _ADD_RMS_NORM, _half_add_case),
-    "gated_rms_norm": Exercise("02.3", "norm", _GATED_RMS_NORM, _half_gated_case),
+    "rms_norm": Exercise("02.1", "norm", _RMS_NORM, _half_case(("x",))),
+    "add_rms_norm": Exercise("02.2", "norm", _ADD_RMS_NORM, _half_case(("x", "residual"))),
+    "gated_rms_norm": Exercise("02.3", "norm", _GATED_RMS_NORM, _half_case(("x",))),
     "matmul": Exercise("03.1", "matmul"),
     "split-K linear": Exercise("04.1", "matmul"),
     "deterministic split-K linear": Exercise("04.2", "matmul"),
