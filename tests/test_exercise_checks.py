@@ -473,8 +473,9 @@ def test_a_missing_fp32_upcast_is_caught_by_the_float16_case(exercise, right, na
     with pytest.raises(checks.CheckFailed) as failed:
         run_with_mistake(benchmark_module("run_notebooks").run_cell, "02_rmsnorm.ipynb", exercise, wrong, right)
     said = str(failed.value)
-    assert re.match(re.escape(name) + r" \(case \d+: x=\(\d+, \d+\) float16, [^\n]*\)(, output 0)?: this is what float16 "
-                    r"arithmetic gives: " + squared + r" \* " + squared + " overflows float16", said), said
+    case = re.escape(name) + r" \(case \d+: x=\(\d+, \d+\) float16, [^\n]*\)(, output 0)?: "
+    overflow = f"this is what float16 arithmetic gives: {squared} \\* {squared} overflows float16"
+    assert re.match(case + overflow, said), said
     assert "the fp32 upcast is missing" in said.split("\n")[0], said
 
 
