@@ -1,6 +1,8 @@
 """qwen_lab.course.checks: what a learner's mistake looks like to check_kernel (Triton interpreter on a CPU, a real
 launch on a GPU). Each mistake must fail with a message that names it, never pass and never take the process down."""
 
+import re
+
 import pytest
 import torch
 import triton
@@ -65,8 +67,15 @@ def test_an_unfinished_kernel_reads_as_not_done_yet():
     """A kernel whose body is still the exercise's stub: under the interpreter the `raise` runs; compiled for a GPU,
     Triton refuses the statement (its error quotes the stub). Both must read as the exercise not done yet, not as
     "your function raised UnsupportedLanguageConstruct"."""
-    with pytest.raises(NotImplementedError, match="Exercise 99.1: the copy"):
+    import traceback
+
+    with pytest.raises(NotImplementedError, match="Exercise 99.1: the copy") as got:
         checks.check_kernel("copy", _unfinished_copy, _flat, [_case_1d], quiet=True)
+    # one exception, not the interpreter's chain behind it; IPython and Jupyter show its message alone
+    shown = "".join(traceback.format_exception(got.value))
+    assert "During handling" not in shown and "direct cause" not in shown, shown
+    assert got.value._render_traceback_() == [f"NotImplementedError: {got.value}"]
+    assert "`_unfinished_copy_kernel` still raises NotImplementedError" in str(got.value)
 
 
 _STUB_SCRIPT = """
@@ -86,8 +95,9 @@ try:
                              constexprs={"BLOCK": 256}), target=GPUTarget("cuda", 90, 32))
 except Exception as e:
     sys.path.insert(0, sys.argv[1])
-    from qwen_lab.course.checks.runner import _unfinished
+    from qwen_lab.course.checks.runner import _not_done, _unfinished
     print(type(e).__name__, "->", repr(_unfinished(e)))
+    print("shown:", _not_done(e)._render_traceback_()[0])
 """
 
 
@@ -104,6 +114,8 @@ def test_a_kernel_stub_compiled_for_a_gpu_reads_as_not_done_yet(tmp_path):
     done = subprocess.run([sys.executable, str(script), root], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""})
     assert "-> NotImplementedError('Exercise 01.1: vector add')" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert ("shown: NotImplementedError: Exercise 01.1: vector add: `add_kernel` still raises NotImplementedError"
+            in done.stdout), done.stdout + done.stderr[-2000:]
 
 
 class _CompilationError(Exception):
@@ -129,13 +141,16 @@ def test_learner_code_shows_an_unfinished_kernel_as_its_exercise():
         except KeyError as inner:
             raise _CompilationError(_COMPILER_MESSAGE) from inner
 
+    todo = ("still raises NotImplementedError (the exercise's stub): fill in the exercise's cell above, run it, then "
+            "run this cell again")
     with pytest.raises(NotImplementedError) as got:
         with checks.learner_code():
             compiled_for_a_gpu()
-    assert str(got.value) == "Exercise 01.1: vector add" and got.value.__suppress_context__
+    assert str(got.value) == f"Exercise 01.1: vector add: `add_kernel` {todo}" and got.value.__suppress_context__
 
     x = checks.randn(50, g=torch.Generator().manual_seed(0), device=DEV)
-    with pytest.raises(NotImplementedError, match="^Exercise 99.1: the copy$"):
+    stub = f"Exercise 99.1: the copy: `_unfinished_copy_kernel` {todo}"
+    with pytest.raises(NotImplementedError, match="^" + re.escape(stub) + "$"):
         with checks.learner_code():
             _unfinished_copy(x, torch.empty_like(x))
 
@@ -437,6 +452,32 @@ def test_computed_nan_is_explained_by_the_rows_that_hold_it():
         checks.compare("p", scattered, ref)
 
 
+def test_computed_nan_names_only_the_causes_of_the_exercises_operator():
+    """A norm's NaN rows are told with a norm's causes (a missing eps, a load outside an input), never a softmax's
+    (a masked row's max, an exp that overflowed); a softmax keeps its own; no operator given: every cause."""
+    ref = torch.randn(2, 5, 8)
+    ref[:, 3] = 0.0                           # a row of zeros: without eps, 0 * rsqrt(0) = NaN
+    got = ref.clone()
+    got[:, 3] = float("nan")
+    got[0, 1] = float("nan")                  # a whole row
+    got[1, 2, 4] = float("nan")               # one element
+    softmax_words = ("exp(", "softmax", "the row's max", "every key is masked", "underflowed")
+    with pytest.raises(checks.CheckFailed) as norm:
+        checks.compare("y", got, ref, operator="norm")
+    said = str(norm.value)
+    assert "a row of zeros, whose sum of squares is 0: without eps, rsqrt(0) = inf" in said, said
+    assert "a missing eps" in said and "a load outside an input" in said, said
+    assert not any(word in said for word in softmax_words), said
+    with pytest.raises(checks.CheckFailed) as elementwise:
+        checks.compare("y", got, ref, operator="elementwise")
+    assert "eps" not in str(elementwise.value) and not any(w in str(elementwise.value) for w in softmax_words)
+    for operator in ("softmax", None):
+        with pytest.raises(checks.CheckFailed) as softmax:
+            checks.compare("p", got, ref, operator=operator)
+        assert "a softmax row whose every key is masked" in str(softmax.value), str(softmax.value)
+        assert "every exp of the row underflowed" in str(softmax.value), str(softmax.value)
+
+
 @triton.jit
 def _rows_scalar_mask_kernel(x_ptr, out_ptr, N, stride_o, BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -586,7 +627,10 @@ def test_a_read_outside_an_input_is_named_with_its_line_even_when_its_value_reac
         checks.check_kernel("copy", shifted, ref, case)
     if runtime.interpreter_active():
         line = _shifted_read_kernel.fn.__code__.co_firstlineno + 3
-        assert f"also: _shifted_read_kernel (line {line} of its file) read 1 element(s) outside 'x'" in str(failed.value)
+        # the most specific finding first: the read outside x, before the NaN it brought in
+        assert str(failed.value).startswith(
+            f"copy (case 0: x=(20,), out=(20,)): _shifted_read_kernel (line {line} of its file) read 1 element(s) "
+            f"outside 'x'"), str(failed.value)
 
 
 def test_compare_holds_the_kernel_to_a_non_finite_reference():

@@ -376,3 +376,145 @@ def test_each_exercise_of_a_learners_notebook_is_checked_by_its_own_stub(noteboo
         number = title.split(":")[0].strip()   # "Exercise 04.1"
         assert any(message.startswith(number + ":") for message in raised.values()), (
             f"{notebook}: no check cell raised {number}'s stub (raised: {sorted(set(raised.values()))})")
+
+
+# ---------------------------------------------------------------- the cause first (issue 49)
+
+# (notebook, exercise, the right line, the mistake, the sentence the failure must begin with, after the case)
+PITFALLS = [
+    ("02_rmsnorm.ipynb", "Exercise 02.1",   # the `+1` pitfall the notebook's section 2 is about
+     "y = (x * inv_rms[:, None]) * (1.0 + w)[None, :]", "y = (x * inv_rms[:, None]) * w[None, :]",
+     "the result is x / rms(x) * w, the usual RMSNorm: Qwen3.5's norm multiplies by (1 + w)"),
+    ("02_rmsnorm.ipynb", "Exercise 02.1",   # the mean over the tile's width: the ragged case D = 100
+     "tl.sum(x * x, axis=1) / D + eps", "tl.sum(x * x, axis=1) / BLOCK_D + eps",
+     "the mean square is divided by BLOCK_D, the tile's width: divide by D"),
+    ("02_rmsnorm.ipynb", "Exercise 02.3",   # the gated norm given 02.1's (1 + w)
+     "* w[None, :]) * (z * tl.sigmoid(z))", "* (1.0 + w)[None, :]) * (z * tl.sigmoid(z))",
+     "the result is multiplied by (1 + w): the gated norm takes plain w"),
+    ("06_rope.ipynb", "Exercise 06.1",
+     "sin = tl.where(is_first, -tl.sin(phi),", "sin = tl.where(is_first, tl.sin(phi),",
+     "the first half adds x_partner * sin: it subtracts it"),
+    ("06_rope.ipynb", "Exercise 06.1",   # both signs swapped: the rotation by -position
+     "sin = tl.where(is_first, -tl.sin(phi), tl.where(is_rot, tl.sin(phi), 0.0))",
+     "sin = tl.where(is_first, tl.sin(phi), tl.where(is_rot, -tl.sin(phi), 0.0))", "the rotation runs backwards"),
+    ("01_triton_basics_embedding.ipynb", "Exercise 01.2",   # the table's rows read H apart: the strided table
+     "ids.to(tl.int64)[:, None] * stride_w", "ids.to(tl.int64)[:, None] * H", "the table's rows are read H apart"),
+    ("05_swiglu_mlp.ipynb", "Exercise 05.1",
+     "y = gate * tl.sigmoid(gate) * up", "y = up * tl.sigmoid(up) * gate", "gate and up are swapped"),
+    ("07_gated_attention.ipynb", "Exercise 07.1",
+     "s = tl.dot(q, tl.trans(k)) * scale ", "s = tl.dot(q, tl.trans(k)) ", "the scale is missing"),
+    ("07_gated_attention.ipynb", "Exercise 07.2",   # every key visible: no causal mask
+     "visible = (j <= pos) & (j < L)", "visible = j < L", "no key is masked: query t sees key j only when"),
+    ("08_gated_deltanet_recurrent.ipynb", "Exercise 08.2",
+     "x = a + tl.load(dt_bias_ptr", "x = a - tl.load(dt_bias_ptr", "dt_bias is subtracted: softplus takes a + dt_bias"),
+    ("08_gated_deltanet_recurrent.ipynb", "Exercise 08.3",
+     "S = S * tl.exp(g)  ", "S = S  ", "the state never forgets: multiply S by exp(g)"),
+]
+
+
+@pytest.mark.parametrize("notebook, exercise, right, wrong, first", PITFALLS,
+                         ids=[f"{m[1].split()[-1]}-{j}" for j, m in enumerate(PITFALLS)])
+def test_a_known_pitfall_is_named_first(notebook, exercise, right, wrong, first, monkeypatch, benchmark_module):
+    """A mistake the notebook warns about, planted in a copy of the solution: the failure names it and its fix in
+    its first sentence (right after the case), or right after the reads outside a tensor that the mistake made
+    (under the interpreter, the one finding more specific), and before the counts of what differs."""
+    monkeypatch.chdir(SOLUTIONS)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    with pytest.raises(checks.CheckFailed) as failed:
+        run_with_mistake(benchmark_module("run_notebooks").run_cell, notebook, exercise, wrong, right)
+    said = str(failed.value)
+    case = re.match(r"[^\n]*?\(case \d+: [^\n]*?\)(, [^\n]*?)?: ", said)   # (no colon in a case's shapes)
+    assert case is not None, said
+    notes = said.split("\n  hint: ")[0][case.end():].split("\n  also: ")
+    while notes and re.match(r"\w+ \(line \d+ of its file\) read \d+ element\(s\) outside ", notes[0]):
+        notes.pop(0)
+    assert len(notes) >= 2 and notes[0].startswith(first), said   # the comparison's own finding still follows
+
+
+def test_a_missing_load_mask_names_the_read_first_and_only_a_norms_causes(monkeypatch, benchmark_module):
+    """02.1 with its load unmasked: the read outside x comes first, with its line; the NaN it brought in follows,
+    explained with a norm's causes only (no softmax row, no exp), and no note is cut short."""
+    monkeypatch.chdir(SOLUTIONS)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    with pytest.raises(checks.CheckFailed) as failed:
+        run_with_mistake(benchmark_module("run_notebooks").run_cell, "02_rmsnorm.ipynb", "Exercise 02.1",
+                         "x = tl.load(x_rows[:, None] + cols[None, :])",
+                         "x = tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0)")
+    said = str(failed.value)
+    head, *notes = said.split("\n  also: ")
+    if runtime.interpreter_active():   # (the read watch runs under the interpreter)
+        assert re.search(r"\): rms_norm_exercise_kernel \(line \d+ of its file\) read \d+ element\(s\) outside 'x'",
+                         head), said
+        assert any("elements are NaN" in note for note in notes), said
+    assert "a missing eps" in said, said
+    for softmax_only in ("exp(", "softmax", "max was not subtracted", "every key is masked"):
+        assert softmax_only not in said.split("\n  hint:")[0], said
+    assert "more such notes" not in said, said
+
+
+UPCASTS = [   # (exercise, the right line, its check's name, the variable whose square overflows)
+    ("Exercise 02.1", "x = tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)", "rms_norm",
+     "x"),
+    ("Exercise 02.2", "    s = s.to(tl.float32)\n", "add_rms_norm", "s"),   # the rounded sum left in float16
+    ("Exercise 02.3", "x = tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)",
+     "gated_rms_norm", "x"),
+]
+
+
+@pytest.mark.parametrize("exercise, right, name, squared", UPCASTS, ids=[u[0].split()[-1] for u in UPCASTS])
+def test_a_missing_fp32_upcast_is_caught_by_the_float16_case(exercise, right, name, squared, monkeypatch,
+                                                             benchmark_module):
+    """A norm without its `.to(tl.float32)`: right in float32, so the notebook's cases pass; the check's float16 case
+    (x up to about 1000: the square overflows float16, as on a GPU) fails, and the failure names the missing upcast
+    first."""
+    monkeypatch.chdir(SOLUTIONS)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    wrong = right.removesuffix(".to(tl.float32)") if right.endswith(")") else ""
+    with pytest.raises(checks.CheckFailed) as failed:
+        run_with_mistake(benchmark_module("run_notebooks").run_cell, "02_rmsnorm.ipynb", exercise, wrong, right)
+    said = str(failed.value)
+    case = re.escape(name) + r" \(case \d+: x=\(\d+, \d+\) float16, [^\n]*\)(, output 0)?: "
+    overflow = f"this is what float16 arithmetic gives: {squared} \\* {squared} overflows float16"
+    assert re.match(case + overflow, said), said
+    assert "the fp32 upcast is missing" in said.split("\n")[0], said
+
+
+_IPYTHON_CELLS = """
+import json, sys
+from IPython.core.interactiveshell import InteractiveShell
+
+shell = InteractiveShell.instance()
+nb = json.load(open(sys.argv[1]))
+for i in map(int, sys.argv[2:]):
+    print(f"<<cell {i}>>", flush=True)
+    shell.run_cell("".join(nb["cells"][i]["source"]))
+    sys.stdout.flush()
+"""
+
+
+def test_an_unsolved_exercise_ends_in_one_short_message(tmp_path):
+    """The learner's notebook 02, unsolved, run cell by cell in IPython as Jupyter runs it: Exercise 02.1's check
+    cell, and the cell that calls the learner's norm itself within checks.learner_code(), each show one short
+    message naming the exercise, the kernel still to write and what to do; no traceback of the interpreter."""
+    import subprocess
+    import sys
+
+    path = os.path.join(NOTEBOOKS, "02_rmsnorm.ipynb")
+    nb = json.load(open(path))
+    _, check = exercises.exercise_and_check(path, "Exercise 02.1")
+    direct = next(i for i in range(check + 1, len(nb["cells"]))
+                  if "checks.learner_code()" in "".join(nb["cells"][i]["source"]))
+    cells = [i for i in range(check + 1) if nb["cells"][i]["cell_type"] == "code"] + [direct]
+    script = tmp_path / "run_cells.py"
+    script.write_text(_IPYTHON_CELLS)
+    root = os.path.dirname(SOLUTIONS)
+    done = subprocess.run([sys.executable, str(script), path, *map(str, cells)], capture_output=True, text=True,
+                          cwd=NOTEBOOKS, timeout=600, env={**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": root})
+    said = {int(part.split(">>", 1)[0]): part.split(">>", 1)[1] for part in done.stdout.split("<<cell ")[1:]}
+    message = ("NotImplementedError: Exercise 02.1: zero-centred RMSNorm: `rms_norm_exercise_kernel` still raises "
+               "NotImplementedError (the exercise's stub): fill in the exercise's cell above, run it, then run this "
+               "cell again")
+    for i in (check, direct):
+        lines = said.get(i, "").strip().splitlines()
+        assert lines and lines[-1] == message, done.stdout[-3000:] + done.stderr[-3000:]
+        assert len(lines) <= 3 and "Traceback" not in said[i], said[i]   # (cell 14 prints two lines of its own first)

@@ -254,7 +254,8 @@ def test_gpu_gated_norm(gen, T):
 
 
 def test_check_kernel_poisons_every_output_buffer_by_name(rt, gen):
-    """`residual_out` is an output like `out`: poisoned before the call and never handed to the reference."""
+    """`residual_out` is an output like `out`: poisoned before the call and never handed to the reference. (Named as
+    the notebook names its check of the library's kernel: an exercise's name would add that exercise's float16 case.)"""
     from qwen_lab.kernels.norms import add_rms_norm
 
     def case(g):
@@ -262,14 +263,14 @@ def test_check_kernel_poisons_every_output_buffer_by_name(rt, gen):
         return dict(x=x, residual=checks.randn(3, 40, g=g, dtype=rt.dtype, device=rt.device),
                     weight=checks.randn(40, g=g, device=rt.device, scale=0.1), eps=1e-6,
                     out=torch.empty_like(x), residual_out=torch.empty_like(x))
-    results = checks.check_kernel("add_rms_norm", add_rms_norm, reference.add_rms_norm, [case], quiet=True)
+    results = checks.check_kernel("qwen_lab add_rms_norm", add_rms_norm, reference.add_rms_norm, [case], quiet=True)
     assert len(results) == 2
 
     def lazy(x, residual, weight, eps, out=None, residual_out=None):  # forgets to write residual_out
         normed, _ = add_rms_norm(x, residual, weight, eps, out=out)
         return normed, residual_out
     with pytest.raises(checks.CheckFailed, match="NaN"):
-        checks.check_kernel("add_rms_norm", lazy, reference.add_rms_norm, [case], quiet=True)
+        checks.check_kernel("qwen_lab add_rms_norm", lazy, reference.add_rms_norm, [case], quiet=True)
 
 
 def test_check_kernel_hands_strided_views_over_with_their_strides(rt, gen):
@@ -286,14 +287,14 @@ def test_check_kernel_hands_strided_views_over_with_their_strides(rt, gen):
         seen.append(x.stride())
         return rms_norm(x, weight, eps)
 
-    checks.check_kernel("rms_norm", right, reference.rms_norm, [case], quiet=True)
+    checks.check_kernel("qwen_lab rms_norm", right, reference.rms_norm, [case], quiet=True)
     assert seen == [(64, 1)]
 
     def assumes_contiguous_rows(x, weight, eps):  # reads row r at r * 40, as a kernel ignoring stride_x would
         packed = torch.as_strided(x, x.shape, (x.shape[1], 1), x.storage_offset())
         return rms_norm(packed, weight, eps)
     with pytest.raises(checks.CheckFailed):
-        checks.check_kernel("rms_norm", assumes_contiguous_rows, reference.rms_norm, [case], quiet=True,
+        checks.check_kernel("qwen_lab rms_norm", assumes_contiguous_rows, reference.rms_norm, [case], quiet=True,
                             require_triton=False)
 
 

@@ -88,12 +88,13 @@ def _fmt_index(flat: int, shape) -> tuple:
     return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(shape))) if len(shape) else ()
 
 
-def compare(name: str, out, ref, atol: float | None = None, rtol: float | None = None, hint: str = "") -> Comparison:
+def compare(name: str, out, ref, atol: float | None = None, rtol: float | None = None, hint: str = "",
+            operator: str | None = None) -> Comparison:
     """Assert that `out` matches `ref`; raise CheckFailed explaining the first thing wrong.
 
     Checks in order: it is a tensor, the shape, the dtype, unwritten (NaN) or infinite elements, the same NaN or
     infinity wherever the reference has one, then values within atol + rtol * |ref|. Integer tensors must match
-    exactly.
+    exactly. `operator` (an exercise's, e.g. "norm"; None: any) keeps the causes of NaN that belong to it.
     """
     tip = _tip(hint)
     if not isinstance(out, torch.Tensor):
@@ -130,7 +131,7 @@ def compare(name: str, out, ref, atol: float | None = None, rtol: float | None =
         never = ("never written, or computed from an output element before it was written (outputs start as "
                  "NaN: check that the grid covers every block and the store mask; an atomic_add into an output "
                  "adds to its NaN, and a load from an output before its store reads the NaN)")
-        computed = _computed_nan(o, r, nan_out if poisoned is None else nan_out & ~poisoned)
+        computed = _computed_nan(o, r, nan_out if poisoned is None else nan_out & ~poisoned, operator)
         if unwritten is None:  # an output the check did not poison itself
             why = ("the kernel never wrote them (outputs start as NaN: check the grid covers every block "
                    "and the store mask), or computed NaN") if n < numel else \

@@ -8,18 +8,35 @@ from __future__ import annotations
 
 import torch
 
-_NAN_CAUSES = ("a load outside an input: strided inputs hold NaN between and around their rows; or 0/0, e.g. a "
-               "missing eps; or exp(-inf - (-inf)) in a row whose every entry is masked; or inf/inf, an exp that "
-               "overflowed where the row's max was not subtracted first")
+# Why a kernel computes NaN, each cause with the operators it belongs to (None: any operator). A check that knows its
+# exercise's operator names only that operator's causes: a norm is never told about a softmax row's max.
+_SOFTMAX = frozenset({"softmax"})
+_ZERO_DIV = frozenset({"norm", "recurrence", "softmax"})
+_NAN_CAUSES = (
+    (None, "a load outside an input: strided inputs hold NaN between and around their rows"),
+    (_ZERO_DIV, "0/0, e.g. a missing eps"),
+    (_SOFTMAX, "exp(-inf - (-inf)) in a row whose every entry is masked"),
+    (_SOFTMAX, "inf/inf, an exp that overflowed where the row's max was not subtracted first"),
+)
 
 
-def _computed_nan(o: torch.Tensor, r: torch.Tensor, computed: torch.Tensor) -> str:
+def _applies(kinds, operator: str | None) -> bool:
+    return operator is None or kinds is None or operator in kinds
+
+
+def _nan_causes(operator: str | None) -> str:
+    return "; or ".join(text for kinds, text in _NAN_CAUSES if _applies(kinds, operator))
+
+
+def _computed_nan(o: torch.Tensor, r: torch.Tensor, computed: torch.Tensor, operator: str | None = None) -> str:
     """'computed as NaN (...)': why a kernel computed NaN where the reference has a number, told from the rows (along
     the last dim) that hold them. Rows whose expected values are all 0: a row with nothing to normalise (a softmax
     row whose every key is masked). Rows whose other elements came out 0: a sum that overflowed to inf. Whole rows
-    otherwise: a NaN spread through the row's reduction, or 0/0. Scattered elements: the list of usual causes."""
+    otherwise: a NaN spread through the row's reduction, or 0/0. Scattered elements: the list of usual causes.
+    `operator` (the exercise's, e.g. "norm" or "softmax"; None: any) keeps the causes that belong to it."""
+    causes = _nan_causes(operator)
     if o.dim() < 2 or o.shape[-1] < 2 or not bool(computed.any()):   # no rows to tell apart
-        return f"computed as NaN ({_NAN_CAUSES})"
+        return f"computed as NaN ({causes})"
     lead = tuple(o.shape[:-1])
     o2, r2, c2 = o.reshape(-1, o.shape[-1]), r.reshape(-1, o.shape[-1]), computed.reshape(-1, o.shape[-1])
     has = c2.any(1)
@@ -28,9 +45,10 @@ def _computed_nan(o: torch.Tensor, r: torch.Tensor, computed: torch.Tensor) -> s
     whole = nan_row.all(1)
     # the finite elements of the row are all 0 although the reference's are not: x / inf beside inf / inf
     zero_rest = torch.where(nan_row, torch.zeros_like(o2), o2).eq(0).all(1) & ~whole & (r2 != 0).any(1)
+    softmax = _applies(_SOFTMAX, operator)
     kinds = {
         "empty": has & ref_zero,
-        "overflow": has & ~ref_zero & zero_rest,
+        "overflow": has & ~ref_zero & zero_rest if softmax else torch.zeros_like(has),
         "whole": has & ~ref_zero & whole,
     }
     kinds["scattered"] = has & ~kinds["empty"] & ~kinds["overflow"] & ~kinds["whole"]
@@ -39,20 +57,28 @@ def _computed_nan(o: torch.Tensor, r: torch.Tensor, computed: torch.Tensor) -> s
         where = _where_wrong(mask.reshape(lead)).removeprefix(" The wrong elements lie only in ").rstrip(".")
         return f"{int(mask.sum())} of {mask.numel()} rows{f' ({where})' if where else ''}"
 
+    empty = ("whose expected values are all 0: a row with nothing to normalise, such as a softmax row whose "
+             "every key is masked: exp(-inf - (-inf)) = NaN when the row's max is -inf (subtract 0 there "
+             "instead), or 0/0 when its sum is 0 (divide by 1 there instead); such a row must come out as zeros"
+             if softmax else
+             "whose expected values are all 0: a row of zeros, whose sum of squares is 0: without eps, "
+             "rsqrt(0) = inf and 0 * inf = NaN" if _applies(_ZERO_DIV, operator) else
+             "whose expected values are all 0: 0/0 or 0 * inf where the row is all zeros")
+    whole_why = ["a NaN spread through a reduction over the row (a load outside an input, which holds NaN between "
+                 "and around its rows, reaching a sum or a max)"]
+    if _applies(_ZERO_DIV, operator):
+        whole_why.append("0/0 from a sum or a norm that came out 0 (a missing eps"
+                         + ("; every exp of the row underflowed: was the max taken over the row's own visible "
+                            "entries?)" if softmax else ")"))
     explained = {
-        "empty": ("whose expected values are all 0: a row with nothing to normalise, such as a softmax row whose "
-                  "every key is masked: exp(-inf - (-inf)) = NaN when the row's max is -inf (subtract 0 there "
-                  "instead), or 0/0 when its sum is 0 (divide by 1 there instead); such a row must come out as zeros"),
+        "empty": empty,
         "overflow": ("whose other elements came out 0: the row's sum overflowed to inf (inf/inf = NaN where an exp "
                      "overflowed, x/inf = 0 elsewhere); subtract the row's max before the exp"),
-        "whole": ("entirely NaN, whose expected values are not 0: a NaN spread through a reduction over the row (a "
-                  "load outside an input, which holds NaN between and around its rows, reaching a sum or a max), or "
-                  "0/0 from a sum or a norm that came out 0 (a missing eps; every exp of the row underflowed: was the "
-                  "max taken over the row's own visible entries?)"),
+        "whole": "entirely NaN, whose expected values are not 0: " + ", or ".join(whole_why),
     }
     why = [f"{rows(kinds[kind])} {text}" for kind, text in explained.items() if kinds[kind].any()]
     if kinds["scattered"].any():
-        why.append(_NAN_CAUSES if len(why) == 0 else f"{rows(kinds['scattered'])}: {_NAN_CAUSES}")
+        why.append(causes if len(why) == 0 else f"{rows(kinds['scattered'])}: {causes}")
     if len(why) == 1 and kinds["scattered"].any():
         return f"computed as NaN ({why[0]})"
     return "computed as NaN, in " + "; and in ".join(why)
