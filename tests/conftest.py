@@ -104,3 +104,18 @@ def switch():
 
     with contextlib.ExitStack() as stack:
         yield _SwitchSetter(stack)
+
+
+_SUMMARIES: list = []
+
+
+def pytest_runtest_logreport(report):
+    # tests/test_mutations.py records its count as a property; the report carries it back from an xdist worker
+    for name, value in getattr(report, "user_properties", ()):
+        if name == "mutation_summary" and report.when == "call":
+            _SUMMARIES.append(value)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in _SUMMARIES:
+        terminalreporter.write_line(line)

@@ -180,6 +180,32 @@ def _two_reference_calls(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, sta
     return reference.deltanet_decode_step(q, k, v, a, b, A_log, dt_bias, state)
 
 
+def _formula_conv_decode_step(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, state, Hk, Dk, Hv, Dv, eps=1e-6):
+    """One decode token written out from the formulas in float64, apart from qwen_lab.reference: the conv taps over
+    the carried inputs and this input, SiLU (rounded to the input dtype, as the conv stores it), the gates, the
+    l2norm of q and k, and the delta rule head by head. Inputs are left untouched.
+    -> (o [1, Hv, Dv], the new conv state [C, W-1], the new state [Hv, Dk, Dv]), all float64."""
+    xx = torch.cat([conv_state.double(), qkv.double().t()], dim=1)              # [C, W]: oldest input first
+    y = (xx * conv_weight.double()).sum(1)
+    y = (y / (1 + torch.exp(-y))).to(qkv.dtype).double()
+    kd = Hk * Dk
+    q, k, v = y[:kd].view(Hk, Dk), y[kd:2 * kd].view(Hk, Dk), y[2 * kd:].view(Hv, Dv)
+    x = a[0].double() + dt_bias.double()
+    softplus = torch.where(x > 20, x, torch.log1p(torch.exp(torch.clamp(x, max=20))))
+    decay = torch.exp(-torch.exp(A_log.double()) * softplus)
+    beta = 1 / (1 + torch.exp(-b[0].double()))
+    S = state.double().clone()
+    o = torch.empty(1, Hv, Dv, dtype=torch.float64, device=qkv.device)
+    for h in range(Hv):
+        hk = h // (Hv // Hk)
+        qh = q[hk] / torch.sqrt((q[hk] ** 2).sum() + eps) * Dk ** -0.5
+        kh = k[hk] / torch.sqrt((k[hk] ** 2).sum() + eps)
+        S[h] = decay[h] * S[h]
+        S[h] = S[h] + torch.outer(kh, beta[h] * (v[h] - S[h].t() @ kh))
+        o[0, h] = S[h].t() @ qh
+    return o, xx[:, 1:], S
+
+
 def _tickets_are_zero(device):
     """The kernel's counters are back at zero after every launch (the next launch counts from there)."""
     from qwen_lab.kernels import device_key

@@ -22,9 +22,9 @@ from qwen_lab.kernels.deltanet import (autotune_configs, delta_rule_recurrent, d
 from qwen_lab.switches import switches
 from qwen_lab.kernels.deltanet import tuning
 
-from deltanet_cases import (READ_HINT, _case, _conv_decode_inputs, _delta_inputs, _gate_params, _gpu_judge_step, _judge,
-                            _pick, _qwen_conv_decode, _run_conv_decode_guarded, _run_guarded, _tickets_are_zero,
-                            _two_reference_calls, fail_if_counters_left)
+from deltanet_cases import (READ_HINT, _case, _conv_decode_inputs, _delta_inputs, _formula_conv_decode_step,
+                            _gate_params, _gpu_judge_step, _judge, _pick, _qwen_conv_decode, _run_conv_decode_guarded,
+                            _run_guarded, _tickets_are_zero, _two_reference_calls, fail_if_counters_left)
 
 
 @pytest.fixture(autouse=True)
@@ -123,6 +123,28 @@ def test_recurrent_stays_inside_its_tensors(shape, fused, rt, gen):
     _run_guarded(kernel, shape, gen, rt, [("delta_rule_recurrent_kernel", config)])
 
 
+def _zero_and_tiny_heads(x):
+    """x [T, H, D] with head 0 all zeros and head 1 scaled by 1e-4 (a sum of squares far below eps) in every token."""
+    x = x.clone()
+    x[:, 0] = 0.0
+    x[:, 1] *= 1e-4
+    return x
+
+
+def test_l2norm_eps_on_zero_and_tiny_keys(rt, gen):
+    """q and k heads of zeros and heads whose sum of squares is far below eps: eps decides their l2norm, so a kernel
+    that dropped it returns NaN (zero heads) or a unit vector where the reference's is about 0.1 long."""
+    T, Hk, Hv, Dk, Dv = 3, 3, 3, 16, 16
+    d = _delta_inputs(T, Hk, Hv, Dk, Dv, gen, rt.dtype, rt.device)
+    q, k = _zero_and_tiny_heads(d["q"]), _zero_and_tiny_heads(d["k"])
+    assert float(reference.l2norm(k[:, 1]).norm(dim=-1).max()) < 0.5, "eps dominates the tiny heads' norm"
+    ref_state = d["state"].clone()
+    ref = reference.delta_rule_recurrent(q, k, d["v"], d["g"], d["beta"], ref_state)
+    o = delta_rule_recurrent(q, k, d["v"], d["g"], d["beta"], d["state"])
+    checks.compare("o (zero and tiny q/k heads)", o, ref)
+    checks.compare("state (zero and tiny q/k heads)", d["state"], ref_state)
+
+
 # ---------------------------------------------------------------- the teaching kernels (notebook 08)
 
 
@@ -183,7 +205,9 @@ def test_conv_decode_step_equals_conv_then_decode_step(shape, rt, gen):
     for s in range(steps):
         row = {n: d[n][s:s + 1] for n in ("qkv", "a", "b")}
         params = dict(conv_weight=d["conv_weight"], A_log=d["A_log"], dt_bias=d["dt_bias"])
-        if s == 0:  # the reference function added for this kernel is the same composition
+        if s == 0:  # the first step also against the formulas, apart from the reference's composition
+            want_o, want_conv_state, want_state = _formula_conv_decode_step(
+                row["qkv"], d["conv_weight"], conv_state, row["a"], row["b"], d["A_log"], d["dt_bias"], state, *heads)
             c0, s0 = d["conv_state"].clone(), d["state"].clone()
             ref0 = reference.deltanet_conv_decode_step(**row, **params, conv_state=c0, state=s0, num_k_heads=Hk,
                                                        head_k_dim=Dk, num_v_heads=Hv, head_v_dim=Dv)
@@ -194,7 +218,11 @@ def test_conv_decode_step_equals_conv_then_decode_step(shape, rt, gen):
         ref = _two_reference_calls(row["qkv"], d["conv_weight"], ref_conv_state, row["a"], row["b"], d["A_log"],
                                    d["dt_bias"], ref_state, *heads)
         if s == 0:
-            assert torch.equal(ref0, ref) and torch.equal(c0, ref_conv_state) and torch.equal(s0, ref_state)
+            loose = {} if rt.dtype == torch.float32 else dict(atol=2e-3, rtol=1e-2)   # (see _gpu_judge_step)
+            checks.compare("reference.deltanet_conv_decode_step against the formulas", ref0, want_o.to(ref0.dtype))
+            checks.compare("step 0: o against the formulas", o, want_o.to(o.dtype))
+            checks.compare("step 0: state against the formulas", state, want_state.float(), **loose)
+            assert torch.equal(conv_state, want_conv_state.to(conv_state.dtype)) and torch.equal(c0, conv_state)
         assert o.shape == (1, Hv, Dv) and o.dtype == rt.dtype
         if rt.dtype == torch.float32:
             checks.compare(f"step {s}: o", o, ref)
@@ -204,6 +232,27 @@ def test_conv_decode_step_equals_conv_then_decode_step(shape, rt, gen):
         # the conv state holds inputs: moving them is exact
         assert torch.equal(conv_state, ref_conv_state), f"step {s}: conv_state differs from the reference's"
         _tickets_are_zero(rt.device)
+
+
+def test_conv_decode_step_l2norm_eps_on_zero_and_tiny_rows(rt, gen):
+    """The fused step's l2norm where eps decides it: key head 0's q and k channels are zero (inputs and carried
+    state, so the conv gives 0), key head 1's are 1e-4 of the usual (a sum of squares far below eps)."""
+    Hk, Hv, Dk, Dv, W = 2, 4, 16, 16, 4
+    d = _conv_decode_inputs(1, Hk, Hv, Dk, Dv, W, gen, rt.dtype, rt.device)
+    for part in (0, Hk * Dk):   # the q channels, then the k channels
+        for x in (d["qkv"][:, part:part + Hk * Dk].T, d["conv_state"][part:part + Hk * Dk]):
+            x[:Dk] = 0.0
+            x[Dk:] *= 1e-4
+    ref_conv_state, ref_state = d["conv_state"].clone(), d["state"].clone()
+    ref = _two_reference_calls(d["qkv"], d["conv_weight"], ref_conv_state, d["a"], d["b"], d["A_log"],
+                               d["dt_bias"], ref_state, Hk, Dk, Hv, Dv)
+    o = deltanet_conv_decode_step(d["qkv"], d["conv_weight"], d["conv_state"], d["a"], d["b"], d["A_log"],
+                                  d["dt_bias"], d["state"], Hk, Dk, Hv, Dv)
+    if rt.dtype == torch.float32:
+        checks.compare("o (zero and tiny q/k rows)", o, ref)
+        checks.compare("state (zero and tiny q/k rows)", d["state"], ref_state)
+    else:
+        _gpu_judge_step("zero and tiny q/k rows", o, ref, d["conv_state"], ref_conv_state, d["state"], ref_state)
 
 
 def test_conv_decode_step_with_the_models_weight_layout(rt, gen):

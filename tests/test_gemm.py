@@ -416,6 +416,32 @@ def test_fused_prologues_with_split_k(rt, gen, deterministic, M, split_k):
     checks.compare(f"gated_rms_norm_linear split {split_k}", y, reference.gated_rms_norm_linear(o, z, gnw, 1e-6, gw))
 
 
+def _tiny_rows(t, rt):
+    """t with its rows scaled by 0, 1e-4, 1, 0, 1e-4, ...: rows of zeros and rows whose mean square is far below
+    eps, where eps decides the norm (a norm that dropped it gives NaN or 100 times the reference)."""
+    scales = torch.tensor([0.0, 1e-4, 1.0], device=rt.device, dtype=rt.dtype).repeat(t.shape[0])[:t.shape[0]]
+    return t * scales.view(-1, *([1] * (t.dim() - 1)))
+
+
+@pytest.mark.parametrize("M", [3, 17])
+def test_fused_norms_on_tiny_rows(rt, gen, M):
+    """The decode GEMV's norm prologues (M = 3) and the prompt route (M = 17) on rows where eps matters."""
+    H, N, eps = 100, 45, 1e-5
+    x, r = _tiny_rows(_x(M, H, gen, rt), rt), _tiny_rows(_x(M, H, gen, rt), rt)
+    nw, w = _norm_w(H, gen, rt), _w(N, H, gen, rt)
+    y, s = gemm.add_rms_norm_linear(x, r, nw, eps, w)
+    y_ref, s_ref = reference.add_rms_norm_linear(x, r, nw, eps, w)
+    assert y_ref[1].abs().max() < 0.1 * y_ref[2].abs().max(), "eps dominates the tiny row's norm"
+    checks.compare("add_rms_norm_linear (tiny rows)", y, y_ref)
+    assert torch.equal(s, s_ref)
+    checks.compare("rms_norm_linear (tiny rows)", gemm.rms_norm_linear(x, nw, eps, w),
+                   reference.rms_norm_linear(x, nw, eps, w))
+    o, z = _ohz(M, 5, 16, gen, rt)
+    o, gnw, gw = _tiny_rows(o, rt), _norm_w(16, gen, rt), _w(N, 80, gen, rt)
+    checks.compare("gated_rms_norm_linear (tiny rows)", gemm.gated_rms_norm_linear(o, z, gnw, eps, gw),
+                   reference.gated_rms_norm_linear(o, z, gnw, eps, gw))
+
+
 def test_fused_deterministic_is_bitwise_repeatable(rt, gen):
     x, r, nw, w = _x(2, 300, gen, rt), _x(2, 300, gen, rt), _norm_w(300, gen, rt), _w(50, 300, gen, rt)
     runs = [fused_norm._rms_linear("add_rms_norm_linear", x, r, nw, 1e-6, w, None, None, 5, True) for _ in range(2)]
@@ -919,6 +945,19 @@ def test_rms_scaled_linear_equals_the_norm_then_the_projection(rt, gen, swiglu):
     want = reference.linear_silu_mul(normed, w2) if swiglu else reference.linear(normed, w2)
     checks.compare("rms_scaled_linear", y, want)
     checks.compare("reference rms_scaled_linear", reference.rms_scaled_linear(h, ss, 1e-6, w2, swiglu=swiglu), want)
+
+
+def test_split_norm_on_tiny_rows(rt, gen):
+    """The prompt GEMM's fused norm (the row scale from the slots) on rows of zeros and rows whose mean square is
+    far below eps."""
+    M, K, H, N, eps = 19, 70, 72, 45, 1e-5
+    x, w, residual, nw = _split_norm_case(M, K, H, gen, rt)
+    x, residual = _tiny_rows(x, rt), _tiny_rows(residual, rt)
+    s, h, ss = gemm.linear_add_rms_norm(x, w, residual, nw, eps)
+    w2 = _w(N, H, gen, rt)
+    want = reference.linear(reference.rms_norm(s, nw, eps), w2)
+    assert want[1].abs().max() < 0.1 * want[2].abs().max(), "eps dominates the tiny row's norm"
+    checks.compare("rms_scaled_linear (tiny rows)", gemm.rms_scaled_linear(h, ss, eps, w2), want)
 
 
 def test_split_norm_arguments_are_named(rt, gen):

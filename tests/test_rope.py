@@ -102,6 +102,30 @@ def test_qk_norm_rope_matches_reference_composition(rt, gen, T, Hq, Hk, D, rot, 
     checks.compare("k", ko, reference.rope(reference.rms_norm(k, wk, eps), pos, rot, 1e7))
 
 
+def test_qk_norm_rope_on_tiny_and_zero_heads(rt, gen):
+    """Head rows whose mean square is far below eps (and rows of zeros): eps decides the norm there, so a fused
+    norm that dropped or moved it gives other numbers (NaN for the zero rows). Both fused forms."""
+    T, Hq, Hk, D, rot, L = 3, 4, 2, 32, 8, 8
+    scales = torch.tensor([0.0, 1e-4, 1.0], device=rt.device, dtype=rt.dtype)[:, None, None]   # per token
+    q = _randn(gen, rt, T, Hq, D) * scales
+    k = _randn(gen, rt, T, Hk, D) * scales
+    v = _randn(gen, rt, T, Hk, D)
+    wq, wk = _randn(gen, rt, D, scale=0.1), _randn(gen, rt, D, scale=0.1)
+    pos = _positions(rt, T, 2)
+    eps = 1e-6
+    ref_q = reference.rope(reference.rms_norm(q, wq, eps), pos, rot, 1e7)
+    ref_k = reference.rope(reference.rms_norm(k, wk, eps), pos, rot, 1e7)
+    assert ref_q[1].abs().max() > 1e-2 and ref_q[1].abs().max() < 0.5, "eps dominates the tiny token's norm"
+    qo, ko = K.qk_norm_rope(q, k, wq, wk, eps, pos, rot, 1e7)
+    checks.compare("q (tiny and zero heads)", qo, ref_q)
+    checks.compare("k (tiny and zero heads)", ko, ref_k)
+    k_cache = torch.zeros(L, Hk, D, device=rt.device, dtype=rt.dtype)
+    v_cache = torch.zeros(L, Hk, D, device=rt.device, dtype=rt.dtype)
+    qc = K.qk_norm_rope_cache(q, k, v, wq, wk, eps, pos, rot, 1e7, k_cache, v_cache)
+    checks.compare("qk_norm_rope_cache q (tiny and zero heads)", qc, ref_q)
+    checks.compare("qk_norm_rope_cache k rows (tiny and zero heads)", k_cache[2:2 + T], ref_k)
+
+
 def test_qk_norm_rope_out_buffers(rt, gen):
     T, Hq, Hk, D, rot = 4, 4, 2, 32, 8
     q, k = _randn(gen, rt, T, Hq, D), _randn(gen, rt, T, Hk, D)
