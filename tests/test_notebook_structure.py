@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((Path(__file__).resolve().parents[1] / "solutions").glob("*.ipynb"))
 GOING_FURTHER = "## Going further"
 MAX_CORE_WORDS = 2300
@@ -76,3 +77,12 @@ def test_core_prose_is_short(path):
     words = sum(len(_text(c).split()) for c in _core(_cells(path)))
     assert words <= MAX_CORE_WORDS, (f"solutions/{path.name}: {words} words of markdown before "
                                      f"{GOING_FURTHER!r}, at most {MAX_CORE_WORDS}")
+
+
+def test_readme_is_a_short_front_door():
+    # the README is the front door (issue 48): what the course is, install, the syllabus, the current numbers, links;
+    # the details a maintainer or an instructor needs live in docs/
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text) < 10_000, f"README.md: {len(text)} characters, expected under 10,000 (move details to docs/)"
+    for link in re.findall(r"\]\((docs/[^)#]+)", text):
+        assert (REPO / link).exists(), f"README.md links to {link}, which does not exist"
