@@ -38,6 +38,7 @@ ATT = "tests/test_attention.py::"
 CONV = "tests/test_conv1d.py::"
 DN = "tests/test_deltanet.py::"
 DNR = "tests/test_deltanet_recurrent.py::"
+PERS = "tests/test_persistent.py::"
 DNC = "tests/test_deltanet_chunked.py::"
 SAMP = "tests/test_sampling.py::"
 MODEL = "tests/test_model.py::"
@@ -265,6 +266,20 @@ MUTANTS: list[Mutant] = [
        "the notebook's sampler keeps k + 1 tokens",
        SAMP + "test_teaching_sampler_matches_reference"),
 
+    # ---------------------------------------------------------------- persistent decode (issue 50)
+    _m("persistent_norm_item_loses_one_plus_w", "kernels/persistent/items.py",
+       "(x * rstd * (1.0 + w))", "(x * rstd * w)",
+       "the persistent step's norm item multiplies by w, not (1 + w)",
+       PERS + "test_the_persistent_step_equals_the_plain_decode_steps"),
+    _m("persistent_state_not_decayed", "kernels/persistent/items.py",
+       "tl.store(s_ptrs, S * d + (k * rk)[:, None] * delta[None, :], mask=s_ok)",
+       "tl.store(s_ptrs, S + (k * rk)[:, None] * delta[None, :], mask=s_ok)",
+       "the persistent DeltaNet item writes the state back without its decay",
+       PERS + "test_the_persistent_step_equals_the_plain_decode_steps"),
+    _m("teach_second_gemv_reads_the_input", "kernels/persistent/teach.py",
+       "_tile(w2_ptr, h_ptr, y_ptr,", "_tile(w2_ptr, x_ptr, y_ptr,",
+       "the second GEMV item reads the launch's input instead of the first GEMV's result",
+       PERS + "test_two_dependent_gemvs_in_one_launch"),
     # ---------------------------------------------------------------- model, plan, generation
     _m("plan_last_row_a_layer_early", "plan.py",
        "i == len(W.layers) - 1", "i == len(W.layers) - 2",
