@@ -391,12 +391,14 @@ TINY = Qwen35Config(
 )
 
 # The trained CPU default (qwen_lab/data/tiny_english, written by scripts/train_tiny.py): both layer kinds in the
-# real 3:1 pattern, a 4096-token BPE; about 4.5 M parameters, 9 MB in bf16. Sized for the Triton interpreter: a
-# decode step costs about what the tiny model's does (the GEMV's programs, not its arithmetic, set the time there).
+# real 3:1 pattern, a 4096-token BPE; 3.3 M parameters, 6.6 MB in bf16. Sized for the Triton interpreter, where a
+# decode step costs per program launched more than per multiply: 32-wide DeltaNet heads take one program per head
+# in the decode step (64-wide ones took two), 512 MLP rows one GEMV program per call; a token takes about 1.5 times
+# the tiny model's time.
 TINY_ENGLISH = Qwen35Config(
-    vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4, layer_types=_pattern(4),
+    vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=4, layer_types=_pattern(4),
     num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope_theta=1e7, partial_rotary_factor=0.25,
-    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
     linear_conv_kernel_dim=4, rms_norm_eps=1e-6, max_position_embeddings=4096, tie_word_embeddings=True,
     eos_token_ids=(4095, 4093), pad_token_id=4093, name="tiny-english",  # <|im_end|>, <|endoftext|>
 )

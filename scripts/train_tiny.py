@@ -16,12 +16,12 @@ What it does, in order (seeded: the same command gives the same tokenizer, batch
 4. The training stream: the novels' paragraphs, each novel closed by <|endoftext|>, and the novels' exchanges of
    dialogue (a quoted paragraph answered by a quoted paragraph) written as ChatML user/assistant turns, so that
    the chat notebook gets a reply in words that ends at <|im_end|>.
-5. The model: config.TINY_ENGLISH (4 layers, 3 Gated DeltaNet + 1 gated attention, hidden 256, 4.5 M
+5. The model: config.TINY_ENGLISH (4 layers, 3 Gated DeltaNet + 1 gated attention, hidden 256, 3.3 M
    parameters) as transformers' Qwen3_5ForCausalLM, trained with AdamW on random windows of the stream (bf16
    autocast on a GPU). The held-out loss is measured every --eval-every steps; the weights of the best one are kept.
 6. The snapshot, in the real Hugging Face layout (what `save_pretrained` writes for a tied Qwen3_5ForCausalLM):
    config.json, model.safetensors (bf16; A_log and the gated norm in fp32, as in the released checkpoints; about
-   9 MB), tokenizer.json, tokenizer_config.json, generation_config.json and a README.md model card, in --out.
+   6.6 MB), tokenizer.json, tokenizer_config.json, generation_config.json and a README.md model card, in --out.
    Then the held-out loss of the written bf16 weights and a few greedy and sampled continuations are printed.
 
 Time: on one H100, a few minutes for the default 2000 steps (the transformers model runs its PyTorch Gated
