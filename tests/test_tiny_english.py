@@ -74,3 +74,13 @@ def test_cli_default_writes_english(words, temperature, seed):
     verdict = english_bar.judge(text, words)
     assert not verdict["problems"], f"{prompt!r} -> {text!r}: {verdict['problems']}"
     assert seconds < english_bar.MAX_SECONDS, f"{seconds:.0f} s for 32 tokens: {text!r}"
+
+
+def test_tiny_english_tokenizer_matches_transformers():
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(TINY_ENGLISH_DIR)
+    tok = load_tokenizer("tiny-english")
+    for text in ("It is a truth universally acknowledged, that a single man", "Café, naïve; 1811-1818!\n\n  x",
+                 "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"):
+        assert hf(text, add_special_tokens=False)["input_ids"] == tok.encode(text), text
+    assert hf.eos_token == "<|im_end|>" and hf.pad_token == "<|endoftext|>"
