@@ -293,7 +293,7 @@ def train(args) -> dict:
               "held_out_loss_bf16": round(shipped_held, 4), "train_seconds": round(train_s, 1),
               "seconds_per_step": round(train_s / max(step, 1), 4), "parameters": n_params,
               "train_tokens": train_ids.numel(), "held_out_tokens": held_ids.numel(), "device": _device_name(device),
-              "history": history, "args": vars(args)}
+              "history": history, "args": vars(args), "command": command_line(args)}
     samples = sample_texts(model, out, device)
     write_card(out, config, report, samples)
     return report
@@ -313,6 +313,14 @@ def sample_texts(model, out: Path, device: str) -> list[tuple[str, str, str]]:
     chat = f"<|im_start|>user\n{CHAT_PROMPT}<|im_end|>\n<|im_start|>assistant\n"
     rows.append((CHAT_PROMPT, "chat, greedy", continue_text(model, tok, chat, 48, 0.0, 1.0, 0, device)))
     return rows
+
+
+def command_line(args) -> str:
+    """The command that trains this model again: the options that differ from the defaults (not --out, --corpus)."""
+    defaults = vars(main_parser().parse_args([]))
+    changed = [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+               if k not in ("out", "corpus") and v != defaults[k]]
+    return " ".join(["python scripts/train_tiny.py", *changed])
 
 
 def _device_name(device: str) -> str:
@@ -345,7 +353,7 @@ def write_card(out: Path, config: Qwen35Config, report: dict, samples) -> None:
         "",
         "## Training",
         "",
-        f"`python scripts/train_tiny.py --device cuda` (seed {a['seed']}): transformers' Qwen3_5ForCausalLM, AdamW "
+        f"`{report['command']}` (seed {a['seed']}): transformers' Qwen3_5ForCausalLM, AdamW "
         f"(lr {a['lr']}, weight decay {a['weight_decay']}, {a['warmup']} warm-up steps, cosine), batch "
         f"{a['batch_size']} x {a['seq_len']} tokens, {report['steps']} steps in {report['train_seconds']:.0f} s on "
         f"{report['device']}. The weights of step {report['best_step']}, the lowest held-out loss, are kept.",
@@ -367,7 +375,7 @@ def write_card(out: Path, config: Qwen35Config, report: dict, samples) -> None:
     (out / "README.md").write_text("\n".join(lines), encoding="utf-8")
 
 
-def main(argv=None) -> int:
+def main_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python scripts/train_tiny.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--corpus", default=str(ROOT / "build" / "tiny_english" / "corpus.txt"),
                    help="the cleaned novels; fetched with scripts/austen_corpus.py when missing (default: %(default)s)")
@@ -385,7 +393,11 @@ def main(argv=None) -> int:
     p.add_argument("--eval-windows", type=int, default=256, help="held-out windows per evaluation (default: %(default)s)")
     p.add_argument("--vocab-size", type=int, default=TINY_ENGLISH.vocab_size)
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = main_parser().parse_args(argv)
     t0 = time.perf_counter()
     report = train(args)
     print(f"held-out loss {report['held_out_loss']:.4f} (bf16 weights: {report['held_out_loss_bf16']:.4f}) at step "
