@@ -1,10 +1,10 @@
 """qwen_lab: the Qwen3.5 forward pass built from hand-written Triton kernels.
 
     import qwen_lab
-    model = qwen_lab.load_model("tiny")            # or a snapshot directory, "qwen3.5-0.8b", a hub id
+    model = qwen_lab.load_model("tiny-english")    # or "tiny", a snapshot directory, "qwen3.5-0.8b", a hub id
     logits = model.forward(ids)                    # [T, vocab] float32
     tokens = qwen_lab.generate(model, ids, max_new_tokens=32)
-    tok = qwen_lab.load_tokenizer("tiny")
+    tok = qwen_lab.load_tokenizer("tiny-english")
 """
 
 from . import runtime as _runtime
@@ -20,8 +20,8 @@ from .errors import (CheckpointError, ConfigError, DeviceError, GenerationError,
 __version__ = "0.1.0"
 
 
-def load_model(source="tiny", device=None, dtype=None, backend="triton", *, rt=None):
-    """Load a Qwen3.5 model: a snapshot directory, a preset ("tiny", "qwen3.5-0.8b") or a hub id. `rt`: a runtime
+def load_model(source="tiny-english", device=None, dtype=None, backend="triton", *, rt=None):
+    """Load a Qwen3.5 model: a snapshot directory, a preset ("tiny-english", "tiny", "qwen3.5-0.8b") or a hub id. `rt`: a runtime
     already chosen (qwen_lab.runtime.choose), in place of device and dtype."""
     from .model import load_model as _load
 
@@ -37,7 +37,7 @@ def generate(model, input_ids, max_new_tokens=32, temperature=0.0, top_k=0, top_
                      top_p=top_p, seed=seed, cuda_graph=cuda_graph, **kwargs)
 
 
-def load_tokenizer(source="tiny"):
+def load_tokenizer(source="tiny-english"):
     """The tokenizer of a snapshot directory or preset (tokenizer.json + the chat template)."""
     from .tokenizer import load_tokenizer as _load
 

@@ -4,8 +4,10 @@
 - flat, as saved by `Qwen3_5ForCausalLM` (`model_type: "qwen3_5_text"`);
 - multimodal, as in the released snapshots (`model_type: "qwen3_5"` with a `text_config`;
   the `vision_config` is ignored).
-Two presets need no file: `tiny` (the embedded default, small enough for the Triton interpreter
-on a CPU) and `qwen3.5-0.8b` (the exact shapes of Qwen/Qwen3.5-0.8B, used with random weights).
+Presets: `tiny` (random weights, small enough for the Triton interpreter on a CPU: the tests' model),
+`tiny-english` (the CPU default: the same architecture a little larger, trained on English prose by
+scripts/train_tiny.py) and `qwen3.5-0.8b` (the exact shapes of Qwen/Qwen3.5-0.8B, used with random weights). The
+first two ship as snapshots in qwen_lab/data/.
 """
 
 from __future__ import annotations
@@ -388,6 +390,19 @@ TINY = Qwen35Config(
     eos_token_ids=(511, 509), pad_token_id=509, name="tiny",  # <|im_end|>, <|endoftext|> of the tiny tokenizer
 )
 
+# The trained CPU default (qwen_lab/data/tiny_english, written by scripts/train_tiny.py): both layer kinds in the
+# real 3:1 pattern, a 4096-token BPE; 3.3 M parameters, 6.6 MB in bf16. Sized for the Triton interpreter, where a
+# decode step costs per program launched more than per multiply: 32-wide DeltaNet heads take one program per head
+# in the decode step (64-wide ones took two), 512 MLP rows one GEMV program per call; a token takes about 1.5 times
+# the tiny model's time.
+TINY_ENGLISH = Qwen35Config(
+    vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=4, layer_types=_pattern(4),
+    num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope_theta=1e7, partial_rotary_factor=0.25,
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+    linear_conv_kernel_dim=4, rms_norm_eps=1e-6, max_position_embeddings=4096, tie_word_embeddings=True,
+    eos_token_ids=(4095, 4093), pad_token_id=4093, name="tiny-english",  # <|im_end|>, <|endoftext|>
+)
+
 QWEN35_0_8B = Qwen35Config(
     vocab_size=248320, hidden_size=1024, intermediate_size=3584, num_hidden_layers=24,
     layer_types=_pattern(24), num_attention_heads=8, num_key_value_heads=2, head_dim=256,
@@ -396,7 +411,7 @@ QWEN35_0_8B = Qwen35Config(
     max_position_embeddings=262144, tie_word_embeddings=True, name="qwen3.5-0.8b",
 )
 
-PRESETS = {"tiny": TINY, "qwen3.5-0.8b": QWEN35_0_8B}
+PRESETS = {"tiny": TINY, "tiny-english": TINY_ENGLISH, "qwen3.5-0.8b": QWEN35_0_8B}
 
 
 def get_preset(name: str) -> Qwen35Config:

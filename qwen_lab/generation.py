@@ -257,16 +257,17 @@ def _parser() -> argparse.ArgumentParser:
     """The command line of `python -m qwen_lab.generate`."""
     p = argparse.ArgumentParser(prog="python -m qwen_lab.generate",
                                 description="Generate text with Qwen3.5 built from the course's Triton kernels.")
-    p.add_argument("--model", default="tiny", metavar="SOURCE",
-                   help="snapshot directory, preset ('tiny', 'qwen3.5-0.8b') or hub id (default: %(default)s)")
+    p.add_argument("--model", default="tiny-english", metavar="SOURCE",
+                   help="snapshot directory, preset ('tiny-english': trained on English prose; 'tiny': random "
+                        "weights; 'qwen3.5-0.8b') or hub id (default: %(default)s)")
     p.add_argument("--prompt", default="The GPU reads every weight once per token, so", metavar="TEXT",
                    help="the text to continue (default: '%(default)s')")
     p.add_argument("--chat", action="store_true",
                    help="wrap the prompt in the snapshot's chat template as a user message (default: off)")
     p.add_argument("--max-new-tokens", type=int, default=32, metavar="N",
                    help="stop after N new tokens, or earlier at an end-of-sequence token; on a CPU (the Triton "
-                        "interpreter) each token of the tiny model takes about half a second, of the real shapes far "
-                        "longer (default: %(default)s)")
+                        "interpreter) each token of the tiny-english model takes about a second, of the real shapes "
+                        "far longer (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="sampling temperature; 0 picks the most likely token every time (greedy) "
                         "(default: %(default)s)")

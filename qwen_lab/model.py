@@ -255,9 +255,9 @@ def check_step(ids: torch.Tensor, positions: torch.Tensor, cache: Cache) -> None
                               f"(one position per id)")
 
 
-def load_model(source="tiny", device=None, dtype=None, backend: str = "triton", *,
+def load_model(source="tiny-english", device=None, dtype=None, backend: str = "triton", *,
                rt: runtime.Runtime | None = None) -> Qwen35Model:
-    """A snapshot directory, a preset ("tiny", "qwen3.5-0.8b") or a hub id -> a ready Qwen35Model.
+    """A snapshot directory, a preset ("tiny-english", "tiny", "qwen3.5-0.8b") or a hub id -> a ready Qwen35Model.
     `rt`: a runtime already chosen, in place of device and dtype."""
     from .weights import load_weights
 

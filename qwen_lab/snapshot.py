@@ -39,7 +39,11 @@ from .errors import CheckpointError, QwenLabError
 from .safetensors_file import FLOAT_CODES, TensorInfo, read_safetensors_header
 
 TINY_DIR = Path(__file__).resolve().parent / "data" / "tiny"
-"""The committed tiny snapshot, loaded through the same code as any downloaded one."""
+"""The committed tiny snapshot (random weights), loaded through the same code as any downloaded one."""
+TINY_ENGLISH_DIR = Path(__file__).resolve().parent / "data" / "tiny_english"
+"""The committed tiny-english snapshot: trained on English prose by scripts/train_tiny.py; the CPU default."""
+SHIPPED = {"tiny": TINY_DIR, "tiny-english": TINY_ENGLISH_DIR}
+"""The presets that ship as snapshots in the package (the others are shapes with random weights)."""
 
 WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "merges.txt", "vocab.json"]
 """What `snapshot_download` fetches for a hub id: configs, weights and the tokenizer files."""
@@ -143,8 +147,8 @@ def _shape_reason(config: Qwen35Config, name: str) -> str:
 def resolve_source(source, allow_patterns=None) -> Path | Qwen35Config:
     """A directory, "tiny", a preset name or a hub id -> the snapshot directory (or the preset's config).
 
-    "tiny" is the committed snapshot `qwen_lab/data/tiny`; other presets have no files and come back as their
-    config (random weights). A hub id ("Org/Name") that is not a local directory is fetched with
+    "tiny" and "tiny-english" are the committed snapshots `qwen_lab/data/tiny` and `qwen_lab/data/tiny_english`;
+    other presets have no files and come back as their config (random weights). A hub id ("Org/Name") that is not a local directory is fetched with
     `huggingface_hub.snapshot_download` (only `allow_patterns`, by default configs, weights and tokenizer files).
     A local directory holding a config.json wins over a preset of the same name: `hf download Qwen/Qwen3.5-0.8B
     --local-dir Qwen3.5-0.8B` makes one, and its real weights are what its name asks for.
@@ -161,11 +165,13 @@ def resolve_source(source, allow_patterns=None) -> Path | Qwen35Config:
     if (path / "config.json").is_file():  # (a folder named like a preset but holding no snapshot does not count)
         return path
     key = source.strip().lower()
-    if key == "tiny":
-        if not (TINY_DIR / "config.json").is_file():
-            raise CheckpointError(f"{TINY_DIR}: the tiny snapshot that ships with qwen_lab is missing; rebuild it with "
-                                  f"`python -m qwen_lab.tiny {TINY_DIR}`")
-        return TINY_DIR
+    if key in SHIPPED:
+        where = SHIPPED[key]
+        if not (where / "config.json").is_file():
+            how = f"python -m qwen_lab.tiny {where}" if key == "tiny" else f"python scripts/train_tiny.py --out {where}"
+            raise CheckpointError(f"{where}: the {key} snapshot that ships with qwen_lab is missing; rebuild it with "
+                                  f"`{how}`")
+        return where
     if key in PRESETS:
         return PRESETS[key]
     if path.exists():

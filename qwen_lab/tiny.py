@@ -164,11 +164,11 @@ def train_bpe(corpus: str, vocab_size: int) -> tuple[dict[str, int], list[tuple[
     return vocab, merges
 
 
-def tiny_tokenizer_json() -> dict:
-    """The tiny tokenizer.json: Qwen's normalizer, pre-tokenizer and decoder, a BPE trained on TINY_CORPUS."""
-    vocab, merges = train_bpe(TINY_CORPUS, TINY_VOCAB_SIZE - len(TINY_SPECIAL_TOKENS))
-    added = [{"id": TINY_SPECIAL_IDS[t], "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": True} for t in TINY_SPECIAL_TOKENS]
+def tokenizer_json(vocab: dict[str, int], merges: list[tuple[str, str]], special_ids: dict[str, int]) -> dict:
+    """A byte-level BPE tokenizer.json with Qwen's normalizer, pre-tokenizer and decoder: `vocab` and `merges` from
+    `train_bpe` (or any trainer of the same byte alphabet), `special_ids` the special tokens and their ids."""
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for t, i in special_ids.items()]
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
     return {
         "version": "1.0",
@@ -187,16 +187,23 @@ def tiny_tokenizer_json() -> dict:
     }
 
 
-def write_tiny_tokenizer(directory) -> None:
-    """Write tokenizer.json and tokenizer_config.json (with the ChatML template) of the tiny model."""
+def tiny_tokenizer_json() -> dict:
+    """The tiny tokenizer.json: Qwen's normalizer, pre-tokenizer and decoder, a BPE trained on TINY_CORPUS."""
+    vocab, merges = train_bpe(TINY_CORPUS, TINY_VOCAB_SIZE - len(TINY_SPECIAL_TOKENS))
+    return tokenizer_json(vocab, merges, TINY_SPECIAL_IDS)
+
+
+def write_tokenizer(directory, tokenizer: dict, special_ids: dict[str, int], model_max_length: int = 4096) -> None:
+    """Write tokenizer.json (`tokenizer`, from `tokenizer_json`) and tokenizer_config.json with the ChatML
+    template, <|im_end|> as eos and <|endoftext|> as pad: the files of the tiny snapshots."""
     directory = Path(directory)
     (directory / "tokenizer.json").write_bytes(
-        (json.dumps(tiny_tokenizer_json(), ensure_ascii=False, indent=1) + "\n").encode("utf-8"))
+        (json.dumps(tokenizer, ensure_ascii=False, indent=1) + "\n").encode("utf-8"))
     tcfg = {
         "tokenizer_class": "Qwen2Tokenizer",
-        "added_tokens_decoder": {str(TINY_SPECIAL_IDS[t]): {"content": t, "lstrip": False, "normalized": False,
-                                                             "rstrip": False, "single_word": False, "special": True}
-                                 for t in TINY_SPECIAL_TOKENS},
+        "added_tokens_decoder": {str(i): {"content": t, "lstrip": False, "normalized": False,
+                                          "rstrip": False, "single_word": False, "special": True}
+                                 for t, i in special_ids.items()},
         "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
         "bos_token": None,
         "eos_token": "<|im_end|>",
@@ -206,11 +213,16 @@ def write_tiny_tokenizer(directory) -> None:
         "add_prefix_space": False,
         "clean_up_tokenization_spaces": False,
         "split_special_tokens": False,
-        "model_max_length": 4096,
+        "model_max_length": model_max_length,
         "chat_template": TINY_CHAT_TEMPLATE,
     }
     (directory / "tokenizer_config.json").write_bytes(
         (json.dumps(tcfg, ensure_ascii=False, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def write_tiny_tokenizer(directory) -> None:
+    """Write tokenizer.json and tokenizer_config.json (with the ChatML template) of the tiny model."""
+    write_tokenizer(directory, tiny_tokenizer_json(), TINY_SPECIAL_IDS)
 
 
 # ------------------------------------------------------------------ the tiny snapshot

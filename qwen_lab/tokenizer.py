@@ -1,6 +1,6 @@
 """The tokenizer: `tokenizer.json` through the `tokenizers` library, plus the snapshot's chat template.
 
-    tok = qwen_lab.load_tokenizer("tiny")          # or a snapshot directory, a preset, a hub id
+    tok = qwen_lab.load_tokenizer("tiny-english")  # or a snapshot directory, a preset, a hub id
     ids = tok.encode("Hello, Triton!")             # list[int]
     text = tok.decode(ids)
     prompt = tok.apply_chat_template([{"role": "user", "content": "Hi"}])   # ChatML text, ready to encode
@@ -237,8 +237,9 @@ class StreamDecoder:
         return now[len(before):] if now.startswith(before) else now
 
 
-def load_tokenizer(source="tiny") -> Tokenizer:
-    """The tokenizer of a snapshot directory, "tiny", a random-weight preset (-> the tiny tokenizer) or a hub id."""
+def load_tokenizer(source="tiny-english") -> Tokenizer:
+    """The tokenizer of a snapshot directory, "tiny-english", "tiny", a random-weight preset (-> the tiny tokenizer)
+    or a hub id."""
     where = resolve_source(source, allow_patterns=TOKENIZER_PATTERNS)
     if isinstance(where, Qwen35Config):
         where = TINY_DIR

@@ -32,7 +32,7 @@ from torch import Tensor
 from . import runtime
 from .config import LINEAR, Qwen35Config
 from .export import save_snapshot
-from .snapshot import HUB_ID, TINY_DIR, expected_tensors, full_name, layout_prefix, open_snapshot, resolve_source
+from .snapshot import HUB_ID, SHIPPED, TINY_DIR, expected_tensors, full_name, layout_prefix, open_snapshot, resolve_source
 
 __all__ = ["LayerWeights", "ModelWeights", "load_weights", "random_weights", "random_state_dict",
            "to_hf_state_dict",
@@ -129,8 +129,8 @@ def load_weights(source, device=None, dtype=None, *, seed: int = 0,
     if isinstance(where, Qwen35Config):
         return where, random_weights(where, rt.device, rt.dtype, seed=seed, progress=progress)
     config, reader = open_snapshot(where)
-    if where == TINY_DIR and isinstance(source, str) and source.strip().lower() == "tiny":
-        config = config.replace(name="tiny")
+    if isinstance(source, str) and SHIPPED.get(source.strip().lower()) == where:
+        config = config.replace(name=source.strip().lower())
     elif isinstance(source, str) and HUB_ID.match(source) and not Path(source).exists():
         config = config.replace(name=source)
     with reader:

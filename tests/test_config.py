@@ -143,7 +143,7 @@ def test_qwen35_0_8b_parameter_count():
 
 def test_tiny_preset_and_its_committed_config():
     assert get_preset("tiny") is TINY and get_preset("Qwen3.5-0.8B") is QWEN35_0_8B
-    assert set(PRESETS) == {"tiny", "qwen3.5-0.8b"}
+    assert set(PRESETS) == {"tiny", "tiny-english", "qwen3.5-0.8b"}
     committed = Qwen35Config.from_file(TINY_DIR / "config.json")
     # the committed snapshot adds the tiny tokenizer's special-token ids; every shape is TINY's
     assert same_shapes(committed.replace(eos_token_ids=TINY.eos_token_ids, pad_token_id=TINY.pad_token_id,

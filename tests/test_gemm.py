@@ -35,8 +35,8 @@ def _case(M, K, N, rt, with_out=True):
 # ---------------------------------------------------------------- CPU and GPU: small ragged shapes
 
 # K and N are not multiples of any block size (interpreter: the GEMM's tiles are 32 x 64 x 32, the decode GEMV's,
-# which the rows up to 16 take, 128 x 64: N = 150 and 197 give it a full block and a ragged one)
-RAGGED = [(1, 100, 50), (3, 100, 150), (17, 70, 45), (1, 200, 197)]
+# which the rows up to 16 take, 512 x 64: N = 650 and 597 give it a full block and a ragged one)
+RAGGED = [(1, 100, 50), (3, 100, 650), (17, 70, 45), (1, 200, 597)]
 
 
 @pytest.mark.parametrize("M,K,N", RAGGED)

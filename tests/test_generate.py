@@ -182,7 +182,7 @@ def test_cli_stops_at_the_eos_ids_of_both_config_files(monkeypatch, capsys):
     from qwen_lab import generation as cli
 
     real_load = qwen_lab.load_model
-    first = int(qwen_lab.generate(real_load("tiny", backend="torch"), cli_prompt_ids(), max_new_tokens=1,
+    first = int(qwen_lab.generate(real_load("tiny-english", backend="torch"), cli_prompt_ids(), max_new_tokens=1,
                                   eos_token_ids=())[0])
 
     def load(*args, **kwargs):
@@ -195,10 +195,10 @@ def test_cli_stops_at_the_eos_ids_of_both_config_files(monkeypatch, capsys):
 
 
 def cli_prompt_ids():
-    """The command line's default prompt, as its tokens."""
+    """The command line's default prompt, as the default model's tokens."""
     from qwen_lab.generation import _parser
 
-    return qwen_lab.load_tokenizer("tiny").encode(_parser().get_default("prompt"))
+    return qwen_lab.load_tokenizer(_parser().get_default("model")).encode(_parser().get_default("prompt"))
 
 
 def test_cuda_graph_on_cpu_is_refused(model):
@@ -245,15 +245,15 @@ def test_cli_help_describes_every_flag_with_its_default(capsys):
     assert {"--model", "--prompt", "--chat", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--seed",
             "--no-cuda-graph"} <= set(flags)
     assert {f: flags[f].default for f in ("--model", "--max-new-tokens", "--temperature", "--top-k", "--top-p",
-                                          "--seed")} == {"--model": "tiny", "--max-new-tokens": 32,
+                                          "--seed")} == {"--model": "tiny-english", "--max-new-tokens": 32,
                                                          "--temperature": 0.0, "--top-k": 0, "--top-p": 1.0,
                                                          "--seed": 0}
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     assert e.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines: compare with single spaces
-    for fragment in ("(default: tiny)", "(default: 32)", "(default: 0.0)", "(default: 1.0)",
-                     "on a CPU (the Triton interpreter) each token of the tiny model takes about half a second"):
+    for fragment in ("(default: tiny-english)", "(default: 32)", "(default: 0.0)", "(default: 1.0)",
+                     "on a CPU (the Triton interpreter) each token of the tiny-english model takes about a second"):
         assert fragment in text, fragment
 
 
