@@ -217,8 +217,8 @@ def test_cli_generates_on_the_tiny_default():
     # the prompt, then what generate() gives for it with the CLI's defaults (greedy, seed 0, its stop ids, the
     # device and dtype the runtime picks)
     prompt = "The GPU reads every weight once per token, so"
-    tok = qwen_lab.load_tokenizer("tiny")
-    model = qwen_lab.load_model("tiny", backend="torch")
+    tok = qwen_lab.load_tokenizer("tiny-english")     # the CLI's default model
+    model = qwen_lab.load_model("tiny-english", backend="torch")
     eos = [*tok.eos_token_ids, *model.config.eos_token_ids]
     new = qwen_lab.generate(model, torch.tensor(tok.encode(prompt)), max_new_tokens=4, seed=0, eos_token_ids=eos)
     assert len(new) >= 1
