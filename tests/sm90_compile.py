@@ -285,12 +285,12 @@ def cases():
 
 def persistent_counters(ptx: str) -> dict:
     """The persistent step's counter protocol as compiled: a wait's acquire read (ld.global.gpu.acquire), the bump's
-    release atomic (atom.global.gpu.release), the spin's volatile loads, and how many loads are 16 bytes wide (the
+    release atomic (atom.global.gpu.release; red.global.gpu.release where its result is unused, as Triton 3.9 emits it), the spin's volatile loads, and how many loads are 16 bytes wide (the
     GEMV tiles' weights: a pointer read from the table must carry its alignment)."""
     import re
 
     return {"acquire_loads": len(re.findall(r"ld\.global\.gpu\.acquire", ptx)),
-            "release_atomics": len(re.findall(r"atom\.global\.gpu\.release", ptx)),
+            "release_atomics": len(re.findall(r"(?:atom|red)\.global\.gpu\.release", ptx)),
             "volatile_loads": len(re.findall(r"ld\.volatile\.global", ptx)),
             "wide_loads": len(re.findall(r"ld\.global(?:\.nc)?\.v4", ptx))}
 
