@@ -108,19 +108,12 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                 tl.debug_barrier()
         if ok:
             # ---- the item
-            if kind == K_GEMV:
-                gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4, a5,
-                          a6, best_val_ptr, best_idx_ptr, 0, GEMV_N, GEMV_K, ALIGNED)
-            elif kind == K_GEMV_ADD:
-                gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4, a5,
-                          a6, best_val_ptr, best_idx_ptr, 1, GEMV_N, GEMV_K, ALIGNED)
-            elif kind == K_GEMV_SWIGLU:
-                gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4, a5,
-                          a6, best_val_ptr, best_idx_ptr, 2, GEMV_N, GEMV_K, ALIGNED)
-            elif kind == K_GEMV_ARGMAX:
-                gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4, a5,
-                          a6, best_val_ptr, best_idx_ptr, 3, GEMV_N, GEMV_K, ALIGNED)
-            elif kind == K_NORM:
+            # the four GEMV forms are consecutive kinds; each is its own compiled MODE of gemv_item
+            for mode in tl.static_range(4):
+                if kind == K_GEMV + mode:
+                    gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4,
+                              a5, a6, best_val_ptr, best_idx_ptr, mode, GEMV_N, GEMV_K, ALIGNED)
+            if kind == K_NORM:
                 norm_item(x_ptr, _slot(table_ptr, a0, tl.float32), h_ptr, eps, H, NORM_BLOCK)
             elif kind == K_DELTANET:
                 deltanet_item(proj_ptr, _slot(table_ptr, a0, DT), _slot(table_ptr, a0 + 1, DT),
