@@ -1,13 +1,14 @@
 """The persistent decode step (qwen_lab.kernels.persistent, issue 50 stage 1) against the graph decode of the fast plan.
 
     python benchmarks/bench_persistent.py [--model qwen3.5-0.8b] [--prefill-len 2048] [--decode-steps 128]
-        [--rounds 4] [--variants 4:16x256,4:32x256,8:32x256] [--json FILE]
+        [--rounds 4] [--variants 4:16x256,4:16x256:n,4:16x256:n:p64k] [--json FILE]
 
 One process, one model (random weights, bf16): a prompt prefilled by the plan, then decode steps replayed from CUDA
 Graphs both ways, as `python -m qwen_lab.bench` times its triton + cuda-graph row (the plan's step at a fixed
 position, no sampling; the persistent step includes its greedy token and starts each timed run at the same
 position). Rounds alternate the order (plan first, then persistent first, ...); each round's number is the median of
-5 runs of `decode_steps` replays. A variant is the persistent kernel's num_warps and GEMV block (BLOCK_N x BLOCK_K).
+5 runs of `decode_steps` replays. A variant is the persistent kernel's num_warps and GEMV block (BLOCK_N x BLOCK_K),
+then its stages: `n` the norms fused into the GEMV tiles, `pBYTES` (k for 1024) the L2 prefetch before each wait.
 Before timing, one step from the same prefilled state both ways: the relative error of the logits and the two
 tokens (a timing of wrong results means nothing). Prints a table and writes JSON with the floors of the same run.
 """
@@ -21,12 +22,21 @@ import time
 import torch
 
 
-def parse_variants(text: str) -> list[tuple[int, tuple[int, int]]]:
+def parse_variants(text: str) -> list[tuple[str, dict]]:
+    """'4:16x256:n:p64k,...' -> [(name, PersistentDecode options)]."""
     out = []
     for part in text.split(","):
-        warps, block = part.split(":")
+        warps, block, *stages = part.split(":")
         n, k = block.lower().split("x")
-        out.append((int(warps), (int(n), int(k))))
+        options = {"num_warps": int(warps), "gemv_block": (int(n), int(k))}
+        for st in stages:
+            if st == "n":
+                options["fuse_norms"] = True
+            elif st.startswith("p"):
+                options["prefetch"] = int(st[1:-1]) * 1024 if st.endswith("k") else int(st[1:])
+            else:
+                raise SystemExit(f"--variants: stage {st!r} of {part!r}: expected n (fused norms) or pBYTES")
+        out.append((f"persistent w{warps} {n}x{k}" + "".join(f" {st}" for st in stages), options))
     return out
 
 
@@ -36,8 +46,8 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-len", type=int, default=2048)
     p.add_argument("--decode-steps", type=int, default=128)
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--variants", default="4:16x256,4:32x256,8:32x256",
-                   help="num_warps:BLOCK_NxBLOCK_K, comma-separated")
+    p.add_argument("--variants", default="4:16x256,4:16x256:n,4:16x256:n:p32k,4:16x256:n:p128k,4:32x256:n:p64k",
+                   help="num_warps:BLOCK_NxBLOCK_K[:n][:pBYTES], comma-separated")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -81,12 +91,11 @@ def main(argv=None) -> int:
 
         # ---- the persistent step: captured before its prefill (the warm-up writes the cache), then prefilled
         variants, failed = [], {}
-        for warps, block in parse_variants(args.variants):
-            name = f"persistent w{warps} {block[0]}x{block[1]}"
+        for name, options in parse_variants(args.variants):
             stamp(f"{name}: schedule, compile, capture")
             try:
                 cache = model.new_cache(T + n + 8)
-                step = PersistentDecode(model, cache, num_warps=warps, gemv_block=block)
+                step = PersistentDecode(model, cache, **options)
                 t0 = time.perf_counter()
                 step.step()   # the first launch compiles
                 torch.cuda.synchronize()
@@ -143,6 +152,7 @@ def main(argv=None) -> int:
     info = {name: {"programs": step.schedule.programs, "items": len(step.schedule.item_list),
                    "counters": len(step.schedule.counter_totals), "num_warps": step.num_warps,
                    "gemv_block": list(step.gemv_block), "splits": step.schedule.buffers["ws"].shape[0],
+                   "prefetch": step.prefetch,
                    "compile_s": round(compile_s, 1),
                    "items_by_kind": {k: sum(1 for it in step.schedule.item_list if KIND_NAMES[it.kind] == k)
                                      for k in KIND_NAMES}}

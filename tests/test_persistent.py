@@ -76,9 +76,11 @@ def simulate(s, steps: int, rng: random.Random) -> None:
 
 @pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
 @pytest.mark.parametrize("programs", [1, 3, 8, 132])
-def test_the_schedule_respects_its_dependencies_under_any_interleaving(cfg, programs):
+@pytest.mark.parametrize("fuse_norms", [False, True], ids=["norm-items", "fused-norms"])
+def test_the_schedule_respects_its_dependencies_under_any_interleaving(cfg, programs, fuse_norms):
     model = tiny_model(cfg)
-    s = build_schedule(model, model.new_cache(32), programs, gemv_tiles=max(2, programs), splits=3)
+    s = build_schedule(model, model.new_cache(32), programs, gemv_tiles=max(2, programs), splits=3,
+                       fuse_norms=fuse_norms)
     check_schedule(s)
     items = s.items.tolist()
     # every wait's producers come earlier in the item order, so in some program's list before the consumer's turn
@@ -97,10 +99,14 @@ def test_the_schedule_respects_its_dependencies_under_any_interleaving(cfg, prog
     assert kinds.count(sched.DELTANET) == n_linear * cfg.linear_num_key_heads
     assert kinds.count(sched.ATTN_PREP) == kinds.count(sched.ATTN_COMBINE) == n_full * cfg.num_key_value_heads
     assert kinds.count(sched.ATTN_SPLIT) == 3 * n_full * cfg.num_key_value_heads
-    assert kinds.count(sched.NORM) == 2 * cfg.num_hidden_layers + 1 and kinds[-1] == sched.ARGMAX
+    norms = 2 * cfg.num_hidden_layers + 1
+    assert kinds.count(sched.NORM) == (0 if fuse_norms else norms) and kinds[-1] == sched.ARGMAX
+    # fused: every projection that reads a norm's output computes it (in_proj or qkv_proj, gate_up, the LM head)
+    normed = [it.name.split(" rows")[0] for it in s.item_list if it.kind in (sched.GEMV_NORM, sched.GEMV_NORM_ARGMAX)]
+    assert len(set(normed)) == (norms if fuse_norms else 0)
     # the deal spreads the LM head's tiles (one per program, when the vocabulary has the rows) over the programs
     owner = {i: p for p, lst in enumerate(s.program_lists()) for i in lst}
-    head = [i for i, k in enumerate(kinds) if k == sched.GEMV_ARGMAX]
+    head = [i for i, k in enumerate(kinds) if k in (sched.GEMV_ARGMAX, sched.GEMV_NORM_ARGMAX)]
     rows = -(-cfg.vocab_size // max(2, programs))         # tiles as even as can be: cdiv(V, tiles) rows each
     assert len(head) == -(-cfg.vocab_size // rows)
     assert len({owner[i] for i in head}) == min(programs, len(head))
@@ -151,9 +157,11 @@ def decode_both_ways(cfg, steps: int, prompt_len: int = 5, **kwargs):
     return out, step
 
 
-@pytest.mark.parametrize("cfg, steps, splits", [(TINY, 4, 2), (ODD, 2, 3)], ids=["tiny", "odd"])
-def test_the_persistent_step_equals_the_plain_decode_steps(cfg, steps, splits):
-    out, step = decode_both_ways(cfg, steps, gemv_tiles=3, splits=splits)
+@pytest.mark.parametrize("cfg, steps, splits, fuse_norms", [(TINY, 4, 2, False), (ODD, 2, 3, False),
+                                                            (TINY, 3, 2, True), (ODD, 2, 1, True)],
+                         ids=["tiny", "odd", "tiny-fused-norms", "odd-fused-norms"])
+def test_the_persistent_step_equals_the_plain_decode_steps(cfg, steps, splits, fuse_norms):
+    out, step = decode_both_ways(cfg, steps, gemv_tiles=3, splits=splits, fuse_norms=fuse_norms)
     for t, (got, want, token, best) in enumerate(out):
         assert got.shape == want.shape == (1, cfg.vocab_size)
         assert checks.relative_error(got.float(), want.float()) <= 1e-4, f"decode step {t}"
@@ -217,7 +225,7 @@ def test_the_teaching_kernel_reports_a_wait_that_never_ends():
 def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_loads():
     """Compiled ahead of time for an H100/H200 (tests/sm90_compile.py --persistent): each wait is one acquire load
     after volatile polls, each bump a release atomic, the GEMV tiles' weights load 16 bytes at a time (the table's
-    pointers carry their alignment), and the shared memory fits."""
+    pointers carry their alignment), the L2 prefetches are there when asked for, and the shared memory fits."""
     import json
     import os
     import subprocess
@@ -229,13 +237,15 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == 4
+    assert len(results) == 5
     for r in results:
         assert r["ok"], r
         assert r["acquire_loads"] >= 1 and r["release_atomics"] >= 1 and r["volatile_loads"] >= 1, r
         assert r["shared"] <= 232448, r
-        # 4 GEMV forms x a [BLOCK_N, 256] bf16 tile per step: at least 16 16-byte loads (the teaching kernel: fp32)
-        assert r["wide_loads"] >= (16 if r["label"].startswith("persistent_decode") else 1), r
+        # 6 GEMV forms x a [BLOCK_N, 256] bf16 tile per step: at least 24 16-byte loads (the teaching kernel: fp32)
+        assert r["wide_loads"] >= (24 if r["label"].startswith("persistent_decode") else 1), r
+        # the L2 prefetch before a wait: compiled in only where asked (the GEMV items' weights, the DeltaNet states)
+        assert (r["l2_prefetches"] >= 2) == r["label"].endswith("prefetch"), r
 
 
 # ---------------------------------------------------------------- GPU
@@ -254,14 +264,14 @@ def big():
         os.environ["QWEN_LAB_DETERMINISTIC"] = old
 
 
-def persistent_greedy(big, ids, n: int, graph: bool = True):
-    """Prefill ids with the plan, then n greedy steps of the persistent kernel (replayed from a CUDA Graph) ->
-    (tokens, logits [n, V])."""
+def persistent_greedy(big, ids, n: int, graph: bool = True, **options):
+    """Prefill ids with the plan, then n greedy steps of the persistent kernel (replayed from a CUDA Graph; options:
+    PersistentDecode's) -> (tokens, logits [n, V])."""
     from qwen_lab.graph import capture
 
     T = ids.numel()
     cache = big.new_cache(T + n + 8)
-    step = PersistentDecode(big.model, cache)
+    step = PersistentDecode(big.model, cache, **options)
     with torch.inference_mode():
         if graph:   # the warm-up writes the cache and the states: capture first, then reset and prefill
             g, _ = capture(lambda: step.step())
@@ -299,8 +309,9 @@ def plan_greedy(big, ids, n: int):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
-def test_gpu_the_step_with_one_program_per_sm_equals_the_plain_decode(cfg):
-    out, step = decode_both_ways(cfg, 6)      # programs: the SM count
+@pytest.mark.parametrize("options", [{}, {"fuse_norms": True, "prefetch": 4096}], ids=["stage-1", "fused-prefetch"])
+def test_gpu_the_step_with_one_program_per_sm_equals_the_plain_decode(cfg, options):
+    out, step = decode_both_ways(cfg, 6, **options)      # programs: the SM count
     assert step.schedule.programs == torch.cuda.get_device_properties(0).multi_processor_count
     for t, (got, want, token, best) in enumerate(out):
         assert checks.relative_error(got.float(), want.float()) <= 1e-4, f"decode step {t}"
@@ -339,3 +350,8 @@ def test_gpu_the_persistent_step_is_bitwise_stable_run_to_run(big):
     c_tokens, c = persistent_greedy(big, ids, 32, graph=False)
     assert a_tokens == b_tokens == c_tokens
     assert torch.equal(a, b) and torch.equal(a, c)
+    # the fused norms round where the norm items do; the prefetch changes no arithmetic at all
+    d_tokens, d = persistent_greedy(big, ids, 32, fuse_norms=True)
+    e_tokens, e = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536)
+    assert d_tokens == e_tokens == a_tokens and torch.equal(d, e)
+    assert checks.relative_error(d.float(), a.float()) <= 1e-3

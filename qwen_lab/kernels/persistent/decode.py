@@ -42,13 +42,13 @@ from ..attention.flash import LOG2E
 from ..deltanet.gates import EPS as L2_EPS
 from ..rope import inv_freq_table
 from .items import (_slot, argmax_item, attn_combine_item, attn_prep_item, attn_split_item, deltanet_item,
-                    embed_item, gemv_item, norm_item)
-from .schedule import (ARGMAX, ATTN_COMBINE, ATTN_PREP, ATTN_SPLIT, DELTANET, EMBED, GEMV, GEMV_ADD, GEMV_ARGMAX,
-                       GEMV_SWIGLU, ITEM_FIELDS, NORM, Schedule, build_schedule, check_schedule)
+                    embed_item, gemv_item, norm_item, prefetch_l2)
+from .schedule import (ARGMAX, ATTN_COMBINE, ATTN_PREP, ATTN_SPLIT, DELTANET, EMBED, GEMV, GEMV_KINDS, ITEM_FIELDS,
+                       NORM, Schedule, build_schedule, check_schedule)
 
 # the item kinds as constexprs (a jit function reads no plain global)
-K_EMBED, K_NORM, K_GEMV, K_GEMV_ADD, K_GEMV_SWIGLU, K_GEMV_ARGMAX = (tl.constexpr(k) for k in (
-    EMBED, NORM, GEMV, GEMV_ADD, GEMV_SWIGLU, GEMV_ARGMAX))
+K_EMBED, K_NORM, K_GEMV = (tl.constexpr(k) for k in (EMBED, NORM, GEMV))
+N_GEMV_FORMS = tl.constexpr(len(GEMV_KINDS))
 K_DELTANET, K_ATTN_PREP, K_ATTN_SPLIT, K_ATTN_COMBINE, K_ARGMAX = (tl.constexpr(k) for k in (
     DELTANET, ATTN_PREP, ATTN_SPLIT, ATTN_COMBINE, ARGMAX))
 SPIN_LIMIT_GPU = 1 << 22      # polls of a counter (~1 s on an H100) before a wait is reported as a hang
@@ -66,7 +66,8 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                              BV: tl.constexpr, BW: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
                              ATTN_BLOCK_N: tl.constexpr, SPLITS_P: tl.constexpr, TILES_P: tl.constexpr,
                              GEMV_N: tl.constexpr, GEMV_K: tl.constexpr, ALIGNED: tl.constexpr, DOT_PREC: tl.constexpr,
-                             F: tl.constexpr):
+                             F: tl.constexpr, PREFETCH: tl.constexpr = False, prefetch_bytes=0,
+                             LINES: tl.constexpr = 128):
     DT = logits_ptr.dtype.element_ty
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
@@ -83,8 +84,21 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
         a4 = tl.load(row + 5)
         a5 = tl.load(row + 6)
         a6 = tl.load(row + 7)
+        a7 = tl.load(row + 8)
         wc = tl.load(row + 9)
         done = tl.load(row + 12)
+        if PREFETCH:
+            # ---- before the wait: the item's own weights (at most prefetch_bytes of them) on their way into L2,
+            # so the memory system streams while the program waits (weights and this item's own state are written
+            # by nothing it waits for, so reading them early is safe)
+            if (kind >= K_GEMV) & (kind < K_GEMV + N_GEMV_FORMS):
+                esize: tl.constexpr = DT.primitive_bitwidth // 8
+                prefetch_l2(_slot(table_ptr, a0, tl.int8) + a3.to(tl.int64) * a5 * esize,
+                            tl.minimum(a4 * a5 * esize, prefetch_bytes), LINES)
+            elif kind == K_DELTANET:   # the recurrent states of its value heads, fp32 [REP, DK, DV]
+                state_bytes: tl.constexpr = (HV // HK) * DK * DV * 4
+                prefetch_l2(_slot(table_ptr, a0 + 5, tl.int8) + a1.to(tl.int64) * state_bytes,
+                            tl.minimum(state_bytes, prefetch_bytes), LINES)
         if ok:
             # ---- wait: a bounded spin on the counter, then an acquire read of it
             if wc >= 0:
@@ -108,11 +122,13 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                 tl.debug_barrier()
         if ok:
             # ---- the item
-            # the four GEMV forms are consecutive kinds; each is its own compiled MODE of gemv_item
-            for mode in tl.static_range(4):
+            # the GEMV forms are consecutive kinds; each is its own compiled MODE of gemv_item (a7: the norm weight's
+            # slot of the GEMV_NORM forms, -1 for the others, which never read it)
+            for mode in tl.static_range(N_GEMV_FORMS):
                 if kind == K_GEMV + mode:
                     gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4,
-                              a5, a6, best_val_ptr, best_idx_ptr, mode, GEMV_N, GEMV_K, ALIGNED)
+                              a5, a6, best_val_ptr, best_idx_ptr, _slot(table_ptr, tl.maximum(a7, 0), tl.float32),
+                              eps, mode, GEMV_N, GEMV_K, ALIGNED, NORM_BLOCK)
             if kind == K_NORM:
                 norm_item(x_ptr, _slot(table_ptr, a0, tl.float32), h_ptr, eps, H, NORM_BLOCK)
             elif kind == K_DELTANET:
@@ -146,13 +162,16 @@ class PersistentDecode:
     prefill; each `step()` reads them, writes the logits [1, V] (`self.logits`), and leaves the greedy token and the
     next position there. No host synchronisation in `step(check=False)`, static shapes: a CUDA Graph captures it.
     programs: default one per SM on a GPU, 1 under the interpreter (there programs run one after another).
-    gemv_tiles, splits: see build_schedule; spin_limit: polls before a wait gives up; gemv_block: the GEMV items'
-    (BLOCK_N, BLOCK_K); schedule: one built already (verify=False skips check_schedule).
+    gemv_tiles, splits, fuse_norms: see build_schedule; spin_limit: polls before a wait gives up; gemv_block: the
+    GEMV items' (BLOCK_N, BLOCK_K); prefetch: bytes of each GEMV item's weights (and each DeltaNet item's states)
+    asked into L2 before its wait (0: none; a GPU only, the interpreter runs no PTX); schedule: one built already
+    (verify=False skips check_schedule).
     """
 
     def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,
                  splits: int | None = None, spin_limit: int | None = None, num_warps: int = 4,
-                 gemv_block: tuple[int, int] | None = None, schedule: Schedule | None = None, verify: bool = True):
+                 gemv_block: tuple[int, int] | None = None, schedule: Schedule | None = None, verify: bool = True,
+                 fuse_norms: bool = False, prefetch: int = 0):
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
@@ -163,13 +182,16 @@ class PersistentDecode:
                               f"a program that waits on a later one never sees its counter move; use programs=1")
         self.model, self.cache = model, cache
         self.schedule = schedule if schedule is not None else build_schedule(model, cache, programs, gemv_tiles,
-                                                                              splits)
+                                                                              splits, fuse_norms)
         if verify:   # (False only where a test hands the kernel a broken schedule on purpose)
             check_schedule(self.schedule)
         s = self.schedule
         cfg = model.config
         self.spin_limit = (2 if interp else SPIN_LIMIT_GPU) if spin_limit is None else int(spin_limit)
         self.num_warps = num_warps
+        if prefetch < 0:
+            raise KernelError(f"prefetch={prefetch!r}: expected the bytes to prefetch per item, 0 for none")
+        self.prefetch = 0 if interp else int(prefetch)
         self.gemv_block = gemv_block or ((16, 64) if interp else (16, 256))
         self.counters = torch.zeros(len(s.counter_totals), dtype=torch.int32, device=dev)
         self.errors = torch.zeros(s.programs, ERROR_FIELDS, dtype=torch.int32, device=dev)
@@ -199,7 +221,8 @@ class PersistentDecode:
             s.items, s.order, s.starts, s.table, self.counters, self.errors, self.epoch, self.token, self.position,
             b["x"], b["h"], b["proj"], b["o"], b["q"], b["ws"], b["logits"], b["best_val"], b["best_idx"],
             self.inv_freq, *self.scalars, **s.sizes, GEMV_N=self.gemv_block[0], GEMV_K=self.gemv_block[1],
-            DOT_PREC=dot_precision(self.model.dtype), F=ITEM_FIELDS, num_warps=self.num_warps)
+            DOT_PREC=dot_precision(self.model.dtype), F=ITEM_FIELDS, PREFETCH=self.prefetch > 0,
+            prefetch_bytes=self.prefetch, LINES=32 * self.num_warps, num_warps=self.num_warps)
 
     def step(self, check: bool | None = None) -> torch.Tensor:
         """launch(), then (check: default unless a CUDA Graph is being captured) check(). -> the logits [1, V]."""

@@ -10,6 +10,7 @@ fast plan (qwen_lab.plan) stores them, and every sum is fp32, so the step rounds
     GEMV_ADD       x[r0:r0+n] += W[r0:r0+n] @ in         (the residual add: a tile owns its rows of x)
     GEMV_SWIGLU    x[r0:r0+n] += W[r0:r0+n] @ (silu(gu[:I]) * gu[I:])                   the MLP's down projection
     GEMV_ARGMAX    logits[r0:r0+n] = W[r0:r0+n] @ h, and the tile's (max, first argmax)   the LM head
+    GEMV_NORM, GEMV_NORM_ARGMAX   as GEMV and GEMV_ARGMAX, with h = rmsnorm(x) (1 + w) computed in the tile
     DELTANET       per key head: causal conv + SiLU of its q/k/v channels (state shifted in place), the gates,
                    one delta-rule step per value head (state [Dk, Dv] fp32 in place), gated RMSNorm * silu(z)
     ATTN_PREP      per KV head: q/k RMSNorm + RoPE; k, v into cache row pos; the G prepared query rows to q
@@ -68,17 +69,31 @@ def norm_item(x_ptr, w_ptr, h_ptr, eps, H: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_idx_ptr,
-              MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr):
+def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_idx_ptr, nw_ptr, eps,
+              MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr,
+              NORM_BLOCK: tl.constexpr):
     """Rows row0 .. row0 + nrows - 1 of out = W @ in (W [N, K] row-major), BLOCK_N rows at a time.
-    MODE 0: store; 1: add into out (the residual stream); 2: the input is silu(gu[:K]) * gu[K:] (rounded to DT, as
-    silu_mul stores it), added into out; 3: store, and the tile's (max, first index of the max) to slot `tile`.
+    MODE (the item kind less GEMV): 0 store; 1 add into out (the residual stream); 2 the input is
+    silu(gu[:K]) * gu[K:] (rounded to DT, as silu_mul stores it), added into out; 3 store, and the tile's (max,
+    first index of the max) to slot `tile`; 4 and 5: as 0 and 3, the input being rmsnorm(x) * (1 + nw) computed
+    here (x = in, K = H), rounded to DT where the NORM item stores it.
     ALIGNED: the schedule vouches that every K is a multiple of 16, so the rows' loads can be 16 bytes wide."""
+    ADD: tl.constexpr = MODE == 1 or MODE == 2
+    ARGMAX: tl.constexpr = MODE == 3 or MODE == 5
+    NORM: tl.constexpr = MODE >= 4
     if ALIGNED:   # K written as a multiple of 16 for the offsets and masks (tl.multiple_of on a scalar int is lost)
         K = (K // 16) * 16
     DT = out_ptr.dtype.element_ty
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
+    rstd = 1.0
+    if NORM:   # the norm item's sum of squares, in its block shape (the same sum, so the same rounding)
+        ss = tl.zeros([NORM_BLOCK], tl.float32)
+        for k0 in range(0, K, NORM_BLOCK):
+            offs = k0 + tl.arange(0, NORM_BLOCK)
+            x = tl.load(in_ptr + offs, mask=offs < K, other=0.0).to(tl.float32)
+            ss += x * x
+        rstd = tl.rsqrt(tl.sum(ss, 0) / K + eps)
     best_v = float("-inf")
     best_i = row0
     end = row0 + nrows
@@ -94,25 +109,41 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
                 g = tl.load(in_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
                 u = tl.load(in_ptr + K + ks, mask=k_ok, other=0.0).to(tl.float32)
                 x = (g * tl.sigmoid(g) * u).to(DT).to(tl.float32)
+            elif NORM:
+                x = tl.load(in_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+                nw = tl.load(nw_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+                x = (x * rstd * (1.0 + nw)).to(DT).to(tl.float32)
             else:
                 x = tl.load(in_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
             w = tl.load(w_rows + ks[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
             acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
         y = acc.to(DT)
-        if MODE == 1 or MODE == 2:   # x + y, y rounded first: the plan's GEMV output, then its residual add
+        if ADD:   # x + y, y rounded first: the plan's GEMV output, then its residual add
             old = tl.load(out_ptr + rows, mask=r_ok, other=0.0).to(tl.float32)
             y = (old + y.to(tl.float32)).to(DT)
         tl.store(out_ptr + rows, y, mask=r_ok)
-        if MODE == 3:
+        if ARGMAX:
             v = tl.where(r_ok, y.to(tl.float32), float("-inf"))
             m = tl.max(v, 0)
             i = tl.min(tl.where(v == m, rows, end), 0)
             better = m > best_v          # strictly: an earlier block keeps a tie (the first index wins)
             best_i = tl.where(better, i, best_i)
             best_v = tl.where(better, m, best_v)
-    if MODE == 3:
+    if ARGMAX:
         tl.store(best_val_ptr + tile, best_v)
         tl.store(best_idx_ptr + tile, best_i)
+
+
+@triton.jit
+def prefetch_l2(ptr, nbytes, LINES: tl.constexpr):
+    """Ask for bytes [0, nbytes) from ptr (a byte pointer) into L2, one 128-byte line per thread and instruction,
+    without waiting for them: a program about to wait on a counter has its next item's weights on the way meanwhile.
+    (prefetch.global.L2 needs a GPU: the interpreter runs no inline PTX, so the kernel compiles this only there.)"""
+    offs = tl.arange(0, LINES) * 128
+    for b0 in range(0, nbytes, LINES * 128):
+        at = tl.minimum(b0 + offs, nbytes - 1)     # the last round's spare lanes repeat the last line
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptr + at],
+                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

@@ -18,6 +18,10 @@ One decode step, per layer (sizes from the config; Qwen3.5-0.8B in brackets, for
              -> ATTN_COMBINE per KV head (2) -> GEMV_ADD tiles of o_proj (P) -> NORM -> gate_up -> down
     then EMBED first, and last NORM -> GEMV_ARGMAX tiles of the LM head (P) -> ARGMAX (1).
 
+With fuse_norms, no NORM item: each tile that reads the norm's output computes it from x itself (GEMV_NORM,
+GEMV_NORM_ARGMAX: the sum of squares of x, then the normed input rounded where the NORM item would store it), so
+the tiles wait for the residual stream's writers directly and a layer has two hops fewer on its critical path.
+
 Every item waits on exactly one counter; every item is an ancestor of ARGMAX (which advances the token, the
 position and the epoch), so when it runs every program has read the epoch and every reader of the token and the
 position is done.
@@ -40,9 +44,11 @@ import triton
 from ...config import LINEAR
 from ...errors import KernelError
 
-EMBED, NORM, GEMV, GEMV_ADD, GEMV_SWIGLU, GEMV_ARGMAX, DELTANET, ATTN_PREP, ATTN_SPLIT, ATTN_COMBINE, ARGMAX = range(11)
-KIND_NAMES = ("EMBED", "NORM", "GEMV", "GEMV_ADD", "GEMV_SWIGLU", "GEMV_ARGMAX", "DELTANET", "ATTN_PREP",
-              "ATTN_SPLIT", "ATTN_COMBINE", "ARGMAX")
+(EMBED, NORM, GEMV, GEMV_ADD, GEMV_SWIGLU, GEMV_ARGMAX, GEMV_NORM, GEMV_NORM_ARGMAX, DELTANET, ATTN_PREP,
+ ATTN_SPLIT, ATTN_COMBINE, ARGMAX) = range(13)
+KIND_NAMES = ("EMBED", "NORM", "GEMV", "GEMV_ADD", "GEMV_SWIGLU", "GEMV_ARGMAX", "GEMV_NORM", "GEMV_NORM_ARGMAX",
+              "DELTANET", "ATTN_PREP", "ATTN_SPLIT", "ATTN_COMBINE", "ARGMAX")
+GEMV_KINDS = range(GEMV, GEMV_NORM_ARGMAX + 1)   # consecutive: the kernel compiles one form of gemv_item for each
 NUM_ARGS = 8
 WAIT_C, WAIT_NEED, WAIT_TOTAL, DONE_C = NUM_ARGS + 1, NUM_ARGS + 2, NUM_ARGS + 3, NUM_ARGS + 4
 ITEM_FIELDS = NUM_ARGS + 5
@@ -107,9 +113,9 @@ class _Builder:
             self.totals[done] += 1
         self.items.append(Item(kind, tuple(int(a) for a in args), wait, done, name, float(cost)))
 
-    def gemv(self, kind, weight, name, w_slot, in_slot, out_slot, wait, tiles, tile_base=0):
+    def gemv(self, kind, weight, name, w_slot, in_slot, out_slot, wait, tiles, norm_slot=-1):
         """The tiles of out = weight @ in: `tiles` contiguous row ranges (as even as can be), one counter bumped by
-        each; returns (the counter, its need)."""
+        each; returns (the counter, its need). norm_slot: the norm weight of a GEMV_NORM kind."""
         N, K = weight.shape
         if weight.stride() != (K, 1):
             raise KernelError(f"persistent schedule: weight {name} has strides {weight.stride()}, expected "
@@ -120,17 +126,19 @@ class _Builder:
         t = 0
         for r0 in range(0, N, rows):
             n = min(rows, N - r0)
-            self.add(kind, (w_slot, in_slot, out_slot, r0, n, K, tile_base + t), wait, done,
+            self.add(kind, (w_slot, in_slot, out_slot, r0, n, K, t, norm_slot), wait, done,
                      f"{name} rows {r0}..{r0 + n - 1}", n * K * weight.element_size())
             t += 1
         return done, self.totals[done]
 
 
-def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, splits: int | None = None) -> Schedule:
+def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, splits: int | None = None,
+                   fuse_norms: bool = False) -> Schedule:
     """The decode step of `model` (its config and weights) over `cache`, dealt to `programs` programs.
 
     gemv_tiles: tiles per projection (default: one per program, at least 2); splits: the attention's key splits per
-    KV head (default: enough to give every program one, within the cache's key blocks)."""
+    KV head (default: enough to give every program one, within the cache's key blocks); fuse_norms: the RMSNorms
+    computed inside the tiles that read them (GEMV_NORM) instead of NORM items."""
     from ..attention.tuning import _DECODE_BLOCK_N, _INTERP_DECODE_BLOCK_N, MAX_SPLITS
     from ... import runtime
 
@@ -158,16 +166,25 @@ def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, s
     for name in ("x", "h", "proj", "gate_up", "o", "logits"):   # slots X .. LOGITS
         b.slot(buffers[name])
 
+    def normed_gemv(kind, weight, name, norm_weight, norm_name, out_slot, wait):
+        """The tiles of out = weight @ rmsnorm(x): after a NORM item, or (fuse_norms) each computing the norm."""
+        w_slot = b.slot(weight)
+        if fuse_norms:
+            fused = GEMV_NORM_ARGMAX if kind == GEMV_ARGMAX else GEMV_NORM
+            return b.gemv(fused, weight, name, w_slot, X, out_slot, wait, tiles, b.slot(norm_weight))
+        c = b.counter(norm_name)
+        b.add(NORM, (b.slot(norm_weight),), wait, c, norm_name, 4 * H)
+        return b.gemv(kind, weight, name, w_slot, H_SLOT, out_slot, (c, 1), tiles)
+
     c = b.counter("embedding")
     b.add(EMBED, (b.slot(W.embed),), None, c, "token row", H * W.embed.element_size())
     wait = (c, 1)
     Hk, Hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     for i, layer in enumerate(W.layers):
         tag = f"layer {i}"
-        c = b.counter(f"{tag} input norm")
-        b.add(NORM, (b.slot(layer.input_norm),), wait, c, f"{tag} input norm", 4 * H)
         if layer.kind == LINEAR:
-            wait = b.gemv(GEMV, layer.in_proj, f"{tag} in_proj", b.slot(layer.in_proj), H_SLOT, PROJ, (c, 1), tiles)
+            wait = normed_gemv(GEMV, layer.in_proj, f"{tag} in_proj", layer.input_norm, f"{tag} input norm", PROJ,
+                               wait)
             base = b.slot(layer.conv)
             for t in (cache.conv_state[i], layer.A_log, layer.dt_bias, layer.norm, cache.recurrent_state[i]):
                 b.slot(t)
@@ -179,8 +196,8 @@ def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, s
             wait = b.gemv(GEMV_ADD, layer.out_proj, f"{tag} out_proj", b.slot(layer.out_proj), O_SLOT, X,
                           (c, Hk), tiles)
         else:
-            wait = b.gemv(GEMV, layer.qkv_proj, f"{tag} qkv_proj", b.slot(layer.qkv_proj), H_SLOT, PROJ, (c, 1),
-                          tiles)
+            wait = normed_gemv(GEMV, layer.qkv_proj, f"{tag} qkv_proj", layer.input_norm, f"{tag} input norm", PROJ,
+                               wait)
             base = b.slot(layer.q_norm)
             for t in (layer.k_norm, cache.key[i], cache.value[i]):
                 b.slot(t)
@@ -197,13 +214,10 @@ def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, s
                       4 * splits * D)
             wait = b.gemv(GEMV_ADD, layer.o_proj, f"{tag} o_proj", b.slot(layer.o_proj), O_SLOT, X, (combined, Hkv),
                           tiles)
-        c = b.counter(f"{tag} post-attention norm")
-        b.add(NORM, (b.slot(layer.post_norm),), wait, c, f"{tag} post-attention norm", 4 * H)
-        wait = b.gemv(GEMV, layer.gate_up, f"{tag} gate_up", b.slot(layer.gate_up), H_SLOT, GATE_UP, (c, 1), tiles)
+        wait = normed_gemv(GEMV, layer.gate_up, f"{tag} gate_up", layer.post_norm, f"{tag} post-attention norm",
+                           GATE_UP, wait)
         wait = b.gemv(GEMV_SWIGLU, layer.down, f"{tag} down", b.slot(layer.down), GATE_UP, X, wait, tiles)
-    c = b.counter("final norm")
-    b.add(NORM, (b.slot(W.final_norm),), wait, c, "final norm", 4 * H)
-    head, n_tiles = b.gemv(GEMV_ARGMAX, W.lm_head, "lm_head", b.slot(W.lm_head), H_SLOT, LOGITS, (c, 1), tiles)
+    head, n_tiles = normed_gemv(GEMV_ARGMAX, W.lm_head, "lm_head", W.final_norm, "final norm", LOGITS, wait)
     b.add(ARGMAX, (), (head, n_tiles), None, "greedy token", 8 * n_tiles)
     buffers["best_val"] = torch.zeros(n_tiles, device=dev, dtype=torch.float32)
     buffers["best_idx"] = torch.zeros(n_tiles, device=dev, dtype=torch.int32)
@@ -225,7 +239,7 @@ def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, s
         wc, need = it.wait if it.wait is not None else (-1, 0)
         rows.append([it.kind, *args, wc, need, b.totals[wc] if wc >= 0 else 0, -1 if it.done is None else it.done])
     sizes = kernel_sizes(cfg, splits, block_n, n_tiles)
-    sizes["ALIGNED"] = all(it.args[5] % 16 == 0 for it in b.items if GEMV <= it.kind <= GEMV_ARGMAX)
+    sizes["ALIGNED"] = all(it.args[5] % 16 == 0 for it in b.items if it.kind in GEMV_KINDS)
     return Schedule(items=torch.tensor(rows, dtype=torch.int32, device=dev),
                     order=torch.tensor(order, dtype=torch.int32, device=dev),
                     starts=torch.tensor(starts, dtype=torch.int32, device=dev),
