@@ -144,9 +144,10 @@ def git_commit() -> str | None:
 
 
 def bench_qwen_lab(model, prefill_len: int, decode_steps: int, graph: bool, gen: torch.Generator,
-                   status=lambda phase: None) -> dict:
+                   status=lambda phase: None, persistent: bool = False) -> dict:
     """One row of the table: the model's fast route (qwen_lab.plan), launched from Python or replayed from CUDA
-    Graphs."""
+    Graphs; persistent: its decode step as the one persistent launch (qwen_lab.kernels.persistent), replayed from a
+    graph, the greedy token included."""
     from .plan import fast_plan
 
     model = fast_plan(model)
@@ -197,13 +198,33 @@ def bench_qwen_lab(model, prefill_len: int, decode_steps: int, graph: bool, gen:
             prefill_ms = time_ms(lambda: prefill.run(ids), dev, reps=10, setup=cache.reset)
             cache.reset()
             prefill.run(ids)
-            g_decode, _ = capture(lambda: model.step(token, pos, cache), warmup=2)
+            setup = None
+            if persistent:   # its position advances every step: each timed run starts again at the prompt's end
+                from .kernels.persistent import PersistentDecode
+
+                step = PersistentDecode(model.model, cache)
+                status("compiling the persistent step")
+                g_decode, _ = capture(lambda: step.step(check=False), warmup=1)
+                step.reset()
+                cache.reset()
+                prefill.run(ids)
+                with count_launches() as c:
+                    step.prime(token, prefill_len)
+                    step.step()
+                decode_launches = sum(c.values())
+
+                def setup():
+                    step.prime(token, prefill_len)
+            else:
+                g_decode, _ = capture(lambda: model.step(token, pos, cache), warmup=2)
 
             def decode():
                 for _ in range(decode_steps):
                     g_decode.replay()
             status("timing the decode steps")
-            decode_ms = time_ms(decode, dev, warmup=1, reps=5) / decode_steps
+            decode_ms = time_ms(decode, dev, warmup=1, reps=5, setup=setup) / decode_steps
+            if persistent:
+                step.check()
             # per prefill piece: the ids copy, the positions, the replay
             host_launches = (3 * len(prefill.pieces(prefill_len)), 1)
     return {"prefill_ms": prefill_ms, "decode_ms": decode_ms, "kernels_prefill": prefill_launches,
@@ -284,7 +305,7 @@ def _bench_transformers(model, prefill_len, decode_steps, gen, DynamicCache) -> 
 
 
 # The benchmark's rows, in the table's order.
-ROWS = ("transformers-eager", "triton", "triton+cuda-graph")
+ROWS = ("transformers-eager", "triton", "triton+cuda-graph", "triton+persistent")
 
 
 # Above this many FLOPs per prefill the interpreter's run is no longer a quick test of the path (the tiny model's
@@ -350,6 +371,13 @@ def run(source: str = "qwen3.5-0.8b", prefill_len: int = 2048, decode_steps: int
                 result["skipped"].append("triton+cuda-graph: CUDA Graphs need an NVIDIA GPU")
                 continue
             row = bench_qwen_lab(model, prefill_len, decode_steps, graph=True, gen=gen, status=status)
+        elif name == "triton+persistent":
+            if rt.device.type != "cuda":
+                result["skipped"].append("triton+persistent: the persistent step runs from a CUDA Graph, on an "
+                                         "NVIDIA GPU")
+                continue
+            row = bench_qwen_lab(model, prefill_len, decode_steps, graph=True, gen=gen, status=status,
+                                 persistent=True)
         row = {"name": name, **row, "tokens_per_s": 1e3 / row["decode_ms"]}
         if "decode_ms" in floors:
             row["decode_floor_share"] = floors["decode_ms"] / row["decode_ms"]
@@ -414,7 +442,7 @@ def plot(result: dict, path: str | None = None):
     for ax, key, title in ((axes[0], "prefill_ms", f"prefill {result['prefill_len']} tokens"),
                            (axes[1], "decode_ms", "decode, per token")):
         vals = [r[key] for r in rows]
-        bars = ax.bar(names, vals, color=["#999999", "#4c72b0", "#55a868"][:len(rows)])
+        bars = ax.bar(names, vals, color=["#999999", "#4c72b0", "#55a868", "#c44e52"][:len(rows)])
         ax.bar_label(bars, labels=[f"{v:.3g} ms" for v in vals])
         if key in result["floors"]:
             ax.axhline(result["floors"][key], color="red", ls="--", label="hardware floor")

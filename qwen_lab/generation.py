@@ -239,7 +239,10 @@ def generate(model, input_ids, max_new_tokens: int = 32, temperature: float = 0.
 
         def next_token(n, token):
             return decode_step(runner, token, position, cache, draw, sampling, uniforms[n + 1])
-    return torch.cat(decode_loop(next_token, token, a.max_new_tokens, eos, stream)).cpu()
+    tokens = decode_loop(next_token, token, a.max_new_tokens, eos, stream)
+    if graph is not None:
+        graph.check()   # the persistent step's bounded waits: an error instead of tokens from a broken step
+    return torch.cat(tokens).cpu()
 
 
 def status_line(model):

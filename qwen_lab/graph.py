@@ -21,6 +21,9 @@ The prefill, in buckets. A graph freezes shapes, and a prompt can have any lengt
 split greedily into pieces whose lengths come from a fixed set of buckets, largest first:
 
     PREFILL_BUCKETS = (2048, 1024, 256, 64, 16, 4, 1)
+# The GPUs (a part of their name) whose decode is faster with the persistent step than with the plan's kernels, as
+# benchmarks/bench_persistent.py measured it (docs/performance.md); the switch persistent_decode overrides this.
+PERSISTENT_FASTER_ON: tuple[str, ...] = ()
     77 -> 64 + 4 + 4 + 4 + 1,   2048 -> 2048,   3000 -> 2048 + 256 + 256 + 256 + 64 + 64 + 16 + 16 + 16 + 4 + 4
 
 and each bucket size s has one captured step `model.step(ids[:s], positions[:s], cache)` reading its token ids
@@ -47,9 +50,14 @@ import inspect
 import torch
 
 from .errors import GenerationError, QwenLabError
+from .kernels.persistent import PersistentDecode
 from .plan import fast_plan
+from .switches import switches
 
 PREFILL_BUCKETS = (2048, 1024, 256, 64, 16, 4, 1)
+# The GPUs (a part of their name) whose decode is faster with the persistent step than with the plan's kernels, as
+# benchmarks/bench_persistent.py measured it (docs/performance.md); the switch persistent_decode overrides this.
+PERSISTENT_FASTER_ON: tuple[str, ...] = ()
 
 LIKELY_CAUSES = (
     "Likely causes: (1) a host synchronisation inside the captured step (.item(), .cpu(), .tolist(), print of a "
@@ -226,6 +234,18 @@ def sampler(model):
     return draw
 
 
+def use_persistent(device: torch.device, choice: bool | None = None) -> bool:
+    """Whether a decode graph on `device` replays the persistent step: `choice` (the switch persistent_decode by
+    default) when set, else whether the GPU is one it measured faster on (PERSISTENT_FASTER_ON). Never on a CPU."""
+    if device.type != "cuda":
+        return False
+    choice = switches.persistent_decode if choice is None else choice
+    if choice is not None:
+        return bool(choice)
+    name = torch.cuda.get_device_name(device)
+    return any(part in name for part in PERSISTENT_FASTER_ON)
+
+
 class DecodeGraph:
     """One decode step of `model` over `cache`, sampling included, captured once and replayed per token.
 
@@ -233,15 +253,25 @@ class DecodeGraph:
     the cache is reset afterwards (`reset_cache=False` leaves that to a caller who captures more graphs). Then
     `prime(token, position, counter)` after the prefill (counter: the index of the next uniform, 1 after the
     prompt's draw) and `replay()` per token.
+
+    persistent: the step as one persistent launch (qwen_lab.kernels.persistent: it picks the greedy token and
+    advances the position itself; with temperature > 0 the sampler then draws from its logits instead), or the
+    plan's kernels; None: `use_persistent`. `check()` raises if a wait of the persistent step ran out (a host sync:
+    once, after the last replay).
     """
 
     def __init__(self, model, cache, temperature: float, top_k: int, top_p: float, uniforms: torch.Tensor, *,
-                 reset_cache: bool = True):
+                 reset_cache: bool = True, persistent: bool | None = None):
         dev = model.device
         self.model, self.cache = model, cache
         plan = fast_plan(model)
-        self.token = torch.zeros(1, dtype=torch.long, device=dev)     # in: the last token; out: the next one
-        self.position = torch.zeros(1, dtype=torch.long, device=dev)  # position of self.token
+        self.persistent = use_persistent(dev, persistent)
+        self.step = PersistentDecode(plan.model, cache) if self.persistent else None
+        if self.step is not None:   # its own buffers: the kernel reads the token and position there
+            self.token, self.position = self.step.token, self.step.position
+        else:
+            self.token = torch.zeros(1, dtype=torch.long, device=dev)     # in: the last token; out: the next one
+            self.position = torch.zeros(1, dtype=torch.long, device=dev)  # position of self.token
         self.counter = torch.zeros(1, dtype=torch.long, device=dev)   # which uniform number to use
         self.uniform = torch.zeros(1, dtype=torch.float32, device=dev)
         self.uniforms = uniforms                                       # [n] drawn once per generation
@@ -254,16 +284,23 @@ class DecodeGraph:
         self.draw = sampler(model)
 
         def body():
-            logits = plan.step(self.token, self.position, cache)[-1]
-            torch.index_select(self.uniforms, 0, self.counter, out=self.uniform)
-            self.draw(logits, *self.sampling, self.uniform[0], out=self.token[0])
-            self.position.add_(1)
+            if self.step is not None:
+                logits = self.step.step(check=False)[-1]     # the greedy token and position + 1 written already
+            else:
+                logits = plan.step(self.token, self.position, cache)[-1]
+            if self.step is None or temperature > 0:
+                torch.index_select(self.uniforms, 0, self.counter, out=self.uniform)
+                self.draw(logits, *self.sampling, self.uniform[0], out=self.token[0])
+            if self.step is None:
+                self.position.add_(1)
             self.counter.add_(1)
             return logits
 
         self.graph, self.logits = capture(body)
         if reset_cache:
             cache.reset()
+        if self.step is not None:
+            self.step.reset()   # the warm-up's steps advanced the counters' epoch
 
     def prime(self, token: torch.Tensor, position: int, counter: int) -> None:
         """Set the static inputs: the token just sampled, its position, and the index of the next uniform."""
@@ -276,3 +313,8 @@ class DecodeGraph:
         replay overwrites it)."""
         self.graph.replay()
         return self.token
+
+    def check(self) -> None:
+        """Raise if a wait of the persistent step gave up (reads its error records: a host sync); else nothing."""
+        if self.step is not None:
+            self.step.check()

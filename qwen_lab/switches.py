@@ -14,6 +14,7 @@ on, any other value off), from its default.
 | tma | QWEN_LAB_TMA | on | offer the prefill GEMM's TMA tiles to its autotuner |
 | attn_tma | QWEN_LAB_ATTN_TMA | off | offer the prefill flash attention's TMA tiles to its autotuner |
 | split_norms | QWEN_LAB_SPLIT_NORMS | off | a prompt's add + norm split between the GEMMs around it (plan) |
+| persistent_decode | QWEN_LAB_PERSISTENT_DECODE | where faster | the decode graph replays the persistent step, one launch per token (kernels/persistent); unset: on the GPUs where it measured faster (graph.PERSISTENT_FASTER_ON) |
 | decode_prefetch | - | on | decode attention asks L2 for its keys and values before it waits |
 | gate_apart_from_tokens | - | 64 | from this many query tokens the attention's gate is a pass of its own |
 | scan_group | - | 8 | chunks per counter of the DeltaNet scan beside its prep |
@@ -57,6 +58,7 @@ SWITCHES = {
     "tma": Switch("QWEN_LAB_TMA", True),
     "attn_tma": Switch("QWEN_LAB_ATTN_TMA", False),
     "split_norms": Switch("QWEN_LAB_SPLIT_NORMS", False),
+    "persistent_decode": Switch("QWEN_LAB_PERSISTENT_DECODE", None),   # None: where it measured faster
     "decode_prefetch": Switch(None, True),
     "gate_apart_from_tokens": Switch(None, 64),
     "scan_group": Switch(None, 8),

@@ -16,7 +16,8 @@ from qwen_lab.graph import GraphCaptureError, capture
 
 
 def test_bench_runs_on_the_tiny_model_and_writes_json(tmp_path):
-    result = bench.run("tiny", prefill_len=9, decode_steps=2, rows=["triton", "triton+cuda-graph"], progress=False)
+    result = bench.run("tiny", prefill_len=9, decode_steps=2, rows=["triton", "triton+cuda-graph", "triton+persistent"],
+                       progress=False)
     names = [r["name"] for r in result["rows"]]
     assert "triton" in names
     row = result["rows"][names.index("triton")]
@@ -24,6 +25,10 @@ def test_bench_runs_on_the_tiny_model_and_writes_json(tmp_path):
     assert row["kernels_decode"] > 0 and row["kernels_prefill"] >= row["kernels_decode"]
     if not torch.cuda.is_available():
         assert any("cuda-graph" in s for s in result["skipped"])
+        assert any(s.startswith("triton+persistent: ") for s in result["skipped"])
+    else:   # the persistent row: one kernel per token, one graph replay
+        row = result["rows"][names.index("triton+persistent")]
+        assert row["kernels_decode"] == 1 and row["host_launches_decode"] == 1 and row["decode_ms"] > 0
     table = bench.format_table(result)
     assert "| triton |" in table
     line = next(x for x in table.splitlines() if x.startswith("| triton |"))

@@ -355,3 +355,27 @@ def test_gpu_the_persistent_step_is_bitwise_stable_run_to_run(big):
     e_tokens, e = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536)
     assert d_tokens == e_tokens == a_tokens and torch.equal(d, e)
     assert checks.relative_error(d.float(), a.float()) <= 1e-3
+
+
+@pytest.mark.gpu
+def test_gpu_generate_replays_the_persistent_step_where_switched_on(big):
+    """generate() with the switch on replays the persistent step: greedy, exactly the tokens of the step replayed
+    by hand after the same prefill (deterministic mode: the same kernels on the same state); sampled, the same
+    tokens run to run for one seed. With the switch off it replays the plan's graph."""
+    from qwen_lab.graph import DecodeGraph, use_persistent
+    from qwen_lab.switches import switches
+
+    dev = big.device
+    assert use_persistent(dev, True) and not use_persistent(dev, False) and not use_persistent(torch.device("cpu"), True)
+    ids = torch.randint(0, big.config.vocab_size, (21,), generator=torch.Generator().manual_seed(21)).to(dev)
+    n = 24
+    with switches.set(persistent_decode=True):
+        greedy = qwen_lab.generate(big.model, ids, n + 1).tolist()
+        sampled = [qwen_lab.generate(big.model, ids, n, temperature=0.8, top_p=0.9, seed=5).tolist() for _ in range(2)]
+        graph = DecodeGraph(big, big.new_cache(40), 0.0, 0, 1.0, torch.zeros(4, device=dev))
+        assert graph.persistent and graph.step is not None
+    by_hand, _ = persistent_greedy(big, ids, n)
+    assert greedy[1:] == by_hand, "generate's persistent decode is not the persistent step"
+    assert sampled[0] == sampled[1] and len(sampled[0]) == n
+    with switches.set(persistent_decode=False):
+        assert not DecodeGraph(big, big.new_cache(40), 0.0, 0, 1.0, torch.zeros(4, device=dev)).persistent

@@ -104,3 +104,23 @@ def test_the_environment_variables_keep_their_meaning_for_the_kernels(monkeypatc
     assert tunings.enabled() is False
     with switches.set(tuning_cache=True):
         assert tunings.enabled() is True
+
+
+def test_the_persistent_decode_is_chosen_by_its_switch_else_by_the_gpus_it_measured_faster_on(monkeypatch):
+    """graph.use_persistent: never on a CPU; the switch when set; unset, the GPUs named in PERSISTENT_FASTER_ON."""
+    import torch
+
+    from qwen_lab import graph
+
+    cuda = torch.device("cuda")
+    assert not graph.use_persistent(torch.device("cpu"), True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(graph, "PERSISTENT_FASTER_ON", ("H200",))
+    monkeypatch.delenv("QWEN_LAB_PERSISTENT_DECODE", raising=False)
+    assert not graph.use_persistent(cuda)
+    monkeypatch.setattr(graph, "PERSISTENT_FASTER_ON", ("H100", "H200"))
+    assert graph.use_persistent(cuda)
+    monkeypatch.setenv("QWEN_LAB_PERSISTENT_DECODE", "0")
+    assert not graph.use_persistent(cuda)
+    with switches.set(persistent_decode=True):
+        assert graph.use_persistent(cuda) and not graph.use_persistent(cuda, False)
