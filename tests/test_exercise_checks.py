@@ -540,3 +540,28 @@ def test_an_unsolved_exercise_ends_in_one_short_message(tmp_path):
         lines = said.get(i, "").strip().splitlines()
         assert lines and lines[-1] == message, done.stdout[-3000:] + done.stderr[-3000:]
         assert len(lines) <= 3 and "Traceback" not in said[i], said[i]   # (cell 14 prints two lines of its own first)
+
+
+@pytest.mark.parametrize("wrong", [None, "while seen < T1:", "while (seen < T1) | (polls < spin_limit):"],
+                         ids=["right", "no bound", "or instead of and"])
+def test_the_14_1_check_reads_the_bound_of_the_wait_from_the_source(wrong, tmp_path, monkeypatch):
+    """On a GPU nothing stops a kernel that spins for ever, so before Exercise 14.1's check launches a wait that can
+    never be met it reads the kernel's source: every `while` must end at spin_limit. The solution's kernel passes
+    that reading; a wait with no bound, or one whose bound is joined with `|`, is named by its line. (Under the
+    interpreter the launch itself is watched instead: the MISTAKES above.)"""
+    import importlib
+    import sys
+
+    from notebook_source import solution_cells
+    from qwen_lab.course.checks.counters import unbounded_loops
+
+    (cell,) = [c for c in solution_cells("14_one_kernel_per_token.ipynb").values() if c.startswith("# Exercise 14.1:")]
+    right = "while (seen < T1) & (polls < spin_limit):"
+    assert cell.count(right) == 1
+    module = tmp_path / "learners_14_1.py"
+    module.write_text("import triton\nimport triton.language as tl\nfrom qwen_lab.kernels.persistent.teach import "
+                      "_tile\n\n" + cell.replace(right, wrong or right) + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("learners_14_1", None)
+    kernel = importlib.import_module("learners_14_1").two_gemvs_kernel
+    assert unbounded_loops(kernel) == ([] if wrong is None else [wrong])
