@@ -196,6 +196,28 @@ MISTAKES = [
      "    torch.index_select(s.uniforms, 0, s.counter, out=s.uniform)",
      "    torch.index_select(s.uniforms, 0, s.position, out=s.uniform)",
      "that is s.position (the tokens so far, the prompt's included); the index is s.counter"),
+    # 14.1: the check reads h, the counter after the launch, the error and y, then waits on a counter that never
+    # reaches T1 (a wait with no bound is stopped by the interpreter's watch on a CPU, refused from its source on a GPU)
+    ("14_one_kernel_per_token.ipynb", "Exercise 14.1",   # no bound on the wait
+     "while (seen < T1) & (polls < spin_limit):", "while seen < T1:",
+     {"cpu": "the wait has no bound", "gpu": "is a wait with no bound"}),
+    ("14_one_kernel_per_token.ipynb", "Exercise 14.1",   # the wait gives up without saying which item
+     "                    tl.store(error_ptr, item + 1)           # gave up: say which item waited\n", "",
+     "the error still holds 0"),
+    ("14_one_kernel_per_token.ipynb", "Exercise 14.1",   # the item itself, not item + 1 (0 would mean no error)
+     "tl.store(error_ptr, item + 1)", "tl.store(error_ptr, item)", "it should name the item that gave up"),
+    ("14_one_kernel_per_token.ipynb", "Exercise 14.1",   # the tiles of h never publish
+     '                tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")   # ... then published\n', "",
+     "the counter reads 0 after the launch, expected"),
+    ("14_one_kernel_per_token.ipynb", "Exercise 14.1",   # the tiles of y bump the counter too
+     "                    _tile(w2_ptr, h_ptr, y_ptr, (item - T1) * BLOCK_N, N2, N1, BLOCK_N, BLOCK_K)\n",
+     "                    _tile(w2_ptr, h_ptr, y_ptr, (item - T1) * BLOCK_N, N2, N1, BLOCK_N, BLOCK_K)\n"
+     '                    tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")\n', "the tiles of y bump it too"),
+    ("14_one_kernel_per_token.ipynb", "Exercise 14.1",   # y's tiles over K columns instead of N1
+     "(item - T1) * BLOCK_N, N2, N1, BLOCK_N, BLOCK_K)", "(item - T1) * BLOCK_N, N2, K, BLOCK_N, BLOCK_K)",
+     "the second GEMV is wrong"),
+    ("14_one_kernel_per_token.ipynb", "Exercise 14.1",   # a program goes on after its wait gave up
+     "                    ok = 0\n", "", "the program went on after item"),
 ]
 
 
@@ -518,3 +540,28 @@ def test_an_unsolved_exercise_ends_in_one_short_message(tmp_path):
         lines = said.get(i, "").strip().splitlines()
         assert lines and lines[-1] == message, done.stdout[-3000:] + done.stderr[-3000:]
         assert len(lines) <= 3 and "Traceback" not in said[i], said[i]   # (cell 14 prints two lines of its own first)
+
+
+@pytest.mark.parametrize("wrong", [None, "while seen < T1:", "while (seen < T1) | (polls < spin_limit):"],
+                         ids=["right", "no bound", "or instead of and"])
+def test_the_14_1_check_reads_the_bound_of_the_wait_from_the_source(wrong, tmp_path, monkeypatch):
+    """On a GPU nothing stops a kernel that spins for ever, so before Exercise 14.1's check launches a wait that can
+    never be met it reads the kernel's source: every `while` must end at spin_limit. The solution's kernel passes
+    that reading; a wait with no bound, or one whose bound is joined with `|`, is named by its line. (Under the
+    interpreter the launch itself is watched instead: the MISTAKES above.)"""
+    import importlib
+    import sys
+
+    from notebook_source import solution_cells
+    from qwen_lab.course.checks.counters import unbounded_loops
+
+    (cell,) = [c for c in solution_cells("14_one_kernel_per_token.ipynb").values() if c.startswith("# Exercise 14.1:")]
+    right = "while (seen < T1) & (polls < spin_limit):"
+    assert cell.count(right) == 1
+    module = tmp_path / "learners_14_1.py"
+    module.write_text("import triton\nimport triton.language as tl\nfrom qwen_lab.kernels.persistent.teach import "
+                      "_tile\n\n" + cell.replace(right, wrong or right) + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("learners_14_1", None)
+    kernel = importlib.import_module("learners_14_1").two_gemvs_kernel
+    assert unbounded_loops(kernel) == ([] if wrong is None else [wrong])

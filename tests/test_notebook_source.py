@@ -20,3 +20,7 @@ def test_exercises_are_found_by_their_titles():
     assert all("### BEGIN SOLUTION" not in source for source in cells.values())
     with pytest.raises(AssertionError, match=r"expected the exercises \['08.9'\]"):
         assert_teaches("08_gated_deltanet_recurrent.ipynb", "qwen_lab/kernels/conv1d/teach.py", exercises=["08.9"])
+
+
+def test_notebook_14_teaches_the_persistent_teaching_kernel():
+    assert_teaches("14_one_kernel_per_token.ipynb", "qwen_lab/kernels/persistent/teach.py", exercises=["14.1"])

@@ -38,7 +38,7 @@ def _core(cells):
 
 
 def test_there_are_solution_notebooks():
-    assert len(SOLUTIONS) == 14, [p.name for p in SOLUTIONS]
+    assert len(SOLUTIONS) == 15, [p.name for p in SOLUTIONS]
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)

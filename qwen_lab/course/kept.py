@@ -87,6 +87,8 @@ NOT_KEPT = {
     "10.1": "the attention block is a whole mixer (a method of the model), built from the table's entries",
     "12.1": "the decode step is the loop around the model, not an entry of its table",
     "13.1, 13.2": "the floors are numbers about the model, not kernels",
+    "14.1": "two dependent GEMVs ordered by a counter teach the persistent step's protocol; no operator of the "
+            "model is two chained GEMVs (the persistent step is the whole decode step, not an entry of the table)",
 }
 
 # Names of the notebooks' setup that a kept file recomputes where it runs, rather than freezing the notebook's value

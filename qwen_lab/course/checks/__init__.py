@@ -24,16 +24,18 @@ still to write), inside `check_kernel` and in a cell that calls the learner's fu
 The modules: comparison.py (compare, the tolerances, the poison), diagnoses.py (what a wrong output says about the
 mistake), pitfalls.py (each exercise's known pitfalls, its operator, its float16 case), guards.py (guarded
 buffers), read_watch.py (the interpreter's watch on loads), source_notes.py (notes read from the learner's kernels'
-source), learner.py (whose code a frame is), runner.py (check_kernel, learner_code, ExerciseNotDone).
+source), learner.py (whose code a frame is), runner.py (check_kernel, learner_code, ExerciseNotDone), counters.py
+(Exercise 14.1's check of a kernel that orders its work with a counter: check_two_gemvs).
 """
 
+from .counters import check_two_gemvs
 from .comparison import (INT_POISON, POISON_BITS, TOLERANCES, CheckFailed, Comparison, compare, finite_or_raise,
                          poison_, randn, relative_error, tolerance)
 from .guards import GUARD_NAN, GUARD_SENTINEL, GuardedTensor, guarded_call
 from .runner import ExerciseNotDone, check_kernel, learner_code
 from .source_notes import store_notes, unfilled_masked_loads, unordered_inplace_updates
 
-__all__ = ["CheckFailed", "Comparison", "ExerciseNotDone", "TOLERANCES", "check_kernel", "compare", "finite_or_raise",
+__all__ = ["CheckFailed", "Comparison", "ExerciseNotDone", "TOLERANCES", "check_kernel", "check_two_gemvs", "compare", "finite_or_raise",
            "learner_code",
            "poison_", "randn", "relative_error", "tolerance", "GuardedTensor", "guarded_call",
            "GUARD_NAN", "GUARD_SENTINEL", "INT_POISON", "POISON_BITS", "store_notes", "unfilled_masked_loads",

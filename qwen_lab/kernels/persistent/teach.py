@@ -43,6 +43,7 @@ def _tile(w_ptr, x_ptr, out_ptr, row0, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.
     tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rows < N)
 
 
+# Exercise 14.1: two dependent GEMVs in one launch
 @triton.jit
 def two_gemvs_kernel(x_ptr, w1_ptr, h_ptr, w2_ptr, y_ptr, counter_ptr, error_ptr, N1, N2, K, spin_limit,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
