@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -56,16 +57,21 @@ def judge(text: str, words: set[str]) -> dict:
 
 
 def run_cli(prompt: str | None, temperature: float = 0.0, seed: int = 0, top_p: float = 1.0,
-            max_new_tokens: int = 32) -> tuple[str, str, float]:
-    """(prompt, continuation, seconds) of one `python -m qwen_lab.generate` run on the default model."""
+            max_new_tokens: int = 32) -> tuple[str, str, float, float]:
+    """(prompt, continuation, seconds, cpu seconds) of one `python -m qwen_lab.generate` run on the default model.
+    The cpu seconds (the command's user + system time) are what it takes on a quiet machine: on a busy one (a test
+    run with a worker per core) the wall time also counts the time it waited for a core."""
     args = [sys.executable, "-m", "qwen_lab.generate", "--max-new-tokens", str(max_new_tokens)]
     if prompt is not None:
         args += ["--prompt", prompt]
     if temperature:
         args += ["--temperature", str(temperature), "--top-p", str(top_p), "--seed", str(seed)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     r = subprocess.run(args, capture_output=True, text=True, timeout=600)
     seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(args[1:])}: exit {r.returncode}\n{r.stderr}")
     if prompt is None:
@@ -74,7 +80,7 @@ def run_cli(prompt: str | None, temperature: float = 0.0, seed: int = 0, top_p: 
         prompt = _parser().get_default("prompt")
     if not r.stdout.startswith(prompt):
         raise RuntimeError(f"the output does not start with the prompt {prompt!r}: {r.stdout!r}")
-    return prompt, r.stdout[len(prompt):].rstrip("\n"), seconds
+    return prompt, r.stdout[len(prompt):].rstrip("\n"), seconds, cpu
 
 
 def main(argv=None) -> int:
@@ -86,7 +92,7 @@ def main(argv=None) -> int:
         (prompt, t, s) for prompt in PROMPTS for t, s in [(0.0, 0)] + [(0.8, s) for s in SEEDS]]
     failed = 0
     for prompt, temperature, seed in runs:
-        shown, text, seconds = run_cli(prompt, temperature, seed, 0.9 if temperature else 1.0)
+        shown, text, seconds, _ = run_cli(prompt, temperature, seed, 0.9 if temperature else 1.0)
         verdict = judge(text, words)
         if seconds >= MAX_SECONDS:
             verdict["problems"].append(f"{seconds:.0f} s, expected under {MAX_SECONDS:.0f}")
