@@ -38,11 +38,12 @@ import triton.language as tl
 from ... import runtime
 from ...errors import KernelError
 from .. import dot_precision
+from ..attention.decode import _prefetch_rows_l2
 from ..attention.flash import LOG2E
 from ..deltanet.gates import EPS as L2_EPS
 from ..rope import inv_freq_table
 from .items import (_slot, argmax_item, attn_combine_item, attn_prep_item, attn_split_item, deltanet_item,
-                    embed_item, gemv_item, norm_item, prefetch_l2)
+                    embed_item, gemv_item, norm_item)
 from .schedule import (ARGMAX, ATTN_COMBINE, ATTN_PREP, ATTN_SPLIT, DELTANET, EMBED, GEMV, GEMV_KINDS, ITEM_FIELDS,
                        NORM, Schedule, build_schedule, check_schedule)
 
@@ -90,15 +91,18 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
         if PREFETCH:
             # ---- before the wait: the item's own weights (at most prefetch_bytes of them) on their way into L2,
             # so the memory system streams while the program waits (weights and this item's own state are written
-            # by nothing it waits for, so reading them early is safe)
+            # by nothing it waits for, so reading them early is safe). The bytes are one contiguous range, walked
+            # by decode attention's row prefetch as rows of one 128-byte line, LINES lines at a time.
             if (kind >= K_GEMV) & (kind < K_GEMV + N_GEMV_FORMS):
                 esize: tl.constexpr = DT.primitive_bitwidth // 8
-                prefetch_l2(_slot(table_ptr, a0, tl.int8) + a3.to(tl.int64) * a5 * esize,
-                            tl.minimum(a4 * a5 * esize, prefetch_bytes), LINES)
+                lines = tl.cdiv(tl.minimum(a4 * a5 * esize, prefetch_bytes), 128)
+                _prefetch_rows_l2(_slot(table_ptr, a0, tl.int8) + a3.to(tl.int64) * a5 * esize, 0, lines, 128, 128,
+                                  LINES)
             elif kind == K_DELTANET:   # the recurrent states of its value heads, fp32 [REP, DK, DV]
                 state_bytes: tl.constexpr = (HV // HK) * DK * DV * 4
-                prefetch_l2(_slot(table_ptr, a0 + 5, tl.int8) + a1.to(tl.int64) * state_bytes,
-                            tl.minimum(state_bytes, prefetch_bytes), LINES)
+                lines = tl.cdiv(tl.minimum(state_bytes, prefetch_bytes), 128)
+                _prefetch_rows_l2(_slot(table_ptr, a0 + 5, tl.int8) + a1.to(tl.int64) * state_bytes, 0, lines, 128,
+                                  128, LINES)
         if ok:
             # ---- wait: a bounded spin on the counter, then an acquire read of it
             if wc >= 0:

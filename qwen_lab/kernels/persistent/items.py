@@ -52,14 +52,21 @@ def embed_item(emb_ptr, token_ptr, x_ptr, H: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def norm_item(x_ptr, w_ptr, h_ptr, eps, H: tl.constexpr, BLOCK: tl.constexpr):
-    """h = x * rsqrt(mean(x^2) + eps) * (1 + w), fp32 math, stored in x's dtype (two passes over the row)."""
+def _rstd(x_ptr, H, eps, BLOCK: tl.constexpr):
+    """rsqrt(mean(x^2) + eps) of x [H], fp32: the NORM item and the GEMV_NORM tiles share it, so the two forms of
+    the step round alike."""
     ss = tl.zeros([BLOCK], tl.float32)
     for k0 in range(0, H, BLOCK):
         offs = k0 + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + offs, mask=offs < H, other=0.0).to(tl.float32)
         ss += x * x
-    rstd = tl.rsqrt(tl.sum(ss, 0) / H + eps)
+    return tl.rsqrt(tl.sum(ss, 0) / H + eps)
+
+
+@triton.jit
+def norm_item(x_ptr, w_ptr, h_ptr, eps, H: tl.constexpr, BLOCK: tl.constexpr):
+    """h = x * rsqrt(mean(x^2) + eps) * (1 + w), fp32 math, stored in x's dtype (two passes over the row)."""
+    rstd = _rstd(x_ptr, H, eps, BLOCK)
     for k0 in range(0, H, BLOCK):
         offs = k0 + tl.arange(0, BLOCK)
         m = offs < H
@@ -87,13 +94,8 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     rstd = 1.0
-    if NORM:   # the norm item's sum of squares, in its block shape (the same sum, so the same rounding)
-        ss = tl.zeros([NORM_BLOCK], tl.float32)
-        for k0 in range(0, K, NORM_BLOCK):
-            offs = k0 + tl.arange(0, NORM_BLOCK)
-            x = tl.load(in_ptr + offs, mask=offs < K, other=0.0).to(tl.float32)
-            ss += x * x
-        rstd = tl.rsqrt(tl.sum(ss, 0) / K + eps)
+    if NORM:
+        rstd = _rstd(in_ptr, K, eps, NORM_BLOCK)
     best_v = float("-inf")
     best_i = row0
     end = row0 + nrows
@@ -132,18 +134,6 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     if ARGMAX:
         tl.store(best_val_ptr + tile, best_v)
         tl.store(best_idx_ptr + tile, best_i)
-
-
-@triton.jit
-def prefetch_l2(ptr, nbytes, LINES: tl.constexpr):
-    """Ask for bytes [0, nbytes) from ptr (a byte pointer) into L2, one 128-byte line per thread and instruction,
-    without waiting for them: a program about to wait on a counter has its next item's weights on the way meanwhile.
-    (prefetch.global.L2 needs a GPU: the interpreter runs no inline PTX, so the kernel compiles this only there.)"""
-    offs = tl.arange(0, LINES) * 128
-    for b0 in range(0, nbytes, LINES * 128):
-        at = tl.minimum(b0 + offs, nbytes - 1)     # the last round's spare lanes repeat the last line
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptr + at],
-                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
