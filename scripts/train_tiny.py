@@ -28,7 +28,9 @@ Time: on one H100, a few minutes for the default 2000 steps (the transformers mo
 DeltaNet; --max-minutes stops earlier, and the card records the step reached). On a CPU the --steps 30 smoke run
 above takes under a minute on 2 cores (0.14 s a step at batch 4 x 128 on an idle machine, ten times that on a
 busy one); the default run (batch 32 x 256: 16 times the tokens a step) would take about 2000 x 16 x 0.14 s, some
-75 minutes, on 2 idle cores (pass --device cpu --max-minutes 90).
+75 minutes, on 2 idle cores (pass --device cpu --max-minutes 90). A shorter CPU recipe reaches the same held-out
+loss: `--device cpu --steps 600 --batch-size 16 --warmup 60 --eval-windows 64` took 2035 s on 2 threads for 3.993
+nats per token (the shipped GPU run: 3.992 at step 500 of 2000, 211 s on an H100).
 """
 
 from __future__ import annotations
