@@ -87,15 +87,18 @@ if want ab; then
   timeout ${AB_TIMEOUT:-480} python3 -m qwen_lab.bench ab --switch "${AB_SWITCH:-QWEN_LAB_PDL=0,1}" \
       --rounds ${AB_ROUNDS:-3} --json "$OUT/ab.json" 2>&1 | grep -v "falling back" | tee "$OUT/ab.txt"
 fi
-if want tests; then
-  # nbformat (the exercise tests read the notebooks through qwen_lab.course.exercises) where the image lacks it: carried as
-  # Python 3.12 wheels in .whl/test (pip download --python-version 3.12 --only-binary=:all: -d .whl/test nbformat)
-  # (and pytest-xdist and pytest-timeout, which spread the tests over workers and limit each test, where it lacks those)
-  for pkg in nbformat:nbformat xdist:pytest-xdist pytest_timeout:pytest-timeout; do
+# nbformat and IPython (the exercise tests read the notebooks through qwen_lab.course.exercises; the notebooks'
+# cells display through IPython) where the image lacks them: carried as Python 3.12 wheels in .whl/test
+# (pip download --python-version 3.12 --only-binary=:all: -d .whl/test nbformat ipython pytest-xdist pytest-timeout),
+# with pytest-xdist and pytest-timeout, which spread the tests over workers and limit each test
+if [[ "$what" == *" record "* ]] || want tests || want notebooks; then
+  for pkg in nbformat:nbformat IPython:ipython xdist:pytest-xdist pytest_timeout:pytest-timeout; do
     if ! python3 -c "import ${pkg%%:*}" 2>/dev/null && ls .whl/test/*.whl >/dev/null 2>&1; then
       python3 -m pip install -q --no-index --find-links .whl/test "${pkg#*:}"
     fi
   done
+fi
+if want tests; then
   # every test file in one pytest run spread test by test over worker processes (a worker that faults is replaced,
   # so a bad kernel cannot take the other tests down with it); the slowest file no longer bounds the wall time.
   # loadgroup: the tests marked xdist_group (the 0.8B graph and parity tests) stay on one worker each, which builds
