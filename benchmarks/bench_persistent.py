@@ -8,7 +8,8 @@ Graphs both ways, as `python -m qwen_lab.bench` times its triton + cuda-graph ro
 position, no sampling; the persistent step includes its greedy token and starts each timed run at the same
 position). Rounds alternate the order (plan first, then persistent first, ...); each round's number is the median of
 5 runs of `decode_steps` replays. A variant is the persistent kernel's num_warps and GEMV block (BLOCK_N x BLOCK_K),
-then its stages: `n` the norms fused into the GEMV tiles, `pBYTES` (k for 1024) the L2 prefetch before each wait.
+then its stages: `n` the norms fused into the GEMV tiles, `a` each GEMV item's next weight block loaded before the
+current one is summed, `pBYTES` (k for 1024) the L2 prefetch before each wait.
 Before timing, one step from the same prefilled state both ways: the relative error of the logits and the two
 tokens (a timing of wrong results means nothing). Prints a table and writes JSON with the floors of the same run.
 """
@@ -32,10 +33,13 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
         for st in stages:
             if st == "n":
                 options["fuse_norms"] = True
+            elif st == "a":
+                options["gemv_ahead"] = True
             elif st.startswith("p"):
                 options["prefetch"] = int(st[1:-1]) * 1024 if st.endswith("k") else int(st[1:])
             else:
-                raise SystemExit(f"--variants: stage {st!r} of {part!r}: expected n (fused norms) or pBYTES")
+                raise SystemExit(f"--variants: stage {st!r} of {part!r}: expected n (fused norms), a (GEMV blocks "
+                                 f"loaded ahead) or pBYTES")
         out.append((f"persistent w{warps} {n}x{k}" + "".join(f" {st}" for st in stages), options))
     return out
 

@@ -293,7 +293,8 @@ def persistent_counters(ptx: str) -> dict:
             "release_atomics": len(re.findall(r"(?:atom|red)\.global\.gpu\.release", ptx)),
             "volatile_loads": len(re.findall(r"ld\.volatile\.global", ptx)),
             "wide_loads": len(re.findall(r"ld\.global(?:\.nc)?\.v4", ptx)),
-            "l2_prefetches": len(re.findall(r"prefetch\.global\.L2", ptx))}
+            "l2_prefetches": len(re.findall(r"prefetch\.global\.L2", ptx)),
+            "timer_reads": len(re.findall(r"%globaltimer", ptx))}
 
 
 def persistent_cases():
@@ -308,12 +309,17 @@ def persistent_cases():
              "pos_ptr": "*i64", "ws_ptr": "*fp32", "best_val_ptr": "*fp32", "best_idx_ptr": "*i32",
              "inv_freq_ptr": "*fp32", "eps": "fp32", "l2_eps": "fp32", "dn_scale": "fp32", "qk_scale": "fp32"}
     out = []
-    for warps, block_n, prefetch in ((4, 16, False), (4, 32, False), (8, 32, False), (4, 16, True)):
-        meta = dict(schedule.kernel_sizes(C, 64, 32, 132), GEMV_N=block_n, GEMV_K=256, ALIGNED=True,
-                    DOT_PREC="tf32", F=schedule.ITEM_FIELDS, PREFETCH=prefetch, LINES=32 * warps)
-        label = f"persistent_decode w{warps} {block_n}x256" + (" prefetch" if prefetch else "")
-        out.append((label, lambda meta=meta, warps=warps: compile_case(
-            persistent.persistent_decode_kernel, meta, types, warps, ptx_check=persistent_counters)))
+    for warps, block_n, prefetch, trace, ahead in ((4, 16, False, False, False), (4, 32, False, False, False),
+                                                   (8, 32, False, False, False), (4, 16, True, False, False),
+                                                   (4, 16, False, True, False), (8, 16, False, False, True)):
+        meta = dict(schedule.kernel_sizes(C, 64, 32, 132), GEMV_N=block_n, GEMV_K=1024 if ahead else 256,
+                    ALIGNED=True, DOT_PREC="tf32", F=schedule.ITEM_FIELDS, PREFETCH=prefetch, LINES=32 * warps,
+                    TRACE=trace, GEMV_AHEAD=ahead)
+        label = (f"persistent_decode w{warps} {block_n}x{meta['GEMV_K']}" + (" prefetch" if prefetch else "")
+                 + (" trace" if trace else "") + (" ahead" if ahead else ""))
+        case_types = dict(types, trace_ptr="*i64") if trace else types
+        out.append((label, lambda meta=meta, warps=warps, case_types=case_types: compile_case(
+            persistent.persistent_decode_kernel, meta, case_types, warps, ptx_check=persistent_counters)))
     teach_types = {"counter_ptr": "*i32", "error_ptr": "*i32"}
     out.append(("persistent two_gemvs teaching kernel", lambda: compile_case(
         persistent.two_gemvs_kernel, dict(BLOCK_N=16, BLOCK_K=64), teach_types, 4, ptx_check=persistent_counters)))

@@ -170,6 +170,19 @@ def test_the_persistent_step_equals_the_plain_decode_steps(cfg, steps, splits, f
     assert (step.errors == 0).all()
 
 
+@pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
+def test_gemv_blocks_loaded_ahead_change_no_bit(cfg):
+    """gemv_ahead walks each GEMV item's (row block, K block) pairs as one loop with the next weight block loaded
+    before the current sum: the same sums in the same order, so every step's logits and token are bitwise those of
+    the plain loop (every GEMV form: fused norms, SwiGLU input, residual add, the LM head's argmax; ODD's sizes
+    leave partial row and K blocks)."""
+    plain, _ = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True)
+    ahead, step = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, gemv_ahead=True)
+    assert step.gemv_ahead
+    for t, ((a, _, ta, _), (b, _, tb, _)) in enumerate(zip(ahead, plain)):
+        assert torch.equal(a, b) and ta == tb, f"decode step {t}"
+
+
 def test_a_wait_nobody_satisfies_raises_naming_the_item():
     """A broken schedule: the first layer's input norm waits on a counter no item bumps. The step gives up after its
     bounded spin and the error names the item and the counter."""
@@ -225,7 +238,8 @@ def test_the_teaching_kernel_reports_a_wait_that_never_ends():
 def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_loads():
     """Compiled ahead of time for an H100/H200 (tests/sm90_compile.py --persistent): each wait is one acquire load
     after volatile polls, each bump a release atomic, the GEMV tiles' weights load 16 bytes at a time (the table's
-    pointers carry their alignment), the L2 prefetches are there when asked for, and the shared memory fits."""
+    pointers carry their alignment), the L2 prefetches and the trace's timer reads are there when asked for (and only
+    then), and the shared memory fits."""
     import json
     import os
     import subprocess
@@ -237,7 +251,7 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == 5
+    assert len(results) == 7
     for r in results:
         assert r["ok"], r
         assert r["acquire_loads"] >= 1 and r["release_atomics"] >= 1 and r["volatile_loads"] >= 1, r
@@ -246,6 +260,8 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
         assert r["wide_loads"] >= (24 if r["label"].startswith("persistent_decode") else 1), r
         # the L2 prefetch before a wait: compiled in only where asked (the GEMV items' weights, the DeltaNet states)
         assert (r["l2_prefetches"] >= 2) == r["label"].endswith("prefetch"), r
+        # trace=True: three reads of the global timer per item (reached, wait met, done), none without it
+        assert r["timer_reads"] == (3 if r["label"].endswith("trace") else 0), r
 
 
 # ---------------------------------------------------------------- GPU
@@ -355,6 +371,39 @@ def test_gpu_the_persistent_step_is_bitwise_stable_run_to_run(big):
     e_tokens, e = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536)
     assert d_tokens == e_tokens == a_tokens and torch.equal(d, e)
     assert checks.relative_error(d.float(), a.float()) <= 1e-3
+
+
+@pytest.mark.gpu
+def test_gpu_the_trace_times_every_item_in_its_programs_order_and_changes_no_bit(big):
+    """trace=True: every item stamped once, reached <= wait met <= done, by the program the deal gave it, each
+    program's items one after another in its list's order, a consumer ready no earlier than its first producer
+    was; and the logits bitwise those of the step without the trace."""
+    ids = torch.randint(0, big.config.vocab_size, (9,), generator=torch.Generator().manual_seed(9)).to(big.device)
+    plain_tokens, plain = persistent_greedy(big, ids, 4, graph=False)
+    cache = big.new_cache(9 + 12)
+    step = PersistentDecode(big.model, cache, trace=True)
+    with torch.inference_mode():
+        first = big.step(ids, torch.arange(9, device=big.device), cache)[-1]
+        step.prime(int(first.float().argmax()), 9)
+        traced = [step.step().clone() for _ in range(4)]
+    assert torch.equal(torch.cat(traced), plain)
+    timeline = step.timeline()
+    s = step.schedule
+    assert len(timeline) == len(s.item_list) and min(r["start"] for r in timeline) == 0
+    for r in timeline:
+        assert r["start"] <= r["ready"] <= r["done"], r
+    for p, items in enumerate(s.program_lists()):
+        rows = [timeline[i] for i in items]
+        assert all(r["program"] == p for r in rows), f"program {p}: {rows[:3]}"
+        assert all(a["done"] <= b["start"] for a, b in zip(rows, rows[1:])), f"program {p} ran out of order"
+    producers = {}
+    for i, it in enumerate(s.item_list):
+        if it.done is not None:
+            producers.setdefault(it.done, []).append(i)
+    for i, it in enumerate(s.item_list):
+        if it.wait is not None:
+            earliest = min(timeline[j]["ready"] for j in producers[it.wait[0]])
+            assert timeline[i]["ready"] >= earliest, f"{s.describe(i)} ready before any producer of its counter"
 
 
 @pytest.mark.gpu

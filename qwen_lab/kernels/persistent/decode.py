@@ -45,7 +45,7 @@ from ..rope import inv_freq_table
 from .items import (_slot, argmax_item, attn_combine_item, attn_prep_item, attn_split_item, deltanet_item,
                     embed_item, gemv_item, norm_item)
 from .schedule import (ARGMAX, ATTN_COMBINE, ATTN_PREP, ATTN_SPLIT, DELTANET, EMBED, GEMV, GEMV_KINDS, ITEM_FIELDS,
-                       NORM, Schedule, build_schedule, check_schedule)
+                       KIND_NAMES, NORM, Schedule, build_schedule, check_schedule)
 
 # the item kinds as constexprs (a jit function reads no plain global)
 K_EMBED, K_NORM, K_GEMV = (tl.constexpr(k) for k in (EMBED, NORM, GEMV))
@@ -54,6 +54,13 @@ K_DELTANET, K_ATTN_PREP, K_ATTN_SPLIT, K_ATTN_COMBINE, K_ARGMAX = (tl.constexpr(
     DELTANET, ATTN_PREP, ATTN_SPLIT, ATTN_COMBINE, ARGMAX))
 SPIN_LIMIT_GPU = 1 << 22      # polls of a counter (~1 s on an H100) before a wait is reported as a hang
 ERROR_FIELDS = 4              # item + 1 (0: no error), counter, the count waited for, the count seen
+TRACE_FIELDS = 4              # per item with trace=True: reached, wait met, done (ns), the program that ran it
+
+
+@triton.jit
+def _globaltimer():
+    """The GPU's global timer in ns (one clock for every SM, so items of different programs line up)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -68,7 +75,8 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                              ATTN_BLOCK_N: tl.constexpr, SPLITS_P: tl.constexpr, TILES_P: tl.constexpr,
                              GEMV_N: tl.constexpr, GEMV_K: tl.constexpr, ALIGNED: tl.constexpr, DOT_PREC: tl.constexpr,
                              F: tl.constexpr, PREFETCH: tl.constexpr = False, prefetch_bytes=0,
-                             LINES: tl.constexpr = 128):
+                             LINES: tl.constexpr = 128, TRACE: tl.constexpr = False, trace_ptr=None,
+                             GEMV_AHEAD: tl.constexpr = False):
     DT = logits_ptr.dtype.element_ty
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
@@ -88,6 +96,8 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
         a7 = tl.load(row + 8)
         wc = tl.load(row + 9)
         done = tl.load(row + 12)
+        if TRACE:
+            t_start = _globaltimer()
         if PREFETCH:
             # ---- before the wait: the item's own weights (at most prefetch_bytes of them) on their way into L2,
             # so the memory system streams while the program waits (weights and this item's own state are written
@@ -125,6 +135,8 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                     ok = 0
                 tl.debug_barrier()
         if ok:
+            if TRACE:
+                t_ready = _globaltimer()
             # ---- the item
             # the GEMV forms are consecutive kinds; each is its own compiled MODE of gemv_item (a7: the norm weight's
             # slot of the GEMV_NORM forms, -1 for the others, which never read it)
@@ -132,7 +144,7 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                 if kind == K_GEMV + mode:
                     gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4,
                               a5, a6, best_val_ptr, best_idx_ptr, _slot(table_ptr, tl.maximum(a7, 0), tl.float32),
-                              eps, mode, GEMV_N, GEMV_K, ALIGNED, NORM_BLOCK)
+                              eps, mode, GEMV_N, GEMV_K, ALIGNED, NORM_BLOCK, GEMV_AHEAD)
             if kind == K_NORM:
                 norm_item(x_ptr, _slot(table_ptr, a0, tl.float32), h_ptr, eps, H, NORM_BLOCK)
             elif kind == K_DELTANET:
@@ -157,6 +169,12 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
             tl.debug_barrier()
             if done >= 0:
                 tl.atomic_add(counters_ptr + done, 1, sem="release", scope="gpu")
+            if TRACE:   # the item's times (ns of the GPU's global timer): reached, its wait met, done published
+                rec = trace_ptr + index.to(tl.int64) * 4   # (TRACE_FIELDS)
+                tl.store(rec, t_start)
+                tl.store(rec + 1, t_ready)
+                tl.store(rec + 2, _globaltimer())
+                tl.store(rec + 3, pid.to(tl.int64))
 
 
 class PersistentDecode:
@@ -169,13 +187,16 @@ class PersistentDecode:
     gemv_tiles, splits, fuse_norms: see build_schedule; spin_limit: polls before a wait gives up; gemv_block: the
     GEMV items' (BLOCK_N, BLOCK_K); prefetch: bytes of each GEMV item's weights (and each DeltaNet item's states)
     asked into L2 before its wait (0: none; a GPU only, the interpreter runs no PTX); schedule: one built already
-    (verify=False skips check_schedule).
+    (verify=False skips check_schedule); trace: each item's times on the GPU's global timer, read by timeline()
+    (the profiler of this design: one kernel, so a kernel profiler sees nothing inside it; a GPU only);
+    gemv_ahead: each GEMV item loads its next weight block before summing the current one (the same sums in the
+    same order: the logits do not change by a bit).
     """
 
     def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,
                  splits: int | None = None, spin_limit: int | None = None, num_warps: int = 4,
                  gemv_block: tuple[int, int] | None = None, schedule: Schedule | None = None, verify: bool = True,
-                 fuse_norms: bool = False, prefetch: int = 0):
+                 fuse_norms: bool = False, prefetch: int = 0, trace: bool = False, gemv_ahead: bool = False):
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
@@ -193,9 +214,13 @@ class PersistentDecode:
         cfg = model.config
         self.spin_limit = (2 if interp else SPIN_LIMIT_GPU) if spin_limit is None else int(spin_limit)
         self.num_warps = num_warps
+        self.gemv_ahead = bool(gemv_ahead)
         if prefetch < 0:
             raise KernelError(f"prefetch={prefetch!r}: expected the bytes to prefetch per item, 0 for none")
         self.prefetch = 0 if interp else int(prefetch)
+        if trace and interp:
+            raise KernelError("trace=True: the trace reads the GPU's global timer (PTX), which the interpreter lacks")
+        self.trace = torch.zeros(len(s.item_list), TRACE_FIELDS, dtype=torch.int64, device=dev) if trace else None
         self.gemv_block = gemv_block or ((16, 64) if interp else (16, 256))
         self.counters = torch.zeros(len(s.counter_totals), dtype=torch.int32, device=dev)
         self.errors = torch.zeros(s.programs, ERROR_FIELDS, dtype=torch.int32, device=dev)
@@ -226,7 +251,8 @@ class PersistentDecode:
             b["x"], b["h"], b["proj"], b["o"], b["q"], b["ws"], b["logits"], b["best_val"], b["best_idx"],
             self.inv_freq, *self.scalars, **s.sizes, GEMV_N=self.gemv_block[0], GEMV_K=self.gemv_block[1],
             DOT_PREC=dot_precision(self.model.dtype), F=ITEM_FIELDS, PREFETCH=self.prefetch > 0,
-            prefetch_bytes=self.prefetch, LINES=32 * self.num_warps, num_warps=self.num_warps)
+            prefetch_bytes=self.prefetch, LINES=32 * self.num_warps, TRACE=self.trace is not None,
+            trace_ptr=self.trace, GEMV_AHEAD=self.gemv_ahead, num_warps=self.num_warps)
 
     def step(self, check: bool | None = None) -> torch.Tensor:
         """launch(), then (check: default unless a CUDA Graph is being captured) check(). -> the logits [1, V]."""
@@ -236,6 +262,17 @@ class PersistentDecode:
         if check:
             self.check()
         return self.logits
+
+    def timeline(self) -> list[dict]:
+        """The last step's items (trace=True): kind, name, program, and in us from the step's first item: start
+        (reached), ready (its wait met), done (its counter bumped). Reads the trace: a host sync."""
+        if self.trace is None:
+            raise KernelError("timeline(): this PersistentDecode was built without trace=True")
+        t = self.trace.tolist()
+        t0 = min(r[0] for r in t)
+        return [{"item": i, "kind": KIND_NAMES[it.kind], "name": it.name, "program": int(r[3]),
+                 "start": (r[0] - t0) / 1e3, "ready": (r[1] - t0) / 1e3, "done": (r[2] - t0) / 1e3}
+                for i, (it, r) in enumerate(zip(self.schedule.item_list, t))]
 
     def check(self) -> None:
         """Raise a KernelError naming every item whose wait ran out of polls (reads the records: a host sync)."""

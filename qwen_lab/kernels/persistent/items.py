@@ -76,15 +76,66 @@ def norm_item(x_ptr, w_ptr, h_ptr, eps, H: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _weight_block(w_ptr, r, end, K, k0, offs_n, offs_k):
+    """W[r + offs_n, k0 + offs_k] (W [N, K] row-major), zeros past row `end` or column K."""
+    rows = r + offs_n
+    ks = k0 + offs_k
+    return tl.load(w_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], mask=(rows < end)[:, None] & (ks < K)[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def _gemv_input(in_ptr, nw_ptr, ks, K, rstd, MODE: tl.constexpr, DT: tl.constexpr):
+    """The GEMV's input at ks in fp32, rounded to DT where the plan stores it: silu(g) * u for MODE 2, the
+    normed x for MODE 4 and 5, x itself otherwise."""
+    k_ok = ks < K
+    if MODE == 2:
+        g = tl.load(in_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+        u = tl.load(in_ptr + K + ks, mask=k_ok, other=0.0).to(tl.float32)
+        x = (g * tl.sigmoid(g) * u).to(DT).to(tl.float32)
+    elif MODE >= 4:
+        x = tl.load(in_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+        nw = tl.load(nw_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+        x = (x * rstd * (1.0 + nw)).to(DT).to(tl.float32)
+    else:
+        x = tl.load(in_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _gemv_rows_out(out_ptr, rows, end, acc, best_v, best_i, ADD: tl.constexpr, ARGMAX: tl.constexpr,
+                   DT: tl.constexpr):
+    """Store a row block's sums (rounded to DT; added to out, rounded again, with ADD); with ARGMAX, fold its
+    (max, first index of the max) into (best_v, best_i)."""
+    r_ok = rows < end
+    y = acc.to(DT)
+    if ADD:   # x + y, y rounded first: the plan's GEMV output, then its residual add
+        old = tl.load(out_ptr + rows, mask=r_ok, other=0.0).to(tl.float32)
+        y = (old + y.to(tl.float32)).to(DT)
+    tl.store(out_ptr + rows, y, mask=r_ok)
+    if ARGMAX:
+        v = tl.where(r_ok, y.to(tl.float32), float("-inf"))
+        m = tl.max(v, 0)
+        i = tl.min(tl.where(v == m, rows, end), 0)
+        better = m > best_v          # strictly: an earlier block keeps a tie (the first index wins)
+        best_i = tl.where(better, i, best_i)
+        best_v = tl.where(better, m, best_v)
+    return best_v, best_i
+
+
+@triton.jit
 def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_idx_ptr, nw_ptr, eps,
               MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr,
-              NORM_BLOCK: tl.constexpr):
+              NORM_BLOCK: tl.constexpr, AHEAD: tl.constexpr = False):
     """Rows row0 .. row0 + nrows - 1 of out = W @ in (W [N, K] row-major), BLOCK_N rows at a time.
     MODE (the item kind less GEMV): 0 store; 1 add into out (the residual stream); 2 the input is
     silu(gu[:K]) * gu[K:] (rounded to DT, as silu_mul stores it), added into out; 3 store, and the tile's (max,
     first index of the max) to slot `tile`; 4 and 5: as 0 and 3, the input being rmsnorm(x) * (1 + nw) computed
     here (x = in, K = H), rounded to DT where the NORM item stores it.
-    ALIGNED: the schedule vouches that every K is a multiple of 16, so the rows' loads can be 16 bytes wide."""
+    ALIGNED: the schedule vouches that every K is a multiple of 16, so the rows' loads can be 16 bytes wide.
+    AHEAD: the weight block of the next iteration is loaded before this one's sum (the (row block, K block) pairs
+    walked as one loop), so two blocks are on their way from memory at once instead of one: a lone program per SM
+    otherwise waits a whole memory latency per block."""
     ADD: tl.constexpr = MODE == 1 or MODE == 2
     ARGMAX: tl.constexpr = MODE == 3 or MODE == 5
     NORM: tl.constexpr = MODE >= 4
@@ -99,38 +150,32 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     best_v = float("-inf")
     best_i = row0
     end = row0 + nrows
-    for r in range(row0, end, BLOCK_N):
-        rows = r + offs_n
-        r_ok = rows < end
-        w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
+    if AHEAD:
+        n_k = tl.cdiv(K, BLOCK_K)
+        total = tl.cdiv(nrows, BLOCK_N) * n_k
+        w = _weight_block(w_ptr, row0, end, K, 0, offs_n, offs_k)
         acc = tl.zeros([BLOCK_N], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + offs_k
-            k_ok = ks < K
-            if MODE == 2:
-                g = tl.load(in_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-                u = tl.load(in_ptr + K + ks, mask=k_ok, other=0.0).to(tl.float32)
-                x = (g * tl.sigmoid(g) * u).to(DT).to(tl.float32)
-            elif NORM:
-                x = tl.load(in_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-                nw = tl.load(nw_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-                x = (x * rstd * (1.0 + nw)).to(DT).to(tl.float32)
-            else:
-                x = tl.load(in_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-            w = tl.load(w_rows + ks[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+        for it in range(total):
+            r = row0 + (it // n_k) * BLOCK_N
+            k0 = (it % n_k) * BLOCK_K
+            nxt = it + 1   # the next pair's block, asked for before this one's sum
+            w_next = _weight_block(w_ptr, row0 + (nxt // n_k) * BLOCK_N, tl.where(nxt < total, end, 0), K,
+                                   (nxt % n_k) * BLOCK_K, offs_n, offs_k)
+            x = _gemv_input(in_ptr, nw_ptr, k0 + offs_k, K, rstd, MODE, DT)
             acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
-        y = acc.to(DT)
-        if ADD:   # x + y, y rounded first: the plan's GEMV output, then its residual add
-            old = tl.load(out_ptr + rows, mask=r_ok, other=0.0).to(tl.float32)
-            y = (old + y.to(tl.float32)).to(DT)
-        tl.store(out_ptr + rows, y, mask=r_ok)
-        if ARGMAX:
-            v = tl.where(r_ok, y.to(tl.float32), float("-inf"))
-            m = tl.max(v, 0)
-            i = tl.min(tl.where(v == m, rows, end), 0)
-            better = m > best_v          # strictly: an earlier block keeps a tie (the first index wins)
-            best_i = tl.where(better, i, best_i)
-            best_v = tl.where(better, m, best_v)
+            w = w_next
+            if k0 + BLOCK_K >= K:   # the row block's last K block: its rows are done
+                best_v, best_i = _gemv_rows_out(out_ptr, r + offs_n, end, acc, best_v, best_i, ADD, ARGMAX, DT)
+                acc = tl.zeros([BLOCK_N], tl.float32)
+    else:
+        for r in range(row0, end, BLOCK_N):
+            rows = r + offs_n
+            acc = tl.zeros([BLOCK_N], tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                x = _gemv_input(in_ptr, nw_ptr, k0 + offs_k, K, rstd, MODE, DT)
+                w = _weight_block(w_ptr, r, end, K, k0, offs_n, offs_k)
+                acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
+            best_v, best_i = _gemv_rows_out(out_ptr, rows, end, acc, best_v, best_i, ADD, ARGMAX, DT)
     if ARGMAX:
         tl.store(best_val_ptr + tile, best_v)
         tl.store(best_idx_ptr + tile, best_i)
