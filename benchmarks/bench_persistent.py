@@ -1,7 +1,7 @@
 """The persistent decode step (qwen_lab.kernels.persistent, issue 50 stage 1) against the graph decode of the fast plan.
 
     python benchmarks/bench_persistent.py [--model qwen3.5-0.8b] [--prefill-len 2048] [--decode-steps 128]
-        [--rounds 4] [--variants 4:16x256,4:16x256:n,4:16x256:n:p64k] [--json FILE]
+        [--rounds 4] [--variants 4:16x256,4:16x256:n,8:32x512:n:a:p64k] [--json FILE]
 
 One process, one model (random weights, bf16): a prompt prefilled by the plan, then decode steps replayed from CUDA
 Graphs both ways, as `python -m qwen_lab.bench` times its triton + cuda-graph row (the plan's step at a fixed
@@ -50,7 +50,8 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-len", type=int, default=2048)
     p.add_argument("--decode-steps", type=int, default=128)
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--variants", default="4:16x256,4:16x256:n,4:16x256:n:p32k,4:16x256:n:p128k,4:32x256:n:p64k",
+    p.add_argument("--variants", default="4:16x256,4:16x256:n,4:16x256:n:p32k,8:32x512:n:p64k,8:32x512:n:a:p64k,"
+                                         "8:16x1024:n:a:p64k",
                    help="num_warps:BLOCK_NxBLOCK_K[:n][:pBYTES], comma-separated")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything a GPU run checks, in one command on the GPU machine; name targets to run only some of them.
 #   bash benchmarks/gpu_session.sh [all] [tests] [bench] [kernels] [families] [ab] [profile] [probes] [notebooks]
-#        [persistent | persistent_tests | persistent_bench]  (the persistent decode step; only when named)
+#        [persistent | persistent_tests | persistent_bench | persistent_trace]  (the persistent decode step; only
+#        when named)
 #   results under $OUT (or ./gpu_out).
 #   TEST_SHARD=0/2 bash benchmarks/gpu_session.sh tests      (then 1/2 in a second run: half the test files each)
 #   TEST_FILES="tests/test_conv1d.py tests/test_attention.py" bash benchmarks/gpu_session.sh tests   (chosen files)
@@ -145,6 +146,12 @@ if [[ "$what" == *" persistent "* || "$what" == *" persistent_bench "* ]]; then
   timeout ${PERSIST_BENCH_TIMEOUT:-300} python3 benchmarks/bench_persistent.py --json "$OUT/bench_persistent.json" \
       ${PERSIST_ARGS:-} 2>"$OUT/bench_persistent.log" | tee "$OUT/bench_persistent.txt"
   tail -n 5 "$OUT/bench_persistent.log"
+fi
+if [[ "$what" == *" persistent "* || "$what" == *" persistent_trace "* ]]; then
+  # where its time goes: every item stamped with the GPU's clock, summed per kind (needs no plan warm-up)
+  timeout ${PERSIST_TRACE_TIMEOUT:-150} python3 benchmarks/trace_persistent.py --json "$OUT/trace_persistent.json" \
+      ${PERSIST_TRACE_ARGS:---variants 4:16x256,4:16x256:n,8:32x512:n:p64k,8:32x512:n:a:p64k} 2>&1 \
+      | grep -v "falling back" | tee "$OUT/trace_persistent.txt"
 fi
 if want notebooks; then
   timeout ${NB_TIMEOUT:-500} python3 benchmarks/run_notebooks.py solutions/*.ipynb 2>&1 | tee "$OUT/notebooks.txt"

@@ -65,7 +65,7 @@ def main(argv=None) -> int:
                 except Exception as e:
                     print(f"{name} programs={programs}: failed: {type(e).__name__}: {e}", flush=True)
                     continue
-                # the same step as the first variant's (same weights, zero cache): a timing of wrong results means nothing
+                # the same step as the first variant's (same weights, zero cache): timing wrong results means nothing
                 logits = step.logits.float().clone()
                 if first_logits is None:
                     first_logits = logits
@@ -82,8 +82,8 @@ def main(argv=None) -> int:
                 s = summarise(mid, step.schedule.programs)
                 label = f"{name} P{step.schedule.programs}"
                 print(f"\n{label}: span {s['span_us']:.1f} us (runs {', '.join(f'{x:.0f}' for x in spans)}), "
-                      f"programs busy {100 * s['busy_share']:.0f}% of it; logits vs the first variant's: relative error "
-                      f"{agree:.2e}", flush=True)
+                      f"programs busy {100 * s['busy_share']:.0f}% of it; logits vs the first variant's: "
+                      f"relative error {agree:.2e}", flush=True)
                 print(f"  {'kind':<18}{'items':>6}{'mean busy us':>14}{'busy us':>10}{'wait us':>10}")
                 for kind, k in sorted(s["kinds"].items(), key=lambda kv: -kv[1]["busy_us"]):
                     print(f"  {kind:<18}{k['items']:>6}{k['mean_busy_us']:>14.2f}{k['busy_us']:>10.0f}"
@@ -97,8 +97,8 @@ def main(argv=None) -> int:
                 print("  first groups (ready of the first item -> done of the last, us):")
                 for key, (a, b_, n_) in list(groups.items())[:24]:
                     print(f"    {key:<40}{n_:>5}{a:>10.1f}{b_:>10.1f}{b_ - a:>8.1f}")
-                out.append({"variant": label, "relative_error_vs_first": agree, "spans_us": spans, "summary": s, "groups": groups,
-                            "timeline": mid})
+                out.append({"variant": label, "relative_error_vs_first": agree, "spans_us": spans, "summary": s,
+                            "groups": groups, "timeline": mid})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f)

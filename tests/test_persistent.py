@@ -267,6 +267,10 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
 # ---------------------------------------------------------------- GPU
 
 
+# stage 1 of the design on a GPU: plain items (NORM items, no prefetch), the first form measured
+STAGE_1 = {"fuse_norms": False, "prefetch": 0, "num_warps": 4, "gemv_block": (16, 256)}
+
+
 @pytest.fixture(scope="module")
 def big():
     import os
@@ -325,7 +329,8 @@ def plan_greedy(big, ids, n: int):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
-@pytest.mark.parametrize("options", [{}, {"fuse_norms": True, "prefetch": 4096}], ids=["stage-1", "fused-prefetch"])
+@pytest.mark.parametrize("options", [STAGE_1, {"fuse_norms": True, "prefetch": 4096, "gemv_ahead": True}, {}],
+                         ids=["stage-1", "fused-prefetch-ahead", "defaults"])
 def test_gpu_the_step_with_one_program_per_sm_equals_the_plain_decode(cfg, options):
     out, step = decode_both_ways(cfg, 6, **options)      # programs: the SM count
     assert step.schedule.programs == torch.cuda.get_device_properties(0).multi_processor_count
@@ -361,15 +366,17 @@ def test_gpu_256_greedy_tokens_follow_the_graph_decode(big):
 @pytest.mark.gpu
 def test_gpu_the_persistent_step_is_bitwise_stable_run_to_run(big):
     ids = torch.randint(0, big.config.vocab_size, (33,), generator=torch.Generator().manual_seed(33)).to(big.device)
-    a_tokens, a = persistent_greedy(big, ids, 32)
-    b_tokens, b = persistent_greedy(big, ids, 32)
-    c_tokens, c = persistent_greedy(big, ids, 32, graph=False)
+    a_tokens, a = persistent_greedy(big, ids, 32, **STAGE_1)
+    b_tokens, b = persistent_greedy(big, ids, 32, **STAGE_1)
+    c_tokens, c = persistent_greedy(big, ids, 32, graph=False, **STAGE_1)
     assert a_tokens == b_tokens == c_tokens
     assert torch.equal(a, b) and torch.equal(a, c)
     # the fused norms round where the norm items do; the prefetch changes no arithmetic at all
-    d_tokens, d = persistent_greedy(big, ids, 32, fuse_norms=True)
-    e_tokens, e = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536)
-    assert d_tokens == e_tokens == a_tokens and torch.equal(d, e)
+    blocks = {"num_warps": 4, "gemv_block": (16, 256)}   # stage 1's: the same sums, so the same bits
+    d_tokens, d = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=0, **blocks)
+    e_tokens, e = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, **blocks)
+    f_tokens, f = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_ahead=True, **blocks)
+    assert d_tokens == e_tokens == f_tokens == a_tokens and torch.equal(d, e) and torch.equal(d, f)
     assert checks.relative_error(d.float(), a.float()) <= 1e-3
 
 

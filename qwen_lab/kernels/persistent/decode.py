@@ -54,6 +54,9 @@ K_DELTANET, K_ATTN_PREP, K_ATTN_SPLIT, K_ATTN_COMBINE, K_ARGMAX = (tl.constexpr(
     DELTANET, ATTN_PREP, ATTN_SPLIT, ATTN_COMBINE, ARGMAX))
 SPIN_LIMIT_GPU = 1 << 22      # polls of a counter (~1 s on an H100) before a wait is reported as a hang
 ERROR_FIELDS = 4              # item + 1 (0: no error), counter, the count waited for, the count seen
+# PersistentDecode's defaults on a GPU: the fastest variant of benchmarks/bench_persistent.py so far (H100,
+# 2026-12-07: 1.637 ms per token against 2.284 for 4 warps, 16 x 256 blocks, no fusion, no prefetch)
+GPU_DEFAULTS = {"num_warps": 8, "gemv_block": (32, 512), "prefetch": 64 * 1024}
 TRACE_FIELDS = 4              # per item with trace=True: reached, wait met, done (ns), the program that ran it
 
 
@@ -184,9 +187,11 @@ class PersistentDecode:
     prefill; each `step()` reads them, writes the logits [1, V] (`self.logits`), and leaves the greedy token and the
     next position there. No host synchronisation in `step(check=False)`, static shapes: a CUDA Graph captures it.
     programs: default one per SM on a GPU, 1 under the interpreter (there programs run one after another).
-    gemv_tiles, splits, fuse_norms: see build_schedule; spin_limit: polls before a wait gives up; gemv_block: the
-    GEMV items' (BLOCK_N, BLOCK_K); prefetch: bytes of each GEMV item's weights (and each DeltaNet item's states)
-    asked into L2 before its wait (0: none; a GPU only, the interpreter runs no PTX); schedule: one built already
+    gemv_tiles, splits, fuse_norms: see build_schedule (fuse_norms on by default: the same logits bit for bit, a
+    critical path of 134 counter hops instead of 183 on 0.8B); spin_limit: polls before a wait gives up;
+    num_warps, gemv_block (the GEMV items' BLOCK_N, BLOCK_K), prefetch (bytes of each GEMV item's weights, and
+    each DeltaNet item's states, asked into L2 before its wait; 0: none; the interpreter runs no PTX):
+    GPU_DEFAULTS unless given (under the interpreter, blocks of 16 x 64 and no prefetch); schedule: one built already
     (verify=False skips check_schedule); trace: each item's times on the GPU's global timer, read by timeline()
     (the profiler of this design: one kernel, so a kernel profiler sees nothing inside it; a GPU only);
     gemv_ahead: each GEMV item loads its next weight block before summing the current one (the same sums in the
@@ -194,9 +199,10 @@ class PersistentDecode:
     """
 
     def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,
-                 splits: int | None = None, spin_limit: int | None = None, num_warps: int = 4,
+                 splits: int | None = None, spin_limit: int | None = None, num_warps: int | None = None,
                  gemv_block: tuple[int, int] | None = None, schedule: Schedule | None = None, verify: bool = True,
-                 fuse_norms: bool = False, prefetch: int = 0, trace: bool = False, gemv_ahead: bool = False):
+                 fuse_norms: bool = True, prefetch: int | None = None, trace: bool = False,
+                 gemv_ahead: bool = False):
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
@@ -213,15 +219,17 @@ class PersistentDecode:
         s = self.schedule
         cfg = model.config
         self.spin_limit = (2 if interp else SPIN_LIMIT_GPU) if spin_limit is None else int(spin_limit)
-        self.num_warps = num_warps
+        # the defaults: the fastest variant measured (benchmarks/bench_persistent.py on an H100, docs/experiments.md)
+        self.num_warps = GPU_DEFAULTS["num_warps"] if num_warps is None else int(num_warps)
         self.gemv_ahead = bool(gemv_ahead)
+        prefetch = GPU_DEFAULTS["prefetch"] if prefetch is None else prefetch
         if prefetch < 0:
             raise KernelError(f"prefetch={prefetch!r}: expected the bytes to prefetch per item, 0 for none")
         self.prefetch = 0 if interp else int(prefetch)
         if trace and interp:
             raise KernelError("trace=True: the trace reads the GPU's global timer (PTX), which the interpreter lacks")
         self.trace = torch.zeros(len(s.item_list), TRACE_FIELDS, dtype=torch.int64, device=dev) if trace else None
-        self.gemv_block = gemv_block or ((16, 64) if interp else (16, 256))
+        self.gemv_block = gemv_block or ((16, 64) if interp else GPU_DEFAULTS["gemv_block"])
         self.counters = torch.zeros(len(s.counter_totals), dtype=torch.int32, device=dev)
         self.errors = torch.zeros(s.programs, ERROR_FIELDS, dtype=torch.int32, device=dev)
         self.epoch = torch.zeros(1, dtype=torch.int32, device=dev)
