@@ -9,7 +9,8 @@ position, no sampling; the persistent step includes its greedy token and starts 
 position). Rounds alternate the order (plan first, then persistent first, ...); each round's number is the median of
 5 runs of `decode_steps` replays. A variant is the persistent kernel's num_warps and GEMV block (BLOCK_N x BLOCK_K),
 then its stages: `n` the norms fused into the GEMV tiles, `a` each GEMV item's next weight block loaded before the
-current one is summed, `pBYTES` (k for 1024) the L2 prefetch before each wait.
+current one is summed, `pBYTES` (k for 1024) the L2 prefetch before each wait, `sN` N programs per SM (default 1;
+they must all be resident at once, so the registers of N programs must fit an SM).
 Before timing, one step from the same prefilled state both ways: the relative error of the logits and the two
 tokens (a timing of wrong results means nothing). Prints a table and writes JSON with the floors of the same run.
 """
@@ -24,7 +25,7 @@ import torch
 
 
 def parse_variants(text: str) -> list[tuple[str, dict]]:
-    """'4:16x256:n:p64k,...' -> [(name, PersistentDecode options)]."""
+    """'4:16x256:n:p64k,...' -> [(name, options)]: PersistentDecode's, and programs_per_sm (see decode_options)."""
     out = []
     for part in text.split(","):
         warps, block, *stages = part.split(":")
@@ -35,13 +36,25 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
                 options["fuse_norms"] = True
             elif st == "a":
                 options["gemv_ahead"] = True
+            elif st.startswith("s") and st[1:].isdigit():   # programs per SM (all must be resident at once)
+                options["programs_per_sm"] = int(st[1:])
             elif st.startswith("p"):
                 options["prefetch"] = int(st[1:-1]) * 1024 if st.endswith("k") else int(st[1:])
             else:
                 raise SystemExit(f"--variants: stage {st!r} of {part!r}: expected n (fused norms), a (GEMV blocks "
-                                 f"loaded ahead) or pBYTES")
+                                 f"loaded ahead), sN (N programs per SM) or pBYTES")
         out.append((f"persistent w{warps} {n}x{k}" + "".join(f" {st}" for st in stages), options))
     return out
+
+
+def decode_options(options: dict, programs: int | None = None) -> dict:
+    """A variant's options as PersistentDecode takes them: programs_per_sm times the GPU's SM count as `programs`
+    (else `programs`, None for one per SM)."""
+    options = dict(options)
+    per_sm = options.pop("programs_per_sm", None)
+    if per_sm is not None:
+        programs = per_sm * torch.cuda.get_device_properties(0).multi_processor_count
+    return {**options, "programs": programs}
 
 
 def main(argv=None) -> int:
@@ -51,7 +64,7 @@ def main(argv=None) -> int:
     p.add_argument("--decode-steps", type=int, default=128)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--variants", default="4:16x256,4:16x256:n,4:16x256:n:p32k,8:32x512:n:p64k,8:32x512:n:a:p64k,"
-                                         "8:16x1024:n:a:p64k",
+                                         "8:16x1024:n:a:p64k,4:32x512:n:a:p64k:s2",
                    help="num_warps:BLOCK_NxBLOCK_K[:n][:pBYTES], comma-separated")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -100,7 +113,7 @@ def main(argv=None) -> int:
             stamp(f"{name}: schedule, compile, capture")
             try:
                 cache = model.new_cache(T + n + 8)
-                step = PersistentDecode(model, cache, **options)
+                step = PersistentDecode(model, cache, **decode_options(options))
                 t0 = time.perf_counter()
                 step.step()   # the first launch compiles
                 torch.cuda.synchronize()

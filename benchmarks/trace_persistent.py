@@ -45,7 +45,7 @@ def main(argv=None) -> int:
         print("skipped: the trace reads an NVIDIA GPU's global timer")
         return 0
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    from bench_persistent import parse_variants
+    from bench_persistent import decode_options, parse_variants
 
     from qwen_lab.kernels.persistent import PersistentDecode
     from qwen_lab.model import load_model
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
             for programs in counts:
                 cache = model.new_cache(args.position + 16)
                 try:
-                    step = PersistentDecode(model, cache, programs=programs, trace=True, **options)
+                    step = PersistentDecode(model, cache, trace=True, **decode_options(options, programs))
                     for _ in range(3):
                         step.prime(1, args.position)
                         step.step()

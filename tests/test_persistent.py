@@ -183,6 +183,19 @@ def test_gemv_blocks_loaded_ahead_change_no_bit(cfg):
         assert torch.equal(a, b) and ta == tb, f"decode step {t}"
 
 
+def test_the_benchmarks_variants_name_every_option(benchmark_module):
+    """bench_persistent.py's --variants (trace_persistent.py takes the same): warps, block, then the stages in any
+    order; a stage it does not know is refused, naming it."""
+    parse = benchmark_module("bench_persistent").parse_variants
+    (name, options), = parse("8:32x512:n:a:p64k:s2")
+    assert name == "persistent w8 32x512 n a p64k s2"
+    assert options == {"num_warps": 8, "gemv_block": (32, 512), "fuse_norms": True, "gemv_ahead": True,
+                       "prefetch": 65536, "programs_per_sm": 2}
+    assert parse("4:16x256,4:16x256:p300")[1][1] == {"num_warps": 4, "gemv_block": (16, 256), "prefetch": 300}
+    with pytest.raises(SystemExit, match="stage 'q' of '4:16x256:q'"):
+        parse("4:16x256:q")
+
+
 def test_a_wait_nobody_satisfies_raises_naming_the_item():
     """A broken schedule: the first layer's input norm waits on a counter no item bumps. The step gives up after its
     bounded spin and the error names the item and the counter."""
