@@ -19,16 +19,21 @@ import sys
 import torch
 
 
-def summarise(timeline: list[dict], programs: int) -> dict:
+def summarise(timeline: list[dict], programs: int, costs: list[float]) -> dict:
+    """The span of the step, the share of it the programs were busy, and per item kind: items, busy and waiting
+    time, and the bytes the kind's items read per us of their busy time (`costs`: each item's estimate, as
+    the schedule's deal counts them), the rate of one program."""
     span = max(r["done"] for r in timeline)
-    kinds = collections.defaultdict(lambda: {"items": 0, "busy_us": 0.0, "wait_us": 0.0})
+    kinds = collections.defaultdict(lambda: {"items": 0, "busy_us": 0.0, "wait_us": 0.0, "bytes": 0.0})
     for r in timeline:
         k = kinds[r["kind"]]
         k["items"] += 1
         k["busy_us"] += r["done"] - r["ready"]
         k["wait_us"] += r["ready"] - r["start"]
+        k["bytes"] += costs[r["item"]]
     for k in kinds.values():
         k["mean_busy_us"] = k["busy_us"] / k["items"]
+        k["GBps_per_program"] = k["bytes"] / max(k["busy_us"], 1e-9) / 1e3
     busy = sum(r["done"] - r["ready"] for r in timeline)
     return {"span_us": span, "busy_share": busy / (span * programs), "kinds": dict(kinds)}
 
@@ -79,15 +84,16 @@ def main(argv=None) -> int:
                     spans.append(max(r["done"] for r in tl_))
                 # the median run, summarised; its whole timeline kept in the JSON
                 mid = timelines[sorted(range(5), key=lambda i: spans[i])[2]]
-                s = summarise(mid, step.schedule.programs)
+                s = summarise(mid, step.schedule.programs, [it.cost for it in step.schedule.item_list])
                 label = f"{name} P{step.schedule.programs}"
                 print(f"\n{label}: span {s['span_us']:.1f} us (runs {', '.join(f'{x:.0f}' for x in spans)}), "
                       f"programs busy {100 * s['busy_share']:.0f}% of it; logits vs the first variant's: "
                       f"relative error {agree:.2e}", flush=True)
-                print(f"  {'kind':<18}{'items':>6}{'mean busy us':>14}{'busy us':>10}{'wait us':>10}")
+                print(f"  {'kind':<18}{'items':>6}{'mean busy us':>14}{'busy us':>10}{'wait us':>10}"
+                      f"{'GB/s a program':>16}")
                 for kind, k in sorted(s["kinds"].items(), key=lambda kv: -kv[1]["busy_us"]):
                     print(f"  {kind:<18}{k['items']:>6}{k['mean_busy_us']:>14.2f}{k['busy_us']:>10.0f}"
-                          f"{k['wait_us']:>10.0f}")
+                          f"{k['wait_us']:>10.0f}{k['GBps_per_program']:>16.1f}")
                 # the layers one after another: when each group's first item got ready and its last one finished
                 groups = collections.OrderedDict()
                 for r in sorted(mid, key=lambda r: r["item"]):

@@ -196,6 +196,21 @@ def test_the_benchmarks_variants_name_every_option(benchmark_module):
         parse("4:16x256:q")
 
 
+def test_the_trace_summary_adds_up_per_kind(benchmark_module):
+    """trace_persistent.py's summary of a time line (us from the step's start): the span, the programs' busy share,
+    per kind the busy and waiting time and the bytes per us of busy time of one program."""
+    summarise = benchmark_module("trace_persistent").summarise
+    timeline = [{"item": 0, "kind": "GEMV", "start": 0.0, "ready": 1.0, "done": 3.0},
+                {"item": 1, "kind": "GEMV", "start": 0.0, "ready": 2.0, "done": 4.0},
+                {"item": 2, "kind": "ARGMAX", "start": 4.0, "ready": 4.5, "done": 5.0}]
+    s = summarise(timeline, 2, [2000.0, 4000.0, 100.0])
+    assert s["span_us"] == 5.0 and s["busy_share"] == pytest.approx(4.5 / 10)
+    gemv = s["kinds"]["GEMV"]
+    assert (gemv["items"], gemv["busy_us"], gemv["wait_us"], gemv["mean_busy_us"]) == (2, 4.0, 3.0, 2.0)
+    assert gemv["GBps_per_program"] == pytest.approx(6000 / 4.0 / 1e3)   # 6000 bytes in 4 us: 1.5 GB/s
+    assert s["kinds"]["ARGMAX"]["wait_us"] == 0.5
+
+
 def test_a_wait_nobody_satisfies_raises_naming_the_item():
     """A broken schedule: the first layer's input norm waits on a counter no item bumps. The step gives up after its
     bounded spin and the error names the item and the counter."""
