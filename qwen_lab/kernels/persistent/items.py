@@ -144,16 +144,17 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     DT = out_ptr.dtype.element_ty
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
+    end = row0 + nrows
+    if AHEAD:   # the first weight block asked for before the norm's sum of squares, which then overlaps it
+        w = _weight_block(w_ptr, row0, end, K, 0, offs_n, offs_k)
     rstd = 1.0
     if NORM:
         rstd = _rstd(in_ptr, K, eps, NORM_BLOCK)
     best_v = float("-inf")
     best_i = row0
-    end = row0 + nrows
     if AHEAD:
         n_k = tl.cdiv(K, BLOCK_K)
         total = tl.cdiv(nrows, BLOCK_N) * n_k
-        w = _weight_block(w_ptr, row0, end, K, 0, offs_n, offs_k)
         acc = tl.zeros([BLOCK_N], tl.float32)
         for it in range(total):
             r = row0 + (it // n_k) * BLOCK_N
