@@ -6,14 +6,15 @@
 One kernel runs the whole step, so a kernel profiler sees one bar. With trace=True each item writes three stamps of
 the GPU's global timer (reached, its wait met, its counter bumped). From them, per variant and program count: the
 step's span, and per item kind the items, their mean and summed busy time (ready -> done) and the time programs
-spent waiting before them (start -> ready); the share of the span the programs were busy; and the critical path
-as the longest chain of waits. Random weights (timing only), the cache filled to --position with zeros.
+spent waiting before them (start -> ready) and the bytes they read per us of busy time; the share of the span the
+programs were busy; and, for the first layers, when each group of items (a projection's tiles, a mixer's heads)
+started and ended. Random weights (timing only), the cache filled to --position with zeros.
 """
 
 import argparse
 import collections
 import json
-import statistics
+import os
 import sys
 
 import torch
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("skipped: the trace reads an NVIDIA GPU's global timer")
         return 0
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_persistent import decode_options, parse_variants
 
     from qwen_lab.kernels.persistent import PersistentDecode

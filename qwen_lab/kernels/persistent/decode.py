@@ -187,13 +187,14 @@ class PersistentDecode:
     prefill; each `step()` reads them, writes the logits [1, V] (`self.logits`), and leaves the greedy token and the
     next position there. No host synchronisation in `step(check=False)`, static shapes: a CUDA Graph captures it.
     programs: default one per SM on a GPU, 1 under the interpreter (there programs run one after another).
-    gemv_tiles, splits, fuse_norms: see build_schedule (fuse_norms on by default: the same logits bit for bit, a
-    critical path of 134 counter hops instead of 183 on 0.8B); spin_limit: polls before a wait gives up;
-    num_warps, gemv_block (the GEMV items' BLOCK_N, BLOCK_K), prefetch (bytes of each GEMV item's weights, and
-    each DeltaNet item's states, asked into L2 before its wait; 0: none; the interpreter runs no PTX):
-    GPU_DEFAULTS unless given (under the interpreter, blocks of 16 x 64 and no prefetch); schedule: one built already
-    (verify=False skips check_schedule); trace: each item's times on the GPU's global timer, read by timeline()
-    (the profiler of this design: one kernel, so a kernel profiler sees nothing inside it; a GPU only);
+    gemv_tiles, splits, fuse_norms: see build_schedule (fuse_norms on by default: the tiles round the normed input
+    where the NORM items do, and the critical path is 134 counter hops instead of 183 on 0.8B); spin_limit: polls
+    before a wait gives up; num_warps, gemv_block (the GEMV items' BLOCK_N, BLOCK_K), prefetch (bytes of each
+    GEMV item's weights, and each DeltaNet item's states, asked into L2 before its wait; 0: none; the interpreter
+    runs no PTX): GPU_DEFAULTS unless given (under the interpreter, blocks of 16 x 64 and no prefetch); schedule:
+    one built already (verify=False skips check_schedule); trace: each item's times on the GPU's global timer,
+    read by timeline() (the profiler of this design: one kernel, so a kernel profiler sees nothing inside it; a GPU
+    only);
     gemv_ahead: each GEMV item loads its next weight block before summing the current one (the same sums in the
     same order: the logits do not change by a bit).
     """

@@ -80,8 +80,8 @@ def _weight_block(w_ptr, r, end, K, k0, offs_n, offs_k):
     """W[r + offs_n, k0 + offs_k] (W [N, K] row-major), zeros past row `end` or column K."""
     rows = r + offs_n
     ks = k0 + offs_k
-    return tl.load(w_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], mask=(rows < end)[:, None] & (ks < K)[None, :],
-                   other=0.0)
+    mask = (rows < end)[:, None] & (ks < K)[None, :]
+    return tl.load(w_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
