@@ -309,13 +309,15 @@ def persistent_cases():
              "pos_ptr": "*i64", "ws_ptr": "*fp32", "best_val_ptr": "*fp32", "best_idx_ptr": "*i32",
              "inv_freq_ptr": "*fp32", "eps": "fp32", "l2_eps": "fp32", "dn_scale": "fp32", "qk_scale": "fp32"}
     out = []
-    for warps, block_n, prefetch, trace, ahead in ((4, 16, False, False, False), (4, 32, False, False, False),
-                                                   (8, 32, False, False, False), (4, 16, True, False, False),
-                                                   (4, 16, False, True, False), (8, 16, False, False, True)):
+    for warps, block_n, prefetch, trace, ahead, p_ahead in (
+            (4, 16, False, False, False, 0), (4, 32, False, False, False, 0), (8, 32, False, False, False, 0),
+            (4, 16, True, False, False, 0), (4, 16, False, True, False, 0), (8, 16, False, False, True, 0),
+            (8, 32, True, False, False, 1)):
         meta = dict(schedule.kernel_sizes(C, 64, 32, 132), GEMV_N=block_n, GEMV_K=1024 if ahead else 256,
                     ALIGNED=True, DOT_PREC="tf32", F=schedule.ITEM_FIELDS, PREFETCH=prefetch, LINES=32 * warps,
-                    TRACE=trace, GEMV_AHEAD=ahead)
-        label = (f"persistent_decode w{warps} {block_n}x{meta['GEMV_K']}" + (" prefetch" if prefetch else "")
+                    TRACE=trace, GEMV_AHEAD=ahead, PREFETCH_AHEAD=p_ahead)
+        label = (f"persistent_decode w{warps} {block_n}x{meta['GEMV_K']}" + (f" q{p_ahead}" if p_ahead else "")
+                 + (" prefetch" if prefetch else "")
                  + (" trace" if trace else "") + (" ahead" if ahead else ""))
         case_types = dict(types, trace_ptr="*i64") if trace else types
         out.append((label, lambda meta=meta, warps=warps, case_types=case_types: compile_case(

@@ -192,8 +192,17 @@ def test_the_benchmarks_variants_name_every_option(benchmark_module):
     assert options == {"num_warps": 8, "gemv_block": (32, 512), "fuse_norms": True, "gemv_ahead": True,
                        "prefetch": 65536, "programs_per_sm": 2}
     assert parse("4:16x256,4:16x256:p300")[1][1] == {"num_warps": 4, "gemv_block": (16, 256), "prefetch": 300}
+    assert parse("8:32x512:p64k:q2")[0][1]["prefetch_ahead"] == 2
     with pytest.raises(SystemExit, match="stage 'q' of '4:16x256:q'"):
         parse("4:16x256:q")
+
+
+def test_prefetch_options_out_of_range_are_refused_naming_them():
+    model = tiny_model(TINY)
+    with pytest.raises(KernelError, match=r"prefetch_ahead=5: expected how many items ahead"):
+        PersistentDecode(model, model.new_cache(8), prefetch_ahead=5)
+    with pytest.raises(KernelError, match=r"prefetch=-1: expected the bytes to prefetch per item"):
+        PersistentDecode(model, model.new_cache(8), prefetch=-1)
 
 
 def test_the_trace_summary_adds_up_per_kind(benchmark_module):
@@ -279,7 +288,7 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == 7
+    assert len(results) == 8
     for r in results:
         assert r["ok"], r
         assert r["acquire_loads"] >= 1 and r["release_atomics"] >= 1 and r["volatile_loads"] >= 1, r
@@ -288,6 +297,8 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
         assert r["wide_loads"] >= (24 if r["label"].startswith("persistent_decode") else 1), r
         # the L2 prefetch before a wait: compiled in only where asked (the GEMV items' weights, the DeltaNet states)
         assert (r["l2_prefetches"] >= 2) == r["label"].endswith("prefetch"), r
+        # prefetch_ahead=1: the item one place ahead, and at a program's first item its own too: twice the sites
+        assert " q1 " not in r["label"] or r["l2_prefetches"] >= 4, r
         # trace=True: three reads of the global timer per item (reached, wait met, done), none without it
         assert r["timer_reads"] == (3 if r["label"].endswith("trace") else 0), r
 
@@ -357,8 +368,9 @@ def plan_greedy(big, ids, n: int):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
-@pytest.mark.parametrize("options", [STAGE_1, {"fuse_norms": True, "prefetch": 4096, "gemv_ahead": True}, {}],
-                         ids=["stage-1", "fused-prefetch-ahead", "defaults"])
+@pytest.mark.parametrize("options", [STAGE_1, {"fuse_norms": True, "prefetch": 4096, "gemv_ahead": True},
+                                     {"prefetch": 4096, "prefetch_ahead": 2}, {}],
+                         ids=["stage-1", "fused-prefetch-ahead", "prefetch-two-items-ahead", "defaults"])
 def test_gpu_the_step_with_one_program_per_sm_equals_the_plain_decode(cfg, options):
     out, step = decode_both_ways(cfg, 6, **options)      # programs: the SM count
     assert step.schedule.programs == torch.cuda.get_device_properties(0).multi_processor_count

@@ -67,6 +67,29 @@ def _globaltimer():
 
 
 @triton.jit
+def _prefetch_item(items_ptr, order_ptr, j, table_ptr, prefetch_bytes, F: tl.constexpr, HK: tl.constexpr,
+                   HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, ESIZE: tl.constexpr, LINES: tl.constexpr):
+    """Ask L2 for the first prefetch_bytes of what the item at order[j] reads from memory and no item writes before
+    it: a GEMV tile's rows of weights, a DeltaNet head's recurrent states (written by that item alone). One
+    contiguous range, walked by decode attention's row prefetch as rows of one 128-byte line, LINES lines at a
+    time."""
+    row = items_ptr + tl.load(order_ptr + j).to(tl.int64) * F
+    kind = tl.load(row)
+    a0 = tl.load(row + 1)
+    if (kind >= K_GEMV) & (kind < K_GEMV + N_GEMV_FORMS):
+        a3 = tl.load(row + 4)
+        a4 = tl.load(row + 5)
+        a5 = tl.load(row + 6)
+        lines = tl.cdiv(tl.minimum(a4 * a5 * ESIZE, prefetch_bytes), 128)
+        _prefetch_rows_l2(_slot(table_ptr, a0, tl.int8) + a3.to(tl.int64) * a5 * ESIZE, 0, lines, 128, 128, LINES)
+    elif kind == K_DELTANET:   # the recurrent states of its value heads, fp32 [REP, DK, DV]
+        state_bytes: tl.constexpr = (HV // HK) * DK * DV * 4
+        lines = tl.cdiv(tl.minimum(state_bytes, prefetch_bytes), 128)
+        _prefetch_rows_l2(_slot(table_ptr, a0 + 5, tl.int8) + tl.load(row + 2).to(tl.int64) * state_bytes, 0, lines,
+                          128, 128, LINES)
+
+
+@triton.jit
 def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counters_ptr, errors_ptr, epoch_ptr,
                              token_ptr, pos_ptr, x_ptr, h_ptr, proj_ptr, o_ptr, q_ptr, ws_ptr, logits_ptr,
                              best_val_ptr, best_idx_ptr, inv_freq_ptr,
@@ -79,12 +102,14 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                              GEMV_N: tl.constexpr, GEMV_K: tl.constexpr, ALIGNED: tl.constexpr, DOT_PREC: tl.constexpr,
                              F: tl.constexpr, PREFETCH: tl.constexpr = False, prefetch_bytes=0,
                              LINES: tl.constexpr = 128, TRACE: tl.constexpr = False, trace_ptr=None,
-                             GEMV_AHEAD: tl.constexpr = False):
+                             GEMV_AHEAD: tl.constexpr = False, PREFETCH_AHEAD: tl.constexpr = 0):
     DT = logits_ptr.dtype.element_ty
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
     ok = 1
-    for j in range(tl.load(starts_ptr + pid), tl.load(starts_ptr + pid + 1)):
+    j_first = tl.load(starts_ptr + pid)
+    j_end = tl.load(starts_ptr + pid + 1)
+    for j in range(j_first, j_end):
         # (the fields are read even after a failed wait: Triton keeps a name bound inside an if to that branch)
         index = tl.load(order_ptr + j)
         row = items_ptr + index.to(tl.int64) * F
@@ -102,20 +127,15 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
         if TRACE:
             t_start = _globaltimer()
         if PREFETCH:
-            # ---- before the wait: the item's own weights (at most prefetch_bytes of them) on their way into L2,
-            # so the memory system streams while the program waits (weights and this item's own state are written
-            # by nothing it waits for, so reading them early is safe). The bytes are one contiguous range, walked
-            # by decode attention's row prefetch as rows of one 128-byte line, LINES lines at a time.
-            if (kind >= K_GEMV) & (kind < K_GEMV + N_GEMV_FORMS):
-                esize: tl.constexpr = DT.primitive_bitwidth // 8
-                lines = tl.cdiv(tl.minimum(a4 * a5 * esize, prefetch_bytes), 128)
-                _prefetch_rows_l2(_slot(table_ptr, a0, tl.int8) + a3.to(tl.int64) * a5 * esize, 0, lines, 128, 128,
-                                  LINES)
-            elif kind == K_DELTANET:   # the recurrent states of its value heads, fp32 [REP, DK, DV]
-                state_bytes: tl.constexpr = (HV // HK) * DK * DV * 4
-                lines = tl.cdiv(tl.minimum(state_bytes, prefetch_bytes), 128)
-                _prefetch_rows_l2(_slot(table_ptr, a0 + 5, tl.int8) + a1.to(tl.int64) * state_bytes, 0, lines, 128,
-                                  128, LINES)
+            # ---- before the wait: weights (at most prefetch_bytes of an item) on their way into L2, so the memory
+            # system streams while the program waits. Its own item's at the program's first item; then, at each
+            # item, those of the item PREFETCH_AHEAD places further down its list (0: its own), so they were asked
+            # for while earlier waits passed.
+            for a in tl.static_range(PREFETCH_AHEAD + 1):
+                if (a == PREFETCH_AHEAD) | (j == j_first):
+                    if j + a < j_end:
+                        _prefetch_item(items_ptr, order_ptr, j + a, table_ptr, prefetch_bytes, F, HK, HV, DK, DV,
+                                       DT.primitive_bitwidth // 8, LINES)
         if ok:
             # ---- wait: a bounded spin on the counter, then an acquire read of it
             if wc >= 0:
@@ -196,14 +216,16 @@ class PersistentDecode:
     read by timeline() (the profiler of this design: one kernel, so a kernel profiler sees nothing inside it; a GPU
     only);
     gemv_ahead: each GEMV item loads its next weight block before summing the current one (the same sums in the
-    same order: the logits do not change by a bit).
+    same order: the logits do not change by a bit); prefetch_ahead: the L2 prefetch before an item's wait asks for
+    the weights of the item that many places further down the program's list (0: its own), so a program's idle
+    waits stream the weights it needs later.
     """
 
     def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,
                  splits: int | None = None, spin_limit: int | None = None, num_warps: int | None = None,
                  gemv_block: tuple[int, int] | None = None, schedule: Schedule | None = None, verify: bool = True,
                  fuse_norms: bool = True, prefetch: int | None = None, trace: bool = False,
-                 gemv_ahead: bool = False):
+                 gemv_ahead: bool = False, prefetch_ahead: int = 0):
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
@@ -227,6 +249,10 @@ class PersistentDecode:
         if prefetch < 0:
             raise KernelError(f"prefetch={prefetch!r}: expected the bytes to prefetch per item, 0 for none")
         self.prefetch = 0 if interp else int(prefetch)
+        if not (isinstance(prefetch_ahead, int) and 0 <= prefetch_ahead <= 4):
+            raise KernelError(f"prefetch_ahead={prefetch_ahead!r}: expected how many items ahead of the current one "
+                              f"a program prefetches, an int from 0 (its own) to 4")
+        self.prefetch_ahead = prefetch_ahead
         if trace and interp:
             raise KernelError("trace=True: the trace reads the GPU's global timer (PTX), which the interpreter lacks")
         self.trace = torch.zeros(len(s.item_list), TRACE_FIELDS, dtype=torch.int64, device=dev) if trace else None
@@ -261,7 +287,8 @@ class PersistentDecode:
             self.inv_freq, *self.scalars, **s.sizes, GEMV_N=self.gemv_block[0], GEMV_K=self.gemv_block[1],
             DOT_PREC=dot_precision(self.model.dtype), F=ITEM_FIELDS, PREFETCH=self.prefetch > 0,
             prefetch_bytes=self.prefetch, LINES=32 * self.num_warps, TRACE=self.trace is not None,
-            trace_ptr=self.trace, GEMV_AHEAD=self.gemv_ahead, num_warps=self.num_warps)
+            trace_ptr=self.trace, GEMV_AHEAD=self.gemv_ahead, PREFETCH_AHEAD=self.prefetch_ahead,
+            num_warps=self.num_warps)
 
     def step(self, check: bool | None = None) -> torch.Tensor:
         """launch(), then (check: default unless a CUDA Graph is being captured) check(). -> the logits [1, V]."""
