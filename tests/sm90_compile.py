@@ -310,15 +310,15 @@ def persistent_cases():
              "inv_freq_ptr": "*fp32", "eps": "fp32", "l2_eps": "fp32", "dn_scale": "fp32", "qk_scale": "fp32"}
     out = []
     for warps, block_n, prefetch, trace, ahead, p_ahead in (
-            (4, 16, False, False, False, 0), (4, 32, False, False, False, 0), (8, 32, False, False, False, 0),
-            (4, 16, True, False, False, 0), (4, 16, False, True, False, 0), (8, 16, False, False, True, 0),
-            (8, 32, True, False, False, 1)):
-        meta = dict(schedule.kernel_sizes(C, 64, 32, 132), GEMV_N=block_n, GEMV_K=1024 if ahead else 256,
+            (4, 16, False, False, 0, 0), (4, 32, False, False, 0, 0), (8, 32, False, False, 0, 0),
+            (4, 16, True, False, 0, 0), (4, 16, False, True, 0, 0), (8, 16, False, False, 1, 0),
+            (8, 32, True, False, 2, 1)):
+        meta = dict(schedule.kernel_sizes(C, 64, 32, 132), GEMV_N=block_n, GEMV_K=1024 if ahead == 1 else 256,
                     ALIGNED=True, DOT_PREC="tf32", F=schedule.ITEM_FIELDS, PREFETCH=prefetch, LINES=32 * warps,
                     TRACE=trace, GEMV_AHEAD=ahead, PREFETCH_AHEAD=p_ahead)
-        label = (f"persistent_decode w{warps} {block_n}x{meta['GEMV_K']}" + (f" q{p_ahead}" if p_ahead else "")
-                 + (" prefetch" if prefetch else "")
-                 + (" trace" if trace else "") + (" ahead" if ahead else ""))
+        label = (f"persistent_decode w{warps} {block_n}x{meta['GEMV_K']}" + (f" ahead{ahead}" if ahead else "")
+                 + (f" q{p_ahead}" if p_ahead else "") + (" prefetch" if prefetch else "")
+                 + (" trace" if trace else ""))
         case_types = dict(types, trace_ptr="*i64") if trace else types
         out.append((label, lambda meta=meta, warps=warps, case_types=case_types: compile_case(
             persistent.persistent_decode_kernel, meta, case_types, warps, ptx_check=persistent_counters)))

@@ -170,15 +170,16 @@ def test_the_persistent_step_equals_the_plain_decode_steps(cfg, steps, splits, f
     assert (step.errors == 0).all()
 
 
-@pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
-def test_gemv_blocks_loaded_ahead_change_no_bit(cfg):
+@pytest.mark.parametrize("cfg, depth", [(TINY, 1), (ODD, 1), (TINY, 2), (ODD, 3)],
+                         ids=["tiny", "odd", "tiny-2-ahead", "odd-3-ahead"])
+def test_gemv_blocks_loaded_ahead_change_no_bit(cfg, depth):
     """gemv_ahead walks each GEMV item's (row block, K block) pairs as one loop with the next weight block loaded
     before the current sum: the same sums in the same order, so every step's logits and token are bitwise those of
     the plain loop (every GEMV form: fused norms, SwiGLU input, residual add, the LM head's argmax; ODD's sizes
     leave partial row and K blocks)."""
     plain, _ = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True)
-    ahead, step = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, gemv_ahead=True)
-    assert step.gemv_ahead
+    ahead, step = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, gemv_ahead=depth)
+    assert step.gemv_ahead == depth
     for t, ((a, _, ta, _), (b, _, tb, _)) in enumerate(zip(ahead, plain)):
         assert torch.equal(a, b) and ta == tb, f"decode step {t}"
 
@@ -193,6 +194,7 @@ def test_the_benchmarks_variants_name_every_option(benchmark_module):
                        "prefetch": 65536, "programs_per_sm": 2}
     assert parse("4:16x256,4:16x256:p300")[1][1] == {"num_warps": 4, "gemv_block": (16, 256), "prefetch": 300}
     assert parse("8:32x512:p64k:q2")[0][1]["prefetch_ahead"] == 2
+    assert parse("8:16x512:a3")[0][1]["gemv_ahead"] == 3
     with pytest.raises(SystemExit, match="stage 'q' of '4:16x256:q'"):
         parse("4:16x256:q")
 
@@ -201,6 +203,8 @@ def test_prefetch_options_out_of_range_are_refused_naming_them():
     model = tiny_model(TINY)
     with pytest.raises(KernelError, match=r"prefetch_ahead=5: expected how many items ahead"):
         PersistentDecode(model, model.new_cache(8), prefetch_ahead=5)
+    with pytest.raises(KernelError, match=r"gemv_ahead=4: expected how many weight blocks"):
+        PersistentDecode(model, model.new_cache(8), gemv_ahead=4)
     with pytest.raises(KernelError, match=r"prefetch=-1: expected the bytes to prefetch per item"):
         PersistentDecode(model, model.new_cache(8), prefetch=-1)
 

@@ -102,7 +102,7 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                              GEMV_N: tl.constexpr, GEMV_K: tl.constexpr, ALIGNED: tl.constexpr, DOT_PREC: tl.constexpr,
                              F: tl.constexpr, PREFETCH: tl.constexpr = False, prefetch_bytes=0,
                              LINES: tl.constexpr = 128, TRACE: tl.constexpr = False, trace_ptr=None,
-                             GEMV_AHEAD: tl.constexpr = False, PREFETCH_AHEAD: tl.constexpr = 0):
+                             GEMV_AHEAD: tl.constexpr = 0, PREFETCH_AHEAD: tl.constexpr = 0):
     DT = logits_ptr.dtype.element_ty
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
@@ -215,8 +215,8 @@ class PersistentDecode:
     one built already (verify=False skips check_schedule); trace: each item's times on the GPU's global timer,
     read by timeline() (the profiler of this design: one kernel, so a kernel profiler sees nothing inside it; a GPU
     only);
-    gemv_ahead: each GEMV item loads its next weight block before summing the current one (the same sums in the
-    same order: the logits do not change by a bit); prefetch_ahead: the L2 prefetch before an item's wait asks for
+    gemv_ahead: each GEMV item loads the weight block that many blocks on (True: 1, up to 3) before summing the
+    current one (the same sums in the same order: the logits do not change by a bit); prefetch_ahead: the L2 prefetch before an item's wait asks for
     the weights of the item that many places further down the program's list (0: its own), so a program's idle
     waits stream the weights it needs later.
     """
@@ -225,7 +225,7 @@ class PersistentDecode:
                  splits: int | None = None, spin_limit: int | None = None, num_warps: int | None = None,
                  gemv_block: tuple[int, int] | None = None, schedule: Schedule | None = None, verify: bool = True,
                  fuse_norms: bool = True, prefetch: int | None = None, trace: bool = False,
-                 gemv_ahead: bool = False, prefetch_ahead: int = 0):
+                 gemv_ahead: bool | int = 0, prefetch_ahead: int = 0):
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
@@ -244,7 +244,10 @@ class PersistentDecode:
         self.spin_limit = (2 if interp else SPIN_LIMIT_GPU) if spin_limit is None else int(spin_limit)
         # the defaults: the fastest variant measured (benchmarks/bench_persistent.py on an H100, docs/experiments.md)
         self.num_warps = GPU_DEFAULTS["num_warps"] if num_warps is None else int(num_warps)
-        self.gemv_ahead = bool(gemv_ahead)
+        if not (isinstance(gemv_ahead, (bool, int)) and 0 <= int(gemv_ahead) <= 3):
+            raise KernelError(f"gemv_ahead={gemv_ahead!r}: expected how many weight blocks a GEMV item loads ahead of "
+                              f"the one it sums, an int from 0 to 3 (True: 1)")
+        self.gemv_ahead = int(gemv_ahead)
         prefetch = GPU_DEFAULTS["prefetch"] if prefetch is None else prefetch
         if prefetch < 0:
             raise KernelError(f"prefetch={prefetch!r}: expected the bytes to prefetch per item, 0 for none")

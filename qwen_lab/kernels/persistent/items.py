@@ -124,18 +124,26 @@ def _gemv_rows_out(out_ptr, rows, end, acc, best_v, best_i, ADD: tl.constexpr, A
 
 
 @triton.jit
+def _pair_block(w_ptr, row0, end, K, it, total, n_k, offs_n, offs_k, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The weight block of pair `it` of a tile's (row block, K block) pairs, walked row block by row block; zeros
+    (nothing read) once `it` is past the last pair."""
+    return _weight_block(w_ptr, row0 + (it // n_k) * BLOCK_N, tl.where(it < total, end, 0), K,
+                         (it % n_k) * BLOCK_K, offs_n, offs_k)
+
+
+@triton.jit
 def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_idx_ptr, nw_ptr, eps,
               MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr,
-              NORM_BLOCK: tl.constexpr, AHEAD: tl.constexpr = False):
+              NORM_BLOCK: tl.constexpr, AHEAD: tl.constexpr = 0):
     """Rows row0 .. row0 + nrows - 1 of out = W @ in (W [N, K] row-major), BLOCK_N rows at a time.
     MODE (the item kind less GEMV): 0 store; 1 add into out (the residual stream); 2 the input is
     silu(gu[:K]) * gu[K:] (rounded to DT, as silu_mul stores it), added into out; 3 store, and the tile's (max,
     first index of the max) to slot `tile`; 4 and 5: as 0 and 3, the input being rmsnorm(x) * (1 + nw) computed
     here (x = in, K = H), rounded to DT where the NORM item stores it.
     ALIGNED: the schedule vouches that every K is a multiple of 16, so the rows' loads can be 16 bytes wide.
-    AHEAD: the weight block of the next iteration is loaded before this one's sum (the (row block, K block) pairs
-    walked as one loop), so two blocks are on their way from memory at once instead of one: a lone program per SM
-    otherwise waits a whole memory latency per block."""
+    AHEAD (0 to 3): the (row block, K block) pairs are walked as one loop, and the weight block AHEAD pairs further
+    on is loaded before this one's sum, so AHEAD + 1 blocks are on their way from memory at once instead of one (a
+    lone program per SM otherwise waits a whole memory latency per block). The same sums in the same order."""
     ADD: tl.constexpr = MODE == 1 or MODE == 2
     ARGMAX: tl.constexpr = MODE == 3 or MODE == 5
     NORM: tl.constexpr = MODE >= 4
@@ -145,26 +153,34 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     end = row0 + nrows
-    if AHEAD:   # the first weight block asked for before the norm's sum of squares, which then overlaps it
-        w = _weight_block(w_ptr, row0, end, K, 0, offs_n, offs_k)
+    n_k = tl.cdiv(K, BLOCK_K)
+    total = tl.cdiv(nrows, BLOCK_N) * n_k
+    if AHEAD > 0:   # the first blocks asked for before the norm's sum of squares, which then overlaps them
+        w = _pair_block(w_ptr, row0, end, K, 0, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
+    if AHEAD > 1:
+        w1 = _pair_block(w_ptr, row0, end, K, 1, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
+    if AHEAD > 2:
+        w2 = _pair_block(w_ptr, row0, end, K, 2, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
     rstd = 1.0
     if NORM:
         rstd = _rstd(in_ptr, K, eps, NORM_BLOCK)
     best_v = float("-inf")
     best_i = row0
-    if AHEAD:
-        n_k = tl.cdiv(K, BLOCK_K)
-        total = tl.cdiv(nrows, BLOCK_N) * n_k
+    if AHEAD > 0:
         acc = tl.zeros([BLOCK_N], tl.float32)
         for it in range(total):
             r = row0 + (it // n_k) * BLOCK_N
             k0 = (it % n_k) * BLOCK_K
-            nxt = it + 1   # the next pair's block, asked for before this one's sum
-            w_next = _weight_block(w_ptr, row0 + (nxt // n_k) * BLOCK_N, tl.where(nxt < total, end, 0), K,
-                                   (nxt % n_k) * BLOCK_K, offs_n, offs_k)
+            # the block AHEAD pairs on, asked for before this one's sum
+            w_next = _pair_block(w_ptr, row0, end, K, it + AHEAD, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
             x = _gemv_input(in_ptr, nw_ptr, k0 + offs_k, K, rstd, MODE, DT)
             acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
-            w = w_next
+            if AHEAD == 1:
+                w = w_next
+            elif AHEAD == 2:
+                w, w1 = w1, w_next
+            else:
+                w, w1, w2 = w1, w2, w_next
             if k0 + BLOCK_K >= K:   # the row block's last K block: its rows are done
                 best_v, best_i = _gemv_rows_out(out_ptr, r + offs_n, end, acc, best_v, best_i, ADD, ARGMAX, DT)
                 acc = tl.zeros([BLOCK_N], tl.float32)
