@@ -10,8 +10,9 @@ position). Rounds alternate the order (plan first, then persistent first, ...); 
 5 runs of `decode_steps` replays. A variant is the persistent kernel's num_warps and GEMV block (BLOCK_N x BLOCK_K),
 then its stages: `n` the norms fused into the GEMV tiles, `a` (or `aN`) each GEMV item's next (N-th next) weight
 block loaded before the current one is summed, `pBYTES` (k for 1024) the L2 prefetch before each wait, `qN` that
-prefetch for the item N places ahead in the program's list (default 0: its own), `sN` N programs per SM (default 1;
-they must all be resident at once, so the registers of N programs must fit an SM).
+prefetch for the item N places ahead in the program's list (default 0: its own), `dN` N state columns per iteration
+of a DeltaNet item (default 32), `sN` N programs per SM (default 1; they must all be resident at once, so the
+registers of N programs must fit an SM).
 Before timing, one step from the same prefilled state both ways: the relative error of the logits and the two
 tokens (a timing of wrong results means nothing). Prints a table and writes JSON with the floors of the same run.
 """
@@ -39,13 +40,16 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
                 options["gemv_ahead"] = int(st[1:] or 1)
             elif st.startswith("q") and st[1:].isdigit():   # prefetch the item N places ahead
                 options["prefetch_ahead"] = int(st[1:])
+            elif st.startswith("d") and st[1:].isdigit():   # DeltaNet state columns per iteration
+                options["deltanet_block"] = int(st[1:])
             elif st.startswith("s") and st[1:].isdigit():   # programs per SM (all must be resident at once)
                 options["programs_per_sm"] = int(st[1:])
             elif st.startswith("p"):
                 options["prefetch"] = int(st[1:-1]) * 1024 if st.endswith("k") else int(st[1:])
             else:
                 raise SystemExit(f"--variants: stage {st!r} of {part!r}: expected n (fused norms), a or aN (GEMV "
-                                 f"blocks loaded ahead), sN (N programs per SM), qN (prefetch N items ahead) or pBYTES")
+                                 f"blocks loaded ahead), sN (N programs per SM), qN (prefetch N items ahead), dN (DeltaNet "
+                                 f"columns per iteration) or pBYTES")
         out.append((f"persistent w{warps} {n}x{k}" + "".join(f" {st}" for st in stages), options))
     return out
 

@@ -157,11 +157,14 @@ def decode_both_ways(cfg, steps: int, prompt_len: int = 5, **kwargs):
     return out, step
 
 
-@pytest.mark.parametrize("cfg, steps, splits, fuse_norms", [(TINY, 4, 2, False), (ODD, 2, 3, False),
-                                                            (TINY, 3, 2, True), (ODD, 2, 1, True)],
-                         ids=["tiny", "odd", "tiny-fused-norms", "odd-fused-norms"])
-def test_the_persistent_step_equals_the_plain_decode_steps(cfg, steps, splits, fuse_norms):
-    out, step = decode_both_ways(cfg, steps, gemv_tiles=3, splits=splits, fuse_norms=fuse_norms)
+@pytest.mark.parametrize("cfg, steps, splits, fuse_norms, dn_block", [
+    (TINY, 4, 2, False, None), (ODD, 2, 3, False, None), (TINY, 3, 2, True, None), (ODD, 2, 1, True, None),
+    (TINY, 2, 2, True, 8)], ids=["tiny", "odd", "tiny-fused-norms", "odd-fused-norms", "tiny-deltanet-columns-by-8"])
+def test_the_persistent_step_equals_the_plain_decode_steps(cfg, steps, splits, fuse_norms, dn_block):
+    """(TINY's value heads are 16 wide: one column block by default, two with deltanet_block=8.)"""
+    out, step = decode_both_ways(cfg, steps, gemv_tiles=3, splits=splits, fuse_norms=fuse_norms,
+                                 deltanet_block=dn_block)
+    assert step.sizes["BV"] == ((dn_block or 16) if cfg is TINY else 8)
     for t, (got, want, token, best) in enumerate(out):
         assert got.shape == want.shape == (1, cfg.vocab_size)
         assert checks.relative_error(got.float(), want.float()) <= 1e-4, f"decode step {t}"
@@ -195,6 +198,7 @@ def test_the_benchmarks_variants_name_every_option(benchmark_module):
     assert parse("4:16x256,4:16x256:p300")[1][1] == {"num_warps": 4, "gemv_block": (16, 256), "prefetch": 300}
     assert parse("8:32x512:p64k:q2")[0][1]["prefetch_ahead"] == 2
     assert parse("8:16x512:a3")[0][1]["gemv_ahead"] == 3
+    assert parse("8:16x512:d64")[0][1]["deltanet_block"] == 64
     with pytest.raises(SystemExit, match="stage 'q' of '4:16x256:q'"):
         parse("4:16x256:q")
 
@@ -203,6 +207,8 @@ def test_prefetch_options_out_of_range_are_refused_naming_them():
     model = tiny_model(TINY)
     with pytest.raises(KernelError, match=r"prefetch_ahead=5: expected how many items ahead"):
         PersistentDecode(model, model.new_cache(8), prefetch_ahead=5)
+    with pytest.raises(KernelError, match=r"deltanet_block=48: expected the state columns"):
+        PersistentDecode(model, model.new_cache(8), deltanet_block=48)
     with pytest.raises(KernelError, match=r"gemv_ahead=4: expected how many weight blocks"):
         PersistentDecode(model, model.new_cache(8), gemv_ahead=4)
     with pytest.raises(KernelError, match=r"prefetch=-1: expected the bytes to prefetch per item"):

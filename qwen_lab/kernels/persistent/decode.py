@@ -218,14 +218,15 @@ class PersistentDecode:
     gemv_ahead: each GEMV item loads the weight block that many blocks on (True: 1, up to 3) before summing the
     current one (the same sums in the same order: the logits do not change by a bit); prefetch_ahead: the L2 prefetch before an item's wait asks for
     the weights of the item that many places further down the program's list (0: its own), so a program's idle
-    waits stream the weights it needs later.
+    waits stream the weights it needs later; deltanet_block: the state columns a DeltaNet item updates per
+    iteration (default 32: a [128, 32] fp32 block; larger, fewer dependent rounds of loads, more registers).
     """
 
     def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,
                  splits: int | None = None, spin_limit: int | None = None, num_warps: int | None = None,
                  gemv_block: tuple[int, int] | None = None, schedule: Schedule | None = None, verify: bool = True,
                  fuse_norms: bool = True, prefetch: int | None = None, trace: bool = False,
-                 gemv_ahead: bool | int = 0, prefetch_ahead: int = 0):
+                 gemv_ahead: bool | int = 0, prefetch_ahead: int = 0, deltanet_block: int | None = None):
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
@@ -256,6 +257,12 @@ class PersistentDecode:
             raise KernelError(f"prefetch_ahead={prefetch_ahead!r}: expected how many items ahead of the current one "
                               f"a program prefetches, an int from 0 (its own) to 4")
         self.prefetch_ahead = prefetch_ahead
+        self.sizes = dict(s.sizes)
+        if deltanet_block is not None:
+            if deltanet_block not in (8, 16, 32, 64, 128):
+                raise KernelError(f"deltanet_block={deltanet_block!r}: expected the state columns a DeltaNet item "
+                                  f"updates at once, a power of two from 8 to 128")
+            self.sizes["BV"] = min(deltanet_block, triton.next_power_of_2(cfg.linear_value_head_dim))
         if trace and interp:
             raise KernelError("trace=True: the trace reads the GPU's global timer (PTX), which the interpreter lacks")
         self.trace = torch.zeros(len(s.item_list), TRACE_FIELDS, dtype=torch.int64, device=dev) if trace else None
@@ -287,7 +294,7 @@ class PersistentDecode:
         persistent_decode_kernel[(s.programs,)](
             s.items, s.order, s.starts, s.table, self.counters, self.errors, self.epoch, self.token, self.position,
             b["x"], b["h"], b["proj"], b["o"], b["q"], b["ws"], b["logits"], b["best_val"], b["best_idx"],
-            self.inv_freq, *self.scalars, **s.sizes, GEMV_N=self.gemv_block[0], GEMV_K=self.gemv_block[1],
+            self.inv_freq, *self.scalars, **self.sizes, GEMV_N=self.gemv_block[0], GEMV_K=self.gemv_block[1],
             DOT_PREC=dot_precision(self.model.dtype), F=ITEM_FIELDS, PREFETCH=self.prefetch > 0,
             prefetch_bytes=self.prefetch, LINES=32 * self.num_warps, TRACE=self.trace is not None,
             trace_ptr=self.trace, GEMV_AHEAD=self.gemv_ahead, PREFETCH_AHEAD=self.prefetch_ahead,
