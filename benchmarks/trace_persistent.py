@@ -6,8 +6,9 @@
 One kernel runs the whole step, so a kernel profiler sees one bar. With trace=True each item writes three stamps of
 the GPU's global timer (reached, its wait met, its counter bumped). From them, per variant and program count: the
 step's span, and per item kind the items, their mean and summed busy time (ready -> done) and the time programs
-spent waiting before them (start -> ready) and the bytes they read per us of busy time; the share of the span the
-programs were busy; and, for the first layers, when each group of items (a projection's tiles, a mixer's heads)
+spent waiting before them (start -> ready), the bytes they read per us of busy time, and the median hop: from the
+moment a waiting item's counter reached its need (its producers' done stamps) to its ready stamp; the share of the
+span the programs were busy; and, for the first layers, when each group of items (a projection's tiles, a mixer's heads)
 started and ended. Random weights (timing only), the cache filled to --position with zeros.
 """
 
@@ -15,6 +16,7 @@ import argparse
 import collections
 import json
 import os
+import statistics
 import sys
 
 import torch
@@ -37,6 +39,29 @@ def summarise(timeline: list[dict], programs: int, costs: list[float]) -> dict:
         k["GBps_per_program"] = k["bytes"] / max(k["busy_us"], 1e-9) / 1e3
     busy = sum(r["done"] - r["ready"] for r in timeline)
     return {"span_us": span, "busy_share": busy / (span * programs), "kinds": dict(kinds)}
+
+
+def handoffs(timeline: list[dict], items: list) -> dict:
+    """Per item kind, the median time from the moment an item's wait was met on the GPU (the need-th of its
+    counter's bumps, by its producers' done stamps) to its own ready stamp: what one counter hop costs (the
+    release, the polls, the acquire), over the items that did wait (met after they were reached). `items`: the
+    schedule's Item list (wait (counter, need), done counter)."""
+    bumps = collections.defaultdict(list)
+    for r in timeline:
+        done = items[r["item"]].done
+        if done is not None:
+            bumps[done].append(r["done"])
+    for times in bumps.values():
+        times.sort()
+    per_kind = collections.defaultdict(list)
+    for r in timeline:
+        wait = items[r["item"]].wait
+        if wait is None:
+            continue
+        met = bumps[wait[0]][wait[1] - 1]
+        if met > r["start"]:   # it did wait: the hop is on its path
+            per_kind[r["kind"]].append(r["ready"] - met)
+    return {k: statistics.median(v) for k, v in per_kind.items()}
 
 
 def main(argv=None) -> int:
@@ -86,15 +111,18 @@ def main(argv=None) -> int:
                 # the median run, summarised; its whole timeline kept in the JSON
                 mid = timelines[sorted(range(5), key=lambda i: spans[i])[2]]
                 s = summarise(mid, step.schedule.programs, [it.cost for it in step.schedule.item_list])
+                s["handoff_us"] = handoffs(mid, step.schedule.item_list)
                 label = f"{name} P{step.schedule.programs}"
                 print(f"\n{label}: span {s['span_us']:.1f} us (runs {', '.join(f'{x:.0f}' for x in spans)}), "
                       f"programs busy {100 * s['busy_share']:.0f}% of it; logits vs the first variant's: "
                       f"relative error {agree:.2e}", flush=True)
                 print(f"  {'kind':<18}{'items':>6}{'mean busy us':>14}{'busy us':>10}{'wait us':>10}"
-                      f"{'GB/s a program':>16}")
+                      f"{'GB/s a program':>16}{'hop us':>8}")
                 for kind, k in sorted(s["kinds"].items(), key=lambda kv: -kv[1]["busy_us"]):
+                    hop = s["handoff_us"].get(kind)
                     print(f"  {kind:<18}{k['items']:>6}{k['mean_busy_us']:>14.2f}{k['busy_us']:>10.0f}"
-                          f"{k['wait_us']:>10.0f}{k['GBps_per_program']:>16.1f}")
+                          f"{k['wait_us']:>10.0f}{k['GBps_per_program']:>16.1f}"
+                          + (f"{hop:>8.2f}" if hop is not None else f"{'-':>8}"))
                 # the layers one after another: when each group's first item got ready and its last one finished
                 groups = collections.OrderedDict()
                 for r in sorted(mid, key=lambda r: r["item"]):

@@ -230,6 +230,21 @@ def test_the_trace_summary_adds_up_per_kind(benchmark_module):
     assert s["kinds"]["ARGMAX"]["wait_us"] == 0.5
 
 
+def test_the_trace_hop_is_measured_from_the_bump_that_met_the_need(benchmark_module):
+    """trace_persistent.py's hop: a waiting item's ready stamp less the done stamp of the need-th bump of its
+    counter; an item whose counter was already met when it arrived did not wait and counts for nothing."""
+    handoffs = benchmark_module("trace_persistent").handoffs
+    items = [sched.Item(sched.GEMV, (), None, 0, "a", 0), sched.Item(sched.GEMV, (), None, 0, "b", 0),
+             sched.Item(sched.NORM, (), (0, 2), 1, "c", 0), sched.Item(sched.NORM, (), (0, 1), 1, "d", 0),
+             sched.Item(sched.ARGMAX, (), (1, 2), None, "e", 0)]
+    timeline = [{"item": 0, "kind": "GEMV", "start": 0.0, "ready": 0.0, "done": 3.0},
+                {"item": 1, "kind": "GEMV", "start": 0.0, "ready": 0.0, "done": 5.0},
+                {"item": 2, "kind": "NORM", "start": 1.0, "ready": 6.5, "done": 7.0},    # met at 5.0: a 1.5 us hop
+                {"item": 3, "kind": "NORM", "start": 4.0, "ready": 4.2, "done": 8.0},    # met at 3.0, before: no hop
+                {"item": 4, "kind": "ARGMAX", "start": 7.5, "ready": 9.0, "done": 9.5}]  # met at 8.0: 1.0
+    assert handoffs(timeline, items) == {"NORM": pytest.approx(1.5), "ARGMAX": pytest.approx(1.0)}
+
+
 def test_a_wait_nobody_satisfies_raises_naming_the_item():
     """A broken schedule: the first layer's input norm waits on a counter no item bumps. The step gives up after its
     bounded spin and the error names the item and the counter."""
