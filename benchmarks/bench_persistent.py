@@ -48,8 +48,8 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
                 options["prefetch"] = int(st[1:-1]) * 1024 if st.endswith("k") else int(st[1:])
             else:
                 raise SystemExit(f"--variants: stage {st!r} of {part!r}: expected n (fused norms), a or aN (GEMV "
-                                 f"blocks loaded ahead), sN (N programs per SM), qN (prefetch N items ahead), dN (DeltaNet "
-                                 f"columns per iteration) or pBYTES")
+                                 f"blocks loaded ahead), sN (N programs per SM), qN (prefetch N items ahead), dN "
+                                 f"(DeltaNet columns per iteration) or pBYTES")
         out.append((f"persistent w{warps} {n}x{k}" + "".join(f" {st}" for st in stages), options))
     return out
 

@@ -97,7 +97,8 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                              H: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
                              DV: tl.constexpr, CW: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                              D: tl.constexpr, HALF: tl.constexpr, NORM_BLOCK: tl.constexpr, BK: tl.constexpr,
-                             BV: tl.constexpr, BW: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+                             BV: tl.constexpr, BW: tl.constexpr, REP_P: tl.constexpr, ROWS: tl.constexpr,
+                             BLOCK_D: tl.constexpr,
                              ATTN_BLOCK_N: tl.constexpr, SPLITS_P: tl.constexpr, TILES_P: tl.constexpr,
                              GEMV_N: tl.constexpr, GEMV_K: tl.constexpr, ALIGNED: tl.constexpr, DOT_PREC: tl.constexpr,
                              F: tl.constexpr, PREFETCH: tl.constexpr = False, prefetch_bytes=0,
@@ -174,7 +175,7 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                 deltanet_item(proj_ptr, _slot(table_ptr, a0, DT), _slot(table_ptr, a0 + 1, DT),
                               _slot(table_ptr, a0 + 2, tl.float32), _slot(table_ptr, a0 + 3, tl.float32),
                               _slot(table_ptr, a0 + 4, tl.float32), _slot(table_ptr, a0 + 5, tl.float32), o_ptr,
-                              a1, a2, a3, dn_scale, eps, l2_eps, HK, HV, DK, DV, CW, BK, BV, BW)
+                              a1, a2, a3, dn_scale, eps, l2_eps, HK, HV, DK, DV, CW, BK, BV, BW, REP_P)
             elif kind == K_ATTN_PREP:
                 attn_prep_item(proj_ptr, _slot(table_ptr, a0, tl.float32), _slot(table_ptr, a0 + 1, tl.float32),
                                _slot(table_ptr, a0 + 2, DT), _slot(table_ptr, a0 + 3, DT), q_ptr, inv_freq_ptr,
@@ -216,10 +217,11 @@ class PersistentDecode:
     read by timeline() (the profiler of this design: one kernel, so a kernel profiler sees nothing inside it; a GPU
     only);
     gemv_ahead: each GEMV item loads the weight block that many blocks on (True: 1, up to 3) before summing the
-    current one (the same sums in the same order: the logits do not change by a bit); prefetch_ahead: the L2 prefetch before an item's wait asks for
-    the weights of the item that many places further down the program's list (0: its own), so a program's idle
-    waits stream the weights it needs later; deltanet_block: the state columns a DeltaNet item updates per
-    iteration (default 32: a [128, 32] fp32 block; larger, fewer dependent rounds of loads, more registers).
+    current one (the same sums in the same order: the logits do not change by a bit); prefetch_ahead: the L2
+    prefetch before an item's wait asks for the weights of the item that many places further down the program's
+    list (0: its own), so a program's idle waits stream the weights it needs later; deltanet_block: the state
+    columns a DeltaNet item updates per iteration (default 32: a [128, 32] fp32 block; larger: fewer dependent
+    rounds of loads, more registers).
     """
 
     def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,

@@ -221,8 +221,9 @@ def argmax_item(best_val_ptr, best_idx_ptr, n_tiles, token_ptr, pos_ptr, epoch_p
 @triton.jit
 def _conv_silu(proj_ptr, cw_ptr, cs_ptr, ch, ch_ok, cw0, cw1, W: tl.constexpr, BW: tl.constexpr):
     """Causal conv + SiLU of channels `ch` for this token (conv_state [C, W-1] holds the last W-1 inputs, oldest
-    first), rounded to DT as causal_conv1d stores it; the state rows are shifted in place (a barrier between this
-    program's loads and its stores: different threads hold the same row)."""
+    first), rounded to DT as causal_conv1d stores it. -> (y, the state rows shifted by one): the caller stores
+    those with _conv_shift after a barrier (different threads load the same row), so the loads of several calls
+    can be in flight at once."""
     offs_w = tl.arange(0, BW)
     w_ok = offs_w < W - 1
     shift = offs_w + 1 < W - 1
@@ -235,20 +236,29 @@ def _conv_silu(proj_ptr, cw_ptr, cs_ptr, ch, ch_ok, cw0, cw1, W: tl.constexpr, B
     x = tl.load(proj_ptr + ch, mask=ch_ok, other=0.0)
     y = tl.sum(w * old.to(tl.float32), 1) + w_last * x.to(tl.float32)
     y = (y * tl.sigmoid(y)).to(x.dtype).to(tl.float32)
-    tl.debug_barrier()
-    tl.store(rows + offs_w[None, :], tl.where(shift[None, :], nxt, x[:, None].to(nxt.dtype)), mask=m2)
-    return y
+    return y, tl.where(shift[None, :], nxt, x[:, None].to(nxt.dtype))
+
+
+@triton.jit
+def _conv_shift(cs_ptr, ch, ch_ok, shifted, W: tl.constexpr, BW: tl.constexpr):
+    """Store _conv_silu's shifted state rows of channels `ch` in place."""
+    offs_w = tl.arange(0, BW)
+    m2 = ch_ok[:, None] & (offs_w < W - 1)[None, :]
+    tl.store(cs_ptr + ch.to(tl.int64)[:, None] * (W - 1) + offs_w[None, :], shifted, mask=m2)
 
 
 @triton.jit
 def deltanet_item(proj_ptr, cw_ptr, cs_ptr, A_log_ptr, dt_bias_ptr, nw_ptr, state_ptr, o_ptr, hk, cw0, cw1,
                   scale, eps, l2_eps,
                   HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr,
-                  BK: tl.constexpr, BV: tl.constexpr, BW: tl.constexpr):
+                  BK: tl.constexpr, BV: tl.constexpr, BW: tl.constexpr, REP_P: tl.constexpr):
     """Key head hk of one Gated DeltaNet layer: its q/k channels and the v channels of its REP value heads through
     the conv; per value head, the delta-rule step of conv_decode_step_kernel (reassociated the same way) over
     column blocks of BV, o stored in DT; then the gated RMSNorm (plain w) * silu(z) of each head's o row in place.
-    The in-projection row `proj` is [q k v (conv input) | z | b | a]."""
+    The in-projection row `proj` is [q k v (conv input) | z | b | a].
+    The loads are grouped so that independent ones are in flight together (a lone program per item: each round
+    trip to memory is on the step's critical path): the q and k convs with the gates of every value head, then per
+    column block the state block with the v conv."""
     DT = o_ptr.dtype.element_ty
     REP: tl.constexpr = HV // HK
     KEY_DIM: tl.constexpr = HK * DK
@@ -256,25 +266,37 @@ def deltanet_item(proj_ptr, cw_ptr, cs_ptr, A_log_ptr, dt_bias_ptr, nw_ptr, stat
     VAL_DIM: tl.constexpr = HV * DV
     offs_k = tl.arange(0, BK)
     k_ok = offs_k < DK
-    q = _conv_silu(proj_ptr, cw_ptr, cs_ptr, hk * DK + offs_k, k_ok, cw0, cw1, W, BW)
-    k = _conv_silu(proj_ptr, cw_ptr, cs_ptr, KEY_DIM + hk * DK + offs_k, k_ok, cw0, cw1, W, BW)
+    # the gates of the REP value heads (REP_P: REP to a power of two), with the q and k convs' loads
+    offs_r = tl.arange(0, REP_P)
+    r_ok = offs_r < REP
+    heads = hk * REP + offs_r
+    a_all = tl.load(proj_ptr + CONV_DIM + VAL_DIM + HV + heads, mask=r_ok, other=0.0).to(tl.float32)
+    b_all = tl.load(proj_ptr + CONV_DIM + VAL_DIM + heads, mask=r_ok, other=0.0).to(tl.float32)
+    A_all = tl.load(A_log_ptr + heads, mask=r_ok, other=0.0).to(tl.float32)
+    dtb_all = tl.load(dt_bias_ptr + heads, mask=r_ok, other=0.0)
+    q, q_shifted = _conv_silu(proj_ptr, cw_ptr, cs_ptr, hk * DK + offs_k, k_ok, cw0, cw1, W, BW)
+    k, k_shifted = _conv_silu(proj_ptr, cw_ptr, cs_ptr, KEY_DIM + hk * DK + offs_k, k_ok, cw0, cw1, W, BW)
+    d_all = tl.exp(-tl.exp(A_all) * _softplus(a_all + dtb_all))
+    beta_all = tl.sigmoid(b_all)
+    tl.debug_barrier()   # every thread's loads of the conv state before a shifted row is stored
+    _conv_shift(cs_ptr, hk * DK + offs_k, k_ok, q_shifted, W, BW)
+    _conv_shift(cs_ptr, KEY_DIM + hk * DK + offs_k, k_ok, k_shifted, W, BW)
     rq = tl.rsqrt(tl.sum(q * q, 0) + l2_eps) * scale
     rk = tl.rsqrt(tl.sum(k * k, 0) + l2_eps)
     kq = tl.sum(k * q, 0)
     for r in range(REP):
         h = hk * REP + r
-        a = tl.load(proj_ptr + CONV_DIM + VAL_DIM + HV + h).to(tl.float32)
-        b = tl.load(proj_ptr + CONV_DIM + VAL_DIM + h).to(tl.float32)
-        d = tl.exp(-tl.exp(tl.load(A_log_ptr + h).to(tl.float32)) * _softplus(a + tl.load(dt_bias_ptr + h)))
-        beta = tl.sigmoid(b)
+        d = tl.sum(tl.where(offs_r == r, d_all, 0.0), 0)   # value head r's gates (the others are zeros: exact)
+        beta = tl.sum(tl.where(offs_r == r, beta_all, 0.0), 0)
         ss = 0.0
         for c0 in range(0, DV, BV):
             offs_v = c0 + tl.arange(0, BV)
             v_ok = offs_v < DV
-            v = _conv_silu(proj_ptr, cw_ptr, cs_ptr, 2 * KEY_DIM + h * DV + offs_v, v_ok, cw0, cw1, W, BW)
             s_ptrs = state_ptr + h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
             s_ok = k_ok[:, None] & v_ok[None, :]
-            S = tl.load(s_ptrs, mask=s_ok, other=0.0)
+            S = tl.load(s_ptrs, mask=s_ok, other=0.0)   # first: in flight with the v conv's loads
+            v, v_shifted = _conv_silu(proj_ptr, cw_ptr, cs_ptr, 2 * KEY_DIM + h * DV + offs_v, v_ok, cw0, cw1, W,
+                                      BW)
             Sk = tl.sum(S * k[:, None], 0)
             Sq = tl.sum(S * q[:, None], 0)
             delta = (v - d * rk * Sk) * beta
@@ -283,6 +305,8 @@ def deltanet_item(proj_ptr, cw_ptr, cs_ptr, A_log_ptr, dt_bias_ptr, nw_ptr, stat
             tl.store(s_ptrs, S * d + (k * rk)[:, None] * delta[None, :], mask=s_ok)
             o = tl.where(v_ok, o.to(tl.float32), 0.0)
             ss += tl.sum(o * o, 0)
+            tl.debug_barrier()   # the v conv state's loads before its shifted rows are stored
+            _conv_shift(cs_ptr, 2 * KEY_DIM + h * DV + offs_v, v_ok, v_shifted, W, BW)
         rstd = tl.rsqrt(ss / DV + eps)
         tl.debug_barrier()   # this program's o stores, read back below by other threads
         for c0 in range(0, DV, BV):

@@ -259,6 +259,7 @@ def kernel_sizes(cfg, splits: int, block_n: int, n_tiles: int) -> dict:
                 BK=triton.next_power_of_2(cfg.linear_key_head_dim),
                 BV=min(32, triton.next_power_of_2(cfg.linear_value_head_dim)),
                 BW=triton.next_power_of_2(max(cfg.linear_conv_kernel_dim - 1, 1)),
+                REP_P=triton.next_power_of_2(cfg.linear_num_value_heads // cfg.linear_num_key_heads),
                 ROWS=max(16, triton.next_power_of_2(G)), BLOCK_D=max(16, triton.next_power_of_2(D)),
                 ATTN_BLOCK_N=block_n, SPLITS_P=triton.next_power_of_2(splits),
                 TILES_P=min(1024, triton.next_power_of_2(n_tiles)))
