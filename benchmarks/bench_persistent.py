@@ -1,15 +1,16 @@
 """The persistent decode step (qwen_lab.kernels.persistent, issue 50 stage 1) against the graph decode of the fast plan.
 
     python benchmarks/bench_persistent.py [--model qwen3.5-0.8b] [--prefill-len 2048] [--decode-steps 128]
-        [--rounds 4] [--variants 4:16x256,4:16x256:n,8:32x512:n:a:p64k] [--json FILE]
+        [--rounds 4] [--variants 4:16x256,8:16x1024:n:a:p64k:d128] [--json FILE]
 
 One process, one model (random weights, bf16): a prompt prefilled by the plan, then decode steps replayed from CUDA
 Graphs both ways, as `python -m qwen_lab.bench` times its triton + cuda-graph row (the plan's step at a fixed
 position, no sampling; the persistent step includes its greedy token and starts each timed run at the same
 position). Rounds alternate the order (plan first, then persistent first, ...); each round's number is the median of
 5 runs of `decode_steps` replays. A variant is the persistent kernel's num_warps and GEMV block (BLOCK_N x BLOCK_K),
-then its stages: `n` the norms fused into the GEMV tiles, `a` (or `aN`) each GEMV item's next (N-th next) weight
-block loaded before the current one is summed, `pBYTES` (k for 1024) the L2 prefetch before each wait, `qN` that
+then the stages it turns on (the others stay as in stage 1, whatever PersistentDecode's defaults): `n` the norms
+fused into the GEMV tiles, `a` (or `aN`) each GEMV item's next (N-th next) weight block loaded before the current
+one is summed, `pBYTES` (k for 1024) the L2 prefetch before each wait, `qN` that
 prefetch for the item N places ahead in the program's list (default 0: its own), `dN` N state columns per iteration
 of a DeltaNet item (default 32), `sN` N programs per SM (default 1; they must all be resident at once, so the
 registers of N programs must fit an SM).
@@ -54,14 +55,19 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
     return out
 
 
+# a variant names every option it turns on: the rest are stage 1's (not PersistentDecode's defaults, which change as
+# measurements come in), so a variant's name means the same kernel in every run
+STAGE_1 = {"fuse_norms": False, "prefetch": 0, "gemv_ahead": 0, "prefetch_ahead": 0, "deltanet_block": 32}
+
+
 def decode_options(options: dict, programs: int | None = None) -> dict:
-    """A variant's options as PersistentDecode takes them: programs_per_sm times the GPU's SM count as `programs`
-    (else `programs`, None for one per SM)."""
+    """A variant's options as PersistentDecode takes them: stage 1's under the variant's own, and programs_per_sm
+    times the GPU's SM count as `programs` (else `programs`, None for one per SM)."""
     options = dict(options)
     per_sm = options.pop("programs_per_sm", None)
     if per_sm is not None:
         programs = per_sm * torch.cuda.get_device_properties(0).multi_processor_count
-    return {**options, "programs": programs}
+    return {**STAGE_1, **options, "programs": programs}
 
 
 def main(argv=None) -> int:
@@ -70,9 +76,8 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-len", type=int, default=2048)
     p.add_argument("--decode-steps", type=int, default=128)
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--variants", default="4:16x256,4:16x256:n,4:16x256:n:p32k,8:32x512:n:p64k,8:32x512:n:a:p64k,"
-                                         "8:16x1024:n:a:p64k,4:32x512:n:a:p64k:s2",
-                   help="num_warps:BLOCK_NxBLOCK_K[:n][:pBYTES], comma-separated")
+    p.add_argument("--variants", default="4:16x256,8:32x512:n:p64k,8:16x1024:n:p64k:d128,8:16x1024:n:a:p64k:d128",
+                   help="num_warps:BLOCK_NxBLOCK_K[:n][:aN][:pBYTES][:qN][:dN][:sN], comma-separated")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

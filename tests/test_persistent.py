@@ -199,6 +199,11 @@ def test_the_benchmarks_variants_name_every_option(benchmark_module):
     assert parse("8:32x512:p64k:q2")[0][1]["prefetch_ahead"] == 2
     assert parse("8:16x512:a3")[0][1]["gemv_ahead"] == 3
     assert parse("8:16x512:d64")[0][1]["deltanet_block"] == 64
+    # what a variant does not turn on stays as in stage 1, so its name means one kernel whatever the defaults
+    (_, options), = parse("8:16x1024:n:a")
+    assert benchmark_module("bench_persistent").decode_options(options) == {
+        "num_warps": 8, "gemv_block": (16, 1024), "fuse_norms": True, "gemv_ahead": 1, "prefetch": 0,
+        "prefetch_ahead": 0, "deltanet_block": 32, "programs": None}
     with pytest.raises(SystemExit, match="stage 'q' of '4:16x256:q'"):
         parse("4:16x256:q")
 
@@ -332,7 +337,8 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
 
 
 # stage 1 of the design on a GPU: plain items (NORM items, no prefetch), the first form measured
-STAGE_1 = {"fuse_norms": False, "prefetch": 0, "num_warps": 4, "gemv_block": (16, 256)}
+STAGE_1 = {"fuse_norms": False, "prefetch": 0, "num_warps": 4, "gemv_block": (16, 256), "gemv_ahead": 0,
+           "deltanet_block": 32}
 
 
 @pytest.fixture(scope="module")
@@ -437,9 +443,9 @@ def test_gpu_the_persistent_step_is_bitwise_stable_run_to_run(big):
     assert a_tokens == b_tokens == c_tokens
     assert torch.equal(a, b) and torch.equal(a, c)
     # the fused norms round where the norm items do; the prefetch changes no arithmetic at all
-    blocks = {"num_warps": 4, "gemv_block": (16, 256)}   # stage 1's: the same sums, so the same bits
-    d_tokens, d = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=0, **blocks)
-    e_tokens, e = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, **blocks)
+    blocks = {"num_warps": 4, "gemv_block": (16, 256), "deltanet_block": 32}   # stage 1's: the same sums
+    d_tokens, d = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=0, gemv_ahead=0, **blocks)
+    e_tokens, e = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_ahead=0, **blocks)
     f_tokens, f = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_ahead=True, **blocks)
     assert d_tokens == e_tokens == f_tokens == a_tokens and torch.equal(d, e) and torch.equal(d, f)
     assert checks.relative_error(d.float(), a.float()) <= 1e-3

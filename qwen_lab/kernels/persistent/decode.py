@@ -54,9 +54,10 @@ K_DELTANET, K_ATTN_PREP, K_ATTN_SPLIT, K_ATTN_COMBINE, K_ARGMAX = (tl.constexpr(
     DELTANET, ATTN_PREP, ATTN_SPLIT, ATTN_COMBINE, ARGMAX))
 SPIN_LIMIT_GPU = 1 << 22      # polls of a counter (~1 s on an H100) before a wait is reported as a hang
 ERROR_FIELDS = 4              # item + 1 (0: no error), counter, the count waited for, the count seen
-# PersistentDecode's defaults on a GPU: the fastest variant of benchmarks/bench_persistent.py so far (H100,
-# 2026-12-07: 1.637 ms per token against 2.284 for 4 warps, 16 x 256 blocks, no fusion, no prefetch)
-GPU_DEFAULTS = {"num_warps": 8, "gemv_block": (32, 512), "prefetch": 64 * 1024}
+# PersistentDecode's defaults: the fastest variant measured (trace spans on one H100, 2026-12-07: 1.41 ms per token
+# against 1.62 ms for the earlier defaults, 8 warps, 32 x 512 blocks, 64 KB prefetch, no look-ahead, 32 columns)
+GPU_DEFAULTS = {"num_warps": 8, "gemv_block": (16, 1024), "prefetch": 64 * 1024, "gemv_ahead": 1,
+                "deltanet_block": 128}
 TRACE_FIELDS = 4              # per item with trace=True: reached, wait met, done (ns), the program that ran it
 
 
@@ -220,15 +221,15 @@ class PersistentDecode:
     current one (the same sums in the same order: the logits do not change by a bit); prefetch_ahead: the L2
     prefetch before an item's wait asks for the weights of the item that many places further down the program's
     list (0: its own), so a program's idle waits stream the weights it needs later; deltanet_block: the state
-    columns a DeltaNet item updates per iteration (default 32: a [128, 32] fp32 block; larger: fewer dependent
-    rounds of loads, more registers).
+    columns a DeltaNet item updates per iteration (a [DK, N] fp32 block; larger: fewer dependent rounds of loads,
+    more registers). gemv_ahead and deltanet_block default to GPU_DEFAULTS too.
     """
 
     def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,
                  splits: int | None = None, spin_limit: int | None = None, num_warps: int | None = None,
                  gemv_block: tuple[int, int] | None = None, schedule: Schedule | None = None, verify: bool = True,
                  fuse_norms: bool = True, prefetch: int | None = None, trace: bool = False,
-                 gemv_ahead: bool | int = 0, prefetch_ahead: int = 0, deltanet_block: int | None = None):
+                 gemv_ahead: bool | int | None = None, prefetch_ahead: int = 0, deltanet_block: int | None = None):
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
@@ -247,6 +248,7 @@ class PersistentDecode:
         self.spin_limit = (2 if interp else SPIN_LIMIT_GPU) if spin_limit is None else int(spin_limit)
         # the defaults: the fastest variant measured (benchmarks/bench_persistent.py on an H100, docs/experiments.md)
         self.num_warps = GPU_DEFAULTS["num_warps"] if num_warps is None else int(num_warps)
+        gemv_ahead = GPU_DEFAULTS["gemv_ahead"] if gemv_ahead is None else gemv_ahead
         if not (isinstance(gemv_ahead, (bool, int)) and 0 <= int(gemv_ahead) <= 3):
             raise KernelError(f"gemv_ahead={gemv_ahead!r}: expected how many weight blocks a GEMV item loads ahead of "
                               f"the one it sums, an int from 0 to 3 (True: 1)")
@@ -260,11 +262,11 @@ class PersistentDecode:
                               f"a program prefetches, an int from 0 (its own) to 4")
         self.prefetch_ahead = prefetch_ahead
         self.sizes = dict(s.sizes)
-        if deltanet_block is not None:
-            if deltanet_block not in (8, 16, 32, 64, 128):
-                raise KernelError(f"deltanet_block={deltanet_block!r}: expected the state columns a DeltaNet item "
-                                  f"updates at once, a power of two from 8 to 128")
-            self.sizes["BV"] = min(deltanet_block, triton.next_power_of_2(cfg.linear_value_head_dim))
+        deltanet_block = GPU_DEFAULTS["deltanet_block"] if deltanet_block is None else deltanet_block
+        if deltanet_block not in (8, 16, 32, 64, 128):
+            raise KernelError(f"deltanet_block={deltanet_block!r}: expected the state columns a DeltaNet item updates "
+                              f"at once, a power of two from 8 to 128")
+        self.sizes["BV"] = min(deltanet_block, triton.next_power_of_2(cfg.linear_value_head_dim))
         if trace and interp:
             raise KernelError("trace=True: the trace reads the GPU's global timer (PTX), which the interpreter lacks")
         self.trace = torch.zeros(len(s.item_list), TRACE_FIELDS, dtype=torch.int64, device=dev) if trace else None

@@ -164,6 +164,9 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     rstd = 1.0
     if NORM:
         rstd = _rstd(in_ptr, K, eps, NORM_BLOCK)
+    # the input of K block 0: where K fits in one block (the projections of x, the LM head) every row block reads
+    # this same input, so it is loaded and normed once here instead of once per row block
+    x_first = _gemv_input(in_ptr, nw_ptr, offs_k, K, rstd, MODE, DT)
     best_v = float("-inf")
     best_i = row0
     if AHEAD > 0:
@@ -173,7 +176,9 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
             k0 = (it % n_k) * BLOCK_K
             # the block AHEAD pairs on, asked for before this one's sum
             w_next = _pair_block(w_ptr, row0, end, K, it + AHEAD, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
-            x = _gemv_input(in_ptr, nw_ptr, k0 + offs_k, K, rstd, MODE, DT)
+            x = x_first
+            if n_k > 1:
+                x = _gemv_input(in_ptr, nw_ptr, k0 + offs_k, K, rstd, MODE, DT)
             acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
             if AHEAD == 1:
                 w = w_next
@@ -189,7 +194,9 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
             rows = r + offs_n
             acc = tl.zeros([BLOCK_N], tl.float32)
             for k0 in range(0, K, BLOCK_K):
-                x = _gemv_input(in_ptr, nw_ptr, k0 + offs_k, K, rstd, MODE, DT)
+                x = x_first
+                if n_k > 1:
+                    x = _gemv_input(in_ptr, nw_ptr, k0 + offs_k, K, rstd, MODE, DT)
                 w = _weight_block(w_ptr, r, end, K, k0, offs_n, offs_k)
                 acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
             best_v, best_i = _gemv_rows_out(out_ptr, rows, end, acc, best_v, best_i, ADD, ARGMAX, DT)
