@@ -173,16 +173,20 @@ def test_the_persistent_step_equals_the_plain_decode_steps(cfg, steps, splits, f
     assert (step.errors == 0).all()
 
 
-@pytest.mark.parametrize("cfg, depth", [(TINY, 1), (ODD, 1), (TINY, 2), (ODD, 3)],
-                         ids=["tiny", "odd", "tiny-2-ahead", "odd-3-ahead"])
+@pytest.mark.parametrize("cfg, depth", [(TINY, 1), (ODD, 1), (TINY, 2), (ODD, 3), (ODD, "pairs")],
+                         ids=["tiny", "odd", "tiny-2-ahead", "odd-3-ahead", "odd-pairs"])
 def test_gemv_blocks_loaded_ahead_change_no_bit(cfg, depth):
     """gemv_ahead walks each GEMV item's (row block, K block) pairs as one loop with the next weight block loaded
     before the current sum: the same sums in the same order, so every step's logits and token are bitwise those of
     the plain loop (every GEMV form: fused norms, SwiGLU input, residual add, the LM head's argmax; ODD's sizes
     leave partial row and K blocks)."""
-    plain, _ = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True)
-    ahead, step = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, gemv_ahead=depth)
-    assert step.gemv_ahead == depth
+    plain, _ = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, gemv_ahead=0)
+    if depth == "pairs":   # two register sets, each reloaded once summed (gemv_pairs), in place of the look-ahead
+        ahead, step = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, gemv_pairs=True)
+        assert step.gemv_pairs
+    else:
+        ahead, step = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, gemv_ahead=depth)
+        assert step.gemv_ahead == depth
     for t, ((a, _, ta, _), (b, _, tb, _)) in enumerate(zip(ahead, plain)):
         assert torch.equal(a, b) and ta == tb, f"decode step {t}"
 
@@ -203,7 +207,8 @@ def test_the_benchmarks_variants_name_every_option(benchmark_module):
     (_, options), = parse("8:16x1024:n:a")
     assert benchmark_module("bench_persistent").decode_options(options) == {
         "num_warps": 8, "gemv_block": (16, 1024), "fuse_norms": True, "gemv_ahead": 1, "prefetch": 0,
-        "prefetch_ahead": 0, "deltanet_block": 32, "programs": None}
+        "prefetch_ahead": 0, "deltanet_block": 32, "gemv_pairs": False, "programs": None}
+    assert parse("8:16x1024:u")[0][1]["gemv_pairs"] is True
     with pytest.raises(SystemExit, match="stage 'q' of '4:16x256:q'"):
         parse("4:16x256:q")
 
@@ -318,7 +323,7 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == 8
+    assert len(results) == 9
     for r in results:
         assert r["ok"], r
         assert r["acquire_loads"] >= 1 and r["release_atomics"] >= 1 and r["volatile_loads"] >= 1, r
@@ -400,8 +405,8 @@ def plan_greedy(big, ids, n: int):
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
 @pytest.mark.parametrize("options", [STAGE_1, {"fuse_norms": True, "prefetch": 4096, "gemv_ahead": True},
-                                     {"prefetch": 4096, "prefetch_ahead": 2}, {}],
-                         ids=["stage-1", "fused-prefetch-ahead", "prefetch-two-items-ahead", "defaults"])
+                                     {"prefetch": 4096, "prefetch_ahead": 2}, {"gemv_pairs": True}, {}],
+                         ids=["stage-1", "fused-prefetch-ahead", "prefetch-two-items-ahead", "gemv-pairs", "defaults"])
 def test_gpu_the_step_with_one_program_per_sm_equals_the_plain_decode(cfg, options):
     out, step = decode_both_ways(cfg, 6, **options)      # programs: the SM count
     assert step.schedule.programs == torch.cuda.get_device_properties(0).multi_processor_count

@@ -104,7 +104,8 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                              GEMV_N: tl.constexpr, GEMV_K: tl.constexpr, ALIGNED: tl.constexpr, DOT_PREC: tl.constexpr,
                              F: tl.constexpr, PREFETCH: tl.constexpr = False, prefetch_bytes=0,
                              LINES: tl.constexpr = 128, TRACE: tl.constexpr = False, trace_ptr=None,
-                             GEMV_AHEAD: tl.constexpr = 0, PREFETCH_AHEAD: tl.constexpr = 0):
+                             GEMV_AHEAD: tl.constexpr = 0, PREFETCH_AHEAD: tl.constexpr = 0,
+                             GEMV_PAIRS: tl.constexpr = False):
     DT = logits_ptr.dtype.element_ty
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
@@ -169,7 +170,7 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                 if kind == K_GEMV + mode:
                     gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4,
                               a5, a6, best_val_ptr, best_idx_ptr, _slot(table_ptr, tl.maximum(a7, 0), tl.float32),
-                              eps, mode, GEMV_N, GEMV_K, ALIGNED, NORM_BLOCK, GEMV_AHEAD)
+                              eps, mode, GEMV_N, GEMV_K, ALIGNED, NORM_BLOCK, GEMV_AHEAD, GEMV_PAIRS)
             if kind == K_NORM:
                 norm_item(x_ptr, _slot(table_ptr, a0, tl.float32), h_ptr, eps, H, NORM_BLOCK)
             elif kind == K_DELTANET:
@@ -222,14 +223,17 @@ class PersistentDecode:
     prefetch before an item's wait asks for the weights of the item that many places further down the program's
     list (0: its own), so a program's idle waits stream the weights it needs later; deltanet_block: the state
     columns a DeltaNet item updates per iteration (a [DK, N] fp32 block; larger: fewer dependent rounds of loads,
-    more registers). gemv_ahead and deltanet_block default to GPU_DEFAULTS too.
+    more registers). gemv_ahead and deltanet_block default to GPU_DEFAULTS too. gemv_pairs: in place of
+    gemv_ahead's loop, the GEMV items walk their blocks two at a time in two register sets, each reloaded as soon as
+    it is summed (no copy of a block still on its way; the same sums in the same order).
     """
 
     def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,
                  splits: int | None = None, spin_limit: int | None = None, num_warps: int | None = None,
                  gemv_block: tuple[int, int] | None = None, schedule: Schedule | None = None, verify: bool = True,
                  fuse_norms: bool = True, prefetch: int | None = None, trace: bool = False,
-                 gemv_ahead: bool | int | None = None, prefetch_ahead: int = 0, deltanet_block: int | None = None):
+                 gemv_ahead: bool | int | None = None, prefetch_ahead: int = 0, deltanet_block: int | None = None,
+                 gemv_pairs: bool = False):
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
@@ -253,6 +257,7 @@ class PersistentDecode:
             raise KernelError(f"gemv_ahead={gemv_ahead!r}: expected how many weight blocks a GEMV item loads ahead of "
                               f"the one it sums, an int from 0 to 3 (True: 1)")
         self.gemv_ahead = int(gemv_ahead)
+        self.gemv_pairs = bool(gemv_pairs)
         prefetch = GPU_DEFAULTS["prefetch"] if prefetch is None else prefetch
         if prefetch < 0:
             raise KernelError(f"prefetch={prefetch!r}: expected the bytes to prefetch per item, 0 for none")
@@ -302,7 +307,7 @@ class PersistentDecode:
             DOT_PREC=dot_precision(self.model.dtype), F=ITEM_FIELDS, PREFETCH=self.prefetch > 0,
             prefetch_bytes=self.prefetch, LINES=32 * self.num_warps, TRACE=self.trace is not None,
             trace_ptr=self.trace, GEMV_AHEAD=self.gemv_ahead, PREFETCH_AHEAD=self.prefetch_ahead,
-            num_warps=self.num_warps)
+            GEMV_PAIRS=self.gemv_pairs, num_warps=self.num_warps)
 
     def step(self, check: bool | None = None) -> torch.Tensor:
         """launch(), then (check: default unless a CUDA Graph is being captured) check(). -> the logits [1, V]."""

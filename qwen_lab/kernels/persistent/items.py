@@ -132,9 +132,27 @@ def _pair_block(w_ptr, row0, end, K, it, total, n_k, offs_n, offs_k, BLOCK_N: tl
 
 
 @triton.jit
+def _pair_sum(w, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, out_ptr, row0, end, K, n_k, rstd, offs_n, offs_k,
+              MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ADD: tl.constexpr,
+              ARGMAX: tl.constexpr, DT: tl.constexpr):
+    """Pair `it`'s share of a GEMV tile: its input times its weight block `w` into acc; at its row block's last K
+    block, the rows out (nothing past `end`) and acc cleared."""
+    r = row0 + (it // n_k) * BLOCK_N
+    k0 = (it % n_k) * BLOCK_K
+    x = x_first
+    if n_k > 1:
+        x = _gemv_input(in_ptr, nw_ptr, k0 + offs_k, K, rstd, MODE, DT)
+    acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
+    if k0 + BLOCK_K >= K:
+        best_v, best_i = _gemv_rows_out(out_ptr, r + offs_n, end, acc, best_v, best_i, ADD, ARGMAX, DT)
+        acc = tl.zeros([BLOCK_N], tl.float32)
+    return acc, best_v, best_i
+
+
+@triton.jit
 def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_idx_ptr, nw_ptr, eps,
               MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr,
-              NORM_BLOCK: tl.constexpr, AHEAD: tl.constexpr = 0):
+              NORM_BLOCK: tl.constexpr, AHEAD: tl.constexpr = 0, PAIRS: tl.constexpr = False):
     """Rows row0 .. row0 + nrows - 1 of out = W @ in (W [N, K] row-major), BLOCK_N rows at a time.
     MODE (the item kind less GEMV): 0 store; 1 add into out (the residual stream); 2 the input is
     silu(gu[:K]) * gu[K:] (rounded to DT, as silu_mul stores it), added into out; 3 store, and the tile's (max,
@@ -143,7 +161,11 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     ALIGNED: the schedule vouches that every K is a multiple of 16, so the rows' loads can be 16 bytes wide.
     AHEAD (0 to 3): the (row block, K block) pairs are walked as one loop, and the weight block AHEAD pairs further
     on is loaded before this one's sum, so AHEAD + 1 blocks are on their way from memory at once instead of one (a
-    lone program per SM otherwise waits a whole memory latency per block). The same sums in the same order."""
+    lone program per SM otherwise waits a whole memory latency per block). The same sums in the same order.
+    PAIRS (in place of AHEAD): the pairs two at a time with two blocks in flight, each reloaded as soon as it is
+    summed. With AHEAD the block loaded ahead must move into the summed block's registers at the loop's end, and
+    that copy waits for the load to arrive; here each block is loaded into registers free at that point, so no
+    copy waits. The same sums in the same order."""
     ADD: tl.constexpr = MODE == 1 or MODE == 2
     ARGMAX: tl.constexpr = MODE == 3 or MODE == 5
     NORM: tl.constexpr = MODE >= 4
@@ -155,11 +177,14 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     end = row0 + nrows
     n_k = tl.cdiv(K, BLOCK_K)
     total = tl.cdiv(nrows, BLOCK_N) * n_k
-    if AHEAD > 0:   # the first blocks asked for before the norm's sum of squares, which then overlaps them
+    if PAIRS:   # the first two blocks asked for before the norm's sum of squares, which then overlaps them
+        wa = _pair_block(w_ptr, row0, end, K, 0, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
+        wb = _pair_block(w_ptr, row0, end, K, 1, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
+    elif AHEAD > 0:   # the first blocks asked for before the norm's sum of squares, which then overlaps them
         w = _pair_block(w_ptr, row0, end, K, 0, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
-    if AHEAD > 1:
+    if AHEAD > 1 and not PAIRS:
         w1 = _pair_block(w_ptr, row0, end, K, 1, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
-    if AHEAD > 2:
+    if AHEAD > 2 and not PAIRS:
         w2 = _pair_block(w_ptr, row0, end, K, 2, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
     rstd = 1.0
     if NORM:
@@ -169,7 +194,18 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     x_first = _gemv_input(in_ptr, nw_ptr, offs_k, K, rstd, MODE, DT)
     best_v = float("-inf")
     best_i = row0
-    if AHEAD > 0:
+    if PAIRS:
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for it in range(0, total, 2):
+            acc, best_v, best_i = _pair_sum(wa, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, out_ptr, row0, end,
+                                            K, n_k, rstd, offs_n, offs_k, MODE, BLOCK_N, BLOCK_K, ADD, ARGMAX, DT)
+            wa = _pair_block(w_ptr, row0, end, K, it + 2, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
+            # (pair it + 1 may be past the last: its block is zeros and its rows past `end`, so it adds nothing)
+            acc, best_v, best_i = _pair_sum(wb, it + 1, acc, best_v, best_i, x_first, in_ptr, nw_ptr, out_ptr, row0,
+                                            end, K, n_k, rstd, offs_n, offs_k, MODE, BLOCK_N, BLOCK_K, ADD, ARGMAX,
+                                            DT)
+            wb = _pair_block(w_ptr, row0, end, K, it + 3, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
+    elif AHEAD > 0:
         acc = tl.zeros([BLOCK_N], tl.float32)
         for it in range(total):
             r = row0 + (it // n_k) * BLOCK_N
