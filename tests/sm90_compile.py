@@ -294,7 +294,8 @@ def persistent_counters(ptx: str) -> dict:
             "volatile_loads": len(re.findall(r"ld\.volatile\.global", ptx)),
             "wide_loads": len(re.findall(r"ld\.global(?:\.nc)?\.v4", ptx)),
             "l2_prefetches": len(re.findall(r"prefetch\.global\.L2", ptx)),
-            "timer_reads": len(re.findall(r"%globaltimer", ptx))}
+            "timer_reads": len(re.findall(r"%globaltimer", ptx)),
+            "async_copies": len(re.findall(r"cp\.async\.c[ag]", ptx))}
 
 
 def persistent_cases():
@@ -312,12 +313,13 @@ def persistent_cases():
     for warps, block_n, prefetch, trace, ahead, p_ahead in (
             (4, 16, False, False, 0, 0), (4, 32, False, False, 0, 0), (8, 32, False, False, 0, 0),
             (4, 16, True, False, 0, 0), (4, 16, False, True, 0, 0), (8, 16, False, False, 1, 0),
-            (8, 32, True, False, 2, 1), (8, 16, False, False, "pairs", 0)):
+            (8, 32, True, False, 2, 1), (8, 16, False, False, "pairs", 0), (8, 16, False, False, "stages", 0)):
         meta = dict(schedule.kernel_sizes(C, 64, 32, 132), GEMV_N=block_n, GEMV_K=256 if ahead in (0, 2) else 1024,
                     ALIGNED=True, DOT_PREC="tf32", F=schedule.ITEM_FIELDS, PREFETCH=prefetch, LINES=32 * warps,
-                    TRACE=trace, GEMV_AHEAD=0 if ahead == "pairs" else ahead, PREFETCH_AHEAD=p_ahead,
-                    GEMV_PAIRS=ahead == "pairs")
-        label = (f"persistent_decode w{warps} {block_n}x{meta['GEMV_K']}" + (" pairs" if ahead == "pairs" else f" ahead{ahead}" if ahead else "")
+                    TRACE=trace, GEMV_AHEAD=ahead if isinstance(ahead, int) else 0, PREFETCH_AHEAD=p_ahead,
+                    GEMV_PAIRS=ahead == "pairs", GEMV_STAGES=3 if ahead == "stages" else 0)
+        label = (f"persistent_decode w{warps} {block_n}x{meta['GEMV_K']}"
+                 + (f" {ahead}" if isinstance(ahead, str) else f" ahead{ahead}" if ahead else "")
                  + (f" q{p_ahead}" if p_ahead else "") + (" prefetch" if prefetch else "")
                  + (" trace" if trace else ""))
         case_types = dict(types, trace_ptr="*i64") if trace else types

@@ -173,8 +173,8 @@ def test_the_persistent_step_equals_the_plain_decode_steps(cfg, steps, splits, f
     assert (step.errors == 0).all()
 
 
-@pytest.mark.parametrize("cfg, depth", [(TINY, 1), (ODD, 1), (TINY, 2), (ODD, 3), (ODD, "pairs")],
-                         ids=["tiny", "odd", "tiny-2-ahead", "odd-3-ahead", "odd-pairs"])
+@pytest.mark.parametrize("cfg, depth", [(TINY, 1), (ODD, 1), (TINY, 2), (ODD, 3), (ODD, "pairs"), (ODD, "stages")],
+                         ids=["tiny", "odd", "tiny-2-ahead", "odd-3-ahead", "odd-pairs", "odd-stages"])
 def test_gemv_blocks_loaded_ahead_change_no_bit(cfg, depth):
     """gemv_ahead walks each GEMV item's (row block, K block) pairs as one loop with the next weight block loaded
     before the current sum: the same sums in the same order, so every step's logits and token are bitwise those of
@@ -184,6 +184,9 @@ def test_gemv_blocks_loaded_ahead_change_no_bit(cfg, depth):
     if depth == "pairs":   # two register sets, each reloaded once summed (gemv_pairs), in place of the look-ahead
         ahead, step = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, gemv_pairs=True)
         assert step.gemv_pairs
+    elif depth == "stages":   # the loop Triton pipelines through shared memory (a plain loop under the interpreter)
+        ahead, step = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, gemv_stages=3)
+        assert step.gemv_stages == 3
     else:
         ahead, step = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, gemv_ahead=depth)
         assert step.gemv_ahead == depth
@@ -207,8 +210,8 @@ def test_the_benchmarks_variants_name_every_option(benchmark_module):
     (_, options), = parse("8:16x1024:n:a")
     assert benchmark_module("bench_persistent").decode_options(options) == {
         "num_warps": 8, "gemv_block": (16, 1024), "fuse_norms": True, "gemv_ahead": 1, "prefetch": 0,
-        "prefetch_ahead": 0, "deltanet_block": 32, "gemv_pairs": False, "programs": None}
-    assert parse("8:16x1024:u")[0][1]["gemv_pairs"] is True
+        "prefetch_ahead": 0, "deltanet_block": 32, "gemv_pairs": False, "gemv_stages": 0, "programs": None}
+    assert parse("8:16x1024:u")[0][1]["gemv_pairs"] is True and parse("8:16x1024:c3")[0][1]["gemv_stages"] == 3
     with pytest.raises(SystemExit, match="stage 'q' of '4:16x256:q'"):
         parse("4:16x256:q")
 
@@ -219,6 +222,8 @@ def test_prefetch_options_out_of_range_are_refused_naming_them():
         PersistentDecode(model, model.new_cache(8), prefetch_ahead=5)
     with pytest.raises(KernelError, match=r"deltanet_block=48: expected the state columns"):
         PersistentDecode(model, model.new_cache(8), deltanet_block=48)
+    with pytest.raises(KernelError, match=r"gemv_stages=1: expected 0 \(off\) or the stages"):
+        PersistentDecode(model, model.new_cache(8), gemv_stages=1)
     with pytest.raises(KernelError, match=r"gemv_ahead=4: expected how many weight blocks"):
         PersistentDecode(model, model.new_cache(8), gemv_ahead=4)
     with pytest.raises(KernelError, match=r"prefetch=-1: expected the bytes to prefetch per item"):
@@ -323,19 +328,22 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == 9
+    assert len(results) == 10
     for r in results:
         assert r["ok"], r
         assert r["acquire_loads"] >= 1 and r["release_atomics"] >= 1 and r["volatile_loads"] >= 1, r
         assert r["shared"] <= 232448, r
         # 6 GEMV forms x a [BLOCK_N, 256] bf16 tile per step: at least 24 16-byte loads (the teaching kernel: fp32)
-        assert r["wide_loads"] >= (24 if r["label"].startswith("persistent_decode") else 1), r
+        # (with gemv_stages the weights come by 16-byte asynchronous copies instead)
+        assert r["wide_loads"] + r["async_copies"] >= (24 if r["label"].startswith("persistent_decode") else 1), r
         # the L2 prefetch before a wait: compiled in only where asked (the GEMV items' weights, the DeltaNet states)
         assert (r["l2_prefetches"] >= 2) == r["label"].endswith("prefetch"), r
         # prefetch_ahead=1: the item one place ahead, and at a program's first item its own too: twice the sites
         assert " q1 " not in r["label"] or r["l2_prefetches"] >= 4, r
         # trace=True: three reads of the global timer per item (reached, wait met, done), none without it
         assert r["timer_reads"] == (3 if r["label"].endswith("trace") else 0), r
+        # gemv_stages: the GEMV loops pipelined through shared memory (asynchronous copies), and only there
+        assert (r["async_copies"] > 0) == r["label"].endswith(" stages"), r
 
 
 # ---------------------------------------------------------------- GPU
@@ -405,8 +413,10 @@ def plan_greedy(big, ids, n: int):
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
 @pytest.mark.parametrize("options", [STAGE_1, {"fuse_norms": True, "prefetch": 4096, "gemv_ahead": True},
-                                     {"prefetch": 4096, "prefetch_ahead": 2}, {"gemv_pairs": True}, {}],
-                         ids=["stage-1", "fused-prefetch-ahead", "prefetch-two-items-ahead", "gemv-pairs", "defaults"])
+                                     {"prefetch": 4096, "prefetch_ahead": 2}, {"gemv_pairs": True},
+                                     {"gemv_stages": 3}, {}],
+                         ids=["stage-1", "fused-prefetch-ahead", "prefetch-two-items-ahead", "gemv-pairs",
+                              "gemv-stages", "defaults"])
 def test_gpu_the_step_with_one_program_per_sm_equals_the_plain_decode(cfg, options):
     out, step = decode_both_ways(cfg, 6, **options)      # programs: the SM count
     assert step.schedule.programs == torch.cuda.get_device_properties(0).multi_processor_count

@@ -105,7 +105,7 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                              F: tl.constexpr, PREFETCH: tl.constexpr = False, prefetch_bytes=0,
                              LINES: tl.constexpr = 128, TRACE: tl.constexpr = False, trace_ptr=None,
                              GEMV_AHEAD: tl.constexpr = 0, PREFETCH_AHEAD: tl.constexpr = 0,
-                             GEMV_PAIRS: tl.constexpr = False):
+                             GEMV_PAIRS: tl.constexpr = False, GEMV_STAGES: tl.constexpr = 0):
     DT = logits_ptr.dtype.element_ty
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
@@ -170,7 +170,8 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                 if kind == K_GEMV + mode:
                     gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4,
                               a5, a6, best_val_ptr, best_idx_ptr, _slot(table_ptr, tl.maximum(a7, 0), tl.float32),
-                              eps, mode, GEMV_N, GEMV_K, ALIGNED, NORM_BLOCK, GEMV_AHEAD, GEMV_PAIRS)
+                              eps, mode, GEMV_N, GEMV_K, ALIGNED, NORM_BLOCK, GEMV_AHEAD, GEMV_PAIRS,
+                              GEMV_STAGES)
             if kind == K_NORM:
                 norm_item(x_ptr, _slot(table_ptr, a0, tl.float32), h_ptr, eps, H, NORM_BLOCK)
             elif kind == K_DELTANET:
@@ -225,7 +226,9 @@ class PersistentDecode:
     columns a DeltaNet item updates per iteration (a [DK, N] fp32 block; larger: fewer dependent rounds of loads,
     more registers). gemv_ahead and deltanet_block default to GPU_DEFAULTS too. gemv_pairs: in place of
     gemv_ahead's loop, the GEMV items walk their blocks two at a time in two register sets, each reloaded as soon as
-    it is summed (no copy of a block still on its way; the same sums in the same order).
+    it is summed (no copy of a block still on its way; the same sums in the same order); gemv_stages (2-4, in place
+    of both): the GEMV loop pipelined by Triton through shared memory (asynchronous copies, gemv_stages - 1 blocks
+    in flight; the same sums in the same order).
     """
 
     def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,
@@ -233,7 +236,7 @@ class PersistentDecode:
                  gemv_block: tuple[int, int] | None = None, schedule: Schedule | None = None, verify: bool = True,
                  fuse_norms: bool = True, prefetch: int | None = None, trace: bool = False,
                  gemv_ahead: bool | int | None = None, prefetch_ahead: int = 0, deltanet_block: int | None = None,
-                 gemv_pairs: bool = False):
+                 gemv_pairs: bool = False, gemv_stages: int = 0):
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
@@ -258,6 +261,10 @@ class PersistentDecode:
                               f"the one it sums, an int from 0 to 3 (True: 1)")
         self.gemv_ahead = int(gemv_ahead)
         self.gemv_pairs = bool(gemv_pairs)
+        if gemv_stages not in (0, 2, 3, 4):
+            raise KernelError(f"gemv_stages={gemv_stages!r}: expected 0 (off) or the stages of the GEMV loop's "
+                              f"pipeline through shared memory, 2 to 4")
+        self.gemv_stages = gemv_stages
         prefetch = GPU_DEFAULTS["prefetch"] if prefetch is None else prefetch
         if prefetch < 0:
             raise KernelError(f"prefetch={prefetch!r}: expected the bytes to prefetch per item, 0 for none")
@@ -307,7 +314,7 @@ class PersistentDecode:
             DOT_PREC=dot_precision(self.model.dtype), F=ITEM_FIELDS, PREFETCH=self.prefetch > 0,
             prefetch_bytes=self.prefetch, LINES=32 * self.num_warps, TRACE=self.trace is not None,
             trace_ptr=self.trace, GEMV_AHEAD=self.gemv_ahead, PREFETCH_AHEAD=self.prefetch_ahead,
-            GEMV_PAIRS=self.gemv_pairs, num_warps=self.num_warps)
+            GEMV_PAIRS=self.gemv_pairs, GEMV_STAGES=self.gemv_stages, num_warps=self.num_warps)
 
     def step(self, check: bool | None = None) -> torch.Tensor:
         """launch(), then (check: default unless a CUDA Graph is being captured) check(). -> the logits [1, V]."""

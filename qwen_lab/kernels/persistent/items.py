@@ -152,7 +152,8 @@ def _pair_sum(w, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, out_ptr, row0
 @triton.jit
 def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_idx_ptr, nw_ptr, eps,
               MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr,
-              NORM_BLOCK: tl.constexpr, AHEAD: tl.constexpr = 0, PAIRS: tl.constexpr = False):
+              NORM_BLOCK: tl.constexpr, AHEAD: tl.constexpr = 0, PAIRS: tl.constexpr = False,
+              STAGES: tl.constexpr = 0):
     """Rows row0 .. row0 + nrows - 1 of out = W @ in (W [N, K] row-major), BLOCK_N rows at a time.
     MODE (the item kind less GEMV): 0 store; 1 add into out (the residual stream); 2 the input is
     silu(gu[:K]) * gu[K:] (rounded to DT, as silu_mul stores it), added into out; 3 store, and the tile's (max,
@@ -165,7 +166,11 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     PAIRS (in place of AHEAD): the pairs two at a time with two blocks in flight, each reloaded as soon as it is
     summed. With AHEAD the block loaded ahead must move into the summed block's registers at the loop's end, and
     that copy waits for the load to arrive; here each block is loaded into registers free at that point, so no
-    copy waits. The same sums in the same order."""
+    copy waits. The same sums in the same order.
+    STAGES (2 or more, in place of both): the pairs walked by one loop that Triton's pipeliner compiles to
+    asynchronous copies into shared memory, STAGES - 1 blocks in flight. The compiler may move a load next to its
+    use to spare registers, and did in AHEAD's and PAIRS' loops (sm_90 SASS); a copy into shared memory holds no
+    register, so it stays ahead. The same sums in the same order."""
     ADD: tl.constexpr = MODE == 1 or MODE == 2
     ARGMAX: tl.constexpr = MODE == 3 or MODE == 5
     NORM: tl.constexpr = MODE >= 4
@@ -177,14 +182,15 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     end = row0 + nrows
     n_k = tl.cdiv(K, BLOCK_K)
     total = tl.cdiv(nrows, BLOCK_N) * n_k
-    if PAIRS:   # the first two blocks asked for before the norm's sum of squares, which then overlaps them
+    LOOK_AHEAD: tl.constexpr = 0 if (PAIRS or STAGES > 1) else AHEAD
+    if PAIRS and STAGES < 2:   # the first two blocks asked for before the norm's sum of squares, which overlaps them
         wa = _pair_block(w_ptr, row0, end, K, 0, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
         wb = _pair_block(w_ptr, row0, end, K, 1, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
-    elif AHEAD > 0:   # the first blocks asked for before the norm's sum of squares, which then overlaps them
+    elif LOOK_AHEAD > 0:   # the first blocks asked for before the norm's sum of squares, which then overlaps them
         w = _pair_block(w_ptr, row0, end, K, 0, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
-    if AHEAD > 1 and not PAIRS:
+    if LOOK_AHEAD > 1:
         w1 = _pair_block(w_ptr, row0, end, K, 1, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
-    if AHEAD > 2 and not PAIRS:
+    if LOOK_AHEAD > 2:
         w2 = _pair_block(w_ptr, row0, end, K, 2, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
     rstd = 1.0
     if NORM:
@@ -194,7 +200,13 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     x_first = _gemv_input(in_ptr, nw_ptr, offs_k, K, rstd, MODE, DT)
     best_v = float("-inf")
     best_i = row0
-    if PAIRS:
+    if STAGES > 1:
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for it in tl.range(0, total, num_stages=STAGES):
+            w = _pair_block(w_ptr, row0, end, K, it, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
+            acc, best_v, best_i = _pair_sum(w, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, out_ptr, row0, end,
+                                            K, n_k, rstd, offs_n, offs_k, MODE, BLOCK_N, BLOCK_K, ADD, ARGMAX, DT)
+    elif PAIRS:
         acc = tl.zeros([BLOCK_N], tl.float32)
         for it in range(0, total, 2):
             acc, best_v, best_i = _pair_sum(wa, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, out_ptr, row0, end,
@@ -205,20 +217,20 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
                                             end, K, n_k, rstd, offs_n, offs_k, MODE, BLOCK_N, BLOCK_K, ADD, ARGMAX,
                                             DT)
             wb = _pair_block(w_ptr, row0, end, K, it + 3, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
-    elif AHEAD > 0:
+    elif LOOK_AHEAD > 0:
         acc = tl.zeros([BLOCK_N], tl.float32)
         for it in range(total):
             r = row0 + (it // n_k) * BLOCK_N
             k0 = (it % n_k) * BLOCK_K
             # the block AHEAD pairs on, asked for before this one's sum
-            w_next = _pair_block(w_ptr, row0, end, K, it + AHEAD, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
+            w_next = _pair_block(w_ptr, row0, end, K, it + LOOK_AHEAD, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
             x = x_first
             if n_k > 1:
                 x = _gemv_input(in_ptr, nw_ptr, k0 + offs_k, K, rstd, MODE, DT)
             acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
-            if AHEAD == 1:
+            if LOOK_AHEAD == 1:
                 w = w_next
-            elif AHEAD == 2:
+            elif LOOK_AHEAD == 2:
                 w, w1 = w1, w_next
             else:
                 w, w1, w2 = w1, w2, w_next
