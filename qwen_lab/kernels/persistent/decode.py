@@ -226,7 +226,7 @@ class PersistentDecode:
     columns a DeltaNet item updates per iteration (a [DK, N] fp32 block; larger: fewer dependent rounds of loads,
     more registers). gemv_ahead and deltanet_block default to GPU_DEFAULTS too. gemv_pairs: in place of
     gemv_ahead's loop, the GEMV items walk their blocks two at a time in two register sets, each reloaded as soon as
-    it is summed (no copy of a block still on its way; the same sums in the same order); gemv_stages (2-4, in place
+    it is summed (the same sums in the same order); gemv_stages (2-4, in place
     of both): the GEMV loop pipelined by Triton through shared memory (asynchronous copies, gemv_stages - 1 blocks
     in flight; the same sums in the same order).
     """

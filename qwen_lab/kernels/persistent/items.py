@@ -163,14 +163,13 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     AHEAD (0 to 3): the (row block, K block) pairs are walked as one loop, and the weight block AHEAD pairs further
     on is loaded before this one's sum, so AHEAD + 1 blocks are on their way from memory at once instead of one (a
     lone program per SM otherwise waits a whole memory latency per block). The same sums in the same order.
-    PAIRS (in place of AHEAD): the pairs two at a time with two blocks in flight, each reloaded as soon as it is
-    summed. With AHEAD the block loaded ahead must move into the summed block's registers at the loop's end, and
-    that copy waits for the load to arrive; here each block is loaded into registers free at that point, so no
-    copy waits. The same sums in the same order.
+    PAIRS (in place of AHEAD): the pairs two at a time in two register sets, each reloaded as soon as it is summed.
+    The same sums in the same order.
     STAGES (2 or more, in place of both): the pairs walked by one loop that Triton's pipeliner compiles to
-    asynchronous copies into shared memory, STAGES - 1 blocks in flight. The compiler may move a load next to its
-    use to spare registers, and did in AHEAD's and PAIRS' loops (sm_90 SASS); a copy into shared memory holds no
-    register, so it stays ahead. The same sums in the same order."""
+    asynchronous copies into shared memory, STAGES - 1 blocks in flight. In AHEAD's and PAIRS' loops the compiler
+    issues a block's loads only as the previous block's multiplies free the registers they land in (sm_90 SASS),
+    so little of a load's time is hidden; a copy into shared memory holds no register, so it stays ahead. The same
+    sums in the same order."""
     ADD: tl.constexpr = MODE == 1 or MODE == 2
     ARGMAX: tl.constexpr = MODE == 3 or MODE == 5
     NORM: tl.constexpr = MODE >= 4
