@@ -9,12 +9,10 @@ position, no sampling; the persistent step includes its greedy token and starts 
 position). Rounds alternate the order (plan first, then persistent first, ...); each round's number is the median of
 5 runs of `decode_steps` replays. A variant is the persistent kernel's num_warps and GEMV block (BLOCK_N x BLOCK_K),
 then the stages it turns on (the others stay as in stage 1, whatever PersistentDecode's defaults): `n` the norms
-fused into the GEMV tiles, `a` (or `aN`) each GEMV item's next (N-th next) weight block loaded before the current
-one is summed, `u` the blocks walked two at a time in two register sets instead, `cN` the loop pipelined by
-Triton through shared memory in N stages instead, `pBYTES` (k for 1024) the L2 prefetch before each wait, `qN` that
-prefetch for the item N places ahead in the program's list (default 0: its own), `dN` N state columns per iteration
-of a DeltaNet item (default 32), `sN` N programs per SM (default 1; they must all be resident at once, so the
-registers of N programs must fit an SM).
+fused into the GEMV tiles, `a` each GEMV item's next weight block loaded into registers before the current one is
+summed, `cN` the GEMV loop pipelined by Triton through shared memory in N stages instead, `pBYTES` (k for 1024) the
+L2 prefetch before each wait, `dN` N state columns per iteration of a DeltaNet item (default 32), `sN` N programs
+per SM (default 1; they must all be resident at once, so the registers of N programs must fit an SM).
 Before timing, one step from the same prefilled state both ways: the relative error of the logits and the two
 tokens (a timing of wrong results means nothing). Prints a table and writes JSON with the floors of the same run.
 """
@@ -38,14 +36,10 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
         for st in stages:
             if st == "n":
                 options["fuse_norms"] = True
-            elif st == "a" or (st.startswith("a") and st[1:].isdigit()):   # blocks loaded ahead (a: 1)
-                options["gemv_ahead"] = int(st[1:] or 1)
+            elif st == "a":   # the next weight block loaded ahead
+                options["gemv_ahead"] = 1
             elif st.startswith("c") and st[1:].isdigit():   # the GEMV loop pipelined through shared memory
                 options["gemv_stages"] = int(st[1:])
-            elif st == "u":   # the GEMV blocks two at a time in two register sets
-                options["gemv_pairs"] = True
-            elif st.startswith("q") and st[1:].isdigit():   # prefetch the item N places ahead
-                options["prefetch_ahead"] = int(st[1:])
             elif st.startswith("d") and st[1:].isdigit():   # DeltaNet state columns per iteration
                 options["deltanet_block"] = int(st[1:])
             elif st.startswith("s") and st[1:].isdigit():   # programs per SM (all must be resident at once)
@@ -53,18 +47,16 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
             elif st.startswith("p"):
                 options["prefetch"] = int(st[1:-1]) * 1024 if st.endswith("k") else int(st[1:])
             else:
-                raise SystemExit(f"--variants: stage {st!r} of {part!r}: expected n (fused norms), a or aN (GEMV "
-                                 f"blocks loaded ahead), sN (N programs per SM), qN (prefetch N items ahead), dN "
-                                 f"(DeltaNet columns per iteration), u (blocks two at a time), cN (N pipeline "
-                                 f"stages) or pBYTES")
+                raise SystemExit(f"--variants: stage {st!r} of {part!r}: expected n (fused norms), a (the next "
+                                 f"GEMV block loaded ahead), cN (N pipeline stages), pBYTES (L2 prefetch), dN "
+                                 f"(DeltaNet columns per iteration) or sN (N programs per SM)")
         out.append((f"persistent w{warps} {n}x{k}" + "".join(f" {st}" for st in stages), options))
     return out
 
 
 # a variant names every option it turns on: the rest are stage 1's (not PersistentDecode's defaults, which change as
 # measurements come in), so a variant's name means the same kernel in every run
-STAGE_1 = {"fuse_norms": False, "prefetch": 0, "gemv_ahead": 0, "prefetch_ahead": 0, "deltanet_block": 32,
-           "gemv_pairs": False, "gemv_stages": 0}
+STAGE_1 = {"fuse_norms": False, "prefetch": 0, "gemv_ahead": 0, "deltanet_block": 32, "gemv_stages": 0}
 
 
 def decode_options(options: dict, programs: int | None = None) -> dict:
@@ -83,9 +75,8 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-len", type=int, default=2048)
     p.add_argument("--decode-steps", type=int, default=128)
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--variants", default="4:16x256,8:16x1024:n:a:p64k:d128,8:16x1024:n:u:p64k:d128,"
-                                         "8:16x1024:n:c3:p64k:d128,8:16x1024:n:c4:p64k:d128",
-                   help="num_warps:BLOCK_NxBLOCK_K[:n][:aN|:u|:cN][:pBYTES][:qN][:dN][:sN], comma-separated")
+    p.add_argument("--variants", default="4:16x256,8:16x1024:n:a:p64k:d128,8:16x1024:n:c3:p64k:d128",
+                   help="num_warps:BLOCK_NxBLOCK_K[:n][:a|:cN][:pBYTES][:dN][:sN], comma-separated")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

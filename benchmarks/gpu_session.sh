@@ -93,7 +93,8 @@ fi
 # (pip download --python-version 3.12 --only-binary=:all: -d .whl/test nbformat ipython pytest-xdist pytest-timeout),
 # with pytest-xdist and pytest-timeout, which spread the tests over workers and limit each test
 if [[ "$what" == *" record "* ]] || want tests || want notebooks; then
-  for pkg in nbformat:nbformat IPython:ipython xdist:pytest-xdist pytest_timeout:pytest-timeout; do
+  for pkg in nbformat:nbformat IPython:ipython xdist:pytest-xdist pytest_timeout:pytest-timeout nbclient:nbclient \
+             ipykernel:ipykernel; do
     if ! python3 -c "import ${pkg%%:*}" 2>/dev/null && ls .whl/test/*.whl >/dev/null 2>&1; then
       python3 -m pip install -q --no-index --find-links .whl/test "${pkg#*:}"
     fi

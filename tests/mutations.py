@@ -283,7 +283,7 @@ MUTANTS: list[Mutant] = [
        "the persistent DeltaNet item writes the state back without its decay",
        PERS + "test_the_persistent_step_equals_the_plain_decode_steps"),
     _m("persistent_gemv_ahead_sums_a_stale_block", "kernels/persistent/items.py",
-       "            if LOOK_AHEAD == 1:\n                w = w_next\n", "            if LOOK_AHEAD == 1:\n                pass\n",
+       "            w = w_next   # the block summed next\n", "            pass\n",
        "the GEMV items that load ahead sum the first weight block again instead of the one just loaded",
        PERS + "test_gemv_blocks_loaded_ahead_change_no_bit"),
     _m("teach_second_gemv_reads_the_input", "kernels/persistent/teach.py",

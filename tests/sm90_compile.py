@@ -310,18 +310,17 @@ def persistent_cases():
              "pos_ptr": "*i64", "ws_ptr": "*fp32", "best_val_ptr": "*fp32", "best_idx_ptr": "*i32",
              "inv_freq_ptr": "*fp32", "eps": "fp32", "l2_eps": "fp32", "dn_scale": "fp32", "qk_scale": "fp32"}
     out = []
-    for warps, block_n, prefetch, trace, ahead, p_ahead in (
-            (4, 16, False, False, 0, 0), (4, 32, False, False, 0, 0), (8, 32, False, False, 0, 0),
-            (4, 16, True, False, 0, 0), (4, 16, False, True, 0, 0), (8, 16, False, False, 1, 0),
-            (8, 32, True, False, 2, 1), (8, 16, False, False, "pairs", 0), (8, 16, False, False, "stages", 0)):
-        meta = dict(schedule.kernel_sizes(C, 64, 32, 132), GEMV_N=block_n, GEMV_K=256 if ahead in (0, 2) else 1024,
+    # (the last: PersistentDecode's GPU defaults, deltanet_block 128 included)
+    for warps, block_n, prefetch, trace, loop, bv in (
+            (4, 16, False, False, "", 32), (4, 32, False, False, "", 32), (8, 32, False, False, "", 32),
+            (4, 16, True, False, "", 32), (4, 16, False, True, "", 32), (8, 16, False, False, "ahead", 32),
+            (8, 32, True, False, "ahead", 32), (8, 16, False, False, "stages", 32), (8, 16, True, False, "stages", 128)):
+        meta = dict(schedule.kernel_sizes(C, 64, 32, 132), GEMV_N=block_n, GEMV_K=1024 if loop else 256,
                     ALIGNED=True, DOT_PREC="tf32", F=schedule.ITEM_FIELDS, PREFETCH=prefetch, LINES=32 * warps,
-                    TRACE=trace, GEMV_AHEAD=ahead if isinstance(ahead, int) else 0, PREFETCH_AHEAD=p_ahead,
-                    GEMV_PAIRS=ahead == "pairs", GEMV_STAGES=3 if ahead == "stages" else 0)
-        label = (f"persistent_decode w{warps} {block_n}x{meta['GEMV_K']}"
-                 + (f" {ahead}" if isinstance(ahead, str) else f" ahead{ahead}" if ahead else "")
-                 + (f" q{p_ahead}" if p_ahead else "") + (" prefetch" if prefetch else "")
-                 + (" trace" if trace else ""))
+                    TRACE=trace, GEMV_AHEAD=loop == "ahead", GEMV_STAGES=3 if loop == "stages" else 0)
+        meta["BV"] = bv
+        label = (f"persistent_decode w{warps} {block_n}x{meta['GEMV_K']}" + (f" d{bv}" if bv != 32 else "")
+                 + (" prefetch" if prefetch else "") + (" trace" if trace else "") + (f" {loop}" if loop else ""))
         case_types = dict(types, trace_ptr="*i64") if trace else types
         out.append((label, lambda meta=meta, warps=warps, case_types=case_types: compile_case(
             persistent.persistent_decode_kernel, meta, case_types, warps, ptx_check=persistent_counters)))

@@ -501,6 +501,22 @@ def test_a_missing_fp32_upcast_is_caught_by_the_float16_case(exercise, right, na
     assert "the fp32 upcast is missing" in said.split("\n")[0], said
 
 
+def test_the_float16_pitfalls_take_a_bf16_weight_as_on_a_gpu():
+    """On a GPU the notebooks' weights are bf16, which NumPy lacks: each norm's missing-upcast pitfall still
+    computes what the kernel gives (every row of x up to about 1000 overflows float16 and comes out 0)."""
+    from qwen_lab.course.checks import pitfalls
+
+    g = torch.Generator().manual_seed(0)
+    x = checks.randn(5, 64, g=g, dtype=torch.float16, scale=300.0)
+    w = checks.randn(64, g=g, dtype=torch.bfloat16, scale=0.1)
+    normed = pitfalls._no_upcast_norm(x, w, 1e-6)
+    summed, s = pitfalls._no_upcast_add_norm(x, torch.zeros_like(x), w, 1e-6)
+    gated = pitfalls._no_upcast_gated(x, x, w, 1e-6)
+    for y in (normed, summed, gated):
+        assert y.dtype == torch.float16 and y.shape == x.shape and (y == 0).all(), y
+    assert torch.equal(s, x)
+
+
 _IPYTHON_CELLS = """
 import json, sys
 from IPython.core.interactiveshell import InteractiveShell

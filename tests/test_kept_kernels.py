@@ -56,7 +56,9 @@ def learners_rms_norm(x, weight, eps):
 
 
 def _norm_cases():
-    return [lambda g: dict(x=checks.randn(6, 40, g=g), weight=checks.randn(40, g=g, scale=0.1), eps=1e-6)]
+    dev = runtime.choose().device   # the kernels launch there: on a GPU, cases on the CPU would not reach them
+    return [lambda g: dict(x=checks.randn(6, 40, g=g, device=dev), weight=checks.randn(40, g=g, scale=0.1, device=dev),
+                           eps=1e-6)]
 
 
 def test_a_passing_check_keeps_the_kernel_as_a_loadable_file(kept_folder, capsys):
@@ -74,7 +76,8 @@ def test_a_passing_check_keeps_the_kernel_as_a_loadable_file(kept_folder, capsys
 
     mine = kept.load(kept_folder)
     assert list(mine) == ["rms_norm"] and mine["rms_norm"].exercise == "02.1"
-    x, w = torch.randn(3, 5, 40), torch.randn(40) * 0.1
+    dev = runtime.choose().device
+    x, w = torch.randn(3, 5, 40, device=dev), torch.randn(40, device=dev) * 0.1
     torch.testing.assert_close(mine["rms_norm"].fn(x, w, 1e-6), reference.rms_norm(x, w, 1e-6))
 
 

@@ -173,23 +173,21 @@ def test_the_persistent_step_equals_the_plain_decode_steps(cfg, steps, splits, f
     assert (step.errors == 0).all()
 
 
-@pytest.mark.parametrize("cfg, depth", [(TINY, 1), (ODD, 1), (TINY, 2), (ODD, 3), (ODD, "pairs"), (ODD, "stages")],
-                         ids=["tiny", "odd", "tiny-2-ahead", "odd-3-ahead", "odd-pairs", "odd-stages"])
-def test_gemv_blocks_loaded_ahead_change_no_bit(cfg, depth):
+@pytest.mark.parametrize("cfg, loop", [(TINY, "ahead"), (ODD, "ahead"), (TINY, "stages"), (ODD, "stages")],
+                         ids=["tiny", "odd", "tiny-stages", "odd-stages"])
+def test_gemv_blocks_loaded_ahead_change_no_bit(cfg, loop):
     """gemv_ahead walks each GEMV item's (row block, K block) pairs as one loop with the next weight block loaded
-    before the current sum: the same sums in the same order, so every step's logits and token are bitwise those of
-    the plain loop (every GEMV form: fused norms, SwiGLU input, residual add, the LM head's argmax; ODD's sizes
-    leave partial row and K blocks)."""
-    plain, _ = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, gemv_ahead=0)
-    if depth == "pairs":   # two register sets, each reloaded once summed (gemv_pairs), in place of the look-ahead
-        ahead, step = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, gemv_pairs=True)
-        assert step.gemv_pairs
-    elif depth == "stages":   # the loop Triton pipelines through shared memory (a plain loop under the interpreter)
+    before the current sum; gemv_stages walks them in the loop Triton pipelines through shared memory (a plain loop
+    under the interpreter). Both: the same sums in the same order, so every step's logits and token are bitwise
+    those of the plain loop (every GEMV form: fused norms, SwiGLU input, residual add, the LM head's argmax; ODD's
+    sizes leave partial row and K blocks)."""
+    plain, _ = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, gemv_ahead=0, gemv_stages=0)
+    if loop == "stages":
         ahead, step = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, gemv_stages=3)
         assert step.gemv_stages == 3
     else:
-        ahead, step = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, gemv_ahead=depth)
-        assert step.gemv_ahead == depth
+        ahead, step = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, gemv_ahead=1, gemv_stages=0)
+        assert step.gemv_ahead == 1
     for t, ((a, _, ta, _), (b, _, tb, _)) in enumerate(zip(ahead, plain)):
         assert torch.equal(a, b) and ta == tb, f"decode step {t}"
 
@@ -203,29 +201,26 @@ def test_the_benchmarks_variants_name_every_option(benchmark_module):
     assert options == {"num_warps": 8, "gemv_block": (32, 512), "fuse_norms": True, "gemv_ahead": True,
                        "prefetch": 65536, "programs_per_sm": 2}
     assert parse("4:16x256,4:16x256:p300")[1][1] == {"num_warps": 4, "gemv_block": (16, 256), "prefetch": 300}
-    assert parse("8:32x512:p64k:q2")[0][1]["prefetch_ahead"] == 2
-    assert parse("8:16x512:a3")[0][1]["gemv_ahead"] == 3
     assert parse("8:16x512:d64")[0][1]["deltanet_block"] == 64
     # what a variant does not turn on stays as in stage 1, so its name means one kernel whatever the defaults
     (_, options), = parse("8:16x1024:n:a")
     assert benchmark_module("bench_persistent").decode_options(options) == {
         "num_warps": 8, "gemv_block": (16, 1024), "fuse_norms": True, "gemv_ahead": 1, "prefetch": 0,
-        "prefetch_ahead": 0, "deltanet_block": 32, "gemv_pairs": False, "gemv_stages": 0, "programs": None}
-    assert parse("8:16x1024:u")[0][1]["gemv_pairs"] is True and parse("8:16x1024:c3")[0][1]["gemv_stages"] == 3
-    with pytest.raises(SystemExit, match="stage 'q' of '4:16x256:q'"):
-        parse("4:16x256:q")
+        "deltanet_block": 32, "gemv_stages": 0, "programs": None}
+    assert parse("8:16x1024:c3")[0][1]["gemv_stages"] == 3
+    for unknown in ("q", "a2", "u"):   # (a2, u: loop forms measured slower and taken out)
+        with pytest.raises(SystemExit, match=f"stage '{unknown}' of '4:16x256:{unknown}'"):
+            parse(f"4:16x256:{unknown}")
 
 
-def test_prefetch_options_out_of_range_are_refused_naming_them():
+def test_loop_and_prefetch_options_out_of_range_are_refused_naming_them():
     model = tiny_model(TINY)
-    with pytest.raises(KernelError, match=r"prefetch_ahead=5: expected how many items ahead"):
-        PersistentDecode(model, model.new_cache(8), prefetch_ahead=5)
     with pytest.raises(KernelError, match=r"deltanet_block=48: expected the state columns"):
         PersistentDecode(model, model.new_cache(8), deltanet_block=48)
     with pytest.raises(KernelError, match=r"gemv_stages=1: expected 0 \(off\) or the stages"):
         PersistentDecode(model, model.new_cache(8), gemv_stages=1)
-    with pytest.raises(KernelError, match=r"gemv_ahead=4: expected how many weight blocks"):
-        PersistentDecode(model, model.new_cache(8), gemv_ahead=4)
+    with pytest.raises(KernelError, match=r"gemv_ahead=2: expected whether a GEMV item loads the next weight block"):
+        PersistentDecode(model, model.new_cache(8), gemv_ahead=2)
     with pytest.raises(KernelError, match=r"prefetch=-1: expected the bytes to prefetch per item"):
         PersistentDecode(model, model.new_cache(8), prefetch=-1)
 
@@ -337,11 +332,9 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
         # (with gemv_stages the weights come by 16-byte asynchronous copies instead)
         assert r["wide_loads"] + r["async_copies"] >= (24 if r["label"].startswith("persistent_decode") else 1), r
         # the L2 prefetch before a wait: compiled in only where asked (the GEMV items' weights, the DeltaNet states)
-        assert (r["l2_prefetches"] >= 2) == r["label"].endswith("prefetch"), r
-        # prefetch_ahead=1: the item one place ahead, and at a program's first item its own too: twice the sites
-        assert " q1 " not in r["label"] or r["l2_prefetches"] >= 4, r
+        assert (r["l2_prefetches"] >= 2) == (" prefetch" in r["label"]), r
         # trace=True: three reads of the global timer per item (reached, wait met, done), none without it
-        assert r["timer_reads"] == (3 if r["label"].endswith("trace") else 0), r
+        assert r["timer_reads"] == (3 if " trace" in r["label"] else 0), r
         # gemv_stages: the GEMV loops pipelined through shared memory (asynchronous copies), and only there
         assert (r["async_copies"] > 0) == r["label"].endswith(" stages"), r
 
@@ -351,7 +344,7 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
 
 # stage 1 of the design on a GPU: plain items (NORM items, no prefetch), the first form measured
 STAGE_1 = {"fuse_norms": False, "prefetch": 0, "num_warps": 4, "gemv_block": (16, 256), "gemv_ahead": 0,
-           "deltanet_block": 32}
+           "deltanet_block": 32, "gemv_stages": 0}
 
 
 @pytest.fixture(scope="module")
@@ -412,11 +405,10 @@ def plan_greedy(big, ids, n: int):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
-@pytest.mark.parametrize("options", [STAGE_1, {"fuse_norms": True, "prefetch": 4096, "gemv_ahead": True},
-                                     {"prefetch": 4096, "prefetch_ahead": 2}, {"gemv_pairs": True},
+@pytest.mark.parametrize("options", [STAGE_1, {"fuse_norms": True, "prefetch": 4096, "gemv_ahead": True,
+                                                "gemv_stages": 0},
                                      {"gemv_stages": 3}, {}],
-                         ids=["stage-1", "fused-prefetch-ahead", "prefetch-two-items-ahead", "gemv-pairs",
-                              "gemv-stages", "defaults"])
+                         ids=["stage-1", "fused-prefetch-ahead", "gemv-stages", "defaults"])
 def test_gpu_the_step_with_one_program_per_sm_equals_the_plain_decode(cfg, options):
     out, step = decode_both_ways(cfg, 6, **options)      # programs: the SM count
     assert step.schedule.programs == torch.cuda.get_device_properties(0).multi_processor_count
@@ -425,11 +417,17 @@ def test_gpu_the_step_with_one_program_per_sm_equals_the_plain_decode(cfg, optio
         assert token == int(got.float().argmax())
 
 
+NOISE = 0.1   # bf16 noise of the random-weight 0.8B model's logits (see the test below)
+
+
 @pytest.mark.gpu
 def test_gpu_256_greedy_tokens_follow_the_graph_decode(big):
-    """Same logits within bf16 noise (the GPU decode tests' relative tolerance) while the tokens agree; a first
-    divergence only at a near-tie: both tokens among the graph decode's five most likely, their logits there closer
-    than that tolerance on the scale of the largest logit."""
+    """Same logits within bf16 noise while the tokens agree; a first divergence only at a near-tie: both tokens among
+    the graph decode's five most likely, their logits there closer than that noise on the scale of the largest logit.
+    The noise of this random-weight 0.8B model is large: one rounding more or less in a layer grows through the 24
+    layers. Measured at the first step on an H100 (relative error of the logits): the plain model against the plan
+    5.9%, persistent forms that differ only in summation order against the plan 1.2% to 4.2%. A wrong kernel (a
+    stale state, a wrong position) is off by tens of percent; the exact checks are the float32 ones above."""
     n = 256
     ids = torch.randint(0, big.config.vocab_size, (77,), generator=torch.Generator().manual_seed(77)).to(big.device)
     ours, our_logits = persistent_greedy(big, ids, n)
@@ -437,12 +435,12 @@ def test_gpu_256_greedy_tokens_follow_the_graph_decode(big):
     first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), n)
     for t in range(first + 1 if first < n else n):
         err = checks.relative_error(our_logits[t].float(), their_logits[t].float())
-        assert err < 2e-2, f"step {t}: logits differ by relative error {err:.3g} (tokens agree up to {first})"
+        assert err < NOISE, f"step {t}: logits differ by relative error {err:.3g} (tokens agree up to {first})"
     if first < n:
         logits = their_logits[first].float()
         best = logits.topk(5).indices.tolist()
         gap = float(logits[theirs[first]] - logits[ours[first]])
-        tol = 2e-2 * float(logits.abs().max())
+        tol = NOISE * float(logits.abs().max())
         assert ours[first] in best and theirs[first] in best and gap <= tol, (
             f"step {first}: the persistent step picked {ours[first]}, the graph decode {theirs[first]}: logits "
             f"{gap:.3g} apart in the graph decode's (a near-tie is under {tol:.3g}), its top five {best}")
@@ -458,11 +456,16 @@ def test_gpu_the_persistent_step_is_bitwise_stable_run_to_run(big):
     assert a_tokens == b_tokens == c_tokens
     assert torch.equal(a, b) and torch.equal(a, c)
     # the fused norms round where the norm items do; the prefetch changes no arithmetic at all
+    # and the two GEMV loops (next block ahead, the pipelined one) sum as the plain loop does
     blocks = {"num_warps": 4, "gemv_block": (16, 256), "deltanet_block": 32}   # stage 1's: the same sums
-    d_tokens, d = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=0, gemv_ahead=0, **blocks)
-    e_tokens, e = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_ahead=0, **blocks)
-    f_tokens, f = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_ahead=True, **blocks)
-    assert d_tokens == e_tokens == f_tokens == a_tokens and torch.equal(d, e) and torch.equal(d, f)
+    d_tokens, d = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=0, gemv_ahead=0, gemv_stages=0, **blocks)
+    e_tokens, e = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_ahead=0, gemv_stages=0,
+                                    **blocks)
+    f_tokens, f = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_ahead=True, gemv_stages=0,
+                                    **blocks)
+    g_tokens, g = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_stages=3, **blocks)
+    assert d_tokens == e_tokens == f_tokens == g_tokens == a_tokens
+    assert torch.equal(d, e) and torch.equal(d, f) and torch.equal(d, g)
     assert checks.relative_error(d.float(), a.float()) <= 1e-3
 
 

@@ -72,7 +72,9 @@ def _no_upcast_norm(x, weight, eps):
     if x.dtype != torch.float16:
         return None
     with np.errstate(over="ignore", invalid="ignore"):
-        return _from_half(_half_rms(x, eps) * (np.float16(1) + weight.detach().cpu().numpy().astype(np.float16)), x)
+        # (the weight may be bf16, which NumPy lacks: through float32, then float16 as the kernel reads it)
+        w16 = weight.detach().float().cpu().numpy().astype(np.float16)
+        return _from_half(_half_rms(x, eps) * (np.float16(1) + w16), x)
 
 
 def _half_case(large: tuple):

@@ -57,7 +57,7 @@ ERROR_FIELDS = 4              # item + 1 (0: no error), counter, the count waite
 # PersistentDecode's defaults: the fastest variant measured (trace spans on one H100, 2026-12-07: 1.41 ms per token
 # against 1.62 ms for the earlier defaults, 8 warps, 32 x 512 blocks, 64 KB prefetch, no look-ahead, 32 columns)
 GPU_DEFAULTS = {"num_warps": 8, "gemv_block": (16, 1024), "prefetch": 64 * 1024, "gemv_ahead": 1,
-                "deltanet_block": 128}
+                "deltanet_block": 128, "gemv_stages": 3}
 TRACE_FIELDS = 4              # per item with trace=True: reached, wait met, done (ns), the program that ran it
 
 
@@ -104,8 +104,7 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                              GEMV_N: tl.constexpr, GEMV_K: tl.constexpr, ALIGNED: tl.constexpr, DOT_PREC: tl.constexpr,
                              F: tl.constexpr, PREFETCH: tl.constexpr = False, prefetch_bytes=0,
                              LINES: tl.constexpr = 128, TRACE: tl.constexpr = False, trace_ptr=None,
-                             GEMV_AHEAD: tl.constexpr = 0, PREFETCH_AHEAD: tl.constexpr = 0,
-                             GEMV_PAIRS: tl.constexpr = False, GEMV_STAGES: tl.constexpr = 0):
+                             GEMV_AHEAD: tl.constexpr = False, GEMV_STAGES: tl.constexpr = 0):
     DT = logits_ptr.dtype.element_ty
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
@@ -130,15 +129,10 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
         if TRACE:
             t_start = _globaltimer()
         if PREFETCH:
-            # ---- before the wait: weights (at most prefetch_bytes of an item) on their way into L2, so the memory
-            # system streams while the program waits. Its own item's at the program's first item; then, at each
-            # item, those of the item PREFETCH_AHEAD places further down its list (0: its own), so they were asked
-            # for while earlier waits passed.
-            for a in tl.static_range(PREFETCH_AHEAD + 1):
-                if (a == PREFETCH_AHEAD) | (j == j_first):
-                    if j + a < j_end:
-                        _prefetch_item(items_ptr, order_ptr, j + a, table_ptr, prefetch_bytes, F, HK, HV, DK, DV,
-                                       DT.primitive_bitwidth // 8, LINES)
+            # ---- before the wait: the item's weights (at most prefetch_bytes) on their way into L2, so the memory
+            # system streams while the program waits
+            _prefetch_item(items_ptr, order_ptr, j, table_ptr, prefetch_bytes, F, HK, HV, DK, DV,
+                           DT.primitive_bitwidth // 8, LINES)
         if ok:
             # ---- wait: a bounded spin on the counter, then an acquire read of it
             if wc >= 0:
@@ -170,8 +164,7 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                 if kind == K_GEMV + mode:
                     gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4,
                               a5, a6, best_val_ptr, best_idx_ptr, _slot(table_ptr, tl.maximum(a7, 0), tl.float32),
-                              eps, mode, GEMV_N, GEMV_K, ALIGNED, NORM_BLOCK, GEMV_AHEAD, GEMV_PAIRS,
-                              GEMV_STAGES)
+                              eps, mode, GEMV_N, GEMV_K, ALIGNED, NORM_BLOCK, GEMV_AHEAD, GEMV_STAGES)
             if kind == K_NORM:
                 norm_item(x_ptr, _slot(table_ptr, a0, tl.float32), h_ptr, eps, H, NORM_BLOCK)
             elif kind == K_DELTANET:
@@ -219,24 +212,18 @@ class PersistentDecode:
     one built already (verify=False skips check_schedule); trace: each item's times on the GPU's global timer,
     read by timeline() (the profiler of this design: one kernel, so a kernel profiler sees nothing inside it; a GPU
     only);
-    gemv_ahead: each GEMV item loads the weight block that many blocks on (True: 1, up to 3) before summing the
-    current one (the same sums in the same order: the logits do not change by a bit); prefetch_ahead: the L2
-    prefetch before an item's wait asks for the weights of the item that many places further down the program's
-    list (0: its own), so a program's idle waits stream the weights it needs later; deltanet_block: the state
-    columns a DeltaNet item updates per iteration (a [DK, N] fp32 block; larger: fewer dependent rounds of loads,
-    more registers). gemv_ahead and deltanet_block default to GPU_DEFAULTS too. gemv_pairs: in place of
-    gemv_ahead's loop, the GEMV items walk their blocks two at a time in two register sets, each reloaded as soon as
-    it is summed (the same sums in the same order); gemv_stages (2-4, in place
-    of both): the GEMV loop pipelined by Triton through shared memory (asynchronous copies, gemv_stages - 1 blocks
-    in flight; the same sums in the same order).
+    gemv_stages (0, or 2-4): the GEMV loop pipelined by Triton through shared memory (asynchronous copies,
+    gemv_stages - 1 weight blocks in flight); with 0, gemv_ahead: each GEMV item loads the next weight block into
+    registers before summing the current one. Either way the same sums in the same order: the logits do not change
+    by a bit. deltanet_block: the state columns a DeltaNet item updates per iteration (a [DK, N] fp32 block; larger:
+    fewer dependent rounds of loads, more registers). All three default to GPU_DEFAULTS.
     """
 
     def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,
                  splits: int | None = None, spin_limit: int | None = None, num_warps: int | None = None,
                  gemv_block: tuple[int, int] | None = None, schedule: Schedule | None = None, verify: bool = True,
                  fuse_norms: bool = True, prefetch: int | None = None, trace: bool = False,
-                 gemv_ahead: bool | int | None = None, prefetch_ahead: int = 0, deltanet_block: int | None = None,
-                 gemv_pairs: bool = False, gemv_stages: int = 0):
+                 gemv_ahead: bool | None = None, deltanet_block: int | None = None, gemv_stages: int | None = None):
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
@@ -256,11 +243,11 @@ class PersistentDecode:
         # the defaults: the fastest variant measured (benchmarks/bench_persistent.py on an H100, docs/experiments.md)
         self.num_warps = GPU_DEFAULTS["num_warps"] if num_warps is None else int(num_warps)
         gemv_ahead = GPU_DEFAULTS["gemv_ahead"] if gemv_ahead is None else gemv_ahead
-        if not (isinstance(gemv_ahead, (bool, int)) and 0 <= int(gemv_ahead) <= 3):
-            raise KernelError(f"gemv_ahead={gemv_ahead!r}: expected how many weight blocks a GEMV item loads ahead of "
-                              f"the one it sums, an int from 0 to 3 (True: 1)")
+        if gemv_ahead not in (0, 1):   # (True and False are 1 and 0)
+            raise KernelError(f"gemv_ahead={gemv_ahead!r}: expected whether a GEMV item loads the next weight block "
+                              f"before summing the current one: 0 or 1 (False or True)")
         self.gemv_ahead = int(gemv_ahead)
-        self.gemv_pairs = bool(gemv_pairs)
+        gemv_stages = GPU_DEFAULTS["gemv_stages"] if gemv_stages is None else gemv_stages
         if gemv_stages not in (0, 2, 3, 4):
             raise KernelError(f"gemv_stages={gemv_stages!r}: expected 0 (off) or the stages of the GEMV loop's "
                               f"pipeline through shared memory, 2 to 4")
@@ -269,10 +256,6 @@ class PersistentDecode:
         if prefetch < 0:
             raise KernelError(f"prefetch={prefetch!r}: expected the bytes to prefetch per item, 0 for none")
         self.prefetch = 0 if interp else int(prefetch)
-        if not (isinstance(prefetch_ahead, int) and 0 <= prefetch_ahead <= 4):
-            raise KernelError(f"prefetch_ahead={prefetch_ahead!r}: expected how many items ahead of the current one "
-                              f"a program prefetches, an int from 0 (its own) to 4")
-        self.prefetch_ahead = prefetch_ahead
         self.sizes = dict(s.sizes)
         deltanet_block = GPU_DEFAULTS["deltanet_block"] if deltanet_block is None else deltanet_block
         if deltanet_block not in (8, 16, 32, 64, 128):
@@ -313,8 +296,8 @@ class PersistentDecode:
             self.inv_freq, *self.scalars, **self.sizes, GEMV_N=self.gemv_block[0], GEMV_K=self.gemv_block[1],
             DOT_PREC=dot_precision(self.model.dtype), F=ITEM_FIELDS, PREFETCH=self.prefetch > 0,
             prefetch_bytes=self.prefetch, LINES=32 * self.num_warps, TRACE=self.trace is not None,
-            trace_ptr=self.trace, GEMV_AHEAD=self.gemv_ahead, PREFETCH_AHEAD=self.prefetch_ahead,
-            GEMV_PAIRS=self.gemv_pairs, GEMV_STAGES=self.gemv_stages, num_warps=self.num_warps)
+            trace_ptr=self.trace, GEMV_AHEAD=bool(self.gemv_ahead),
+            GEMV_STAGES=self.gemv_stages, num_warps=self.num_warps)
 
     def step(self, check: bool | None = None) -> torch.Tensor:
         """launch(), then (check: default unless a CUDA Graph is being captured) check(). -> the logits [1, V]."""

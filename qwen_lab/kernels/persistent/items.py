@@ -152,24 +152,21 @@ def _pair_sum(w, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, out_ptr, row0
 @triton.jit
 def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_idx_ptr, nw_ptr, eps,
               MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr,
-              NORM_BLOCK: tl.constexpr, AHEAD: tl.constexpr = 0, PAIRS: tl.constexpr = False,
-              STAGES: tl.constexpr = 0):
+              NORM_BLOCK: tl.constexpr, AHEAD: tl.constexpr = False, STAGES: tl.constexpr = 0):
     """Rows row0 .. row0 + nrows - 1 of out = W @ in (W [N, K] row-major), BLOCK_N rows at a time.
     MODE (the item kind less GEMV): 0 store; 1 add into out (the residual stream); 2 the input is
     silu(gu[:K]) * gu[K:] (rounded to DT, as silu_mul stores it), added into out; 3 store, and the tile's (max,
     first index of the max) to slot `tile`; 4 and 5: as 0 and 3, the input being rmsnorm(x) * (1 + nw) computed
     here (x = in, K = H), rounded to DT where the NORM item stores it.
     ALIGNED: the schedule vouches that every K is a multiple of 16, so the rows' loads can be 16 bytes wide.
-    AHEAD (0 to 3): the (row block, K block) pairs are walked as one loop, and the weight block AHEAD pairs further
-    on is loaded before this one's sum, so AHEAD + 1 blocks are on their way from memory at once instead of one (a
-    lone program per SM otherwise waits a whole memory latency per block). The same sums in the same order.
-    PAIRS (in place of AHEAD): the pairs two at a time in two register sets, each reloaded as soon as it is summed.
-    The same sums in the same order.
-    STAGES (2 or more, in place of both): the pairs walked by one loop that Triton's pipeliner compiles to
-    asynchronous copies into shared memory, STAGES - 1 blocks in flight. In AHEAD's and PAIRS' loops the compiler
-    issues a block's loads only as the previous block's multiplies free the registers they land in (sm_90 SASS),
-    so little of a load's time is hidden; a copy into shared memory holds no register, so it stays ahead. The same
-    sums in the same order."""
+    AHEAD: the (row block, K block) pairs are walked as one loop, and the next pair's weight block is loaded before
+    this one's sum, so two blocks are on their way from memory at once instead of one (a lone program per SM
+    otherwise waits a whole memory latency per block). The same sums in the same order.
+    STAGES (2 or more, in place of AHEAD): the pairs walked by one loop that Triton's pipeliner compiles to
+    asynchronous copies into shared memory, STAGES - 1 blocks in flight. In AHEAD's loop the compiler issues a
+    block's loads only as the previous block's multiplies free the registers they land in (sm_90 SASS), so little
+    of a load's time is hidden; a copy into shared memory holds no register, so it stays ahead. The same sums in
+    the same order."""
     ADD: tl.constexpr = MODE == 1 or MODE == 2
     ARGMAX: tl.constexpr = MODE == 3 or MODE == 5
     NORM: tl.constexpr = MODE >= 4
@@ -181,16 +178,9 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     end = row0 + nrows
     n_k = tl.cdiv(K, BLOCK_K)
     total = tl.cdiv(nrows, BLOCK_N) * n_k
-    LOOK_AHEAD: tl.constexpr = 0 if (PAIRS or STAGES > 1) else AHEAD
-    if PAIRS and STAGES < 2:   # the first two blocks asked for before the norm's sum of squares, which overlaps them
-        wa = _pair_block(w_ptr, row0, end, K, 0, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
-        wb = _pair_block(w_ptr, row0, end, K, 1, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
-    elif LOOK_AHEAD > 0:   # the first blocks asked for before the norm's sum of squares, which then overlaps them
+    LOOK_AHEAD: tl.constexpr = AHEAD and STAGES < 2
+    if LOOK_AHEAD:   # the first block asked for before the norm's sum of squares, which then overlaps it
         w = _pair_block(w_ptr, row0, end, K, 0, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
-    if LOOK_AHEAD > 1:
-        w1 = _pair_block(w_ptr, row0, end, K, 1, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
-    if LOOK_AHEAD > 2:
-        w2 = _pair_block(w_ptr, row0, end, K, 2, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
     rstd = 1.0
     if NORM:
         rstd = _rstd(in_ptr, K, eps, NORM_BLOCK)
@@ -205,34 +195,18 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
             w = _pair_block(w_ptr, row0, end, K, it, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
             acc, best_v, best_i = _pair_sum(w, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, out_ptr, row0, end,
                                             K, n_k, rstd, offs_n, offs_k, MODE, BLOCK_N, BLOCK_K, ADD, ARGMAX, DT)
-    elif PAIRS:
-        acc = tl.zeros([BLOCK_N], tl.float32)
-        for it in range(0, total, 2):
-            acc, best_v, best_i = _pair_sum(wa, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, out_ptr, row0, end,
-                                            K, n_k, rstd, offs_n, offs_k, MODE, BLOCK_N, BLOCK_K, ADD, ARGMAX, DT)
-            wa = _pair_block(w_ptr, row0, end, K, it + 2, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
-            # (pair it + 1 may be past the last: its block is zeros and its rows past `end`, so it adds nothing)
-            acc, best_v, best_i = _pair_sum(wb, it + 1, acc, best_v, best_i, x_first, in_ptr, nw_ptr, out_ptr, row0,
-                                            end, K, n_k, rstd, offs_n, offs_k, MODE, BLOCK_N, BLOCK_K, ADD, ARGMAX,
-                                            DT)
-            wb = _pair_block(w_ptr, row0, end, K, it + 3, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
-    elif LOOK_AHEAD > 0:
+    elif LOOK_AHEAD:
         acc = tl.zeros([BLOCK_N], tl.float32)
         for it in range(total):
             r = row0 + (it // n_k) * BLOCK_N
             k0 = (it % n_k) * BLOCK_K
-            # the block AHEAD pairs on, asked for before this one's sum
-            w_next = _pair_block(w_ptr, row0, end, K, it + LOOK_AHEAD, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
+            # the next pair's block, asked for before this one's sum (past the last pair: zeros, never summed)
+            w_next = _pair_block(w_ptr, row0, end, K, it + 1, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
             x = x_first
             if n_k > 1:
                 x = _gemv_input(in_ptr, nw_ptr, k0 + offs_k, K, rstd, MODE, DT)
             acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
-            if LOOK_AHEAD == 1:
-                w = w_next
-            elif LOOK_AHEAD == 2:
-                w, w1 = w1, w_next
-            else:
-                w, w1, w2 = w1, w2, w_next
+            w = w_next   # the block summed next
             if k0 + BLOCK_K >= K:   # the row block's last K block: its rows are done
                 best_v, best_i = _gemv_rows_out(out_ptr, r + offs_n, end, acc, best_v, best_i, ADD, ARGMAX, DT)
                 acc = tl.zeros([BLOCK_N], tl.float32)
