@@ -310,16 +310,19 @@ def persistent_cases():
              "pos_ptr": "*i64", "ws_ptr": "*fp32", "best_val_ptr": "*fp32", "best_idx_ptr": "*i32",
              "inv_freq_ptr": "*fp32", "eps": "fp32", "l2_eps": "fp32", "dn_scale": "fp32", "qk_scale": "fp32"}
     out = []
-    # (the last: PersistentDecode's GPU defaults, deltanet_block 128 included)
-    for warps, block_n, prefetch, trace, loop, bv in (
-            (4, 16, False, False, "", 32), (4, 32, False, False, "", 32), (8, 32, False, False, "", 32),
-            (4, 16, True, False, "", 32), (4, 16, False, True, "", 32), (8, 16, False, False, "ahead", 32),
-            (8, 32, True, False, "ahead", 32), (8, 16, False, False, "stages", 32), (8, 16, True, False, "stages", 128)):
-        meta = dict(schedule.kernel_sizes(C, 64, 32, 132), GEMV_N=block_n, GEMV_K=1024 if loop else 256,
+    # (the next to last: PersistentDecode's GPU defaults, deltanet_block 128 included; the last with its DeltaNet
+    # heads split into 8 items each)
+    for warps, block_n, prefetch, trace, loop, bv, dn_split in (
+            (4, 16, False, False, "", 32, 1), (4, 32, False, False, "", 32, 1), (8, 32, False, False, "", 32, 1),
+            (4, 16, True, False, "", 32, 1), (4, 16, False, True, "", 32, 1), (8, 16, False, False, "ahead", 32, 1),
+            (8, 32, True, False, "ahead", 32, 1), (8, 16, False, False, "stages", 32, 1),
+            (8, 16, True, False, "stages", 128, 1), (8, 16, True, False, "stages", 128, 8)):
+        meta = dict(schedule.kernel_sizes(C, 64, 32, 132, dn_split), GEMV_N=block_n, GEMV_K=1024 if loop else 256,
                     ALIGNED=True, DOT_PREC="tf32", F=schedule.ITEM_FIELDS, PREFETCH=prefetch, LINES=32 * warps,
                     TRACE=trace, GEMV_AHEAD=loop == "ahead", GEMV_STAGES=3 if loop == "stages" else 0)
         meta["BV"] = bv
         label = (f"persistent_decode w{warps} {block_n}x{meta['GEMV_K']}" + (f" d{bv}" if bv != 32 else "")
+                 + (f" v{dn_split}" if dn_split > 1 else "")
                  + (" prefetch" if prefetch else "") + (" trace" if trace else "") + (f" {loop}" if loop else ""))
         case_types = dict(types, trace_ptr="*i64") if trace else types
         out.append((label, lambda meta=meta, warps=warps, case_types=case_types: compile_case(

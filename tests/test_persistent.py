@@ -77,10 +77,11 @@ def simulate(s, steps: int, rng: random.Random) -> None:
 @pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
 @pytest.mark.parametrize("programs", [1, 3, 8, 132])
 @pytest.mark.parametrize("fuse_norms", [False, True], ids=["norm-items", "fused-norms"])
-def test_the_schedule_respects_its_dependencies_under_any_interleaving(cfg, programs, fuse_norms):
+@pytest.mark.parametrize("dn_split", [1, 3], ids=["heads", "column-splits"])
+def test_the_schedule_respects_its_dependencies_under_any_interleaving(cfg, programs, fuse_norms, dn_split):
     model = tiny_model(cfg)
     s = build_schedule(model, model.new_cache(32), programs, gemv_tiles=max(2, programs), splits=3,
-                       fuse_norms=fuse_norms)
+                       fuse_norms=fuse_norms, deltanet_split=dn_split)
     check_schedule(s)
     items = s.items.tolist()
     # every wait's producers come earlier in the item order, so in some program's list before the consumer's turn
@@ -96,13 +97,19 @@ def test_the_schedule_respects_its_dependencies_under_any_interleaving(cfg, prog
     assert all(lst == sorted(lst) for lst in s.program_lists())
     kinds = [it.kind for it in s.item_list]
     n_linear, n_full = cfg.num_linear_layers, cfg.num_full_layers
-    assert kinds.count(sched.DELTANET) == n_linear * cfg.linear_num_key_heads
+    assert kinds.count(sched.DELTANET) == (n_linear * cfg.linear_num_key_heads if dn_split == 1 else 0)
+    assert kinds.count(sched.DELTANET_COLS) == (0 if dn_split == 1 else n_linear * cfg.linear_num_key_heads * dn_split)
+    # split: the in-projections' tiles run the conv, out_proj's the gated norm (one GEMV form each, per layer)
+    conv = {it.name.split(" rows")[0] for it in s.item_list if it.kind in (sched.GEMV_CONV, sched.GEMV_NORM_CONV)}
+    gated = {it.name.split(" rows")[0] for it in s.item_list if it.kind == sched.GEMV_ADD_GATED}
+    assert len(conv) == len(gated) == (0 if dn_split == 1 else n_linear)
     assert kinds.count(sched.ATTN_PREP) == kinds.count(sched.ATTN_COMBINE) == n_full * cfg.num_key_value_heads
     assert kinds.count(sched.ATTN_SPLIT) == 3 * n_full * cfg.num_key_value_heads
     norms = 2 * cfg.num_hidden_layers + 1
     assert kinds.count(sched.NORM) == (0 if fuse_norms else norms) and kinds[-1] == sched.ARGMAX
     # fused: every projection that reads a norm's output computes it (in_proj or qkv_proj, gate_up, the LM head)
-    normed = [it.name.split(" rows")[0] for it in s.item_list if it.kind in (sched.GEMV_NORM, sched.GEMV_NORM_ARGMAX)]
+    normed = [it.name.split(" rows")[0] for it in s.item_list
+              if it.kind in (sched.GEMV_NORM, sched.GEMV_NORM_ARGMAX, sched.GEMV_NORM_CONV)]
     assert len(set(normed)) == (norms if fuse_norms else 0)
     # the deal spreads the LM head's tiles (one per program, when the vocabulary has the rows) over the programs
     owner = {i: p for p, lst in enumerate(s.program_lists()) for i in lst}
@@ -157,13 +164,19 @@ def decode_both_ways(cfg, steps: int, prompt_len: int = 5, **kwargs):
     return out, step
 
 
-@pytest.mark.parametrize("cfg, steps, splits, fuse_norms, dn_block", [
-    (TINY, 4, 2, False, None), (ODD, 2, 3, False, None), (TINY, 3, 2, True, None), (ODD, 2, 1, True, None),
-    (TINY, 2, 2, True, 8)], ids=["tiny", "odd", "tiny-fused-norms", "odd-fused-norms", "tiny-deltanet-columns-by-8"])
-def test_the_persistent_step_equals_the_plain_decode_steps(cfg, steps, splits, fuse_norms, dn_block):
-    """(TINY's value heads are 16 wide: one column block by default, two with deltanet_block=8.)"""
+@pytest.mark.parametrize("cfg, steps, splits, fuse_norms, dn_block, dn_split", [
+    (TINY, 4, 2, False, None, 1), (ODD, 2, 3, False, None, 1), (TINY, 3, 2, True, None, 1),
+    (ODD, 2, 1, True, None, 1), (TINY, 2, 2, True, 8, 1), (TINY, 3, 2, False, None, 4), (ODD, 2, 1, True, None, 3)],
+    ids=["tiny", "odd", "tiny-fused-norms", "odd-fused-norms", "tiny-deltanet-columns-by-8",
+         "tiny-deltanet-split-4", "odd-fused-norms-deltanet-split-3"])
+def test_the_persistent_step_equals_the_plain_decode_steps(cfg, steps, splits, fuse_norms, dn_block, dn_split):
+    """(TINY's value heads are 16 wide: one column block by default, two with deltanet_block=8. deltanet_split:
+    DELTANET_COLS items, the conv in the in-projection's tiles, the gated norm in out_proj's; ODD's 8 columns in
+    splits of 3, 3 and 2.)"""
     out, step = decode_both_ways(cfg, steps, gemv_tiles=3, splits=splits, fuse_norms=fuse_norms,
-                                 deltanet_block=dn_block)
+                                 deltanet_block=dn_block, deltanet_split=dn_split)
+    assert sum(it.kind == sched.DELTANET_COLS for it in step.schedule.item_list) == (
+        0 if dn_split == 1 else cfg.num_linear_layers * cfg.linear_num_key_heads * dn_split)
     assert step.sizes["BV"] == ((dn_block or 16) if cfg is TINY else 8)
     for t, (got, want, token, best) in enumerate(out):
         assert got.shape == want.shape == (1, cfg.vocab_size)
@@ -192,6 +205,24 @@ def test_gemv_blocks_loaded_ahead_change_no_bit(cfg, loop):
         assert torch.equal(a, b) and ta == tb, f"decode step {t}"
 
 
+def test_deltanet_column_splits_change_no_bit():
+    """A head split into items of 8 columns gives the bits of one item per head updating 8 columns at a time
+    (deltanet_block=8): the same conv, state update and gated norm, only computed by other items (the conv by the
+    in-projection's tiles, the norm's sum of squares added split by split in the out_proj tiles). (The in-projection
+    without fused norms, GEMV_CONV, is in the plain-decode comparison above.)"""
+    whole, _ = decode_both_ways(TINY, 3, gemv_tiles=3, splits=2, fuse_norms=True, deltanet_block=8)
+    split, step = decode_both_ways(TINY, 3, gemv_tiles=3, splits=2, fuse_norms=True, deltanet_split=2)
+    assert step.sizes["DN_SPLIT"] == 2 and step.sizes["DN_COLS"] == 8
+    for t, ((a, _, ta, _), (b, _, tb, _)) in enumerate(zip(split, whole)):
+        assert torch.equal(a, b) and ta == tb, f"decode step {t}"
+
+
+def test_deltanet_split_out_of_range_is_refused_naming_it():
+    model = tiny_model(TINY)
+    with pytest.raises(KernelError, match=r"deltanet_split=17: expected how many items share a DeltaNet head's 16 "):
+        PersistentDecode(model, model.new_cache(8), deltanet_split=17)
+
+
 def test_the_benchmarks_variants_name_every_option(benchmark_module):
     """bench_persistent.py's --variants (trace_persistent.py takes the same): warps, block, then the stages in any
     order; a stage it does not know is refused, naming it."""
@@ -206,8 +237,8 @@ def test_the_benchmarks_variants_name_every_option(benchmark_module):
     (_, options), = parse("8:16x1024:n:a")
     assert benchmark_module("bench_persistent").decode_options(options) == {
         "num_warps": 8, "gemv_block": (16, 1024), "fuse_norms": True, "gemv_ahead": 1, "prefetch": 0,
-        "deltanet_block": 32, "gemv_stages": 0, "programs": None}
-    assert parse("8:16x1024:c3")[0][1]["gemv_stages"] == 3
+        "deltanet_block": 32, "gemv_stages": 0, "deltanet_split": 1, "programs": None}
+    assert parse("8:16x1024:c3")[0][1]["gemv_stages"] == 3 and parse("8:16x1024:v8")[0][1]["deltanet_split"] == 8
     for unknown in ("q", "a2", "u"):   # (a2, u: loop forms measured slower and taken out)
         with pytest.raises(SystemExit, match=f"stage '{unknown}' of '4:16x256:{unknown}'"):
             parse(f"4:16x256:{unknown}")
@@ -323,7 +354,7 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == 10
+    assert len(results) == 11
     for r in results:
         assert r["ok"], r
         assert r["acquire_loads"] >= 1 and r["release_atomics"] >= 1 and r["volatile_loads"] >= 1, r

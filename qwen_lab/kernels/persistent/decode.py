@@ -42,20 +42,22 @@ from ..attention.decode import _prefetch_rows_l2
 from ..attention.flash import LOG2E
 from ..deltanet.gates import EPS as L2_EPS
 from ..rope import inv_freq_table
-from .items import (_slot, argmax_item, attn_combine_item, attn_prep_item, attn_split_item, deltanet_item,
-                    embed_item, gemv_item, norm_item)
-from .schedule import (ARGMAX, ATTN_COMBINE, ATTN_PREP, ATTN_SPLIT, DELTANET, EMBED, GEMV, GEMV_KINDS, ITEM_FIELDS,
-                       KIND_NAMES, NORM, Schedule, build_schedule, check_schedule)
+from .items import (_slot, argmax_item, attn_combine_item, attn_prep_item, attn_split_item, deltanet_cols_item,
+                    deltanet_item, embed_item, gemv_item, norm_item)
+from .schedule import (ARGMAX, ATTN_COMBINE, ATTN_PREP, ATTN_SPLIT, DELTANET, DELTANET_COLS, DN_SS, EMBED, GEMV,
+                       GEMV_KINDS, ITEM_FIELDS, KIND_NAMES, NORM, Schedule, build_schedule, check_schedule)
 
 # the item kinds as constexprs (a jit function reads no plain global)
 K_EMBED, K_NORM, K_GEMV = (tl.constexpr(k) for k in (EMBED, NORM, GEMV))
 N_GEMV_FORMS = tl.constexpr(len(GEMV_KINDS))
-K_DELTANET, K_ATTN_PREP, K_ATTN_SPLIT, K_ATTN_COMBINE, K_ARGMAX = (tl.constexpr(k) for k in (
-    DELTANET, ATTN_PREP, ATTN_SPLIT, ATTN_COMBINE, ARGMAX))
+K_DELTANET, K_DELTANET_COLS, K_ATTN_PREP, K_ATTN_SPLIT, K_ATTN_COMBINE, K_ARGMAX = (tl.constexpr(k) for k in (
+    DELTANET, DELTANET_COLS, ATTN_PREP, ATTN_SPLIT, ATTN_COMBINE, ARGMAX))
+K_DN_SS = tl.constexpr(DN_SS)
 SPIN_LIMIT_GPU = 1 << 22      # polls of a counter (~1 s on an H100) before a wait is reported as a hang
 ERROR_FIELDS = 4              # item + 1 (0: no error), counter, the count waited for, the count seen
-# PersistentDecode's defaults: the fastest variant measured (trace spans on one H100, 2026-12-07: 1.41 ms per token
-# against 1.62 ms for the earlier defaults, 8 warps, 32 x 512 blocks, 64 KB prefetch, no look-ahead, 32 columns)
+# PersistentDecode's defaults: the fastest variant measured (benchmarks/bench_persistent.py on one H100, 2026-12-07:
+# 1.333 ms per token, against 1.375 with the next block loaded into registers instead of the 3-stage pipeline, and
+# 0.777 for the graph decode; gemv_ahead applies only with gemv_stages=0)
 GPU_DEFAULTS = {"num_warps": 8, "gemv_block": (16, 1024), "prefetch": 64 * 1024, "gemv_ahead": 1,
                 "deltanet_block": 128, "gemv_stages": 3}
 TRACE_FIELDS = 4              # per item with trace=True: reached, wait met, done (ns), the program that ran it
@@ -98,7 +100,8 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                              H: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
                              DV: tl.constexpr, CW: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                              D: tl.constexpr, HALF: tl.constexpr, NORM_BLOCK: tl.constexpr, BK: tl.constexpr,
-                             BV: tl.constexpr, BW: tl.constexpr, REP_P: tl.constexpr, ROWS: tl.constexpr,
+                             BV: tl.constexpr, BW: tl.constexpr, REP_P: tl.constexpr, DN_SPLIT: tl.constexpr,
+                             DN_COLS: tl.constexpr, BS: tl.constexpr, ROWS: tl.constexpr,
                              BLOCK_D: tl.constexpr,
                              ATTN_BLOCK_N: tl.constexpr, SPLITS_P: tl.constexpr, TILES_P: tl.constexpr,
                              GEMV_N: tl.constexpr, GEMV_K: tl.constexpr, ALIGNED: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -164,7 +167,9 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                 if kind == K_GEMV + mode:
                     gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4,
                               a5, a6, best_val_ptr, best_idx_ptr, _slot(table_ptr, tl.maximum(a7, 0), tl.float32),
-                              eps, mode, GEMV_N, GEMV_K, ALIGNED, NORM_BLOCK, GEMV_AHEAD, GEMV_STAGES)
+                              eps, table_ptr, proj_ptr, _slot(table_ptr, K_DN_SS, tl.float32), mode, GEMV_N, GEMV_K,
+                              ALIGNED, NORM_BLOCK, 2 * HK * DK + HV * DV, CW, BW, DV, DN_SPLIT, GEMV_AHEAD,
+                              GEMV_STAGES)
             if kind == K_NORM:
                 norm_item(x_ptr, _slot(table_ptr, a0, tl.float32), h_ptr, eps, H, NORM_BLOCK)
             elif kind == K_DELTANET:
@@ -172,6 +177,10 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                               _slot(table_ptr, a0 + 2, tl.float32), _slot(table_ptr, a0 + 3, tl.float32),
                               _slot(table_ptr, a0 + 4, tl.float32), _slot(table_ptr, a0 + 5, tl.float32), o_ptr,
                               a1, a2, a3, dn_scale, eps, l2_eps, HK, HV, DK, DV, CW, BK, BV, BW, REP_P)
+            elif kind == K_DELTANET_COLS:
+                deltanet_cols_item(proj_ptr, _slot(table_ptr, a0 + 2, tl.float32), _slot(table_ptr, a0 + 3, tl.float32),
+                                   _slot(table_ptr, a0 + 5, tl.float32), o_ptr, _slot(table_ptr, K_DN_SS, tl.float32),
+                                   a1, a2, dn_scale, l2_eps, HK, HV, DK, DV, BK, REP_P, DN_SPLIT, DN_COLS, BS)
             elif kind == K_ATTN_PREP:
                 attn_prep_item(proj_ptr, _slot(table_ptr, a0, tl.float32), _slot(table_ptr, a0 + 1, tl.float32),
                                _slot(table_ptr, a0 + 2, DT), _slot(table_ptr, a0 + 3, DT), q_ptr, inv_freq_ptr,
@@ -216,14 +225,19 @@ class PersistentDecode:
     gemv_stages - 1 weight blocks in flight); with 0, gemv_ahead: each GEMV item loads the next weight block into
     registers before summing the current one. Either way the same sums in the same order: the logits do not change
     by a bit. deltanet_block: the state columns a DeltaNet item updates per iteration (a [DK, N] fp32 block; larger:
-    fewer dependent rounds of loads, more registers). All three default to GPU_DEFAULTS.
+    fewer dependent rounds of loads, more registers). All three default to GPU_DEFAULTS. deltanet_split: each
+    DeltaNet head's value columns in that many items (DELTANET_COLS), so a layer's delta-rule step spreads over
+    HK x deltanet_split programs instead of HK; the conv then runs in the in-projection's tiles and the gated norm
+    in out_proj's (schedule.py). Each column's math is unchanged: the logits are those of deltanet_block equal to
+    the split's width. Not yet timed, so 1 (off) by default.
     """
 
     def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,
                  splits: int | None = None, spin_limit: int | None = None, num_warps: int | None = None,
                  gemv_block: tuple[int, int] | None = None, schedule: Schedule | None = None, verify: bool = True,
                  fuse_norms: bool = True, prefetch: int | None = None, trace: bool = False,
-                 gemv_ahead: bool | None = None, deltanet_block: int | None = None, gemv_stages: int | None = None):
+                 gemv_ahead: bool | None = None, deltanet_block: int | None = None, gemv_stages: int | None = None,
+                 deltanet_split: int = 1):
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
@@ -234,7 +248,7 @@ class PersistentDecode:
                               f"a program that waits on a later one never sees its counter move; use programs=1")
         self.model, self.cache = model, cache
         self.schedule = schedule if schedule is not None else build_schedule(model, cache, programs, gemv_tiles,
-                                                                              splits, fuse_norms)
+                                                                              splits, fuse_norms, deltanet_split)
         if verify:   # (False only where a test hands the kernel a broken schedule on purpose)
             check_schedule(self.schedule)
         s = self.schedule

@@ -11,8 +11,14 @@ fast plan (qwen_lab.plan) stores them, and every sum is fp32, so the step rounds
     GEMV_SWIGLU    x[r0:r0+n] += W[r0:r0+n] @ (silu(gu[:I]) * gu[I:])                   the MLP's down projection
     GEMV_ARGMAX    logits[r0:r0+n] = W[r0:r0+n] @ h, and the tile's (max, first argmax)   the LM head
     GEMV_NORM, GEMV_NORM_ARGMAX   as GEMV and GEMV_ARGMAX, with h = rmsnorm(x) (1 + w) computed in the tile
+    GEMV_CONV, GEMV_NORM_CONV     as GEMV and GEMV_NORM, then the causal conv + SiLU of the tile's q/k/v rows
+                   (a channel's conv reads only that channel: its conv state shifted in place, the result stored)
+    GEMV_ADD_GATED as GEMV_ADD, the input being the gated RMSNorm of o * silu(z) (DeltaNet's out_proj), its rms
+                   from the column splits' sums of squares
     DELTANET       per key head: causal conv + SiLU of its q/k/v channels (state shifted in place), the gates,
                    one delta-rule step per value head (state [Dk, Dv] fp32 in place), gated RMSNorm * silu(z)
+    DELTANET_COLS  per (key head, column split): DELTANET's step on its columns of the state, the conv done by
+                   GEMV_CONV, the gated norm left to GEMV_ADD_GATED (this split's sum of squares stored for it)
     ATTN_PREP      per KV head: q/k RMSNorm + RoPE; k, v into cache row pos; the G prepared query rows to q
     ATTN_SPLIT     per (KV head, split): online softmax of its G query rows over one chunk of the keys
     ATTN_COMBINE   per KV head: merge the splits' partials, times sigmoid(gate)
@@ -85,15 +91,27 @@ def _weight_block(w_ptr, r, end, K, k0, offs_n, offs_k):
 
 
 @triton.jit
-def _gemv_input(in_ptr, nw_ptr, ks, K, rstd, MODE: tl.constexpr, DT: tl.constexpr):
+def _gemv_input(in_ptr, nw_ptr, z_ptr, ss_ptr, ks, K, rstd, eps, MODE: tl.constexpr, DT: tl.constexpr,
+                DV: tl.constexpr, DN_SPLIT: tl.constexpr):
     """The GEMV's input at ks in fp32, rounded to DT where the plan stores it: silu(g) * u for MODE 2, the
-    normed x for MODE 4 and 5, x itself otherwise."""
+    normed x for MODE 4, 5 and 7, the gated norm of o for MODE 8 (o * rsqrt(ss / DV + eps) * w * silu(z), ss the
+    sum of its head's column splits' sums of squares, added in order as DELTANET adds its blocks'), x itself
+    otherwise."""
     k_ok = ks < K
     if MODE == 2:
         g = tl.load(in_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
         u = tl.load(in_ptr + K + ks, mask=k_ok, other=0.0).to(tl.float32)
         x = (g * tl.sigmoid(g) * u).to(DT).to(tl.float32)
-    elif MODE >= 4:
+    elif MODE == 8:
+        o = tl.load(in_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+        head = ks // DV
+        z = tl.load(z_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+        nw = tl.load(nw_ptr + ks - head * DV, mask=k_ok, other=0.0).to(tl.float32)
+        ss = tl.zeros_like(o)
+        for part in tl.static_range(DN_SPLIT):
+            ss += tl.load(ss_ptr + head * DN_SPLIT + part, mask=k_ok, other=0.0)
+        x = (o * tl.rsqrt(ss / DV + eps) * nw * (z * tl.sigmoid(z))).to(DT).to(tl.float32)
+    elif MODE == 4 or MODE == 5 or MODE == 7:
         x = tl.load(in_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
         nw = tl.load(nw_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
         x = (x * rstd * (1.0 + nw)).to(DT).to(tl.float32)
@@ -103,15 +121,24 @@ def _gemv_input(in_ptr, nw_ptr, ks, K, rstd, MODE: tl.constexpr, DT: tl.constexp
 
 
 @triton.jit
-def _gemv_rows_out(out_ptr, rows, end, acc, best_v, best_i, ADD: tl.constexpr, ARGMAX: tl.constexpr,
-                   DT: tl.constexpr):
+def _gemv_rows_out(out_ptr, rows, end, acc, best_v, best_i, cw_ptr, cs_ptr, ADD: tl.constexpr, ARGMAX: tl.constexpr,
+                   DT: tl.constexpr, CONV: tl.constexpr, CONV_DIM: tl.constexpr, CW: tl.constexpr,
+                   BW: tl.constexpr):
     """Store a row block's sums (rounded to DT; added to out, rounded again, with ADD); with ARGMAX, fold its
-    (max, first index of the max) into (best_v, best_i)."""
+    (max, first index of the max) into (best_v, best_i); with CONV, the rows below CONV_DIM (the q/k/v channels of
+    a DeltaNet in-projection) go through the causal conv + SiLU first (the conv weight [CONV_DIM, CW]
+    column-major), as DELTANET's conv computes it."""
     r_ok = rows < end
     y = acc.to(DT)
     if ADD:   # x + y, y rounded first: the plan's GEMV output, then its residual add
         old = tl.load(out_ptr + rows, mask=r_ok, other=0.0).to(tl.float32)
         y = (old + y.to(tl.float32)).to(DT)
+    if CONV:
+        c_ok = r_ok & (rows < CONV_DIM)
+        yc, shifted = _conv_of(y, cw_ptr, cs_ptr, rows, c_ok, 1, CONV_DIM, CW, BW)
+        tl.debug_barrier()   # every thread's loads of the conv state before a shifted row is stored
+        _conv_shift(cs_ptr, rows, c_ok, shifted, CW, BW)
+        y = tl.where(c_ok, yc.to(DT), y)
     tl.store(out_ptr + rows, y, mask=r_ok)
     if ARGMAX:
         v = tl.where(r_ok, y.to(tl.float32), float("-inf"))
@@ -132,32 +159,38 @@ def _pair_block(w_ptr, row0, end, K, it, total, n_k, offs_n, offs_k, BLOCK_N: tl
 
 
 @triton.jit
-def _pair_sum(w, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, out_ptr, row0, end, K, n_k, rstd, offs_n, offs_k,
-              MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ADD: tl.constexpr,
-              ARGMAX: tl.constexpr, DT: tl.constexpr):
+def _pair_sum(w, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, z_ptr, ss_ptr, out_ptr, cw_ptr, cs_ptr, row0, end,
+              K, n_k, rstd, eps, offs_n, offs_k, MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              ADD: tl.constexpr, ARGMAX: tl.constexpr, DT: tl.constexpr, CONV: tl.constexpr, CONV_DIM: tl.constexpr,
+              CW: tl.constexpr, BW: tl.constexpr, DV: tl.constexpr, DN_SPLIT: tl.constexpr):
     """Pair `it`'s share of a GEMV tile: its input times its weight block `w` into acc; at its row block's last K
     block, the rows out (nothing past `end`) and acc cleared."""
     r = row0 + (it // n_k) * BLOCK_N
     k0 = (it % n_k) * BLOCK_K
     x = x_first
     if n_k > 1:
-        x = _gemv_input(in_ptr, nw_ptr, k0 + offs_k, K, rstd, MODE, DT)
+        x = _gemv_input(in_ptr, nw_ptr, z_ptr, ss_ptr, k0 + offs_k, K, rstd, eps, MODE, DT, DV, DN_SPLIT)
     acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
     if k0 + BLOCK_K >= K:
-        best_v, best_i = _gemv_rows_out(out_ptr, r + offs_n, end, acc, best_v, best_i, ADD, ARGMAX, DT)
+        best_v, best_i = _gemv_rows_out(out_ptr, r + offs_n, end, acc, best_v, best_i, cw_ptr, cs_ptr, ADD, ARGMAX,
+                                        DT, CONV, CONV_DIM, CW, BW)
         acc = tl.zeros([BLOCK_N], tl.float32)
     return acc, best_v, best_i
 
 
 @triton.jit
-def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_idx_ptr, nw_ptr, eps,
-              MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr,
-              NORM_BLOCK: tl.constexpr, AHEAD: tl.constexpr = False, STAGES: tl.constexpr = 0):
+def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_idx_ptr, nw_ptr, eps, table_ptr,
+              proj_ptr, ss_ptr, MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              ALIGNED: tl.constexpr, NORM_BLOCK: tl.constexpr, CONV_DIM: tl.constexpr, CW: tl.constexpr,
+              BW: tl.constexpr, DV: tl.constexpr, DN_SPLIT: tl.constexpr, AHEAD: tl.constexpr = False,
+              STAGES: tl.constexpr = 0):
     """Rows row0 .. row0 + nrows - 1 of out = W @ in (W [N, K] row-major), BLOCK_N rows at a time.
     MODE (the item kind less GEMV): 0 store; 1 add into out (the residual stream); 2 the input is
     silu(gu[:K]) * gu[K:] (rounded to DT, as silu_mul stores it), added into out; 3 store, and the tile's (max,
     first index of the max) to slot `tile`; 4 and 5: as 0 and 3, the input being rmsnorm(x) * (1 + nw) computed
-    here (x = in, K = H), rounded to DT where the NORM item stores it.
+    here (x = in, K = H), rounded to DT where the NORM item stores it; 6 and 7: as 0 and 4, then the causal conv
+    of the rows below CONV_DIM (`tile`: the slot of the conv weight, its state the next); 8: as 1, the input being
+    the gated RMSNorm of o (in) with z from proj, nw its weight, the rms from ss_ptr's column-split sums.
     ALIGNED: the schedule vouches that every K is a multiple of 16, so the rows' loads can be 16 bytes wide.
     AHEAD: the (row block, K block) pairs are walked as one loop, and the next pair's weight block is loaded before
     this one's sum, so two blocks are on their way from memory at once instead of one (a lone program per SM
@@ -167,12 +200,19 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     block's loads only as the previous block's multiplies free the registers they land in (sm_90 SASS), so little
     of a load's time is hidden; a copy into shared memory holds no register, so it stays ahead. The same sums in
     the same order."""
-    ADD: tl.constexpr = MODE == 1 or MODE == 2
+    ADD: tl.constexpr = MODE == 1 or MODE == 2 or MODE == 8
     ARGMAX: tl.constexpr = MODE == 3 or MODE == 5
-    NORM: tl.constexpr = MODE >= 4
+    NORM: tl.constexpr = MODE == 4 or MODE == 5 or MODE == 7
+    CONV: tl.constexpr = MODE == 6 or MODE == 7
+    DT = out_ptr.dtype.element_ty
+    cw_ptr = w_ptr   # (read only by the CONV modes)
+    cs_ptr = w_ptr
+    if CONV:
+        cw_ptr = _slot(table_ptr, tile, DT)
+        cs_ptr = _slot(table_ptr, tile + 1, DT)
+    z_ptr = proj_ptr + CONV_DIM   # z (read by MODE 8): the in-projection's rows after the conv's channels
     if ALIGNED:   # K written as a multiple of 16 for the offsets and masks (tl.multiple_of on a scalar int is lost)
         K = (K // 16) * 16
-    DT = out_ptr.dtype.element_ty
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     end = row0 + nrows
@@ -186,15 +226,17 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
         rstd = _rstd(in_ptr, K, eps, NORM_BLOCK)
     # the input of K block 0: where K fits in one block (the projections of x, the LM head) every row block reads
     # this same input, so it is loaded and normed once here instead of once per row block
-    x_first = _gemv_input(in_ptr, nw_ptr, offs_k, K, rstd, MODE, DT)
+    x_first = _gemv_input(in_ptr, nw_ptr, z_ptr, ss_ptr, offs_k, K, rstd, eps, MODE, DT, DV, DN_SPLIT)
     best_v = float("-inf")
     best_i = row0
     if STAGES > 1:
         acc = tl.zeros([BLOCK_N], tl.float32)
         for it in tl.range(0, total, num_stages=STAGES):
             w = _pair_block(w_ptr, row0, end, K, it, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
-            acc, best_v, best_i = _pair_sum(w, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, out_ptr, row0, end,
-                                            K, n_k, rstd, offs_n, offs_k, MODE, BLOCK_N, BLOCK_K, ADD, ARGMAX, DT)
+            acc, best_v, best_i = _pair_sum(w, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, z_ptr, ss_ptr,
+                                            out_ptr, cw_ptr, cs_ptr, row0, end, K, n_k, rstd, eps, offs_n, offs_k,
+                                            MODE, BLOCK_N, BLOCK_K, ADD, ARGMAX, DT, CONV, CONV_DIM, CW, BW, DV,
+                                            DN_SPLIT)
     elif LOOK_AHEAD:
         acc = tl.zeros([BLOCK_N], tl.float32)
         for it in range(total):
@@ -204,11 +246,12 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
             w_next = _pair_block(w_ptr, row0, end, K, it + 1, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
             x = x_first
             if n_k > 1:
-                x = _gemv_input(in_ptr, nw_ptr, k0 + offs_k, K, rstd, MODE, DT)
+                x = _gemv_input(in_ptr, nw_ptr, z_ptr, ss_ptr, k0 + offs_k, K, rstd, eps, MODE, DT, DV, DN_SPLIT)
             acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
             w = w_next   # the block summed next
             if k0 + BLOCK_K >= K:   # the row block's last K block: its rows are done
-                best_v, best_i = _gemv_rows_out(out_ptr, r + offs_n, end, acc, best_v, best_i, ADD, ARGMAX, DT)
+                best_v, best_i = _gemv_rows_out(out_ptr, r + offs_n, end, acc, best_v, best_i, cw_ptr, cs_ptr, ADD,
+                                                ARGMAX, DT, CONV, CONV_DIM, CW, BW)
                 acc = tl.zeros([BLOCK_N], tl.float32)
     else:
         for r in range(row0, end, BLOCK_N):
@@ -217,10 +260,12 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
             for k0 in range(0, K, BLOCK_K):
                 x = x_first
                 if n_k > 1:
-                    x = _gemv_input(in_ptr, nw_ptr, k0 + offs_k, K, rstd, MODE, DT)
+                    x = _gemv_input(in_ptr, nw_ptr, z_ptr, ss_ptr, k0 + offs_k, K, rstd, eps, MODE, DT, DV,
+                                    DN_SPLIT)
                 w = _weight_block(w_ptr, r, end, K, k0, offs_n, offs_k)
                 acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
-            best_v, best_i = _gemv_rows_out(out_ptr, rows, end, acc, best_v, best_i, ADD, ARGMAX, DT)
+            best_v, best_i = _gemv_rows_out(out_ptr, rows, end, acc, best_v, best_i, cw_ptr, cs_ptr, ADD, ARGMAX, DT,
+                                            CONV, CONV_DIM, CW, BW)
     if ARGMAX:
         tl.store(best_val_ptr + tile, best_v)
         tl.store(best_idx_ptr + tile, best_i)
@@ -252,6 +297,13 @@ def _conv_silu(proj_ptr, cw_ptr, cs_ptr, ch, ch_ok, cw0, cw1, W: tl.constexpr, B
     first), rounded to DT as causal_conv1d stores it. -> (y, the state rows shifted by one): the caller stores
     those with _conv_shift after a barrier (different threads load the same row), so the loads of several calls
     can be in flight at once."""
+    x = tl.load(proj_ptr + ch, mask=ch_ok, other=0.0)
+    return _conv_of(x, cw_ptr, cs_ptr, ch, ch_ok, cw0, cw1, W, BW)
+
+
+@triton.jit
+def _conv_of(x, cw_ptr, cs_ptr, ch, ch_ok, cw0, cw1, W: tl.constexpr, BW: tl.constexpr):
+    """_conv_silu of the new inputs x (DT) of channels `ch`."""
     offs_w = tl.arange(0, BW)
     w_ok = offs_w < W - 1
     shift = offs_w + 1 < W - 1
@@ -261,7 +313,6 @@ def _conv_silu(proj_ptr, cw_ptr, cs_ptr, ch, ch_ok, cw0, cw1, W: tl.constexpr, B
     nxt = tl.load(rows + 1 + offs_w[None, :], mask=ch_ok[:, None] & shift[None, :], other=0.0)
     w = tl.load(cw_ptr + ch[:, None] * cw0 + offs_w[None, :] * cw1, mask=m2, other=0.0).to(tl.float32)
     w_last = tl.load(cw_ptr + ch * cw0 + (W - 1) * cw1, mask=ch_ok, other=0.0).to(tl.float32)
-    x = tl.load(proj_ptr + ch, mask=ch_ok, other=0.0)
     y = tl.sum(w * old.to(tl.float32), 1) + w_last * x.to(tl.float32)
     y = (y * tl.sigmoid(y)).to(x.dtype).to(tl.float32)
     return y, tl.where(shift[None, :], nxt, x[:, None].to(nxt.dtype))
@@ -344,6 +395,57 @@ def deltanet_item(proj_ptr, cw_ptr, cs_ptr, A_log_ptr, dt_bias_ptr, nw_ptr, stat
             z = tl.load(proj_ptr + CONV_DIM + h * DV + offs_v, mask=v_ok, other=0.0).to(tl.float32)
             nw = tl.load(nw_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
             tl.store(o_ptr + h * DV + offs_v, (o * rstd * nw * (z * tl.sigmoid(z))).to(DT), mask=v_ok)
+
+
+@triton.jit
+def deltanet_cols_item(proj_ptr, A_log_ptr, dt_bias_ptr, state_ptr, o_ptr, ss_ptr, hk, part, scale, l2_eps,
+                       HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
+                       REP_P: tl.constexpr, DN_SPLIT: tl.constexpr, DN_COLS: tl.constexpr, BS: tl.constexpr):
+    """Columns part * DN_COLS .. (part + 1) * DN_COLS - 1 of key head hk's value heads: deltanet_item's delta-rule
+    step on those columns of each state [DK, DV], q, k and v read already convolved (the GEMV_CONV tiles of the
+    in-projection ran the conv), o stored in DT, and the sum of squares of those o columns to ss[h, part] (the
+    out_proj tiles finish the gated norm). Every column's math is deltanet_item's: a head split into DN_COLS-wide
+    items gives its bits with deltanet_block = DN_COLS."""
+    DT = o_ptr.dtype.element_ty
+    REP: tl.constexpr = HV // HK
+    KEY_DIM: tl.constexpr = HK * DK
+    CONV_DIM: tl.constexpr = 2 * HK * DK + HV * DV
+    VAL_DIM: tl.constexpr = HV * DV
+    offs_k = tl.arange(0, BK)
+    k_ok = offs_k < DK
+    offs_r = tl.arange(0, REP_P)
+    r_ok = offs_r < REP
+    heads = hk * REP + offs_r
+    a_all = tl.load(proj_ptr + CONV_DIM + VAL_DIM + HV + heads, mask=r_ok, other=0.0).to(tl.float32)
+    b_all = tl.load(proj_ptr + CONV_DIM + VAL_DIM + heads, mask=r_ok, other=0.0).to(tl.float32)
+    A_all = tl.load(A_log_ptr + heads, mask=r_ok, other=0.0).to(tl.float32)
+    dtb_all = tl.load(dt_bias_ptr + heads, mask=r_ok, other=0.0)
+    q = tl.load(proj_ptr + hk * DK + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+    k = tl.load(proj_ptr + KEY_DIM + hk * DK + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+    d_all = tl.exp(-tl.exp(A_all) * _softplus(a_all + dtb_all))
+    beta_all = tl.sigmoid(b_all)
+    rq = tl.rsqrt(tl.sum(q * q, 0) + l2_eps) * scale
+    rk = tl.rsqrt(tl.sum(k * k, 0) + l2_eps)
+    kq = tl.sum(k * q, 0)
+    c0 = part * DN_COLS
+    offs_v = c0 + tl.arange(0, BS)
+    v_ok = (offs_v < c0 + DN_COLS) & (offs_v < DV)
+    for r in range(REP):
+        h = hk * REP + r
+        d = tl.sum(tl.where(offs_r == r, d_all, 0.0), 0)
+        beta = tl.sum(tl.where(offs_r == r, beta_all, 0.0), 0)
+        s_ptrs = state_ptr + h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+        s_ok = k_ok[:, None] & v_ok[None, :]
+        S = tl.load(s_ptrs, mask=s_ok, other=0.0)
+        v = tl.load(proj_ptr + 2 * KEY_DIM + h * DV + offs_v, mask=v_ok, other=0.0).to(tl.float32)
+        Sk = tl.sum(S * k[:, None], 0)
+        Sq = tl.sum(S * q[:, None], 0)
+        delta = (v - d * rk * Sk) * beta
+        o = (d * rq * Sq + (rk * rq * kq) * delta).to(DT)
+        tl.store(o_ptr + h * DV + offs_v, o, mask=v_ok)
+        tl.store(s_ptrs, S * d + (k * rk)[:, None] * delta[None, :], mask=s_ok)
+        o = tl.where(v_ok, o.to(tl.float32), 0.0)
+        tl.store(ss_ptr + h * DN_SPLIT + part, tl.sum(o * o, 0))
 
 
 @triton.jit

@@ -14,6 +14,9 @@ One decode step, per layer (sizes from the config; Qwen3.5-0.8B in brackets, for
 
     NORM (1) -> GEMV tiles of the in-projection (P) -> DELTANET per key head (16)
              -> GEMV_ADD tiles of out_proj (P) -> NORM -> GEMV tiles of gate_up (P) -> GEMV_SWIGLU tiles of down (P)
+    or, split by value columns (deltanet_split = S > 1): the in-projection's tiles also run the causal conv of
+    their q/k/v channels (GEMV_CONV), DELTANET_COLS per (key head, column split) (16 S), and the out_proj tiles
+    compute the gated RMSNorm of their input from the splits' sums of squares (GEMV_ADD_GATED)
     NORM (1) -> GEMV tiles of qkv_proj (P) -> ATTN_PREP per KV head (2) -> ATTN_SPLIT per (KV head, split)
              -> ATTN_COMBINE per KV head (2) -> GEMV_ADD tiles of o_proj (P) -> NORM -> gate_up -> down
     then EMBED first, and last NORM -> GEMV_ARGMAX tiles of the LM head (P) -> ARGMAX (1).
@@ -44,16 +47,17 @@ import triton
 from ...config import LINEAR
 from ...errors import KernelError
 
-(EMBED, NORM, GEMV, GEMV_ADD, GEMV_SWIGLU, GEMV_ARGMAX, GEMV_NORM, GEMV_NORM_ARGMAX, DELTANET, ATTN_PREP,
- ATTN_SPLIT, ATTN_COMBINE, ARGMAX) = range(13)
+(EMBED, NORM, GEMV, GEMV_ADD, GEMV_SWIGLU, GEMV_ARGMAX, GEMV_NORM, GEMV_NORM_ARGMAX, GEMV_CONV, GEMV_NORM_CONV,
+ GEMV_ADD_GATED, DELTANET, DELTANET_COLS, ATTN_PREP, ATTN_SPLIT, ATTN_COMBINE, ARGMAX) = range(17)
 KIND_NAMES = ("EMBED", "NORM", "GEMV", "GEMV_ADD", "GEMV_SWIGLU", "GEMV_ARGMAX", "GEMV_NORM", "GEMV_NORM_ARGMAX",
-              "DELTANET", "ATTN_PREP", "ATTN_SPLIT", "ATTN_COMBINE", "ARGMAX")
-GEMV_KINDS = range(GEMV, GEMV_NORM_ARGMAX + 1)   # consecutive: the kernel compiles one form of gemv_item for each
+              "GEMV_CONV", "GEMV_NORM_CONV", "GEMV_ADD_GATED", "DELTANET", "DELTANET_COLS", "ATTN_PREP",
+              "ATTN_SPLIT", "ATTN_COMBINE", "ARGMAX")
+GEMV_KINDS = range(GEMV, GEMV_ADD_GATED + 1)   # consecutive: the kernel compiles one form of gemv_item for each
 NUM_ARGS = 8
 WAIT_C, WAIT_NEED, WAIT_TOTAL, DONE_C = NUM_ARGS + 1, NUM_ARGS + 2, NUM_ARGS + 3, NUM_ARGS + 4
 ITEM_FIELDS = NUM_ARGS + 5
 # Fixed entries of the pointer table: the step's activation buffers (GEMV items name their input and output by slot)
-X, H_SLOT, PROJ, GATE_UP, O_SLOT, LOGITS = range(6)
+X, H_SLOT, PROJ, GATE_UP, O_SLOT, LOGITS, DN_SS = range(7)
 ITEM_OVERHEAD_BYTES = 64 * 1024   # an item's fixed cost in the deal's estimate (a counter round trip, ~1 us)
 
 
@@ -113,9 +117,11 @@ class _Builder:
             self.totals[done] += 1
         self.items.append(Item(kind, tuple(int(a) for a in args), wait, done, name, float(cost)))
 
-    def gemv(self, kind, weight, name, w_slot, in_slot, out_slot, wait, tiles, norm_slot=-1):
+    def gemv(self, kind, weight, name, w_slot, in_slot, out_slot, wait, tiles, norm_slot=-1, conv_base=None):
         """The tiles of out = weight @ in: `tiles` contiguous row ranges (as even as can be), one counter bumped by
-        each; returns (the counter, its need). norm_slot: the norm weight of a GEMV_NORM kind."""
+        each; returns (the counter, its need). norm_slot: the norm weight of a GEMV_NORM kind (of GEMV_ADD_GATED:
+        the gated norm's weight); conv_base: the conv weight's slot of a GEMV_CONV kind, in place of the tile's
+        index (only the ARGMAX kinds read that)."""
         N, K = weight.shape
         if weight.stride() != (K, 1):
             raise KernelError(f"persistent schedule: weight {name} has strides {weight.stride()}, expected "
@@ -126,25 +132,31 @@ class _Builder:
         t = 0
         for r0 in range(0, N, rows):
             n = min(rows, N - r0)
-            self.add(kind, (w_slot, in_slot, out_slot, r0, n, K, t, norm_slot), wait, done,
+            self.add(kind, (w_slot, in_slot, out_slot, r0, n, K, t if conv_base is None else conv_base, norm_slot),
+                     wait, done,
                      f"{name} rows {r0}..{r0 + n - 1}", n * K * weight.element_size())
             t += 1
         return done, self.totals[done]
 
 
 def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, splits: int | None = None,
-                   fuse_norms: bool = False) -> Schedule:
+                   fuse_norms: bool = False, deltanet_split: int = 1) -> Schedule:
     """The decode step of `model` (its config and weights) over `cache`, dealt to `programs` programs.
 
     gemv_tiles: tiles per projection (default: one per program, at least 2); splits: the attention's key splits per
     KV head (default: enough to give every program one, within the cache's key blocks); fuse_norms: the RMSNorms
-    computed inside the tiles that read them (GEMV_NORM) instead of NORM items."""
+    computed inside the tiles that read them (GEMV_NORM) instead of NORM items; deltanet_split: the DeltaNet
+    heads' value columns in that many items each (1: one item per key head)."""
     from ..attention.tuning import _DECODE_BLOCK_N, _INTERP_DECODE_BLOCK_N, MAX_SPLITS
     from ... import runtime
 
     cfg, W, dev, dt = model.config, model.weights, model.device, model.dtype
     if programs < 1:
         raise KernelError(f"programs={programs!r}: expected a positive int")
+    DV = cfg.linear_value_head_dim
+    if not (isinstance(deltanet_split, int) and 1 <= deltanet_split <= DV):
+        raise KernelError(f"deltanet_split={deltanet_split!r}: expected how many items share a DeltaNet head's "
+                          f"{DV} value columns, an int from 1 to {DV}")
     tiles = gemv_tiles if gemv_tiles is not None else max(2, programs)
     block_n = _INTERP_DECODE_BLOCK_N if runtime.interpreter_active() else _DECODE_BLOCK_N
     L = cache.max_len
@@ -161,20 +173,23 @@ def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, s
         "logits": torch.zeros(V, device=dev, dtype=dt),
         "q": torch.zeros(cfg.num_attention_heads * D, device=dev, dtype=dt),
         "ws": torch.zeros(splits, cfg.num_attention_heads, D + 2, device=dev, dtype=torch.float32),
+        # per (value head, column split): the sum of squares of its o columns, for the gated norm in out_proj
+        "dn_ss": torch.zeros(cfg.linear_num_value_heads * deltanet_split, device=dev, dtype=torch.float32),
     }
     b = _Builder(dev)
-    for name in ("x", "h", "proj", "gate_up", "o", "logits"):   # slots X .. LOGITS
+    for name in ("x", "h", "proj", "gate_up", "o", "logits", "dn_ss"):   # slots X .. DN_SS
         b.slot(buffers[name])
 
-    def normed_gemv(kind, weight, name, norm_weight, norm_name, out_slot, wait):
-        """The tiles of out = weight @ rmsnorm(x): after a NORM item, or (fuse_norms) each computing the norm."""
+    def normed_gemv(kind, weight, name, norm_weight, norm_name, out_slot, wait, conv_base=None):
+        """The tiles of out = weight @ rmsnorm(x): after a NORM item, or (fuse_norms) each computing the norm.
+        conv_base: the slot of a DeltaNet layer's conv weight (its conv state the next): the tiles run the conv."""
         w_slot = b.slot(weight)
         if fuse_norms:
-            fused = GEMV_NORM_ARGMAX if kind == GEMV_ARGMAX else GEMV_NORM
-            return b.gemv(fused, weight, name, w_slot, X, out_slot, wait, tiles, b.slot(norm_weight))
+            fused = {GEMV_ARGMAX: GEMV_NORM_ARGMAX, GEMV_CONV: GEMV_NORM_CONV}.get(kind, GEMV_NORM)
+            return b.gemv(fused, weight, name, w_slot, X, out_slot, wait, tiles, b.slot(norm_weight), conv_base)
         c = b.counter(norm_name)
         b.add(NORM, (b.slot(norm_weight),), wait, c, norm_name, 4 * H)
-        return b.gemv(kind, weight, name, w_slot, H_SLOT, out_slot, (c, 1), tiles)
+        return b.gemv(kind, weight, name, w_slot, H_SLOT, out_slot, (c, 1), tiles, conv_base=conv_base)
 
     c = b.counter("embedding")
     b.add(EMBED, (b.slot(W.embed),), None, c, "token row", H * W.embed.element_size())
@@ -183,18 +198,33 @@ def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, s
     for i, layer in enumerate(W.layers):
         tag = f"layer {i}"
         if layer.kind == LINEAR:
-            wait = normed_gemv(GEMV, layer.in_proj, f"{tag} in_proj", layer.input_norm, f"{tag} input norm", PROJ,
-                               wait)
             base = b.slot(layer.conv)
             for t in (cache.conv_state[i], layer.A_log, layer.dt_bias, layer.norm, cache.recurrent_state[i]):
                 b.slot(t)
-            c = b.counter(f"{tag} deltanet heads")
-            state_bytes = 2 * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4 * (Hv // Hk)
-            for hk in range(Hk):
-                b.add(DELTANET, (base, hk, layer.conv.stride(0), layer.conv.stride(1)), wait, c,
-                      f"{tag} deltanet key head {hk}", state_bytes)
-            wait = b.gemv(GEMV_ADD, layer.out_proj, f"{tag} out_proj", b.slot(layer.out_proj), O_SLOT, X,
-                          (c, Hk), tiles)
+            state_bytes = 2 * cfg.linear_key_head_dim * DV * 4 * (Hv // Hk)
+            if deltanet_split == 1:
+                wait = normed_gemv(GEMV, layer.in_proj, f"{tag} in_proj", layer.input_norm, f"{tag} input norm",
+                                   PROJ, wait)
+                c = b.counter(f"{tag} deltanet heads")
+                for hk in range(Hk):
+                    b.add(DELTANET, (base, hk, layer.conv.stride(0), layer.conv.stride(1)), wait, c,
+                          f"{tag} deltanet key head {hk}", state_bytes)
+                wait = b.gemv(GEMV_ADD, layer.out_proj, f"{tag} out_proj", b.slot(layer.out_proj), O_SLOT, X,
+                              (c, Hk), tiles)
+            else:
+                if layer.conv.stride() != (1, layer.conv.shape[0]):   # the tiles' conv reads it column-major
+                    raise KernelError(f"persistent schedule: layer {i}'s conv weight has strides "
+                                      f"{layer.conv.stride()}, expected column-major (1, {layer.conv.shape[0]}) as "
+                                      f"qwen_lab.weights lays it out")
+                wait = normed_gemv(GEMV_CONV, layer.in_proj, f"{tag} in_proj", layer.input_norm,
+                                   f"{tag} input norm", PROJ, wait, conv_base=base)
+                c = b.counter(f"{tag} deltanet column splits")
+                for hk in range(Hk):
+                    for part in range(deltanet_split):
+                        b.add(DELTANET_COLS, (base, hk, part), wait, c,
+                              f"{tag} deltanet key head {hk} columns {part}", state_bytes / deltanet_split)
+                wait = b.gemv(GEMV_ADD_GATED, layer.out_proj, f"{tag} out_proj", b.slot(layer.out_proj), O_SLOT, X,
+                              (c, Hk * deltanet_split), tiles, norm_slot=base + 4)
         else:
             wait = normed_gemv(GEMV, layer.qkv_proj, f"{tag} qkv_proj", layer.input_norm, f"{tag} input norm", PROJ,
                                wait)
@@ -238,7 +268,7 @@ def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, s
         args = list(it.args) + [0] * (NUM_ARGS - len(it.args))
         wc, need = it.wait if it.wait is not None else (-1, 0)
         rows.append([it.kind, *args, wc, need, b.totals[wc] if wc >= 0 else 0, -1 if it.done is None else it.done])
-    sizes = kernel_sizes(cfg, splits, block_n, n_tiles)
+    sizes = kernel_sizes(cfg, splits, block_n, n_tiles, deltanet_split)
     sizes["ALIGNED"] = all(it.args[5] % 16 == 0 for it in b.items if it.kind in GEMV_KINDS)
     return Schedule(items=torch.tensor(rows, dtype=torch.int32, device=dev),
                     order=torch.tensor(order, dtype=torch.int32, device=dev),
@@ -248,8 +278,10 @@ def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, s
                     sizes=sizes, buffers=buffers, keep=list(b.slots))
 
 
-def kernel_sizes(cfg, splits: int, block_n: int, n_tiles: int) -> dict:
-    """The persistent kernel's constexprs: the config's sizes and the block shapes that follow from them."""
+def kernel_sizes(cfg, splits: int, block_n: int, n_tiles: int, deltanet_split: int = 1) -> dict:
+    """The persistent kernel's constexprs: the config's sizes and the block shapes that follow from them
+    (DN_SPLIT: the items per DeltaNet head, DN_COLS their columns each, BS that to a power of two)."""
+    dn_cols = triton.cdiv(cfg.linear_value_head_dim, deltanet_split)
     D = cfg.head_dim
     G = cfg.num_attention_heads // cfg.num_key_value_heads
     return dict(H=cfg.hidden_size, HK=cfg.linear_num_key_heads, HV=cfg.linear_num_value_heads,
@@ -262,7 +294,8 @@ def kernel_sizes(cfg, splits: int, block_n: int, n_tiles: int) -> dict:
                 REP_P=triton.next_power_of_2(cfg.linear_num_value_heads // cfg.linear_num_key_heads),
                 ROWS=max(16, triton.next_power_of_2(G)), BLOCK_D=max(16, triton.next_power_of_2(D)),
                 ATTN_BLOCK_N=block_n, SPLITS_P=triton.next_power_of_2(splits),
-                TILES_P=min(1024, triton.next_power_of_2(n_tiles)))
+                TILES_P=min(1024, triton.next_power_of_2(n_tiles)), DN_SPLIT=deltanet_split, DN_COLS=dn_cols,
+                BS=triton.next_power_of_2(dn_cols))
 
 
 def deal(items: list[Item], totals: list[int], programs: int) -> tuple[list[int], list[int]]:
