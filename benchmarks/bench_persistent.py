@@ -13,7 +13,8 @@ fused into the GEMV tiles, `a` each GEMV item's next weight block loaded into re
 summed, `cN` the GEMV loop pipelined by Triton through shared memory in N stages instead, `pBYTES` (k for 1024) the
 L2 prefetch before each wait, `dN` N state columns per iteration of a DeltaNet item (default 32), `vN` each
 DeltaNet head's columns split over N items (the conv in the in-projection's tiles, the gated norm in out_proj's),
-`sN` N programs per SM (default 1; they must all be resident at once, so the registers of N programs must fit an SM).
+`rNxK` blocks of N x K for the tiles that add into the residual stream (out_proj, o_proj, down), `sN` N programs
+per SM (default 1; they must all be resident at once, so the registers of N programs must fit an SM).
 Before timing, one step from the same prefilled state both ways: the relative error of the logits and the two
 tokens (a timing of wrong results means nothing). Prints a table and writes JSON with the floors of the same run.
 """
@@ -45,6 +46,9 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
                 options["deltanet_block"] = int(st[1:])
             elif st.startswith("v") and st[1:].isdigit():   # DeltaNet items per head, by value columns
                 options["deltanet_split"] = int(st[1:])
+            elif st.startswith("r") and "x" in st and st[1:].replace("x", "", 1).isdigit():   # the adding tiles' block
+                an, ak = st[1:].split("x")
+                options["add_block"] = (int(an), int(ak))
             elif st.startswith("s") and st[1:].isdigit():   # programs per SM (all must be resident at once)
                 options["programs_per_sm"] = int(st[1:])
             elif st.startswith("p"):
@@ -52,8 +56,8 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
             else:
                 raise SystemExit(f"--variants: stage {st!r} of {part!r}: expected n (fused norms), a (the next "
                                  f"GEMV block loaded ahead), cN (N pipeline stages), pBYTES (L2 prefetch), dN "
-                                 f"(DeltaNet columns per iteration), vN (DeltaNet items per head) or sN (N programs "
-                                 f"per SM)")
+                                 f"(DeltaNet columns per iteration), vN (DeltaNet items per head), rNxK (the block of "
+                                 f"the tiles that add into x) or sN (N programs per SM)")
         out.append((f"persistent w{warps} {n}x{k}" + "".join(f" {st}" for st in stages), options))
     return out
 
@@ -61,7 +65,7 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
 # a variant names every option it turns on: the rest are stage 1's (not PersistentDecode's defaults, which change as
 # measurements come in), so a variant's name means the same kernel in every run
 STAGE_1 = {"fuse_norms": False, "prefetch": 0, "gemv_ahead": 0, "deltanet_block": 32, "gemv_stages": 0,
-           "deltanet_split": 1}
+           "deltanet_split": 1, "add_block": None}
 
 
 def decode_options(options: dict, programs: int | None = None) -> dict:
@@ -81,7 +85,7 @@ def main(argv=None) -> int:
     p.add_argument("--decode-steps", type=int, default=128)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--variants", default="4:16x256,8:16x1024:n:c3:p64k:d128,8:16x1024:n:c3:p64k:v8",
-                   help="num_warps:BLOCK_NxBLOCK_K[:n][:a|:cN][:pBYTES][:dN][:vN][:sN], comma-separated")
+                   help="num_warps:BLOCK_NxBLOCK_K[:n][:a|:cN][:pBYTES][:dN][:vN][:rNxK][:sN], comma-separated")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

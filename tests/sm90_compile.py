@@ -311,7 +311,7 @@ def persistent_cases():
              "inv_freq_ptr": "*fp32", "eps": "fp32", "l2_eps": "fp32", "dn_scale": "fp32", "qk_scale": "fp32"}
     out = []
     # (the next to last: PersistentDecode's GPU defaults, deltanet_block 128 included; the last with its DeltaNet
-    # heads split into 8 items each)
+    # heads split into 8 items each, and 8 x 2048 blocks for the tiles that add into the residual stream)
     for warps, block_n, prefetch, trace, loop, bv, dn_split in (
             (4, 16, False, False, "", 32, 1), (4, 32, False, False, "", 32, 1), (8, 32, False, False, "", 32, 1),
             (4, 16, True, False, "", 32, 1), (4, 16, False, True, "", 32, 1), (8, 16, False, False, "ahead", 32, 1),
@@ -321,8 +321,10 @@ def persistent_cases():
                     ALIGNED=True, DOT_PREC="tf32", F=schedule.ITEM_FIELDS, PREFETCH=prefetch, LINES=32 * warps,
                     TRACE=trace, GEMV_AHEAD=loop == "ahead", GEMV_STAGES=3 if loop == "stages" else 0)
         meta["BV"] = bv
+        if dn_split > 1:
+            meta.update(ADD_N=8, ADD_K=2048)
         label = (f"persistent_decode w{warps} {block_n}x{meta['GEMV_K']}" + (f" d{bv}" if bv != 32 else "")
-                 + (f" v{dn_split}" if dn_split > 1 else "")
+                 + (f" v{dn_split} r8x2048" if dn_split > 1 else "")
                  + (" prefetch" if prefetch else "") + (" trace" if trace else "") + (f" {loop}" if loop else ""))
         case_types = dict(types, trace_ptr="*i64") if trace else types
         out.append((label, lambda meta=meta, warps=warps, case_types=case_types: compile_case(

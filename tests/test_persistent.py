@@ -217,10 +217,23 @@ def test_deltanet_column_splits_change_no_bit():
         assert torch.equal(a, b) and ta == tb, f"decode step {t}"
 
 
-def test_deltanet_split_out_of_range_is_refused_naming_it():
+@pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
+def test_the_residual_tiles_own_block_gives_the_plain_decode(cfg):
+    """add_block: the tiles that add into the residual stream (out_proj, o_proj, down, 8 x 128 blocks here) walk
+    other blocks than the rest (gemv_block, 16 x 64 under the interpreter): still the plain decode's step."""
+    out, step = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, add_block=(8, 128))
+    assert step.add_block == (8, 128) and step.gemv_block == (16, 64)
+    for t, (got, want, token, best) in enumerate(out):
+        assert checks.relative_error(got.float(), want.float()) <= 1e-4, f"decode step {t}"
+        assert token == int(got.float().argmax()), f"decode step {t}"
+
+
+def test_deltanet_split_and_add_block_out_of_range_are_refused_naming_them():
     model = tiny_model(TINY)
     with pytest.raises(KernelError, match=r"deltanet_split=17: expected how many items share a DeltaNet head's 16 "):
         PersistentDecode(model, model.new_cache(8), deltanet_split=17)
+    with pytest.raises(KernelError, match=r"add_block=\(8, 100\): expected \(BLOCK_N, BLOCK_K\) of the tiles that add"):
+        PersistentDecode(model, model.new_cache(8), add_block=(8, 100))
 
 
 def test_the_benchmarks_variants_name_every_option(benchmark_module):
@@ -237,8 +250,9 @@ def test_the_benchmarks_variants_name_every_option(benchmark_module):
     (_, options), = parse("8:16x1024:n:a")
     assert benchmark_module("bench_persistent").decode_options(options) == {
         "num_warps": 8, "gemv_block": (16, 1024), "fuse_norms": True, "gemv_ahead": 1, "prefetch": 0,
-        "deltanet_block": 32, "gemv_stages": 0, "deltanet_split": 1, "programs": None}
+        "deltanet_block": 32, "gemv_stages": 0, "deltanet_split": 1, "add_block": None, "programs": None}
     assert parse("8:16x1024:c3")[0][1]["gemv_stages"] == 3 and parse("8:16x1024:v8")[0][1]["deltanet_split"] == 8
+    assert parse("8:16x1024:r8x2048")[0][1]["add_block"] == (8, 2048)
     for unknown in ("q", "a2", "u"):   # (a2, u: loop forms measured slower and taken out)
         with pytest.raises(SystemExit, match=f"stage '{unknown}' of '4:16x256:{unknown}'"):
             parse(f"4:16x256:{unknown}")
@@ -438,8 +452,8 @@ def plan_greedy(big, ids, n: int):
 @pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
 @pytest.mark.parametrize("options", [STAGE_1, {"fuse_norms": True, "prefetch": 4096, "gemv_ahead": True,
                                                 "gemv_stages": 0},
-                                     {"gemv_stages": 3}, {}],
-                         ids=["stage-1", "fused-prefetch-ahead", "gemv-stages", "defaults"])
+                                     {"gemv_stages": 3}, {"deltanet_split": 4, "add_block": (8, 256)}, {}],
+                         ids=["stage-1", "fused-prefetch-ahead", "gemv-stages", "split-and-add-block", "defaults"])
 def test_gpu_the_step_with_one_program_per_sm_equals_the_plain_decode(cfg, options):
     out, step = decode_both_ways(cfg, 6, **options)      # programs: the SM count
     assert step.schedule.programs == torch.cuda.get_device_properties(0).multi_processor_count

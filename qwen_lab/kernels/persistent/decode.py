@@ -107,7 +107,8 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                              GEMV_N: tl.constexpr, GEMV_K: tl.constexpr, ALIGNED: tl.constexpr, DOT_PREC: tl.constexpr,
                              F: tl.constexpr, PREFETCH: tl.constexpr = False, prefetch_bytes=0,
                              LINES: tl.constexpr = 128, TRACE: tl.constexpr = False, trace_ptr=None,
-                             GEMV_AHEAD: tl.constexpr = False, GEMV_STAGES: tl.constexpr = 0):
+                             GEMV_AHEAD: tl.constexpr = False, GEMV_STAGES: tl.constexpr = 0,
+                             ADD_N: tl.constexpr = 0, ADD_K: tl.constexpr = 0):
     DT = logits_ptr.dtype.element_ty
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
@@ -163,11 +164,15 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
             # ---- the item
             # the GEMV forms are consecutive kinds; each is its own compiled MODE of gemv_item (a7: the norm weight's
             # slot of the GEMV_NORM forms, -1 for the others, which never read it)
+            # (ADD_N x ADD_K, when given: the block of the forms that add into the residual stream, whose tiles
+            # are a few rows each)
             for mode in tl.static_range(N_GEMV_FORMS):
                 if kind == K_GEMV + mode:
                     gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4,
                               a5, a6, best_val_ptr, best_idx_ptr, _slot(table_ptr, tl.maximum(a7, 0), tl.float32),
-                              eps, table_ptr, proj_ptr, _slot(table_ptr, K_DN_SS, tl.float32), mode, GEMV_N, GEMV_K,
+                              eps, table_ptr, proj_ptr, _slot(table_ptr, K_DN_SS, tl.float32), mode,
+                              ADD_N if (mode == 1 or mode == 2 or mode == 8) and ADD_N > 0 else GEMV_N,
+                              ADD_K if (mode == 1 or mode == 2 or mode == 8) and ADD_N > 0 else GEMV_K,
                               ALIGNED, NORM_BLOCK, 2 * HK * DK + HV * DV, CW, BW, DV, DN_SPLIT, GEMV_AHEAD,
                               GEMV_STAGES)
             if kind == K_NORM:
@@ -229,7 +234,10 @@ class PersistentDecode:
     DeltaNet head's value columns in that many items (DELTANET_COLS), so a layer's delta-rule step spreads over
     HK x deltanet_split programs instead of HK; the conv then runs in the in-projection's tiles and the gated norm
     in out_proj's (schedule.py). Each column's math is unchanged: the logits are those of deltanet_block equal to
-    the split's width. Not yet timed, so 1 (off) by default.
+    the split's width. Not yet timed, so 1 (off) by default. add_block: the (BLOCK_N, BLOCK_K) of the GEMV items
+    that add into the residual stream (out_proj, o_proj, down), in place of gemv_block: their tiles are a few rows
+    each (8 on 0.8B with 132 programs), so a 16-row block is half empty and a program has half the bytes in flight;
+    (8, 2048) keeps the block's bytes with full rows. Not yet timed, so None (gemv_block) by default.
     """
 
     def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,
@@ -237,7 +245,7 @@ class PersistentDecode:
                  gemv_block: tuple[int, int] | None = None, schedule: Schedule | None = None, verify: bool = True,
                  fuse_norms: bool = True, prefetch: int | None = None, trace: bool = False,
                  gemv_ahead: bool | None = None, deltanet_block: int | None = None, gemv_stages: int | None = None,
-                 deltanet_split: int = 1):
+                 deltanet_split: int = 1, add_block: tuple[int, int] | None = None):
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
@@ -280,6 +288,11 @@ class PersistentDecode:
             raise KernelError("trace=True: the trace reads the GPU's global timer (PTX), which the interpreter lacks")
         self.trace = torch.zeros(len(s.item_list), TRACE_FIELDS, dtype=torch.int64, device=dev) if trace else None
         self.gemv_block = gemv_block or ((16, 64) if interp else GPU_DEFAULTS["gemv_block"])
+        if add_block is not None and not (len(add_block) == 2 and all(
+                isinstance(b, int) and b >= 8 and b & (b - 1) == 0 for b in add_block)):
+            raise KernelError(f"add_block={add_block!r}: expected (BLOCK_N, BLOCK_K) of the tiles that add into the "
+                              f"residual stream, powers of two from 8")
+        self.add_block = add_block
         self.counters = torch.zeros(len(s.counter_totals), dtype=torch.int32, device=dev)
         self.errors = torch.zeros(s.programs, ERROR_FIELDS, dtype=torch.int32, device=dev)
         self.epoch = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -308,6 +321,7 @@ class PersistentDecode:
             s.items, s.order, s.starts, s.table, self.counters, self.errors, self.epoch, self.token, self.position,
             b["x"], b["h"], b["proj"], b["o"], b["q"], b["ws"], b["logits"], b["best_val"], b["best_idx"],
             self.inv_freq, *self.scalars, **self.sizes, GEMV_N=self.gemv_block[0], GEMV_K=self.gemv_block[1],
+            ADD_N=self.add_block[0] if self.add_block else 0, ADD_K=self.add_block[1] if self.add_block else 0,
             DOT_PREC=dot_precision(self.model.dtype), F=ITEM_FIELDS, PREFETCH=self.prefetch > 0,
             prefetch_bytes=self.prefetch, LINES=32 * self.num_warps, TRACE=self.trace is not None,
             trace_ptr=self.trace, GEMV_AHEAD=bool(self.gemv_ahead),
