@@ -327,6 +327,47 @@ def _conv_shift(cs_ptr, ch, ch_ok, shifted, W: tl.constexpr, BW: tl.constexpr):
 
 
 @triton.jit
+def _gate_loads(proj_ptr, A_log_ptr, dt_bias_ptr, hk, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                DV: tl.constexpr, REP_P: tl.constexpr):
+    """The gates' inputs of key head hk's REP value heads (REP_P: REP to a power of two): a and b from the
+    in-projection row [q k v | z | b | a], A_log, dt_bias. -> (a, b, A_log, dt_bias, the heads' offsets)"""
+    REP: tl.constexpr = HV // HK
+    ZB: tl.constexpr = 2 * HK * DK + 2 * HV * DV   # where b starts
+    offs_r = tl.arange(0, REP_P)
+    r_ok = offs_r < REP
+    heads = hk * REP + offs_r
+    a_all = tl.load(proj_ptr + ZB + HV + heads, mask=r_ok, other=0.0).to(tl.float32)
+    b_all = tl.load(proj_ptr + ZB + heads, mask=r_ok, other=0.0).to(tl.float32)
+    A_all = tl.load(A_log_ptr + heads, mask=r_ok, other=0.0).to(tl.float32)
+    dtb_all = tl.load(dt_bias_ptr + heads, mask=r_ok, other=0.0)
+    return a_all, b_all, A_all, dtb_all, offs_r
+
+
+@triton.jit
+def _gates_and_scales(a_all, b_all, A_all, dtb_all, q, k, scale, l2_eps):
+    """The decay and beta of each value head, and the L2 norms of q (times scale) and k as factors, with k.q."""
+    d_all = tl.exp(-tl.exp(A_all) * _softplus(a_all + dtb_all))
+    beta_all = tl.sigmoid(b_all)
+    rq = tl.rsqrt(tl.sum(q * q, 0) + l2_eps) * scale
+    rk = tl.rsqrt(tl.sum(k * k, 0) + l2_eps)
+    return d_all, beta_all, rq, rk, tl.sum(k * q, 0)
+
+
+@triton.jit
+def _delta_step(S, s_ptrs, s_ok, v, q, k, d, beta, rq, rk, kq, o_ptrs, v_ok, DT: tl.constexpr):
+    """conv_decode_step_kernel's delta-rule step on one block of a value head's state, S [DK, N] (from s_ptrs),
+    for its columns v: o stored in DT at o_ptrs, the new state in place. -> o in fp32, 0 past the columns (for the
+    gated norm's sum of squares)."""
+    Sk = tl.sum(S * k[:, None], 0)
+    Sq = tl.sum(S * q[:, None], 0)
+    delta = (v - d * rk * Sk) * beta
+    o = (d * rq * Sq + (rk * rq * kq) * delta).to(DT)
+    tl.store(o_ptrs, o, mask=v_ok)
+    tl.store(s_ptrs, S * d + (k * rk)[:, None] * delta[None, :], mask=s_ok)
+    return tl.where(v_ok, o.to(tl.float32), 0.0)
+
+
+@triton.jit
 def deltanet_item(proj_ptr, cw_ptr, cs_ptr, A_log_ptr, dt_bias_ptr, nw_ptr, state_ptr, o_ptr, hk, cw0, cw1,
                   scale, eps, l2_eps,
                   HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, W: tl.constexpr,
@@ -342,27 +383,16 @@ def deltanet_item(proj_ptr, cw_ptr, cs_ptr, A_log_ptr, dt_bias_ptr, nw_ptr, stat
     REP: tl.constexpr = HV // HK
     KEY_DIM: tl.constexpr = HK * DK
     CONV_DIM: tl.constexpr = 2 * HK * DK + HV * DV
-    VAL_DIM: tl.constexpr = HV * DV
     offs_k = tl.arange(0, BK)
     k_ok = offs_k < DK
-    # the gates of the REP value heads (REP_P: REP to a power of two), with the q and k convs' loads
-    offs_r = tl.arange(0, REP_P)
-    r_ok = offs_r < REP
-    heads = hk * REP + offs_r
-    a_all = tl.load(proj_ptr + CONV_DIM + VAL_DIM + HV + heads, mask=r_ok, other=0.0).to(tl.float32)
-    b_all = tl.load(proj_ptr + CONV_DIM + VAL_DIM + heads, mask=r_ok, other=0.0).to(tl.float32)
-    A_all = tl.load(A_log_ptr + heads, mask=r_ok, other=0.0).to(tl.float32)
-    dtb_all = tl.load(dt_bias_ptr + heads, mask=r_ok, other=0.0)
+    # the gates' inputs, with the q and k convs' loads
+    a_all, b_all, A_all, dtb_all, offs_r = _gate_loads(proj_ptr, A_log_ptr, dt_bias_ptr, hk, HK, HV, DK, DV, REP_P)
     q, q_shifted = _conv_silu(proj_ptr, cw_ptr, cs_ptr, hk * DK + offs_k, k_ok, cw0, cw1, W, BW)
     k, k_shifted = _conv_silu(proj_ptr, cw_ptr, cs_ptr, KEY_DIM + hk * DK + offs_k, k_ok, cw0, cw1, W, BW)
-    d_all = tl.exp(-tl.exp(A_all) * _softplus(a_all + dtb_all))
-    beta_all = tl.sigmoid(b_all)
+    d_all, beta_all, rq, rk, kq = _gates_and_scales(a_all, b_all, A_all, dtb_all, q, k, scale, l2_eps)
     tl.debug_barrier()   # every thread's loads of the conv state before a shifted row is stored
     _conv_shift(cs_ptr, hk * DK + offs_k, k_ok, q_shifted, W, BW)
     _conv_shift(cs_ptr, KEY_DIM + hk * DK + offs_k, k_ok, k_shifted, W, BW)
-    rq = tl.rsqrt(tl.sum(q * q, 0) + l2_eps) * scale
-    rk = tl.rsqrt(tl.sum(k * k, 0) + l2_eps)
-    kq = tl.sum(k * q, 0)
     for r in range(REP):
         h = hk * REP + r
         d = tl.sum(tl.where(offs_r == r, d_all, 0.0), 0)   # value head r's gates (the others are zeros: exact)
@@ -376,13 +406,7 @@ def deltanet_item(proj_ptr, cw_ptr, cs_ptr, A_log_ptr, dt_bias_ptr, nw_ptr, stat
             S = tl.load(s_ptrs, mask=s_ok, other=0.0)   # first: in flight with the v conv's loads
             v, v_shifted = _conv_silu(proj_ptr, cw_ptr, cs_ptr, 2 * KEY_DIM + h * DV + offs_v, v_ok, cw0, cw1, W,
                                       BW)
-            Sk = tl.sum(S * k[:, None], 0)
-            Sq = tl.sum(S * q[:, None], 0)
-            delta = (v - d * rk * Sk) * beta
-            o = (d * rq * Sq + (rk * rq * kq) * delta).to(DT)
-            tl.store(o_ptr + h * DV + offs_v, o, mask=v_ok)
-            tl.store(s_ptrs, S * d + (k * rk)[:, None] * delta[None, :], mask=s_ok)
-            o = tl.where(v_ok, o.to(tl.float32), 0.0)
+            o = _delta_step(S, s_ptrs, s_ok, v, q, k, d, beta, rq, rk, kq, o_ptr + h * DV + offs_v, v_ok, DT)
             ss += tl.sum(o * o, 0)
             tl.debug_barrier()   # the v conv state's loads before its shifted rows are stored
             _conv_shift(cs_ptr, 2 * KEY_DIM + h * DV + offs_v, v_ok, v_shifted, W, BW)
@@ -409,24 +433,12 @@ def deltanet_cols_item(proj_ptr, A_log_ptr, dt_bias_ptr, state_ptr, o_ptr, ss_pt
     DT = o_ptr.dtype.element_ty
     REP: tl.constexpr = HV // HK
     KEY_DIM: tl.constexpr = HK * DK
-    CONV_DIM: tl.constexpr = 2 * HK * DK + HV * DV
-    VAL_DIM: tl.constexpr = HV * DV
     offs_k = tl.arange(0, BK)
     k_ok = offs_k < DK
-    offs_r = tl.arange(0, REP_P)
-    r_ok = offs_r < REP
-    heads = hk * REP + offs_r
-    a_all = tl.load(proj_ptr + CONV_DIM + VAL_DIM + HV + heads, mask=r_ok, other=0.0).to(tl.float32)
-    b_all = tl.load(proj_ptr + CONV_DIM + VAL_DIM + heads, mask=r_ok, other=0.0).to(tl.float32)
-    A_all = tl.load(A_log_ptr + heads, mask=r_ok, other=0.0).to(tl.float32)
-    dtb_all = tl.load(dt_bias_ptr + heads, mask=r_ok, other=0.0)
+    a_all, b_all, A_all, dtb_all, offs_r = _gate_loads(proj_ptr, A_log_ptr, dt_bias_ptr, hk, HK, HV, DK, DV, REP_P)
     q = tl.load(proj_ptr + hk * DK + offs_k, mask=k_ok, other=0.0).to(tl.float32)
     k = tl.load(proj_ptr + KEY_DIM + hk * DK + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-    d_all = tl.exp(-tl.exp(A_all) * _softplus(a_all + dtb_all))
-    beta_all = tl.sigmoid(b_all)
-    rq = tl.rsqrt(tl.sum(q * q, 0) + l2_eps) * scale
-    rk = tl.rsqrt(tl.sum(k * k, 0) + l2_eps)
-    kq = tl.sum(k * q, 0)
+    d_all, beta_all, rq, rk, kq = _gates_and_scales(a_all, b_all, A_all, dtb_all, q, k, scale, l2_eps)
     c0 = part * DN_COLS
     offs_v = c0 + tl.arange(0, BS)
     v_ok = (offs_v < c0 + DN_COLS) & (offs_v < DV)
@@ -438,13 +450,7 @@ def deltanet_cols_item(proj_ptr, A_log_ptr, dt_bias_ptr, state_ptr, o_ptr, ss_pt
         s_ok = k_ok[:, None] & v_ok[None, :]
         S = tl.load(s_ptrs, mask=s_ok, other=0.0)
         v = tl.load(proj_ptr + 2 * KEY_DIM + h * DV + offs_v, mask=v_ok, other=0.0).to(tl.float32)
-        Sk = tl.sum(S * k[:, None], 0)
-        Sq = tl.sum(S * q[:, None], 0)
-        delta = (v - d * rk * Sk) * beta
-        o = (d * rq * Sq + (rk * rq * kq) * delta).to(DT)
-        tl.store(o_ptr + h * DV + offs_v, o, mask=v_ok)
-        tl.store(s_ptrs, S * d + (k * rk)[:, None] * delta[None, :], mask=s_ok)
-        o = tl.where(v_ok, o.to(tl.float32), 0.0)
+        o = _delta_step(S, s_ptrs, s_ok, v, q, k, d, beta, rq, rk, kq, o_ptr + h * DV + offs_v, v_ok, DT)
         tl.store(ss_ptr + h * DN_SPLIT + part, tl.sum(o * o, 0))
 
 
