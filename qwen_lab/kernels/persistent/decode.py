@@ -112,10 +112,9 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
     DT = logits_ptr.dtype.element_ty
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
+    dn_ss_ptr = _slot(table_ptr, K_DN_SS, tl.float32)   # the DeltaNet column splits' sums of squares (read once)
     ok = 1
-    j_first = tl.load(starts_ptr + pid)
-    j_end = tl.load(starts_ptr + pid + 1)
-    for j in range(j_first, j_end):
+    for j in range(tl.load(starts_ptr + pid), tl.load(starts_ptr + pid + 1)):
         # (the fields are read even after a failed wait: Triton keeps a name bound inside an if to that branch)
         index = tl.load(order_ptr + j)
         row = items_ptr + index.to(tl.int64) * F
@@ -164,17 +163,12 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
             # ---- the item
             # the GEMV forms are consecutive kinds; each is its own compiled MODE of gemv_item (a7: the norm weight's
             # slot of the GEMV_NORM forms, -1 for the others, which never read it)
-            # (ADD_N x ADD_K, when given: the block of the forms that add into the residual stream, whose tiles
-            # are a few rows each)
             for mode in tl.static_range(N_GEMV_FORMS):
                 if kind == K_GEMV + mode:
                     gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4,
                               a5, a6, best_val_ptr, best_idx_ptr, _slot(table_ptr, tl.maximum(a7, 0), tl.float32),
-                              eps, table_ptr, proj_ptr, _slot(table_ptr, K_DN_SS, tl.float32), mode,
-                              ADD_N if (mode == 1 or mode == 2 or mode == 8) and ADD_N > 0 else GEMV_N,
-                              ADD_K if (mode == 1 or mode == 2 or mode == 8) and ADD_N > 0 else GEMV_K,
-                              ALIGNED, NORM_BLOCK, 2 * HK * DK + HV * DV, CW, BW, DV, DN_SPLIT, GEMV_AHEAD,
-                              GEMV_STAGES)
+                              eps, table_ptr, proj_ptr, dn_ss_ptr, mode, GEMV_N, GEMV_K, ALIGNED, NORM_BLOCK,
+                              2 * HK * DK + HV * DV, CW, BW, DV, DN_SPLIT, GEMV_AHEAD, GEMV_STAGES, ADD_N, ADD_K)
             if kind == K_NORM:
                 norm_item(x_ptr, _slot(table_ptr, a0, tl.float32), h_ptr, eps, H, NORM_BLOCK)
             elif kind == K_DELTANET:
@@ -184,7 +178,7 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                               a1, a2, a3, dn_scale, eps, l2_eps, HK, HV, DK, DV, CW, BK, BV, BW, REP_P)
             elif kind == K_DELTANET_COLS:
                 deltanet_cols_item(proj_ptr, _slot(table_ptr, a0 + 2, tl.float32), _slot(table_ptr, a0 + 3, tl.float32),
-                                   _slot(table_ptr, a0 + 5, tl.float32), o_ptr, _slot(table_ptr, K_DN_SS, tl.float32),
+                                   _slot(table_ptr, a0 + 5, tl.float32), o_ptr, dn_ss_ptr,
                                    a1, a2, dn_scale, l2_eps, HK, HV, DK, DV, BK, REP_P, DN_SPLIT, DN_COLS, BS)
             elif kind == K_ATTN_PREP:
                 attn_prep_item(proj_ptr, _slot(table_ptr, a0, tl.float32), _slot(table_ptr, a0 + 1, tl.float32),

@@ -180,11 +180,12 @@ def _pair_sum(w, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, z_ptr, ss_ptr
 
 @triton.jit
 def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_idx_ptr, nw_ptr, eps, table_ptr,
-              proj_ptr, ss_ptr, MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              proj_ptr, ss_ptr, MODE: tl.constexpr, GEMV_N: tl.constexpr, GEMV_K: tl.constexpr,
               ALIGNED: tl.constexpr, NORM_BLOCK: tl.constexpr, CONV_DIM: tl.constexpr, CW: tl.constexpr,
               BW: tl.constexpr, DV: tl.constexpr, DN_SPLIT: tl.constexpr, AHEAD: tl.constexpr = False,
-              STAGES: tl.constexpr = 0):
-    """Rows row0 .. row0 + nrows - 1 of out = W @ in (W [N, K] row-major), BLOCK_N rows at a time.
+              STAGES: tl.constexpr = 0, ADD_N: tl.constexpr = 0, ADD_K: tl.constexpr = 0):
+    """Rows row0 .. row0 + nrows - 1 of out = W @ in (W [N, K] row-major), BLOCK_N rows at a time: blocks of
+    GEMV_N x GEMV_K, or ADD_N x ADD_K in the forms that add into out (when given: their tiles are a few rows).
     MODE (the item kind less GEMV): 0 store; 1 add into out (the residual stream); 2 the input is
     silu(gu[:K]) * gu[K:] (rounded to DT, as silu_mul stores it), added into out; 3 store, and the tile's (max,
     first index of the max) to slot `tile`; 4 and 5: as 0 and 3, the input being rmsnorm(x) * (1 + nw) computed
@@ -204,6 +205,8 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     ARGMAX: tl.constexpr = MODE == 3 or MODE == 5
     NORM: tl.constexpr = MODE == 4 or MODE == 5 or MODE == 7
     CONV: tl.constexpr = MODE == 6 or MODE == 7
+    BLOCK_N: tl.constexpr = ADD_N if ADD and ADD_N > 0 else GEMV_N
+    BLOCK_K: tl.constexpr = ADD_K if ADD and ADD_N > 0 else GEMV_K
     DT = out_ptr.dtype.element_ty
     cw_ptr = w_ptr   # (read only by the CONV modes)
     cs_ptr = w_ptr
@@ -240,19 +243,13 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     elif LOOK_AHEAD:
         acc = tl.zeros([BLOCK_N], tl.float32)
         for it in range(total):
-            r = row0 + (it // n_k) * BLOCK_N
-            k0 = (it % n_k) * BLOCK_K
             # the next pair's block, asked for before this one's sum (past the last pair: zeros, never summed)
             w_next = _pair_block(w_ptr, row0, end, K, it + 1, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
-            x = x_first
-            if n_k > 1:
-                x = _gemv_input(in_ptr, nw_ptr, z_ptr, ss_ptr, k0 + offs_k, K, rstd, eps, MODE, DT, DV, DN_SPLIT)
-            acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
+            acc, best_v, best_i = _pair_sum(w, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, z_ptr, ss_ptr,
+                                            out_ptr, cw_ptr, cs_ptr, row0, end, K, n_k, rstd, eps, offs_n, offs_k,
+                                            MODE, BLOCK_N, BLOCK_K, ADD, ARGMAX, DT, CONV, CONV_DIM, CW, BW, DV,
+                                            DN_SPLIT)
             w = w_next   # the block summed next
-            if k0 + BLOCK_K >= K:   # the row block's last K block: its rows are done
-                best_v, best_i = _gemv_rows_out(out_ptr, r + offs_n, end, acc, best_v, best_i, cw_ptr, cs_ptr, ADD,
-                                                ARGMAX, DT, CONV, CONV_DIM, CW, BW)
-                acc = tl.zeros([BLOCK_N], tl.float32)
     else:
         for r in range(row0, end, BLOCK_N):
             rows = r + offs_n
