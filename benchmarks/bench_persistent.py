@@ -65,7 +65,7 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
 # a variant names every option it turns on: the rest are stage 1's (not PersistentDecode's defaults, which change as
 # measurements come in), so a variant's name means the same kernel in every run
 STAGE_1 = {"fuse_norms": False, "prefetch": 0, "gemv_ahead": 0, "deltanet_block": 32, "gemv_stages": 0,
-           "deltanet_split": 1, "add_block": None}
+           "deltanet_split": 1, "add_block": 0}
 
 
 def decode_options(options: dict, programs: int | None = None) -> dict:

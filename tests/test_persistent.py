@@ -103,7 +103,8 @@ def test_the_schedule_respects_its_dependencies_under_any_interleaving(cfg, prog
     conv = {it.name.split(" rows")[0] for it in s.item_list if it.kind in (sched.GEMV_CONV, sched.GEMV_NORM_CONV)}
     gated = {it.name.split(" rows")[0] for it in s.item_list if it.kind == sched.GEMV_ADD_GATED}
     assert len(conv) == len(gated) == (0 if dn_split == 1 else n_linear)
-    assert kinds.count(sched.ATTN_PREP) == kinds.count(sched.ATTN_COMBINE) == n_full * cfg.num_key_value_heads
+    assert kinds.count(sched.ATTN_PREP) == n_full * cfg.num_key_value_heads
+    assert kinds.count(sched.ATTN_COMBINE) == n_full * cfg.num_attention_heads   # one per query head
     assert kinds.count(sched.ATTN_SPLIT) == 3 * n_full * cfg.num_key_value_heads
     norms = 2 * cfg.num_hidden_layers + 1
     assert kinds.count(sched.NORM) == (0 if fuse_norms else norms) and kinds[-1] == sched.ARGMAX
@@ -209,19 +210,25 @@ def test_deltanet_column_splits_change_no_bit():
     """A head split into items of 8 columns gives the bits of one item per head updating 8 columns at a time
     (deltanet_block=8): the same conv, state update and gated norm, only computed by other items (the conv by the
     in-projection's tiles, the norm's sum of squares added split by split in the out_proj tiles). (The in-projection
-    without fused norms, GEMV_CONV, is in the plain-decode comparison above.)"""
+    without fused norms, GEMV_CONV, is in the plain-decode comparison above.) Bitwise under the interpreter, which
+    rounds every product and sum as written; on a GPU within 1e-5 (fp32 model): ptxas contracts a multiply and an
+    add into one FMA where the code lets it, and the two forms' code differs around the same sums (an H100 run found
+    them unequal bitwise)."""
     whole, _ = decode_both_ways(TINY, 3, gemv_tiles=3, splits=2, fuse_norms=True, deltanet_block=8)
     split, step = decode_both_ways(TINY, 3, gemv_tiles=3, splits=2, fuse_norms=True, deltanet_split=2)
     assert step.sizes["DN_SPLIT"] == 2 and step.sizes["DN_COLS"] == 8
     for t, ((a, _, ta, _), (b, _, tb, _)) in enumerate(zip(split, whole)):
-        assert torch.equal(a, b) and ta == tb, f"decode step {t}"
+        err = checks.relative_error(a.float(), b.float())
+        same = torch.equal(a, b) if not HAS_GPU else err <= 1e-5
+        assert same and ta == tb, f"decode step {t}: relative error {err:.3e}, tokens {ta} and {tb}"
 
 
 @pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
 def test_the_residual_tiles_own_block_gives_the_plain_decode(cfg):
     """add_block: the tiles that add into the residual stream (out_proj, o_proj, down, 8 x 128 blocks here) walk
-    other blocks than the rest (gemv_block, 16 x 64 under the interpreter): still the plain decode's step."""
-    out, step = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, add_block=(8, 128))
+    other blocks than the rest (gemv_block, 16 x 64): still the plain decode's step."""
+    out, step = decode_both_ways(cfg, 2, gemv_tiles=3, splits=2, fuse_norms=True, gemv_block=(16, 64),
+                                 add_block=(8, 128))
     assert step.add_block == (8, 128) and step.gemv_block == (16, 64)
     for t, (got, want, token, best) in enumerate(out):
         assert checks.relative_error(got.float(), want.float()) <= 1e-4, f"decode step {t}"
@@ -250,7 +257,7 @@ def test_the_benchmarks_variants_name_every_option(benchmark_module):
     (_, options), = parse("8:16x1024:n:a")
     assert benchmark_module("bench_persistent").decode_options(options) == {
         "num_warps": 8, "gemv_block": (16, 1024), "fuse_norms": True, "gemv_ahead": 1, "prefetch": 0,
-        "deltanet_block": 32, "gemv_stages": 0, "deltanet_split": 1, "add_block": None, "programs": None}
+        "deltanet_block": 32, "gemv_stages": 0, "deltanet_split": 1, "add_block": 0, "programs": None}
     assert parse("8:16x1024:c3")[0][1]["gemv_stages"] == 3 and parse("8:16x1024:v8")[0][1]["deltanet_split"] == 8
     assert parse("8:16x1024:r8x2048")[0][1]["add_block"] == (8, 2048)
     for unknown in ("q", "a2", "u"):   # (a2, u: loop forms measured slower and taken out)
@@ -389,7 +396,7 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
 
 # stage 1 of the design on a GPU: plain items (NORM items, no prefetch), the first form measured
 STAGE_1 = {"fuse_norms": False, "prefetch": 0, "num_warps": 4, "gemv_block": (16, 256), "gemv_ahead": 0,
-           "deltanet_block": 32, "gemv_stages": 0}
+           "deltanet_block": 32, "gemv_stages": 0, "add_block": 0}
 
 
 @pytest.fixture(scope="module")

@@ -56,10 +56,10 @@ K_DN_SS = tl.constexpr(DN_SS)
 SPIN_LIMIT_GPU = 1 << 22      # polls of a counter (~1 s on an H100) before a wait is reported as a hang
 ERROR_FIELDS = 4              # item + 1 (0: no error), counter, the count waited for, the count seen
 # PersistentDecode's defaults: the fastest variant measured (benchmarks/bench_persistent.py on one H100, 2026-12-07:
-# 1.333 ms per token, against 1.375 with the next block loaded into registers instead of the 3-stage pipeline, and
-# 0.777 for the graph decode; gemv_ahead applies only with gemv_stages=0)
+# 1.283 ms per token with the adding tiles' own 8 x 2048 block, 1.338 without, 0.778 for the graph decode in the same
+# process; gemv_ahead applies only with gemv_stages=0)
 GPU_DEFAULTS = {"num_warps": 8, "gemv_block": (16, 1024), "prefetch": 64 * 1024, "gemv_ahead": 1,
-                "deltanet_block": 128, "gemv_stages": 3}
+                "deltanet_block": 128, "gemv_stages": 3, "add_block": (8, 2048)}
 TRACE_FIELDS = 4              # per item with trace=True: reached, wait met, done (ns), the program that ran it
 
 
@@ -188,7 +188,7 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                 attn_split_item(q_ptr, _slot(table_ptr, a0 + 2, DT), _slot(table_ptr, a0 + 3, DT), ws_ptr, pos_ptr,
                                 a1, a2, num_splits, L, qk_scale, HQ, HKV, D, ROWS, BLOCK_D, ATTN_BLOCK_N, DOT_PREC)
             elif kind == K_ATTN_COMBINE:
-                attn_combine_item(ws_ptr, proj_ptr, o_ptr, a0, num_splits, HQ, HKV, D, SPLITS_P, BLOCK_D)
+                attn_combine_item(ws_ptr, proj_ptr, o_ptr, a0, num_splits, HQ, D, SPLITS_P, BLOCK_D)
             elif kind == K_EMBED:
                 embed_item(_slot(table_ptr, a0, DT), token_ptr, x_ptr, H, NORM_BLOCK)
             elif kind == K_ARGMAX:
@@ -228,10 +228,11 @@ class PersistentDecode:
     DeltaNet head's value columns in that many items (DELTANET_COLS), so a layer's delta-rule step spreads over
     HK x deltanet_split programs instead of HK; the conv then runs in the in-projection's tiles and the gated norm
     in out_proj's (schedule.py). Each column's math is unchanged: the logits are those of deltanet_block equal to
-    the split's width. Not yet timed, so 1 (off) by default. add_block: the (BLOCK_N, BLOCK_K) of the GEMV items
-    that add into the residual stream (out_proj, o_proj, down), in place of gemv_block: their tiles are a few rows
-    each (8 on 0.8B with 132 programs), so a 16-row block is half empty and a program has half the bytes in flight;
-    (8, 2048) keeps the block's bytes with full rows. Not yet timed, so None (gemv_block) by default.
+    the split's width. Measured slower (1.449 ms with 4 splits against 1.338, H100), so 1 (off) by default.
+    add_block: the (BLOCK_N, BLOCK_K) of the GEMV items that add into the residual stream (out_proj, o_proj, down),
+    in place of gemv_block: their tiles are a few rows each (8 on 0.8B with 132 programs), so a 16-row block is half
+    empty and a program has half the bytes in flight; (8, 2048) keeps the block's bytes with full rows. None: GPU_DEFAULTS
+    on a GPU, gemv_block under the interpreter; 0: gemv_block.
     """
 
     def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,
@@ -282,6 +283,9 @@ class PersistentDecode:
             raise KernelError("trace=True: the trace reads the GPU's global timer (PTX), which the interpreter lacks")
         self.trace = torch.zeros(len(s.item_list), TRACE_FIELDS, dtype=torch.int64, device=dev) if trace else None
         self.gemv_block = gemv_block or ((16, 64) if interp else GPU_DEFAULTS["gemv_block"])
+        if add_block is None:
+            add_block = None if interp else GPU_DEFAULTS["add_block"]
+        add_block = add_block or None   # (0: the adding tiles walk gemv_block too)
         if add_block is not None and not (len(add_block) == 2 and all(
                 isinstance(b, int) and b >= 8 and b & (b - 1) == 0 for b in add_block)):
             raise KernelError(f"add_block={add_block!r}: expected (BLOCK_N, BLOCK_K) of the tiles that add into the "

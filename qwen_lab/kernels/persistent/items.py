@@ -21,7 +21,7 @@ fast plan (qwen_lab.plan) stores them, and every sum is fp32, so the step rounds
                    GEMV_CONV, the gated norm left to GEMV_ADD_GATED (this split's sum of squares stored for it)
     ATTN_PREP      per KV head: q/k RMSNorm + RoPE; k, v into cache row pos; the G prepared query rows to q
     ATTN_SPLIT     per (KV head, split): online softmax of its G query rows over one chunk of the keys
-    ATTN_COMBINE   per KV head: merge the splits' partials, times sigmoid(gate)
+    ATTN_COMBINE   per query head: merge the splits' partials, times sigmoid(gate)
     ARGMAX         the greedy token from the LM head tiles' partials; token, position and epoch advanced
 
 The math is the existing kernels': the conv and delta-rule step of deltanet/recurrent.py, rope's _norm_rope_rows,
@@ -121,24 +121,15 @@ def _gemv_input(in_ptr, nw_ptr, z_ptr, ss_ptr, ks, K, rstd, eps, MODE: tl.conste
 
 
 @triton.jit
-def _gemv_rows_out(out_ptr, rows, end, acc, best_v, best_i, cw_ptr, cs_ptr, ADD: tl.constexpr, ARGMAX: tl.constexpr,
-                   DT: tl.constexpr, CONV: tl.constexpr, CONV_DIM: tl.constexpr, CW: tl.constexpr,
-                   BW: tl.constexpr):
+def _gemv_rows_out(out_ptr, rows, end, acc, best_v, best_i, ADD: tl.constexpr, ARGMAX: tl.constexpr,
+                   DT: tl.constexpr):
     """Store a row block's sums (rounded to DT; added to out, rounded again, with ADD); with ARGMAX, fold its
-    (max, first index of the max) into (best_v, best_i); with CONV, the rows below CONV_DIM (the q/k/v channels of
-    a DeltaNet in-projection) go through the causal conv + SiLU first (the conv weight [CONV_DIM, CW]
-    column-major), as DELTANET's conv computes it."""
+    (max, first index of the max) into (best_v, best_i)."""
     r_ok = rows < end
     y = acc.to(DT)
     if ADD:   # x + y, y rounded first: the plan's GEMV output, then its residual add
         old = tl.load(out_ptr + rows, mask=r_ok, other=0.0).to(tl.float32)
         y = (old + y.to(tl.float32)).to(DT)
-    if CONV:
-        c_ok = r_ok & (rows < CONV_DIM)
-        yc, shifted = _conv_of(y, cw_ptr, cs_ptr, rows, c_ok, 1, CONV_DIM, CW, BW)
-        tl.debug_barrier()   # every thread's loads of the conv state before a shifted row is stored
-        _conv_shift(cs_ptr, rows, c_ok, shifted, CW, BW)
-        y = tl.where(c_ok, yc.to(DT), y)
     tl.store(out_ptr + rows, y, mask=r_ok)
     if ARGMAX:
         v = tl.where(r_ok, y.to(tl.float32), float("-inf"))
@@ -151,6 +142,24 @@ def _gemv_rows_out(out_ptr, rows, end, acc, best_v, best_i, cw_ptr, cs_ptr, ADD:
 
 
 @triton.jit
+def _conv_tile(out_ptr, cw_ptr, cs_ptr, row0, end, CONV_DIM: tl.constexpr, CW: tl.constexpr, BW: tl.constexpr,
+               BLOCK: tl.constexpr):
+    """The causal conv + SiLU of a tile's rows below CONV_DIM (the q/k/v channels of a DeltaNet in-projection),
+    in place in out, as DELTANET's conv computes it (the conv weight [CONV_DIM, CW] column-major). Done once after
+    the tile's GEMV loop, BLOCK rows at a time, instead of after each row block: a row block's conv waits on its
+    state and weight loads, which inside the loop stalled every iteration."""
+    tl.debug_barrier()   # every thread's stores of the tile's sums before they are read back by other threads
+    for r in range(row0, tl.minimum(end, CONV_DIM), BLOCK):
+        rows = r + tl.arange(0, BLOCK)
+        c_ok = (rows < end) & (rows < CONV_DIM)
+        y = tl.load(out_ptr + rows, mask=c_ok, other=0.0)
+        yc, shifted = _conv_of(y, cw_ptr, cs_ptr, rows, c_ok, 1, CONV_DIM, CW, BW)
+        tl.debug_barrier()   # every thread's loads of the conv state before a shifted row is stored
+        _conv_shift(cs_ptr, rows, c_ok, shifted, CW, BW)
+        tl.store(out_ptr + rows, yc.to(y.dtype), mask=c_ok)
+
+
+@triton.jit
 def _pair_block(w_ptr, row0, end, K, it, total, n_k, offs_n, offs_k, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """The weight block of pair `it` of a tile's (row block, K block) pairs, walked row block by row block; zeros
     (nothing read) once `it` is past the last pair."""
@@ -159,10 +168,9 @@ def _pair_block(w_ptr, row0, end, K, it, total, n_k, offs_n, offs_k, BLOCK_N: tl
 
 
 @triton.jit
-def _pair_sum(w, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, z_ptr, ss_ptr, out_ptr, cw_ptr, cs_ptr, row0, end,
-              K, n_k, rstd, eps, offs_n, offs_k, MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              ADD: tl.constexpr, ARGMAX: tl.constexpr, DT: tl.constexpr, CONV: tl.constexpr, CONV_DIM: tl.constexpr,
-              CW: tl.constexpr, BW: tl.constexpr, DV: tl.constexpr, DN_SPLIT: tl.constexpr):
+def _pair_sum(w, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, z_ptr, ss_ptr, out_ptr, row0, end, K, n_k, rstd,
+              eps, offs_n, offs_k, MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              ADD: tl.constexpr, ARGMAX: tl.constexpr, DT: tl.constexpr, DV: tl.constexpr, DN_SPLIT: tl.constexpr):
     """Pair `it`'s share of a GEMV tile: its input times its weight block `w` into acc; at its row block's last K
     block, the rows out (nothing past `end`) and acc cleared."""
     r = row0 + (it // n_k) * BLOCK_N
@@ -172,8 +180,7 @@ def _pair_sum(w, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, z_ptr, ss_ptr
         x = _gemv_input(in_ptr, nw_ptr, z_ptr, ss_ptr, k0 + offs_k, K, rstd, eps, MODE, DT, DV, DN_SPLIT)
     acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
     if k0 + BLOCK_K >= K:
-        best_v, best_i = _gemv_rows_out(out_ptr, r + offs_n, end, acc, best_v, best_i, cw_ptr, cs_ptr, ADD, ARGMAX,
-                                        DT, CONV, CONV_DIM, CW, BW)
+        best_v, best_i = _gemv_rows_out(out_ptr, r + offs_n, end, acc, best_v, best_i, ADD, ARGMAX, DT)
         acc = tl.zeros([BLOCK_N], tl.float32)
     return acc, best_v, best_i
 
@@ -237,18 +244,16 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
         for it in tl.range(0, total, num_stages=STAGES):
             w = _pair_block(w_ptr, row0, end, K, it, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
             acc, best_v, best_i = _pair_sum(w, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, z_ptr, ss_ptr,
-                                            out_ptr, cw_ptr, cs_ptr, row0, end, K, n_k, rstd, eps, offs_n, offs_k,
-                                            MODE, BLOCK_N, BLOCK_K, ADD, ARGMAX, DT, CONV, CONV_DIM, CW, BW, DV,
-                                            DN_SPLIT)
+                                            out_ptr, row0, end, K, n_k, rstd, eps, offs_n, offs_k, MODE, BLOCK_N,
+                                            BLOCK_K, ADD, ARGMAX, DT, DV, DN_SPLIT)
     elif LOOK_AHEAD:
         acc = tl.zeros([BLOCK_N], tl.float32)
         for it in range(total):
             # the next pair's block, asked for before this one's sum (past the last pair: zeros, never summed)
             w_next = _pair_block(w_ptr, row0, end, K, it + 1, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
             acc, best_v, best_i = _pair_sum(w, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, z_ptr, ss_ptr,
-                                            out_ptr, cw_ptr, cs_ptr, row0, end, K, n_k, rstd, eps, offs_n, offs_k,
-                                            MODE, BLOCK_N, BLOCK_K, ADD, ARGMAX, DT, CONV, CONV_DIM, CW, BW, DV,
-                                            DN_SPLIT)
+                                            out_ptr, row0, end, K, n_k, rstd, eps, offs_n, offs_k, MODE, BLOCK_N,
+                                            BLOCK_K, ADD, ARGMAX, DT, DV, DN_SPLIT)
             w = w_next   # the block summed next
     else:
         for r in range(row0, end, BLOCK_N):
@@ -261,8 +266,9 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
                                     DN_SPLIT)
                 w = _weight_block(w_ptr, r, end, K, k0, offs_n, offs_k)
                 acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
-            best_v, best_i = _gemv_rows_out(out_ptr, rows, end, acc, best_v, best_i, cw_ptr, cs_ptr, ADD, ARGMAX, DT,
-                                            CONV, CONV_DIM, CW, BW)
+            best_v, best_i = _gemv_rows_out(out_ptr, rows, end, acc, best_v, best_i, ADD, ARGMAX, DT)
+    if CONV:
+        _conv_tile(out_ptr, cw_ptr, cs_ptr, row0, end, CONV_DIM, CW, BW, 4 * GEMV_N)
     if ARGMAX:
         tl.store(best_val_ptr + tile, best_v)
         tl.store(best_idx_ptr + tile, best_i)
@@ -504,27 +510,24 @@ def attn_split_item(q_ptr, k_cache_ptr, v_cache_ptr, ws_ptr, pos_ptr, g, split, 
 
 
 @triton.jit
-def attn_combine_item(ws_ptr, proj_ptr, o_ptr, g, num_splits,
-                      HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, SPLITS_P: tl.constexpr,
-                      BLOCK_D: tl.constexpr):
-    """o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s for KV head g's query heads, rounded to DT, then
-    * sigmoid(gate) (flash_decode_combine_kernel's math), to o [HQ, D]."""
-    G: tl.constexpr = HQ // HKV
+def attn_combine_item(ws_ptr, proj_ptr, o_ptr, h, num_splits, HQ: tl.constexpr, D: tl.constexpr,
+                      SPLITS_P: tl.constexpr, BLOCK_D: tl.constexpr):
+    """o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s for query head h, rounded to DT, then * sigmoid(gate)
+    (flash_decode_combine_kernel's math), to o[h] [D]. One item per query head, not per KV head: each is a few
+    independent loads, so the G heads of a KV head merge side by side instead of one after another."""
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     offs_s = tl.arange(0, SPLITS_P)
     s_ok = offs_s < num_splits
-    for r in range(G):
-        h = g * G + r
-        base = ws_ptr + offs_s * (HQ * (D + 2)) + h * (D + 2)
-        m = tl.load(base + D, mask=s_ok, other=float("-inf"))
-        l = tl.load(base + D + 1, mask=s_ok, other=0.0)
-        m_max = tl.max(m, 0)
-        m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-        w = tl.exp2(m - m_max)
-        acc = tl.load(base[:, None] + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-        total = tl.sum(w * l, 0)
-        o = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
-        gate = tl.load(proj_ptr + h * 2 * D + D + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-        o = o.to(o_ptr.dtype.element_ty).to(tl.float32) * tl.sigmoid(gate)
-        tl.store(o_ptr + h * D + offs_d, o.to(o_ptr.dtype.element_ty), mask=d_ok)
+    base = ws_ptr + offs_s * (HQ * (D + 2)) + h * (D + 2)
+    m = tl.load(base + D, mask=s_ok, other=float("-inf"))
+    l = tl.load(base + D + 1, mask=s_ok, other=0.0)
+    acc = tl.load(base[:, None] + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    gate = tl.load(proj_ptr + h * 2 * D + D + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    m_max = tl.max(m, 0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_max)
+    total = tl.sum(w * l, 0)
+    o = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    o = o.to(o_ptr.dtype.element_ty).to(tl.float32) * tl.sigmoid(gate)
+    tl.store(o_ptr + h * D + offs_d, o.to(o_ptr.dtype.element_ty), mask=d_ok)

@@ -18,7 +18,7 @@ One decode step, per layer (sizes from the config; Qwen3.5-0.8B in brackets, for
     their q/k/v channels (GEMV_CONV), DELTANET_COLS per (key head, column split) (16 S), and the out_proj tiles
     compute the gated RMSNorm of their input from the splits' sums of squares (GEMV_ADD_GATED)
     NORM (1) -> GEMV tiles of qkv_proj (P) -> ATTN_PREP per KV head (2) -> ATTN_SPLIT per (KV head, split)
-             -> ATTN_COMBINE per KV head (2) -> GEMV_ADD tiles of o_proj (P) -> NORM -> gate_up -> down
+             -> ATTN_COMBINE per query head (8) -> GEMV_ADD tiles of o_proj (P) -> NORM -> gate_up -> down
     then EMBED first, and last NORM -> GEMV_ARGMAX tiles of the LM head (P) -> ARGMAX (1).
 
 With fuse_norms, no NORM item: each tile that reads the norm's output computes it from x itself (GEMV_NORM,
@@ -161,6 +161,7 @@ def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, s
     block_n = _INTERP_DECODE_BLOCK_N if runtime.interpreter_active() else _DECODE_BLOCK_N
     L = cache.max_len
     Hkv = cfg.num_key_value_heads
+    G = cfg.num_attention_heads // Hkv   # query heads per KV head
     if splits is None:
         splits = max(1, min(MAX_SPLITS, programs // Hkv, triton.cdiv(L, block_n)))
     H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
@@ -240,10 +241,11 @@ def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, s
                 for s in range(splits):
                     b.add(ATTN_SPLIT, (base, g, s), (prep, 1), split, f"{tag} attention kv head {g} split {s}",
                           kv_bytes)
-                b.add(ATTN_COMBINE, (g,), (split, splits), combined, f"{tag} attention combine kv head {g}",
-                      4 * splits * D)
-            wait = b.gemv(GEMV_ADD, layer.o_proj, f"{tag} o_proj", b.slot(layer.o_proj), O_SLOT, X, (combined, Hkv),
-                          tiles)
+                for h in range(g * G, (g + 1) * G):   # one per query head: G short items side by side
+                    b.add(ATTN_COMBINE, (h,), (split, splits), combined, f"{tag} attention combine q head {h}",
+                          4 * splits * (D + 2))
+            wait = b.gemv(GEMV_ADD, layer.o_proj, f"{tag} o_proj", b.slot(layer.o_proj), O_SLOT, X,
+                          (combined, Hkv * G), tiles)
         wait = normed_gemv(GEMV, layer.gate_up, f"{tag} gate_up", layer.post_norm, f"{tag} post-attention norm",
                            GATE_UP, wait)
         wait = b.gemv(GEMV_SWIGLU, layer.down, f"{tag} down", b.slot(layer.down), GATE_UP, X, wait, tiles)
