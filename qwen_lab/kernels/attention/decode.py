@@ -141,16 +141,10 @@ def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
 
 
 @triton.jit
-def flash_decode_combine_kernel(ws_ptr, out_ptr, gate_ptr, stride_ws, stride_wh, stride_oh, stride_gh, num_splits,
-                                D: tl.constexpr, SPLITS_P: tl.constexpr,
-                                HAS_GATE: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr = False):
-    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
-        gdc_wait()
-        gdc_launch_dependents()
-    # program (query head, block of D): o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s
-    h = tl.program_id(0)
-    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
+def _combine_splits(ws_ptr, h, stride_ws, stride_wh, num_splits, offs_d, d_ok, D: tl.constexpr,
+                    SPLITS_P: tl.constexpr):
+    """Query head h's output at offs_d in fp32 from the splits' partials (ws[s, h] = [acc (D) | m | l]):
+    o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s. (The persistent step's combine items call it too.)"""
     offs_s = tl.arange(0, SPLITS_P)
     s_ok = offs_s < num_splits
     base = ws_ptr + offs_s * stride_ws + h * stride_wh
@@ -161,7 +155,21 @@ def flash_decode_combine_kernel(ws_ptr, out_ptr, gate_ptr, stride_ws, stride_wh,
     w = tl.exp2(m - m_max)
     acc = tl.load(base[:, None] + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
     total = tl.sum(w * l, 0)
-    o = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    return tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+
+
+@triton.jit
+def flash_decode_combine_kernel(ws_ptr, out_ptr, gate_ptr, stride_ws, stride_wh, stride_oh, stride_gh, num_splits,
+                                D: tl.constexpr, SPLITS_P: tl.constexpr,
+                                HAS_GATE: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes first
+        gdc_wait()
+        gdc_launch_dependents()
+    # program (query head, block of D)
+    h = tl.program_id(0)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    o = _combine_splits(ws_ptr, h, stride_ws, stride_wh, num_splits, offs_d, d_ok, D, SPLITS_P)
     if HAS_GATE:
         g = tl.load(gate_ptr + h * stride_gh + offs_d, mask=d_ok, other=0.0).to(tl.float32)
         o = o.to(out_ptr.dtype.element_ty).to(tl.float32) * tl.sigmoid(g)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..attention.decode import _decode_chunk
+from ..attention.decode import _combine_splits, _decode_chunk
 from ..attention.flash import _flash_step
 from ..deltanet.gates import _softplus
 from ..rope.rotary import _norm_rope_rows
@@ -152,11 +152,10 @@ def _conv_tile(out_ptr, cw_ptr, cs_ptr, row0, end, CONV_DIM: tl.constexpr, CW: t
     for r in range(row0, tl.minimum(end, CONV_DIM), BLOCK):
         rows = r + tl.arange(0, BLOCK)
         c_ok = (rows < end) & (rows < CONV_DIM)
-        y = tl.load(out_ptr + rows, mask=c_ok, other=0.0)
-        yc, shifted = _conv_of(y, cw_ptr, cs_ptr, rows, c_ok, 1, CONV_DIM, CW, BW)
-        tl.debug_barrier()   # every thread's loads of the conv state before a shifted row is stored
+        y, shifted = _conv_silu(out_ptr, cw_ptr, cs_ptr, rows, c_ok, 1, CONV_DIM, CW, BW)
+        tl.debug_barrier()   # every thread's loads of the conv state (and of out) before a row is stored
         _conv_shift(cs_ptr, rows, c_ok, shifted, CW, BW)
-        tl.store(out_ptr + rows, yc.to(y.dtype), mask=c_ok)
+        tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=c_ok)
 
 
 @triton.jit
@@ -301,12 +300,6 @@ def _conv_silu(proj_ptr, cw_ptr, cs_ptr, ch, ch_ok, cw0, cw1, W: tl.constexpr, B
     those with _conv_shift after a barrier (different threads load the same row), so the loads of several calls
     can be in flight at once."""
     x = tl.load(proj_ptr + ch, mask=ch_ok, other=0.0)
-    return _conv_of(x, cw_ptr, cs_ptr, ch, ch_ok, cw0, cw1, W, BW)
-
-
-@triton.jit
-def _conv_of(x, cw_ptr, cs_ptr, ch, ch_ok, cw0, cw1, W: tl.constexpr, BW: tl.constexpr):
-    """_conv_silu of the new inputs x (DT) of channels `ch`."""
     offs_w = tl.arange(0, BW)
     w_ok = offs_w < W - 1
     shift = offs_w + 1 < W - 1
@@ -532,22 +525,12 @@ def attn_split_item(q_ptr, k_cache_ptr, v_cache_ptr, ws_ptr, pos_ptr, g, split, 
 @triton.jit
 def attn_combine_item(ws_ptr, proj_ptr, o_ptr, h, num_splits, HQ: tl.constexpr, D: tl.constexpr,
                       SPLITS_P: tl.constexpr, BLOCK_D: tl.constexpr):
-    """o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s for query head h, rounded to DT, then * sigmoid(gate)
-    (flash_decode_combine_kernel's math), to o[h] [D]. One item per query head, not per KV head: each is a few
-    independent loads, so the G heads of a KV head merge side by side instead of one after another."""
+    """Query head h's merge of the splits' partials (attention/decode.py's _combine_splits), rounded to DT, then
+    * sigmoid(gate), to o[h] [D]. One item per query head, not per KV head: each is a few independent loads, so the
+    G heads of a KV head merge side by side instead of one after another."""
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    offs_s = tl.arange(0, SPLITS_P)
-    s_ok = offs_s < num_splits
-    base = ws_ptr + offs_s * (HQ * (D + 2)) + h * (D + 2)
-    m = tl.load(base + D, mask=s_ok, other=float("-inf"))
-    l = tl.load(base + D + 1, mask=s_ok, other=0.0)
-    acc = tl.load(base[:, None] + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
     gate = tl.load(proj_ptr + h * 2 * D + D + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-    m_max = tl.max(m, 0)
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.exp2(m - m_max)
-    total = tl.sum(w * l, 0)
-    o = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    o = _combine_splits(ws_ptr, h, HQ * (D + 2), D + 2, num_splits, offs_d, d_ok, D, SPLITS_P)
     o = o.to(o_ptr.dtype.element_ty).to(tl.float32) * tl.sigmoid(gate)
     tl.store(o_ptr + h * D + offs_d, o.to(o_ptr.dtype.element_ty), mask=d_ok)
