@@ -32,8 +32,7 @@ ODD = TINY.replace(num_hidden_layers=3, layer_types=(FULL, LINEAR, LINEAR), tie_
                    hidden_size=48, intermediate_size=100, linear_num_key_heads=1, linear_num_value_heads=3,
                    linear_value_head_dim=8, head_dim=24, partial_rotary_factor=0.5, num_attention_heads=4,
                    num_key_value_heads=2, vocab_size=300, pad_token_id=None, eos_token_ids=(), name="odd")
-# one value head per key head, as Qwen3.5-0.8B has: the DeltaNet item's one-block form (its state loaded first, the
-# norm applied in registers) wherever deltanet_block covers the head
+# one value head per key head, as Qwen3.5-0.8B has (TINY has two per key head)
 REP1 = TINY.replace(linear_num_value_heads=TINY.linear_num_key_heads, name="rep1")
 
 
@@ -181,7 +180,7 @@ def decode_both_ways(cfg, steps: int, prompt_len: int = 5, **kwargs):
     (ODD, 2, 1, True, None, 1), (TINY, 2, 2, True, 8, 1), (TINY, 3, 2, False, None, 4), (ODD, 2, 1, True, None, 3),
     (REP1, 3, 2, True, None, 1), (REP1, 2, 2, True, 8, 1)],
     ids=["tiny", "odd", "tiny-fused-norms", "odd-fused-norms", "tiny-deltanet-columns-by-8",
-         "tiny-deltanet-split-4", "odd-fused-norms-deltanet-split-3", "rep1-one-state-block", "rep1-columns-by-8"])
+         "tiny-deltanet-split-4", "odd-fused-norms-deltanet-split-3", "rep1-one-value-head-per-key-head", "rep1-columns-by-8"])
 def test_the_persistent_step_equals_the_plain_decode_steps(cfg, steps, splits, fuse_norms, dn_block, dn_split):
     """(TINY's value heads are 16 wide: one column block by default, two with deltanet_block=8. deltanet_split:
     DELTANET_COLS items, the conv in the in-projection's tiles, the gated norm in out_proj's; ODD's 8 columns in
@@ -245,6 +244,19 @@ def test_the_residual_tiles_own_block_gives_the_plain_decode(cfg):
     for t, (got, want, token, best) in enumerate(out):
         assert checks.relative_error(got.float(), want.float()) <= 1e-4, f"decode step {t}"
         assert token == int(got.float().argmax()), f"decode step {t}"
+
+
+@pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
+def test_the_column_splits_are_the_gpus_default_and_the_interpreters_one_item_per_head(cfg):
+    """deltanet_split left out: 8 items per DeltaNet head on a GPU (the fastest measured, docs/experiments.md), at
+    most one column each (ODD's heads are 8 wide); one item per head under the interpreter, where a program runs
+    alone and more items are only more waits."""
+    model = tiny_model(cfg)
+    step = PersistentDecode(model, model.new_cache(8))
+    want = 1 if runtime.interpreter_active() else min(8, cfg.linear_value_head_dim)
+    assert step.sizes["DN_SPLIT"] == want
+    kinds = {item.kind for item in step.schedule.item_list}
+    assert (sched.DELTANET_COLS in kinds) == (want > 1) and (sched.DELTANET in kinds) == (want == 1)
 
 
 def test_deltanet_split_and_add_block_out_of_range_are_refused_naming_them():
@@ -408,7 +420,7 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
 
 # stage 1 of the design on a GPU: plain items (NORM items, no prefetch), the first form measured
 STAGE_1 = {"fuse_norms": False, "prefetch": 0, "num_warps": 4, "gemv_block": (16, 256), "gemv_ahead": 0,
-           "deltanet_block": 32, "gemv_stages": 0, "add_block": 0}
+           "deltanet_block": 32, "gemv_stages": 0, "add_block": 0, "deltanet_split": 1}
 
 
 @pytest.fixture(scope="module")
@@ -542,7 +554,8 @@ def test_gpu_the_persistent_step_is_bitwise_stable_run_to_run(big):
     assert torch.equal(a, b) and torch.equal(a, c)
     # the fused norms round where the norm items do; the prefetch changes no arithmetic at all
     # and the two GEMV loops (next block ahead, the pipelined one) sum as the plain loop does
-    blocks = {"num_warps": 4, "gemv_block": (16, 256), "deltanet_block": 32}   # stage 1's: the same sums
+    # stage 1's blocks: the same sums (the adding tiles walk gemv_block, as stage 1's do, not the GPU default's own)
+    blocks = {"num_warps": 4, "gemv_block": (16, 256), "deltanet_block": 32, "add_block": 0, "deltanet_split": 1}
     d_tokens, d = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=0, gemv_ahead=0, gemv_stages=0, **blocks)
     e_tokens, e = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_ahead=0, gemv_stages=0,
                                     **blocks)

@@ -59,7 +59,7 @@ ERROR_FIELDS = 4              # item + 1 (0: no error), counter, the count waite
 # 1.283 ms per token with the adding tiles' own 8 x 2048 block, 1.338 without, 0.778 for the graph decode in the same
 # process; gemv_ahead applies only with gemv_stages=0)
 GPU_DEFAULTS = {"num_warps": 8, "gemv_block": (16, 1024), "prefetch": 64 * 1024, "gemv_ahead": 1,
-                "deltanet_block": 128, "gemv_stages": 3, "add_block": (8, 2048)}
+                "deltanet_block": 128, "gemv_stages": 3, "add_block": (8, 2048), "deltanet_split": 8}
 TRACE_FIELDS = 4              # per item with trace=True: reached, wait met, done (ns), the program that ran it
 
 
@@ -228,7 +228,7 @@ class PersistentDecode:
     DeltaNet head's value columns in that many items (DELTANET_COLS), so a layer's delta-rule step spreads over
     HK x deltanet_split programs instead of HK; the conv then runs in the in-projection's tiles and the gated norm
     in out_proj's (schedule.py). Each column's math is unchanged: the logits are those of deltanet_block equal to
-    the split's width. Measured slower (1.449 ms with 4 splits against 1.338, H100), so 1 (off) by default.
+    the split's width. None: GPU_DEFAULTS on a GPU (at most one column per item), 1 under the interpreter.
     add_block: the (BLOCK_N, BLOCK_K) of the GEMV items that add into the residual stream (out_proj, o_proj, down),
     in place of gemv_block: their tiles are a few rows each (8 on 0.8B with 132 programs), so a 16-row block is half
     empty and a program has half the bytes in flight; (8, 2048) keeps the block's bytes with full rows. None: GPU_DEFAULTS
@@ -240,7 +240,7 @@ class PersistentDecode:
                  gemv_block: tuple[int, int] | None = None, schedule: Schedule | None = None, verify: bool = True,
                  fuse_norms: bool = True, prefetch: int | None = None, trace: bool = False,
                  gemv_ahead: bool | None = None, deltanet_block: int | None = None, gemv_stages: int | None = None,
-                 deltanet_split: int = 1, add_block: tuple[int, int] | None = None):
+                 deltanet_split: int | None = None, add_block: tuple[int, int] | None = None):
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
@@ -250,6 +250,8 @@ class PersistentDecode:
             raise KernelError(f"programs={programs}: under the Triton interpreter programs run one after another, so "
                               f"a program that waits on a later one never sees its counter move; use programs=1")
         self.model, self.cache = model, cache
+        if deltanet_split is None:
+            deltanet_split = 1 if interp else min(GPU_DEFAULTS["deltanet_split"], model.config.linear_value_head_dim)
         self.schedule = schedule if schedule is not None else build_schedule(model, cache, programs, gemv_tiles,
                                                                               splits, fuse_norms, deltanet_split)
         if verify:   # (False only where a test hands the kernel a broken schedule on purpose)

@@ -350,17 +350,15 @@ def _gates_and_scales(a_all, b_all, A_all, dtb_all, q, k, scale, l2_eps):
 
 
 @triton.jit
-def _delta_step(S, s_ptrs, s_ok, v, q, k, d, beta, rq, rk, kq, o_ptrs, v_ok, DT: tl.constexpr,
-                STORE_O: tl.constexpr = True):
+def _delta_step(S, s_ptrs, s_ok, v, q, k, d, beta, rq, rk, kq, o_ptrs, v_ok, DT: tl.constexpr):
     """conv_decode_step_kernel's delta-rule step on one block of a value head's state, S [DK, N] (from s_ptrs),
-    for its columns v: o stored in DT at o_ptrs (unless STORE_O is off: the caller stores it normed), the new state
-    in place. -> o rounded to DT, in fp32, 0 past the columns (for the gated norm's sum of squares)."""
+    for its columns v: o stored in DT at o_ptrs, the new state in place. -> o in fp32, 0 past the columns (for the
+    gated norm's sum of squares)."""
     Sk = tl.sum(S * k[:, None], 0)
     Sq = tl.sum(S * q[:, None], 0)
     delta = (v - d * rk * Sk) * beta
     o = (d * rq * Sq + (rk * rq * kq) * delta).to(DT)
-    if STORE_O:
-        tl.store(o_ptrs, o, mask=v_ok)
+    tl.store(o_ptrs, o, mask=v_ok)
     tl.store(s_ptrs, S * d + (k * rk)[:, None] * delta[None, :], mask=s_ok)
     return tl.where(v_ok, o.to(tl.float32), 0.0)
 
@@ -376,22 +374,13 @@ def deltanet_item(proj_ptr, cw_ptr, cs_ptr, A_log_ptr, dt_bias_ptr, nw_ptr, stat
     The in-projection row `proj` is [q k v (conv input) | z | b | a].
     The loads are grouped so that independent ones are in flight together (a lone program per item: each round
     trip to memory is on the step's critical path): the q and k convs with the gates of every value head, then per
-    column block the state block with the v conv. ONE (one value head per key head, its state in one block, as on
-    0.8B with deltanet_block=128): the state, z and the norm's weight are loaded first, with the gates, and the norm
-    is applied to o still in registers, so the item makes two round trips fewer."""
+    column block the state block with the v conv."""
     DT = o_ptr.dtype.element_ty
     REP: tl.constexpr = HV // HK
     KEY_DIM: tl.constexpr = HK * DK
     CONV_DIM: tl.constexpr = 2 * HK * DK + HV * DV
-    ONE: tl.constexpr = REP == 1 and BV >= DV
     offs_k = tl.arange(0, BK)
     k_ok = offs_k < DK
-    offs_b = tl.arange(0, BV)
-    if ONE:   # (nothing before reads them: on their way while the gates and the q/k convs are computed)
-        S_first = tl.load(state_ptr + hk * DK * DV + offs_k[:, None] * DV + offs_b[None, :],
-                          mask=k_ok[:, None] & (offs_b < DV)[None, :], other=0.0)
-        z_first = tl.load(proj_ptr + CONV_DIM + hk * DV + offs_b, mask=offs_b < DV, other=0.0).to(tl.float32)
-        nw_first = tl.load(nw_ptr + offs_b, mask=offs_b < DV, other=0.0).to(tl.float32)
     # the gates' inputs, with the q and k convs' loads
     a_all, b_all, A_all, dtb_all, offs_r = _gate_loads(proj_ptr, A_log_ptr, dt_bias_ptr, hk, HK, HV, DK, DV, REP_P)
     q, q_shifted = _conv_silu(proj_ptr, cw_ptr, cs_ptr, hk * DK + offs_k, k_ok, cw0, cw1, W, BW)
@@ -405,36 +394,27 @@ def deltanet_item(proj_ptr, cw_ptr, cs_ptr, A_log_ptr, dt_bias_ptr, nw_ptr, stat
         d = tl.sum(tl.where(offs_r == r, d_all, 0.0), 0)   # value head r's gates (the others are zeros: exact)
         beta = tl.sum(tl.where(offs_r == r, beta_all, 0.0), 0)
         ss = 0.0
-        o_last = tl.zeros([BV], tl.float32)
         for c0 in range(0, DV, BV):
-            offs_v = c0 + offs_b
+            offs_v = c0 + tl.arange(0, BV)
             v_ok = offs_v < DV
             s_ptrs = state_ptr + h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
             s_ok = k_ok[:, None] & v_ok[None, :]
-            if ONE:
-                S = S_first
-            else:
-                S = tl.load(s_ptrs, mask=s_ok, other=0.0)   # first: in flight with the v conv's loads
+            S = tl.load(s_ptrs, mask=s_ok, other=0.0)   # first: in flight with the v conv's loads
             v, v_shifted = _conv_silu(proj_ptr, cw_ptr, cs_ptr, 2 * KEY_DIM + h * DV + offs_v, v_ok, cw0, cw1, W,
                                       BW)
-            o_last = _delta_step(S, s_ptrs, s_ok, v, q, k, d, beta, rq, rk, kq, o_ptr + h * DV + offs_v, v_ok, DT,
-                                 not ONE)
-            ss += tl.sum(o_last * o_last, 0)
+            o = _delta_step(S, s_ptrs, s_ok, v, q, k, d, beta, rq, rk, kq, o_ptr + h * DV + offs_v, v_ok, DT)
+            ss += tl.sum(o * o, 0)
             tl.debug_barrier()   # the v conv state's loads before its shifted rows are stored
             _conv_shift(cs_ptr, 2 * KEY_DIM + h * DV + offs_v, v_ok, v_shifted, W, BW)
         rstd = tl.rsqrt(ss / DV + eps)
-        if ONE:   # o rounded to DT as stored, normed in registers
-            tl.store(o_ptr + h * DV + offs_b, (o_last * rstd * nw_first * (z_first * tl.sigmoid(z_first))).to(DT),
-                     mask=offs_b < DV)
-        else:
-            tl.debug_barrier()   # this program's o stores, read back below by other threads
-            for c0 in range(0, DV, BV):
-                offs_v = c0 + offs_b
-                v_ok = offs_v < DV
-                o = tl.load(o_ptr + h * DV + offs_v, mask=v_ok, other=0.0).to(tl.float32)
-                z = tl.load(proj_ptr + CONV_DIM + h * DV + offs_v, mask=v_ok, other=0.0).to(tl.float32)
-                nw = tl.load(nw_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
-                tl.store(o_ptr + h * DV + offs_v, (o * rstd * nw * (z * tl.sigmoid(z))).to(DT), mask=v_ok)
+        tl.debug_barrier()   # this program's o stores, read back below by other threads
+        for c0 in range(0, DV, BV):
+            offs_v = c0 + tl.arange(0, BV)
+            v_ok = offs_v < DV
+            o = tl.load(o_ptr + h * DV + offs_v, mask=v_ok, other=0.0).to(tl.float32)
+            z = tl.load(proj_ptr + CONV_DIM + h * DV + offs_v, mask=v_ok, other=0.0).to(tl.float32)
+            nw = tl.load(nw_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
+            tl.store(o_ptr + h * DV + offs_v, (o * rstd * nw * (z * tl.sigmoid(z))).to(DT), mask=v_ok)
 
 
 @triton.jit
