@@ -56,8 +56,8 @@ K_DN_SS = tl.constexpr(DN_SS)
 SPIN_LIMIT_GPU = 1 << 22      # polls of a counter (~1 s on an H100) before a wait is reported as a hang
 ERROR_FIELDS = 4              # item + 1 (0: no error), counter, the count waited for, the count seen
 # PersistentDecode's defaults: the fastest variant measured (benchmarks/bench_persistent.py on one H100, 2026-12-07:
-# 1.283 ms per token with the adding tiles' own 8 x 2048 block, 1.338 without, 0.778 for the graph decode in the same
-# process; gemv_ahead applies only with gemv_stages=0)
+# 1.148 ms per token with each DeltaNet head's columns over 8 items, 1.202 with one item per head, 0.789 for the graph
+# decode in the same process; gemv_ahead applies only with gemv_stages=0)
 GPU_DEFAULTS = {"num_warps": 8, "gemv_block": (16, 1024), "prefetch": 64 * 1024, "gemv_ahead": 1,
                 "deltanet_block": 128, "gemv_stages": 3, "add_block": (8, 2048), "deltanet_split": 8}
 TRACE_FIELDS = 4              # per item with trace=True: reached, wait met, done (ns), the program that ran it
