@@ -5,7 +5,7 @@ The metadata then says how much shared memory each program needs, which is what 
 or a pipeline depth is too large ("out of resource: shared memory"). Run as a script (with the interpreter
 off) it prints one JSON line per case; tests/test_sm90_compile.py runs it and checks every case.
 
-    TRITON_INTERPRET=0 python tests/sm90_compile.py [--notebook-09-stages N | --persistent]
+    TRITON_INTERPRET=0 python tests/sm90_compile.py [--notebook-09-stages N | --persistent | --gemv-late]
 """
 
 import inspect
@@ -17,6 +17,7 @@ os.environ["TRITON_INTERPRET"] = "0"  # before triton: the kernels must be real 
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
@@ -329,10 +330,41 @@ def persistent_cases():
         case_types = dict(types, trace_ptr="*i64") if trace else types
         out.append((label, lambda meta=meta, warps=warps, case_types=case_types: compile_case(
             persistent.persistent_decode_kernel, meta, case_types, warps, ptx_check=persistent_counters)))
+    # the defaults with each GEMV item's input computed in its pipelined loop's first pass (gemv_late)
+    late = dict(meta, GEMV_LATE=True)
+    out.append((label[:-len(" stages")] + " late stages", lambda: compile_case(persistent.persistent_decode_kernel, late, types, 8,
+                                                             ptx_check=persistent_counters)))
     teach_types = {"counter_ptr": "*i32", "error_ptr": "*i32"}
     out.append(("persistent two_gemvs teaching kernel", lambda: compile_case(
         persistent.two_gemvs_kernel, dict(BLOCK_N=16, BLOCK_K=64), teach_types, 4, ptx_check=persistent_counters)))
     return out
+
+
+def first_lines(ptx: str) -> dict:
+    """The line of the first asynchronous copy, the first global load and the first barrier in the PTX."""
+    import re
+
+    lines = ptx.splitlines()
+    return {name: next((i for i, line in enumerate(lines) if re.search(pattern, line)), -1)
+            for name, pattern in (("cp_async", r"cp\.async\.c[ag]"), ("ld_global", r"ld\.global"),
+                                  ("bar_sync", r"bar\.sync"))}
+
+
+def gemv_late_cases():
+    """A persistent GEMV_NORM item alone (gemv_item, its GPU blocks: 16 x 1024 through 3 stages, 8 warps), with its
+    input computed before the pipelined loop and in the loop's first pass (LATE)."""
+    from qwen_lab.kernels.persistent.items import gemv_item
+
+    @triton.jit
+    def one_gemv_norm_item(w_ptr, in_ptr, out_ptr, nw_ptr, table_ptr, proj_ptr, ss_ptr, bv_ptr, bi_ptr, row0, nrows,
+                           K, eps, LATE: tl.constexpr):
+        gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, 0, bv_ptr, bi_ptr, nw_ptr, eps, table_ptr, proj_ptr,
+                  ss_ptr, 4, 16, 1024, True, 1024, 6144, 4, 4, 128, 8, False, 3, 8, 2048, LATE)
+
+    types = {"table_ptr": "*i64", "ss_ptr": "*fp32", "bv_ptr": "*fp32", "bi_ptr": "*i32", "nw_ptr": "*fp32",
+             "eps": "fp32"}
+    return [(f"gemv_norm item late={late}", lambda late=late: compile_case(
+        one_gemv_norm_item, {"LATE": late}, types, 8, ptx_check=first_lines)) for late in (False, True)]
 
 
 def _notebook_09_scan(stages: int | None = None) -> dict:
@@ -367,6 +399,8 @@ if __name__ == "__main__":
         todo = [(f"notebook 09 exercise, {sys.argv[2]} stages", lambda: _notebook_09_scan(int(sys.argv[2])))]
     if len(sys.argv) > 1 and sys.argv[1] == "--persistent":  # the persistent step's cases alone
         todo = persistent_cases()
+    if len(sys.argv) > 1 and sys.argv[1] == "--gemv-late":  # one GEMV item, its input before or in the loop
+        todo = gemv_late_cases()
     for label, thunk in todo:
         try:
             result = {"label": label, "ok": True, **thunk()}

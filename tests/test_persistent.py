@@ -234,6 +234,25 @@ def test_deltanet_column_splits_change_no_bit():
         assert same and ta == tb, f"decode step {t}: relative error {err:.3e}, tokens {ta} and {tb}"
 
 
+@pytest.mark.parametrize("cfg, options", [(TINY, {}), (ODD, {"add_block": (8, 32)}), (ODD, {"deltanet_split": 3})],
+                         ids=["tiny", "odd-k-in-two-add-blocks", "odd-deltanet-split-3"])
+def test_the_gemv_input_in_the_loops_first_pass_changes_no_bit(cfg, options):
+    """gemv_late: every GEMV form's input (the fused norm, silu(g) * u, the gated norm of o, x) computed in the
+    pipelined loop's first pass instead of before the loop: the same logits, tokens and caches to the bit, and still
+    the plain decode's step. (ODD's down projection has K = 100: with 8 x 32 adding blocks its tiles walk 4 K blocks,
+    each loading its own input in the loop.)"""
+    base = dict(gemv_tiles=3, splits=2, fuse_norms=True, gemv_stages=3, **options)
+    before, step0 = decode_both_ways(cfg, 3, gemv_late=False, **base)
+    late, step = decode_both_ways(cfg, 3, gemv_late=True, **base)
+    assert step.gemv_late and not step0.gemv_late
+    for t, ((a, _, ta, _), (b, want, tb, _)) in enumerate(zip(late, before)):
+        assert torch.equal(a, b) and ta == tb, f"decode step {t}: relative error {checks.relative_error(a, b):.3e}"
+        assert checks.relative_error(a.float(), want.float()) <= 1e-4, f"decode step {t}"
+    for name in ("recurrent_state", "conv_state", "key", "value"):
+        for i, (x, y) in enumerate(zip(getattr(step.cache, name), getattr(step0.cache, name))):
+            assert x is None or torch.equal(x, y), f"layer {i}'s {name}"
+
+
 @pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
 def test_the_residual_tiles_own_block_gives_the_plain_decode(cfg):
     """add_block: the tiles that add into the residual stream (out_proj, o_proj, down, 8 x 128 blocks here) walk
@@ -265,6 +284,8 @@ def test_deltanet_split_and_add_block_out_of_range_are_refused_naming_them():
         PersistentDecode(model, model.new_cache(8), deltanet_split=17)
     with pytest.raises(KernelError, match=r"add_block=\(8, 100\): expected \(BLOCK_N, BLOCK_K\) of the tiles that add"):
         PersistentDecode(model, model.new_cache(8), add_block=(8, 100))
+    with pytest.raises(KernelError, match=r"gemv_late=2: expected whether a GEMV item computes its input"):
+        PersistentDecode(model, model.new_cache(8), gemv_late=2)
 
 
 def test_the_benchmarks_variants_name_every_option(benchmark_module):
@@ -277,11 +298,13 @@ def test_the_benchmarks_variants_name_every_option(benchmark_module):
                        "prefetch": 65536, "programs_per_sm": 2}
     assert parse("4:16x256,4:16x256:p300")[1][1] == {"num_warps": 4, "gemv_block": (16, 256), "prefetch": 300}
     assert parse("8:16x512:d64")[0][1]["deltanet_block"] == 64
+    assert parse("8:16x1024:c3:l")[0][1]["gemv_late"] == 1
     # what a variant does not turn on stays as in stage 1, so its name means one kernel whatever the defaults
     (_, options), = parse("8:16x1024:n:a")
     assert benchmark_module("bench_persistent").decode_options(options) == {
         "num_warps": 8, "gemv_block": (16, 1024), "fuse_norms": True, "gemv_ahead": 1, "prefetch": 0,
-        "deltanet_block": 32, "gemv_stages": 0, "deltanet_split": 1, "add_block": 0, "programs": None}
+        "deltanet_block": 32, "gemv_stages": 0, "deltanet_split": 1, "add_block": 0, "gemv_late": 0,
+        "programs": None}
     assert parse("8:16x1024:c3")[0][1]["gemv_stages"] == 3 and parse("8:16x1024:v8")[0][1]["deltanet_split"] == 8
     assert parse("8:16x1024:r8x2048")[0][1]["add_block"] == (8, 2048)
     for unknown in ("q", "a2", "u"):   # (a2, u: loop forms measured slower and taken out)
@@ -399,7 +422,7 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == 11
+    assert len(results) == 12
     for r in results:
         assert r["ok"], r
         assert r["acquire_loads"] >= 1 and r["release_atomics"] >= 1 and r["volatile_loads"] >= 1, r
@@ -413,6 +436,27 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
         assert r["timer_reads"] == (3 if " trace" in r["label"] else 0), r
         # gemv_stages: the GEMV loops pipelined through shared memory (asynchronous copies), and only there
         assert (r["async_copies"] > 0) == r["label"].endswith(" stages"), r
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine times the option instead (bench_persistent.py l)")
+def test_a_late_input_sends_the_first_weight_copies_before_the_inputs_loads():
+    """gemv_late's point, in the sm_90 code of one GEMV_NORM item (tests/sm90_compile.py --gemv-late): the input
+    computed before the loop loads x and meets the norm's barrier before the first asynchronous copy of weights is
+    issued; computed in the loop's first pass, the first copies come before any load of x."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sm90_compile.py")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, script, "--gemv-late"], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    before, late = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert before["ok"] and late["ok"], (before, late)
+    assert 0 <= before["ld_global"] < before["bar_sync"] < before["cp_async"], before
+    assert 0 <= late["cp_async"] < late["ld_global"] and late["cp_async"] < late["bar_sync"], late
 
 
 # ---------------------------------------------------------------- GPU
@@ -562,8 +606,10 @@ def test_gpu_the_persistent_step_is_bitwise_stable_run_to_run(big):
     f_tokens, f = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_ahead=True, gemv_stages=0,
                                     **blocks)
     g_tokens, g = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_stages=3, **blocks)
-    assert d_tokens == e_tokens == f_tokens == g_tokens == a_tokens
-    assert torch.equal(d, e) and torch.equal(d, f) and torch.equal(d, g)
+    h_tokens, h = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_stages=3, gemv_late=True,
+                                    **blocks)
+    assert d_tokens == e_tokens == f_tokens == g_tokens == h_tokens == a_tokens
+    assert torch.equal(d, e) and torch.equal(d, f) and torch.equal(d, g) and torch.equal(d, h)
     assert checks.relative_error(d.float(), a.float()) <= 1e-3
 
 

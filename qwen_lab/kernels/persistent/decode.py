@@ -59,7 +59,8 @@ ERROR_FIELDS = 4              # item + 1 (0: no error), counter, the count waite
 # 1.148 ms per token with each DeltaNet head's columns over 8 items, 1.202 with one item per head, 0.789 for the graph
 # decode in the same process; gemv_ahead applies only with gemv_stages=0)
 GPU_DEFAULTS = {"num_warps": 8, "gemv_block": (16, 1024), "prefetch": 64 * 1024, "gemv_ahead": 1,
-                "deltanet_block": 128, "gemv_stages": 3, "add_block": (8, 2048), "deltanet_split": 8}
+                "deltanet_block": 128, "gemv_stages": 3, "add_block": (8, 2048), "deltanet_split": 8,
+                "gemv_late": 0}
 TRACE_FIELDS = 4              # per item with trace=True: reached, wait met, done (ns), the program that ran it
 
 
@@ -108,7 +109,7 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                              F: tl.constexpr, PREFETCH: tl.constexpr = False, prefetch_bytes=0,
                              LINES: tl.constexpr = 128, TRACE: tl.constexpr = False, trace_ptr=None,
                              GEMV_AHEAD: tl.constexpr = False, GEMV_STAGES: tl.constexpr = 0,
-                             ADD_N: tl.constexpr = 0, ADD_K: tl.constexpr = 0):
+                             ADD_N: tl.constexpr = 0, ADD_K: tl.constexpr = 0, GEMV_LATE: tl.constexpr = False):
     DT = logits_ptr.dtype.element_ty
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
@@ -168,7 +169,8 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                     gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4,
                               a5, a6, best_val_ptr, best_idx_ptr, _slot(table_ptr, tl.maximum(a7, 0), tl.float32),
                               eps, table_ptr, proj_ptr, dn_ss_ptr, mode, GEMV_N, GEMV_K, ALIGNED, NORM_BLOCK,
-                              2 * HK * DK + HV * DV, CW, BW, DV, DN_SPLIT, GEMV_AHEAD, GEMV_STAGES, ADD_N, ADD_K)
+                              2 * HK * DK + HV * DV, CW, BW, DV, DN_SPLIT, GEMV_AHEAD, GEMV_STAGES, ADD_N, ADD_K,
+                              GEMV_LATE)
             if kind == K_NORM:
                 norm_item(x_ptr, _slot(table_ptr, a0, tl.float32), h_ptr, eps, H, NORM_BLOCK)
             elif kind == K_DELTANET:
@@ -232,7 +234,9 @@ class PersistentDecode:
     add_block: the (BLOCK_N, BLOCK_K) of the GEMV items that add into the residual stream (out_proj, o_proj, down),
     in place of gemv_block: their tiles are a few rows each (8 on 0.8B with 132 programs), so a 16-row block is half
     empty and a program has half the bytes in flight; (8, 2048) keeps the block's bytes with full rows. None: GPU_DEFAULTS
-    on a GPU, gemv_block under the interpreter; 0: gemv_block.
+    on a GPU, gemv_block under the interpreter; 0: gemv_block. gemv_late (with gemv_stages): each GEMV item computes
+    its input (the norm, the gated norm, silu(g) * u) in its loop's first pass, after the first weight blocks' copies
+    are issued rather than before them; the same sums (not yet timed, so off by default).
     """
 
     def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,
@@ -240,7 +244,8 @@ class PersistentDecode:
                  gemv_block: tuple[int, int] | None = None, schedule: Schedule | None = None, verify: bool = True,
                  fuse_norms: bool = True, prefetch: int | None = None, trace: bool = False,
                  gemv_ahead: bool | None = None, deltanet_block: int | None = None, gemv_stages: int | None = None,
-                 deltanet_split: int | None = None, add_block: tuple[int, int] | None = None):
+                 deltanet_split: int | None = None, add_block: tuple[int, int] | None = None,
+                 gemv_late: bool | None = None):
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
@@ -271,6 +276,11 @@ class PersistentDecode:
             raise KernelError(f"gemv_stages={gemv_stages!r}: expected 0 (off) or the stages of the GEMV loop's "
                               f"pipeline through shared memory, 2 to 4")
         self.gemv_stages = gemv_stages
+        gemv_late = GPU_DEFAULTS["gemv_late"] if gemv_late is None else gemv_late
+        if gemv_late not in (0, 1):
+            raise KernelError(f"gemv_late={gemv_late!r}: expected whether a GEMV item computes its input in its "
+                              f"loop's first pass (with gemv_stages): 0 or 1 (False or True)")
+        self.gemv_late = bool(gemv_late)
         prefetch = GPU_DEFAULTS["prefetch"] if prefetch is None else prefetch
         if prefetch < 0:
             raise KernelError(f"prefetch={prefetch!r}: expected the bytes to prefetch per item, 0 for none")
@@ -325,7 +335,7 @@ class PersistentDecode:
             DOT_PREC=dot_precision(self.model.dtype), F=ITEM_FIELDS, PREFETCH=self.prefetch > 0,
             prefetch_bytes=self.prefetch, LINES=32 * self.num_warps, TRACE=self.trace is not None,
             trace_ptr=self.trace, GEMV_AHEAD=bool(self.gemv_ahead),
-            GEMV_STAGES=self.gemv_stages, num_warps=self.num_warps)
+            GEMV_STAGES=self.gemv_stages, GEMV_LATE=self.gemv_late, num_warps=self.num_warps)
 
     def step(self, check: bool | None = None) -> torch.Tensor:
         """launch(), then (check: default unless a CUDA Graph is being captured) check(). -> the logits [1, V]."""

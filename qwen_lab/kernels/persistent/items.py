@@ -189,7 +189,8 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
               proj_ptr, ss_ptr, MODE: tl.constexpr, GEMV_N: tl.constexpr, GEMV_K: tl.constexpr,
               ALIGNED: tl.constexpr, NORM_BLOCK: tl.constexpr, CONV_DIM: tl.constexpr, CW: tl.constexpr,
               BW: tl.constexpr, DV: tl.constexpr, DN_SPLIT: tl.constexpr, AHEAD: tl.constexpr = False,
-              STAGES: tl.constexpr = 0, ADD_N: tl.constexpr = 0, ADD_K: tl.constexpr = 0):
+              STAGES: tl.constexpr = 0, ADD_N: tl.constexpr = 0, ADD_K: tl.constexpr = 0,
+              LATE: tl.constexpr = False):
     """Rows row0 .. row0 + nrows - 1 of out = W @ in (W [N, K] row-major), BLOCK_N rows at a time: blocks of
     GEMV_N x GEMV_K, or ADD_N x ADD_K in the forms that add into out (when given: their tiles are a few rows).
     MODE (the item kind less GEMV): 0 store; 1 add into out (the residual stream); 2 the input is
@@ -206,7 +207,10 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     asynchronous copies into shared memory, STAGES - 1 blocks in flight. In AHEAD's loop the compiler issues a
     block's loads only as the previous block's multiplies free the registers they land in (sm_90 SASS), so little
     of a load's time is hidden; a copy into shared memory holds no register, so it stays ahead. The same sums in
-    the same order."""
+    the same order.
+    LATE (with STAGES): the input (the norm's rms, the normed x, silu(g) * u, the gated norm of o) is computed in
+    the loop's first pass instead of before the loop. The pipeliner issues the first blocks' copies before the
+    loop, so they are on their way while the input makes its round trips, instead of after. The same sums."""
     ADD: tl.constexpr = MODE == 1 or MODE == 2 or MODE == 8
     ARGMAX: tl.constexpr = MODE == 3 or MODE == 5
     NORM: tl.constexpr = MODE == 4 or MODE == 5 or MODE == 7
@@ -230,18 +234,27 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     LOOK_AHEAD: tl.constexpr = AHEAD and STAGES < 2
     if LOOK_AHEAD:   # the first block asked for before the norm's sum of squares, which then overlaps it
         w = _pair_block(w_ptr, row0, end, K, 0, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
-    rstd = 1.0
-    if NORM:
-        rstd = _rstd(in_ptr, K, eps, NORM_BLOCK)
-    # the input of K block 0: where K fits in one block (the projections of x, the LM head) every row block reads
-    # this same input, so it is loaded and normed once here instead of once per row block
-    x_first = _gemv_input(in_ptr, nw_ptr, z_ptr, ss_ptr, offs_k, K, rstd, eps, MODE, DT, DV, DN_SPLIT)
+    LATE_INPUT: tl.constexpr = LATE and STAGES > 1
+    rstd = tl.full([], 1.0, tl.float32)
+    x_first = tl.zeros([BLOCK_K], tl.float32)
+    if not LATE_INPUT:
+        if NORM:
+            rstd = _rstd(in_ptr, K, eps, NORM_BLOCK)
+        # the input of K block 0: where K fits in one block (the projections of x, the LM head) every row block
+        # reads this same input, so it is loaded and normed once here instead of once per row block
+        x_first = _gemv_input(in_ptr, nw_ptr, z_ptr, ss_ptr, offs_k, K, rstd, eps, MODE, DT, DV, DN_SPLIT)
     best_v = float("-inf")
     best_i = row0
     if STAGES > 1:
         acc = tl.zeros([BLOCK_N], tl.float32)
         for it in tl.range(0, total, num_stages=STAGES):
             w = _pair_block(w_ptr, row0, end, K, it, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
+            if LATE_INPUT:
+                if it == 0:   # (the copies of the first blocks were issued before the loop: in flight meanwhile)
+                    if NORM:
+                        rstd = _rstd(in_ptr, K, eps, NORM_BLOCK)
+                    x_first = _gemv_input(in_ptr, nw_ptr, z_ptr, ss_ptr, offs_k, K, rstd, eps, MODE, DT, DV,
+                                          DN_SPLIT)
             acc, best_v, best_i = _pair_sum(w, it, acc, best_v, best_i, x_first, in_ptr, nw_ptr, z_ptr, ss_ptr,
                                             out_ptr, row0, end, K, n_k, rstd, eps, offs_n, offs_k, MODE, BLOCK_N,
                                             BLOCK_K, ADD, ARGMAX, DT, DV, DN_SPLIT)
