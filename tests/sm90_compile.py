@@ -330,9 +330,10 @@ def persistent_cases():
         case_types = dict(types, trace_ptr="*i64") if trace else types
         out.append((label, lambda meta=meta, warps=warps, case_types=case_types: compile_case(
             persistent.persistent_decode_kernel, meta, case_types, warps, ptx_check=persistent_counters)))
-    # the defaults with each GEMV item's input computed in its pipelined loop's first pass (gemv_late)
-    late = dict(meta, GEMV_LATE=True)
-    out.append((label[:-len(" stages")] + " late stages", lambda: compile_case(persistent.persistent_decode_kernel, late, types, 8,
+    # the defaults with each GEMV item's input computed in its pipelined loop's first pass (gemv_late) and the
+    # attention prep folded into the splits (fold_prep)
+    late = dict(meta, GEMV_LATE=True, FOLD_PREP=True)
+    out.append((label[:-len(" stages")] + " late fold stages", lambda: compile_case(persistent.persistent_decode_kernel, late, types, 8,
                                                              ptx_check=persistent_counters)))
     teach_types = {"counter_ptr": "*i32", "error_ptr": "*i32"}
     out.append(("persistent two_gemvs teaching kernel", lambda: compile_case(

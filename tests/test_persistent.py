@@ -253,6 +253,26 @@ def test_the_gemv_input_in_the_loops_first_pass_changes_no_bit(cfg, options):
             assert x is None or torch.equal(x, y), f"layer {i}'s {name}"
 
 
+@pytest.mark.parametrize("cfg, prompt_len", [(TINY, 5), (ODD, 5), (ODD, 20)], ids=["tiny", "odd", "odd-20"])
+def test_the_attention_prep_folded_into_the_splits_changes_no_bit(cfg, prompt_len):
+    """fold_prep: no ATTN_PREP items; each split norms and rotates its queries from the projection, and the split
+    whose keys hold the new position writes the new key and value before reading them. The same logits, tokens and
+    caches to the bit, and the plain decode's step. (3 splits: at 5 tokens the first split holds every key, at 20
+    the new key falls in a later split than the first.)"""
+    before, step0 = decode_both_ways(cfg, 3, prompt_len=prompt_len, gemv_tiles=3, splits=3, fuse_norms=True)
+    folded, step = decode_both_ways(cfg, 3, prompt_len=prompt_len, gemv_tiles=3, splits=3, fuse_norms=True,
+                                    fold_prep=True)
+    kinds = [item.kind for item in step.schedule.item_list]
+    assert sched.ATTN_PREP not in kinds and sched.ATTN_PREP in [item.kind for item in step0.schedule.item_list]
+    assert sched.ATTN_SPLIT in kinds
+    for t, ((a, _, ta, _), (b, want, tb, _)) in enumerate(zip(folded, before)):
+        assert torch.equal(a, b) and ta == tb, f"decode step {t}: relative error {checks.relative_error(a, b):.3e}"
+        assert checks.relative_error(a.float(), want.float()) <= 1e-4, f"decode step {t}"
+    for name in ("key", "value"):
+        for i, (x, y) in enumerate(zip(getattr(step.cache, name), getattr(step0.cache, name))):
+            assert x is None or torch.equal(x, y), f"layer {i}'s {name}"
+
+
 @pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
 def test_the_residual_tiles_own_block_gives_the_plain_decode(cfg):
     """add_block: the tiles that add into the residual stream (out_proj, o_proj, down, 8 x 128 blocks here) walk
@@ -298,13 +318,13 @@ def test_the_benchmarks_variants_name_every_option(benchmark_module):
                        "prefetch": 65536, "programs_per_sm": 2}
     assert parse("4:16x256,4:16x256:p300")[1][1] == {"num_warps": 4, "gemv_block": (16, 256), "prefetch": 300}
     assert parse("8:16x512:d64")[0][1]["deltanet_block"] == 64
-    assert parse("8:16x1024:c3:l")[0][1]["gemv_late"] == 1
+    assert parse("8:16x1024:c3:l")[0][1]["gemv_late"] == 1 and parse("8:16x1024:f")[0][1]["fold_prep"] is True
     # what a variant does not turn on stays as in stage 1, so its name means one kernel whatever the defaults
     (_, options), = parse("8:16x1024:n:a")
     assert benchmark_module("bench_persistent").decode_options(options) == {
         "num_warps": 8, "gemv_block": (16, 1024), "fuse_norms": True, "gemv_ahead": 1, "prefetch": 0,
         "deltanet_block": 32, "gemv_stages": 0, "deltanet_split": 1, "add_block": 0, "gemv_late": 0,
-        "programs": None}
+        "fold_prep": False, "programs": None}
     assert parse("8:16x1024:c3")[0][1]["gemv_stages"] == 3 and parse("8:16x1024:v8")[0][1]["deltanet_split"] == 8
     assert parse("8:16x1024:r8x2048")[0][1]["add_block"] == (8, 2048)
     for unknown in ("q", "a2", "u"):   # (a2, u: loop forms measured slower and taken out)
@@ -527,8 +547,10 @@ def plan_greedy(big, ids, n: int):
 @pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)
 @pytest.mark.parametrize("options", [STAGE_1, {"fuse_norms": True, "prefetch": 4096, "gemv_ahead": True,
                                                 "gemv_stages": 0},
-                                     {"gemv_stages": 3}, {"deltanet_split": 4, "add_block": (8, 256)}, {}],
-                         ids=["stage-1", "fused-prefetch-ahead", "gemv-stages", "split-and-add-block", "defaults"])
+                                     {"gemv_stages": 3}, {"deltanet_split": 4, "add_block": (8, 256)}, {},
+                                     {"gemv_late": True, "fold_prep": True}],
+                         ids=["stage-1", "fused-prefetch-ahead", "gemv-stages", "split-and-add-block", "defaults",
+                              "late-input-folded-prep"])
 def test_gpu_the_step_with_one_program_per_sm_equals_the_plain_decode(cfg, options):
     out, step = decode_both_ways(cfg, 6, **options)      # programs: the SM count
     assert step.schedule.programs == torch.cuda.get_device_properties(0).multi_processor_count

@@ -64,6 +64,30 @@ def _decode_chunk(pos_ptr, L, split, num_splits, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _prep_split(q_ptr, stride_qh, k_new_ptr, stride_knh, v_new_ptr, stride_vnh, qw_ptr, kw_ptr, inv_freq_ptr, k_ptr,
+                v_ptr, stride_kl, stride_kh, stride_vl, stride_vh, kvh, pos, start, end, eps, G: tl.constexpr,
+                D: tl.constexpr, HALF: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A split's own q/k norm and RoPE (qk_norm_rope_cache folded in): q_ptr, k_new_ptr, v_new_ptr hold this token's
+    raw projections. -> the G query heads of KV head kvh normed and rotated, rounded to q's dtype as
+    qk_norm_rope_cache would have stored them [ROWS, BLOCK_D]. The one split whose keys [start, end) hold key pos
+    writes this token's prepared k and its v to cache row pos; it is the only split that reads that row, and the
+    barrier makes the stores of all its threads visible to the loads of its key loop. (A position outside [0, L)
+    has no such split: nothing written.)"""
+    y, _, _, _ = _norm_rope_rows(q_ptr, qw_ptr, inv_freq_ptr, 0, pos, kvh * G, kvh * G + G, 0, stride_qh, eps,
+                                 D, HALF, True, ROWS, BLOCK_D)
+    k_new, _, offs_dn, m_new = _norm_rope_rows(k_new_ptr, kw_ptr, inv_freq_ptr, 0, pos, kvh, kvh + 1, 0,
+                                               stride_knh, eps, D, HALF, True, 1, BLOCK_D)
+    m_new = m_new & (start <= pos) & (pos < end)
+    tl.store(k_ptr + pos * stride_kl + kvh * stride_kh + offs_dn[None, :],
+             k_new.to(k_new_ptr.dtype.element_ty).to(k_ptr.dtype.element_ty), mask=m_new)
+    v_new = tl.load(v_new_ptr + kvh * stride_vnh + offs_dn[None, :], mask=m_new)
+    tl.store(v_ptr + pos * stride_vl + kvh * stride_vh + offs_dn[None, :], v_new.to(v_ptr.dtype.element_ty),
+             mask=m_new)
+    tl.debug_barrier()
+    return y.to(q_ptr.dtype.element_ty)
+
+
+@triton.jit
 def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
                               stride_qh, stride_kl, stride_kh, stride_vl, stride_vh, stride_ws, stride_wh,
                               qw_ptr, kw_ptr, inv_freq_ptr, k_new_ptr, v_new_ptr, eps, stride_knh, stride_vnh,
@@ -102,25 +126,10 @@ def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, ws_ptr, L, qk_scale,
     pos = tl.load(pos_ptr)
     start, end = _decode_chunk(pos_ptr, L, split, num_splits, BLOCK_N)
 
-    if PREP:
-        # qk_norm_rope_cache folded in (qk_norm_rope_cache_attention): q_ptr, k_new_ptr, v_new_ptr hold this
-        # token's raw projections. The G query heads of this KV head are normed and rotated here, rounded to q's
-        # dtype as qk_norm_rope_cache would have stored them.
-        y, _, _, _ = _norm_rope_rows(q_ptr, qw_ptr, inv_freq_ptr, 0, pos, kvh * G, kvh * G + G, 0, stride_qh, eps,
-                                     D, HALF, True, ROWS, BLOCK_D)
-        q = y.to(q_ptr.dtype.element_ty)
-        # This token's prepared k and its v go to cache row pos. The one program whose chunk holds key pos writes
-        # them, and it is the only program that reads that row; the barrier makes the stores of all its threads
-        # visible to the loads of the key loop. (A position outside [0, L) has no such program: nothing written.)
-        k_new, _, offs_dn, m_new = _norm_rope_rows(k_new_ptr, kw_ptr, inv_freq_ptr, 0, pos, kvh, kvh + 1, 0,
-                                                   stride_knh, eps, D, HALF, True, 1, BLOCK_D)
-        m_new = m_new & (start <= pos) & (pos < end)
-        tl.store(k_ptr + pos * stride_kl + kvh * stride_kh + offs_dn[None, :],
-                 k_new.to(k_new_ptr.dtype.element_ty).to(k_ptr.dtype.element_ty), mask=m_new)
-        v_new = tl.load(v_new_ptr + kvh * stride_vnh + offs_dn[None, :], mask=m_new)
-        tl.store(v_ptr + pos * stride_vl + kvh * stride_vh + offs_dn[None, :], v_new.to(v_ptr.dtype.element_ty),
-                 mask=m_new)
-        tl.debug_barrier()
+    if PREP:   # qk_norm_rope_cache folded in (qk_norm_rope_cache_attention): the raw projections are its inputs
+        q = _prep_split(q_ptr, stride_qh, k_new_ptr, stride_knh, v_new_ptr, stride_vnh, qw_ptr, kw_ptr, inv_freq_ptr,
+                        k_ptr, v_ptr, stride_kl, stride_kh, stride_vl, stride_vh, kvh, pos, start, end, eps, G, D,
+                        HALF, ROWS, BLOCK_D)
     else:
         q = tl.load(q_ptr + offs_h[:, None] * stride_qh + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :],
                     other=0.0)

@@ -109,7 +109,8 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                              F: tl.constexpr, PREFETCH: tl.constexpr = False, prefetch_bytes=0,
                              LINES: tl.constexpr = 128, TRACE: tl.constexpr = False, trace_ptr=None,
                              GEMV_AHEAD: tl.constexpr = False, GEMV_STAGES: tl.constexpr = 0,
-                             ADD_N: tl.constexpr = 0, ADD_K: tl.constexpr = 0, GEMV_LATE: tl.constexpr = False):
+                             ADD_N: tl.constexpr = 0, ADD_K: tl.constexpr = 0, GEMV_LATE: tl.constexpr = False,
+                             FOLD_PREP: tl.constexpr = False):
     DT = logits_ptr.dtype.element_ty
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
@@ -188,7 +189,9 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                                pos_ptr, a1, L, eps, HQ, HKV, D, HALF, ROWS, BLOCK_D)
             elif kind == K_ATTN_SPLIT:
                 attn_split_item(q_ptr, _slot(table_ptr, a0 + 2, DT), _slot(table_ptr, a0 + 3, DT), ws_ptr, pos_ptr,
-                                a1, a2, num_splits, L, qk_scale, HQ, HKV, D, ROWS, BLOCK_D, ATTN_BLOCK_N, DOT_PREC)
+                                a1, a2, num_splits, L, qk_scale, proj_ptr, _slot(table_ptr, a0, tl.float32),
+                                _slot(table_ptr, a0 + 1, tl.float32), inv_freq_ptr, eps, HQ, HKV, D, HALF, ROWS,
+                                BLOCK_D, ATTN_BLOCK_N, DOT_PREC, FOLD_PREP)
             elif kind == K_ATTN_COMBINE:
                 attn_combine_item(ws_ptr, proj_ptr, o_ptr, a0, num_splits, HQ, D, SPLITS_P, BLOCK_D)
             elif kind == K_EMBED:
@@ -236,7 +239,10 @@ class PersistentDecode:
     empty and a program has half the bytes in flight; (8, 2048) keeps the block's bytes with full rows. None: GPU_DEFAULTS
     on a GPU, gemv_block under the interpreter; 0: gemv_block. gemv_late (with gemv_stages): each GEMV item computes
     its input (the norm, the gated norm, silu(g) * u) in its loop's first pass, after the first weight blocks' copies
-    are issued rather than before them; the same sums (not yet timed, so off by default).
+    are issued rather than before them; the same sums (not yet timed, so off by default). fold_prep: no ATTN_PREP
+    items; each attention split norms and rotates its queries itself, and the split holding key pos writes the new
+    key and value, as the graph decode's split kernel does: one counter hop fewer per attention layer, the same bits
+    (not yet timed, off).
     """
 
     def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,
@@ -245,7 +251,7 @@ class PersistentDecode:
                  fuse_norms: bool = True, prefetch: int | None = None, trace: bool = False,
                  gemv_ahead: bool | None = None, deltanet_block: int | None = None, gemv_stages: int | None = None,
                  deltanet_split: int | None = None, add_block: tuple[int, int] | None = None,
-                 gemv_late: bool | None = None):
+                 gemv_late: bool | None = None, fold_prep: bool = False):
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
@@ -258,7 +264,8 @@ class PersistentDecode:
         if deltanet_split is None:
             deltanet_split = 1 if interp else min(GPU_DEFAULTS["deltanet_split"], model.config.linear_value_head_dim)
         self.schedule = schedule if schedule is not None else build_schedule(model, cache, programs, gemv_tiles,
-                                                                              splits, fuse_norms, deltanet_split)
+                                                                              splits, fuse_norms, deltanet_split,
+                                                                              fold_prep)
         if verify:   # (False only where a test hands the kernel a broken schedule on purpose)
             check_schedule(self.schedule)
         s = self.schedule
@@ -335,7 +342,8 @@ class PersistentDecode:
             DOT_PREC=dot_precision(self.model.dtype), F=ITEM_FIELDS, PREFETCH=self.prefetch > 0,
             prefetch_bytes=self.prefetch, LINES=32 * self.num_warps, TRACE=self.trace is not None,
             trace_ptr=self.trace, GEMV_AHEAD=bool(self.gemv_ahead),
-            GEMV_STAGES=self.gemv_stages, GEMV_LATE=self.gemv_late, num_warps=self.num_warps)
+            GEMV_STAGES=self.gemv_stages, GEMV_LATE=self.gemv_late, FOLD_PREP=self.schedule.fold_prep,
+            num_warps=self.num_warps)
 
     def step(self, check: bool | None = None) -> torch.Tensor:
         """launch(), then (check: default unless a CUDA Graph is being captured) check(). -> the logits [1, V]."""

@@ -33,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..attention.decode import _combine_splits, _decode_chunk
+from ..attention.decode import _combine_splits, _decode_chunk, _prep_split
 from ..attention.flash import _flash_step
 from ..deltanet.gates import _softplus
 from ..rope.rotary import _norm_rope_rows
@@ -487,11 +487,16 @@ def attn_prep_item(proj_ptr, qw_ptr, kw_ptr, k_cache_ptr, v_cache_ptr, q_ptr, in
 
 @triton.jit
 def attn_split_item(q_ptr, k_cache_ptr, v_cache_ptr, ws_ptr, pos_ptr, g, split, num_splits, L, qk_scale,
-                    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
-                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+                    proj_ptr, qw_ptr, kw_ptr, inv_freq_ptr, eps,
+                    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, ROWS: tl.constexpr,
+                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+                    PREP: tl.constexpr = False):
     """The partial (acc, m, l) of KV head g's query rows over split `split` of the keys 0 .. pos (attention/decode.py's
-    chunking), to ws [num_splits, HQ, D + 2]."""
+    chunking), to ws [num_splits, HQ, D + 2]. PREP: ATTN_PREP's work done here, as the graph decode's split kernel
+    does it (_prep_split): the queries normed and rotated from proj, and the split holding key pos writes this
+    token's key and value to the cache before its loop reads them."""
     G: tl.constexpr = HQ // HKV
+    QD: tl.constexpr = 2 * HQ * D
     rows = tl.arange(0, ROWS)
     row_ok = rows < G
     offs_h = g * G + rows
@@ -499,7 +504,12 @@ def attn_split_item(q_ptr, k_cache_ptr, v_cache_ptr, ws_ptr, pos_ptr, g, split, 
     d_ok = offs_d < D
     offs_n = tl.arange(0, BLOCK_N)
     start, end = _decode_chunk(pos_ptr, L, split, num_splits, BLOCK_N)
-    q = tl.load(q_ptr + offs_h[:, None] * D + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if PREP:
+        q = _prep_split(proj_ptr, 2 * D, proj_ptr + QD, D, proj_ptr + QD + HKV * D, D, qw_ptr, kw_ptr, inv_freq_ptr,
+                        k_cache_ptr, v_cache_ptr, HKV * D, D, HKV * D, D, g, tl.load(pos_ptr), start, end, eps, G, D,
+                        HALF, ROWS, BLOCK_D)
+    else:
+        q = tl.load(q_ptr + offs_h[:, None] * D + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     pos_rows = tl.zeros([ROWS], tl.int32) + (end - 1)
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)

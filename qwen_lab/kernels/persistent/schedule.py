@@ -19,6 +19,7 @@ One decode step, per layer (sizes from the config; Qwen3.5-0.8B in brackets, for
     compute the gated RMSNorm of their input from the splits' sums of squares (GEMV_ADD_GATED)
     NORM (1) -> GEMV tiles of qkv_proj (P) -> ATTN_PREP per KV head (2) -> ATTN_SPLIT per (KV head, split)
              -> ATTN_COMBINE per query head (8) -> GEMV_ADD tiles of o_proj (P) -> NORM -> gate_up -> down
+    (with fold_prep no ATTN_PREP: the splits wait for the qkv tiles and prepare their queries themselves)
     then EMBED first, and last NORM -> GEMV_ARGMAX tiles of the LM head (P) -> ARGMAX (1).
 
 With fuse_norms, no NORM item: each tile that reads the norm's output computes it from x itself (GEMV_NORM,
@@ -85,6 +86,7 @@ class Schedule:
     sizes: dict                    # constexprs of the kernel (every size from the config, the block shapes)
     buffers: dict                  # the step's scratch tensors by name
     keep: list = field(default_factory=list)   # tensors the table points into (alive as long as the schedule)
+    fold_prep: bool = False        # no ATTN_PREP items: each ATTN_SPLIT norms and rotates for itself
 
     def program_lists(self) -> list[list[int]]:
         o, s = self.order.tolist(), self.starts.tolist()
@@ -140,13 +142,14 @@ class _Builder:
 
 
 def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, splits: int | None = None,
-                   fuse_norms: bool = False, deltanet_split: int = 1) -> Schedule:
+                   fuse_norms: bool = False, deltanet_split: int = 1, fold_prep: bool = False) -> Schedule:
     """The decode step of `model` (its config and weights) over `cache`, dealt to `programs` programs.
 
     gemv_tiles: tiles per projection (default: one per program, at least 2); splits: the attention's key splits per
     KV head (default: enough to give every program one, within the cache's key blocks); fuse_norms: the RMSNorms
     computed inside the tiles that read them (GEMV_NORM) instead of NORM items; deltanet_split: the DeltaNet
-    heads' value columns in that many items each (1: one item per key head)."""
+    heads' value columns in that many items each (1: one item per key head); fold_prep: no ATTN_PREP items, each
+    ATTN_SPLIT waits for the qkv tiles and prepares its queries (and, holding key pos, the new key and value)."""
     from ..attention.tuning import _DECODE_BLOCK_N, _INTERP_DECODE_BLOCK_N, MAX_SPLITS
     from ... import runtime
 
@@ -235,11 +238,14 @@ def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, s
             kv_bytes = 2 * L * D * cache.key[i].element_size() / max(1, splits)
             combined = b.counter(f"{tag} attention combine")
             for g in range(Hkv):
-                prep = b.counter(f"{tag} attention prep kv head {g}")
-                b.add(ATTN_PREP, (base, g), wait, prep, f"{tag} attention prep kv head {g}", 4 * D)
+                split_wait = wait
+                if not fold_prep:
+                    prep = b.counter(f"{tag} attention prep kv head {g}")
+                    b.add(ATTN_PREP, (base, g), wait, prep, f"{tag} attention prep kv head {g}", 4 * D)
+                    split_wait = (prep, 1)
                 split = b.counter(f"{tag} attention splits kv head {g}")
                 for s in range(splits):
-                    b.add(ATTN_SPLIT, (base, g, s), (prep, 1), split, f"{tag} attention kv head {g} split {s}",
+                    b.add(ATTN_SPLIT, (base, g, s), split_wait, split, f"{tag} attention kv head {g} split {s}",
                           kv_bytes)
                 for h in range(g * G, (g + 1) * G):   # one per query head: G short items side by side
                     b.add(ATTN_COMBINE, (h,), (split, splits), combined, f"{tag} attention combine q head {h}",
@@ -277,7 +283,7 @@ def build_schedule(model, cache, programs: int, gemv_tiles: int | None = None, s
                     starts=torch.tensor(starts, dtype=torch.int32, device=dev),
                     table=torch.tensor([t.data_ptr() for t in b.slots], dtype=torch.int64, device=dev),
                     item_list=b.items, counter_names=b.counter_names, counter_totals=b.totals, programs=programs,
-                    sizes=sizes, buffers=buffers, keep=list(b.slots))
+                    sizes=sizes, buffers=buffers, keep=list(b.slots), fold_prep=fold_prep)
 
 
 def kernel_sizes(cfg, splits: int, block_n: int, n_tiles: int, deltanet_split: int = 1) -> dict:
