@@ -287,7 +287,7 @@ MUTANTS: list[Mutant] = [
        "the persistent DeltaNet item updates value head 0's state for every head",
        PERS + "test_the_persistent_step_equals_the_plain_decode_steps"),
     _m("persistent_folded_prep_reads_kv_head_0", "kernels/persistent/items.py",
-       "HKV * D, D, HKV * D, D, g, tl.load(pos_ptr)", "HKV * D, D, HKV * D, D, 0, tl.load(pos_ptr)",
+       "HKV * D, D, g, tl.load(pos_ptr), start, end", "HKV * D, D, 0, tl.load(pos_ptr), start, end",
        "with fold_prep every attention split prepares KV head 0's queries and key",
        PERS + "test_the_attention_prep_folded_into_the_splits_changes_no_bit"),
     _m("persistent_late_input_computed_a_pass_too_late", "kernels/persistent/items.py",

@@ -36,7 +36,6 @@ import triton.language as tl
 from ..attention.decode import _combine_splits, _decode_chunk, _prep_split
 from ..attention.flash import _flash_step
 from ..deltanet.gates import _softplus
-from ..rope.rotary import _norm_rope_rows
 
 
 @triton.jit
@@ -467,22 +466,18 @@ def deltanet_cols_item(proj_ptr, A_log_ptr, dt_bias_ptr, state_ptr, o_ptr, ss_pt
 def attn_prep_item(proj_ptr, qw_ptr, kw_ptr, k_cache_ptr, v_cache_ptr, q_ptr, inv_freq_ptr, pos_ptr, g, L, eps,
                    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
                    ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """KV head g: the q/k RMSNorm (1 + w) and RoPE of its G query heads and its key (rope's _norm_rope_rows), the
-    prepared queries to q [HQ, D], the key and the value to cache row pos (nothing where pos is outside [0, L)).
-    proj is [(q_h | gate_h) per head | k | v]."""
+    """KV head g: the q/k RMSNorm (1 + w) and RoPE of its G query heads and its key (_prep_split, over all the keys
+    [0, L), so the key and the value go to cache row pos wherever pos is inside the cache), the prepared queries to
+    q [HQ, D]. proj is [(q_h | gate_h) per head | k | v]."""
     G: tl.constexpr = HQ // HKV
     QD: tl.constexpr = 2 * HQ * D
-    pos = tl.load(pos_ptr)
-    y, offs_h, offs_d, m = _norm_rope_rows(proj_ptr, qw_ptr, inv_freq_ptr, 0, pos, g * G, g * G + G, 0, 2 * D, eps,
-                                           D, HALF, True, ROWS, BLOCK_D)
-    tl.store(q_ptr + offs_h[:, None] * D + offs_d[None, :], y.to(q_ptr.dtype.element_ty), mask=m)
-    kn, _, offs_d, m = _norm_rope_rows(proj_ptr + QD, kw_ptr, inv_freq_ptr, 0, pos, g, g + 1, 0, D, eps,
-                                       D, HALF, True, 1, BLOCK_D)
-    m = m & (pos >= 0) & (pos < L)
-    row = pos.to(tl.int64) * (HKV * D) + g * D
-    tl.store(k_cache_ptr + row + offs_d[None, :], kn.to(k_cache_ptr.dtype.element_ty), mask=m)
-    v = tl.load(proj_ptr + QD + HKV * D + g * D + offs_d[None, :], mask=m)
-    tl.store(v_cache_ptr + row + offs_d[None, :], v, mask=m)
+    q = _prep_split(proj_ptr, 2 * D, proj_ptr + QD, D, proj_ptr + QD + HKV * D, D, qw_ptr, kw_ptr, inv_freq_ptr,
+                    k_cache_ptr, v_cache_ptr, HKV * D, D, HKV * D, D, g, tl.load(pos_ptr), 0, L, eps, G, D, HALF,
+                    ROWS, BLOCK_D)
+    rows = tl.arange(0, ROWS)
+    offs_d = tl.arange(0, BLOCK_D)
+    tl.store(q_ptr + (g * G + rows)[:, None] * D + offs_d[None, :], q.to(q_ptr.dtype.element_ty),
+             mask=(rows < G)[:, None] & (offs_d < D)[None, :])
 
 
 @triton.jit
