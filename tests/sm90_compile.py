@@ -335,6 +335,10 @@ def persistent_cases():
     late = dict(meta, GEMV_LATE=True, FOLD_PREP=True)
     out.append((label[:-len(" stages")] + " late fold stages", lambda: compile_case(persistent.persistent_decode_kernel, late, types, 8,
                                                              ptx_check=persistent_counters)))
+    # and with each GEMV item's wait in that loop's first pass too (gemv_early)
+    early = dict(late, GEMV_EARLY=True)
+    out.append((label[:-len(" stages")] + " late early fold stages", lambda: compile_case(
+        persistent.persistent_decode_kernel, early, types, 8, ptx_check=persistent_counters)))
     teach_types = {"counter_ptr": "*i32", "error_ptr": "*i32"}
     out.append(("persistent two_gemvs teaching kernel", lambda: compile_case(
         persistent.two_gemvs_kernel, dict(BLOCK_N=16, BLOCK_K=64), teach_types, 4, ptx_check=persistent_counters)))
@@ -342,30 +346,42 @@ def persistent_cases():
 
 
 def first_lines(ptx: str) -> dict:
-    """The line of the first asynchronous copy, the first global load and the first barrier in the PTX."""
+    """The line of the first asynchronous copy, the first global load, the first barrier and the first counter poll
+    (volatile load) in the PTX."""
     import re
 
     lines = ptx.splitlines()
-    return {name: next((i for i, line in enumerate(lines) if re.search(pattern, line)), -1)
-            for name, pattern in (("cp_async", r"cp\.async\.c[ag]"), ("ld_global", r"ld\.global"),
-                                  ("bar_sync", r"bar\.sync"))}
+    first = {name: next((i for i, line in enumerate(lines) if re.search(pattern, line)), -1)
+             for name, pattern in (("cp_async", r"cp\.async\.c[ag]"), ("ld_global", r"ld\.global"),
+                                   ("bar_sync", r"bar\.sync"), ("poll", r"ld\.volatile\.global"),
+                                   ("acquire", r"ld\.global\.gpu\.acquire"))}
+    # after the wait's acquire read: the first barrier and the first other global load (an input)
+    after = lines[first["acquire"] + 1:] if first["acquire"] >= 0 else []
+    for name, pattern in (("bar_after_acquire", r"bar\.sync"), ("load_after_acquire", r"ld\.global")):
+        i = next((i for i, line in enumerate(after) if re.search(pattern, line)), None)
+        first[name] = -1 if i is None else first["acquire"] + 1 + i
+    return first
 
 
 def gemv_late_cases():
     """A persistent GEMV_NORM item alone (gemv_item, its GPU blocks: 16 x 1024 through 3 stages, 8 warps), with its
-    input computed before the pipelined loop and in the loop's first pass (LATE)."""
+    input computed before the pipelined loop, in the loop's first pass (LATE), and with its wait there too (EARLY)."""
     from qwen_lab.kernels.persistent.items import gemv_item
 
     @triton.jit
     def one_gemv_norm_item(w_ptr, in_ptr, out_ptr, nw_ptr, table_ptr, proj_ptr, ss_ptr, bv_ptr, bi_ptr, row0, nrows,
-                           K, eps, LATE: tl.constexpr):
-        gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, 0, bv_ptr, bi_ptr, nw_ptr, eps, table_ptr, proj_ptr,
-                  ss_ptr, 4, 16, 1024, True, 1024, 6144, 4, 4, 128, 8, False, 3, 8, 2048, LATE)
+                           K, eps, counters_ptr, wc, target, spin_limit, seen_ptr, LATE: tl.constexpr,
+                           EARLY: tl.constexpr):
+        seen, _ = gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, 0, bv_ptr, bi_ptr, nw_ptr, eps, table_ptr,
+                            proj_ptr, ss_ptr, 4, 16, 1024, True, 1024, 6144, 4, 4, 128, 8, False, 3, 8, 2048, LATE,
+                            EARLY, counters_ptr, wc, target, spin_limit)
+        tl.store(seen_ptr, seen)
 
     types = {"table_ptr": "*i64", "ss_ptr": "*fp32", "bv_ptr": "*fp32", "bi_ptr": "*i32", "nw_ptr": "*fp32",
-             "eps": "fp32"}
-    return [(f"gemv_norm item late={late}", lambda late=late: compile_case(
-        one_gemv_norm_item, {"LATE": late}, types, 8, ptx_check=first_lines)) for late in (False, True)]
+             "eps": "fp32", "counters_ptr": "*i32", "seen_ptr": "*i32"}
+    return [(f"gemv_norm item late={late} early={early}", lambda late=late, early=early: compile_case(
+        one_gemv_norm_item, {"LATE": late, "EARLY": early}, types, 8, ptx_check=first_lines))
+        for late, early in ((False, False), (True, False), (False, True))]
 
 
 def _notebook_09_scan(stages: int | None = None) -> dict:

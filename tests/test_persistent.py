@@ -8,6 +8,7 @@ tokens that follow the captured graph decode up to near-ties, bit-for-bit repeat
 """
 
 import random
+import re
 import time
 
 import pytest
@@ -234,17 +235,20 @@ def test_deltanet_column_splits_change_no_bit():
         assert same and ta == tb, f"decode step {t}: relative error {err:.3e}, tokens {ta} and {tb}"
 
 
-@pytest.mark.parametrize("cfg, options", [(TINY, {}), (ODD, {"add_block": (8, 32)}), (ODD, {"deltanet_split": 3})],
-                         ids=["tiny", "odd-k-in-two-add-blocks", "odd-deltanet-split-3"])
+@pytest.mark.parametrize("cfg, options", [(TINY, {}), (ODD, {"add_block": (8, 32)}), (ODD, {"deltanet_split": 3}),
+                                          (TINY, {"gemv_early": True}), (ODD, {"gemv_early": True, "deltanet_split": 3})],
+                         ids=["tiny", "odd-k-in-two-add-blocks", "odd-deltanet-split-3", "tiny-early-wait",
+                              "odd-early-wait"])
 def test_the_gemv_input_in_the_loops_first_pass_changes_no_bit(cfg, options):
     """gemv_late: every GEMV form's input (the fused norm, silu(g) * u, the gated norm of o, x) computed in the
     pipelined loop's first pass instead of before the loop: the same logits, tokens and caches to the bit, and still
     the plain decode's step. (ODD's down projection has K = 100: with 8 x 32 adding blocks its tiles walk 4 K blocks,
-    each loading its own input in the loop.)"""
+    each loading its own input in the loop.) gemv_early: the item's wait there too, before the input."""
     base = dict(gemv_tiles=3, splits=2, fuse_norms=True, gemv_stages=3, **options)
+    early = base.pop("gemv_early", False)
     before, step0 = decode_both_ways(cfg, 3, gemv_late=False, **base)
-    late, step = decode_both_ways(cfg, 3, gemv_late=True, **base)
-    assert step.gemv_late and not step0.gemv_late
+    late, step = decode_both_ways(cfg, 3, gemv_late=True, gemv_early=early, **base)
+    assert step.gemv_late and not step0.gemv_late and step.gemv_early == early
     for t, ((a, _, ta, _), (b, want, tb, _)) in enumerate(zip(late, before)):
         assert torch.equal(a, b) and ta == tb, f"decode step {t}: relative error {checks.relative_error(a, b):.3e}"
         assert checks.relative_error(a.float(), want.float()) <= 1e-4, f"decode step {t}"
@@ -306,6 +310,8 @@ def test_deltanet_split_and_add_block_out_of_range_are_refused_naming_them():
         PersistentDecode(model, model.new_cache(8), add_block=(8, 100))
     with pytest.raises(KernelError, match=r"gemv_late=2: expected whether a GEMV item computes its input"):
         PersistentDecode(model, model.new_cache(8), gemv_late=2)
+    with pytest.raises(KernelError, match=r"gemv_early=True with gemv_stages=0: .* 1 only with gemv_stages 2 to 4"):
+        PersistentDecode(model, model.new_cache(8), gemv_early=True, gemv_stages=0)
 
 
 def test_the_benchmarks_variants_name_every_option(benchmark_module):
@@ -319,12 +325,13 @@ def test_the_benchmarks_variants_name_every_option(benchmark_module):
     assert parse("4:16x256,4:16x256:p300")[1][1] == {"num_warps": 4, "gemv_block": (16, 256), "prefetch": 300}
     assert parse("8:16x512:d64")[0][1]["deltanet_block"] == 64
     assert parse("8:16x1024:c3:l")[0][1]["gemv_late"] == 1 and parse("8:16x1024:f")[0][1]["fold_prep"] is True
+    assert parse("8:16x1024:c3:e")[0][1]["gemv_early"] == 1
     # what a variant does not turn on stays as in stage 1, so its name means one kernel whatever the defaults
     (_, options), = parse("8:16x1024:n:a")
     assert benchmark_module("bench_persistent").decode_options(options) == {
         "num_warps": 8, "gemv_block": (16, 1024), "fuse_norms": True, "gemv_ahead": 1, "prefetch": 0,
         "deltanet_block": 32, "gemv_stages": 0, "deltanet_split": 1, "add_block": 0, "gemv_late": 0,
-        "fold_prep": False, "programs": None}
+        "fold_prep": False, "gemv_early": 0, "programs": None}
     assert parse("8:16x1024:c3")[0][1]["gemv_stages"] == 3 and parse("8:16x1024:v8")[0][1]["deltanet_split"] == 8
     assert parse("8:16x1024:r8x2048")[0][1]["add_block"] == (8, 2048)
     for unknown in ("q", "a2", "u"):   # (a2, u: loop forms measured slower and taken out)
@@ -374,24 +381,29 @@ def test_the_trace_hop_is_measured_from_the_bump_that_met_the_need(benchmark_mod
     assert handoffs(timeline, items) == {"NORM": pytest.approx(1.5), "ARGMAX": pytest.approx(1.0)}
 
 
-def test_a_wait_nobody_satisfies_raises_naming_the_item():
-    """A broken schedule: the first layer's input norm waits on a counter no item bumps. The step gives up after its
-    bounded spin and the error names the item and the counter."""
+@pytest.mark.parametrize("victim_name, kind, options", [
+    ("layer 0 input norm", "NORM", {}),
+    ("layer 0 in_proj rows 100..199", "GEMV", {"gemv_stages": 3, "gemv_early": True})],
+    ids=["norm", "gemv-waiting-in-its-loop"])
+def test_a_wait_nobody_satisfies_raises_naming_the_item(victim_name, kind, options):
+    """A broken schedule: the first layer's input norm (or, with gemv_early, an in_proj tile, whose wait is inside
+    its loop) waits on a counter no item bumps. The step gives up after its bounded spin and the error names the item
+    and the counter."""
     model = tiny_model(TINY)
     cache = model.new_cache(8)
     s = build_schedule(model, cache, 1 if not HAS_GPU else 4, gemv_tiles=2, splits=1)
     s.counter_names.append("a counter nobody bumps")
     s.counter_totals.append(1)
-    victim = next(i for i, it in enumerate(s.item_list) if it.name == "layer 0 input norm")
+    victim = next(i for i, it in enumerate(s.item_list) if it.name == victim_name)
     s.items[victim, sched.WAIT_C] = len(s.counter_totals) - 1
     s.items[victim, sched.WAIT_NEED] = 1
     s.items[victim, sched.WAIT_TOTAL] = 1
     with pytest.raises(KernelError, match="not an ancestor|waits for"):
         check_schedule(s)   # the host check sees it first ...
-    step = PersistentDecode(model, cache, schedule=s, verify=False, spin_limit=1000)   # ... the device on its own
+    step = PersistentDecode(model, cache, schedule=s, verify=False, spin_limit=1000, **options)   # ... the device
     step.prime(3, 0)
     t0 = time.perf_counter()
-    with pytest.raises(KernelError, match=rf"item {victim} \(NORM layer 0 input norm\) waited for counter "
+    with pytest.raises(KernelError, match=rf"item {victim} \({kind} {re.escape(victim_name)}\) waited for counter "
                                           rf"{len(s.counter_totals) - 1} \(a counter nobody bumps\) to reach 1, saw 0"):
         step.step()
     assert time.perf_counter() - t0 < 120
@@ -442,7 +454,7 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == 12
+    assert len(results) == 13
     for r in results:
         assert r["ok"], r
         assert r["acquire_loads"] >= 1 and r["release_atomics"] >= 1 and r["volatile_loads"] >= 1, r
@@ -462,7 +474,8 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
 def test_a_late_input_sends_the_first_weight_copies_before_the_inputs_loads():
     """gemv_late's point, in the sm_90 code of one GEMV_NORM item (tests/sm90_compile.py --gemv-late): the input
     computed before the loop loads x and meets the norm's barrier before the first asynchronous copy of weights is
-    issued; computed in the loop's first pass, the first copies come before any load of x."""
+    issued; computed in the loop's first pass, the first copies come before any load of x; with gemv_early, before
+    the item's wait (its counter polls) as well."""
     import json
     import os
     import subprocess
@@ -473,10 +486,17 @@ def test_a_late_input_sends_the_first_weight_copies_before_the_inputs_loads():
     done = subprocess.run([sys.executable, script, "--gemv-late"], env=env, capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    before, late = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert before["ok"] and late["ok"], (before, late)
+    before, late, early = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert before["ok"] and late["ok"] and early["ok"], (before, late, early)
     assert 0 <= before["ld_global"] < before["bar_sync"] < before["cp_async"], before
     assert 0 <= late["cp_async"] < late["ld_global"] and late["cp_async"] < late["bar_sync"], late
+    # gemv_early: the wait (its counter polls) after the first copies too; without it the item has no wait at all
+    assert before["poll"] == late["poll"] == -1, (before, late)
+    assert 0 <= early["cp_async"] < early["poll"] and early["cp_async"] < early["bar_sync"], early
+    # (still pipelined: an explicit barrier in the loop would stop it) and the acquire read's value goes to every
+    # thread across a barrier before any of them loads an input
+    assert early["shared"] > 3 * 16 * 1024, early
+    assert early["poll"] < early["acquire"] < early["bar_after_acquire"] < early["load_after_acquire"], early
 
 
 # ---------------------------------------------------------------- GPU
@@ -548,9 +568,9 @@ def plan_greedy(big, ids, n: int):
 @pytest.mark.parametrize("options", [STAGE_1, {"fuse_norms": True, "prefetch": 4096, "gemv_ahead": True,
                                                 "gemv_stages": 0},
                                      {"gemv_stages": 3}, {"deltanet_split": 4, "add_block": (8, 256)}, {},
-                                     {"gemv_late": True, "fold_prep": True}],
+                                     {"gemv_late": True, "fold_prep": True}, {"gemv_early": True}],
                          ids=["stage-1", "fused-prefetch-ahead", "gemv-stages", "split-and-add-block", "defaults",
-                              "late-input-folded-prep"])
+                              "late-input-folded-prep", "early-wait"])
 def test_gpu_the_step_with_one_program_per_sm_equals_the_plain_decode(cfg, options):
     out, step = decode_both_ways(cfg, 6, **options)      # programs: the SM count
     assert step.schedule.programs == torch.cuda.get_device_properties(0).multi_processor_count
@@ -630,8 +650,10 @@ def test_gpu_the_persistent_step_is_bitwise_stable_run_to_run(big):
     g_tokens, g = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_stages=3, **blocks)
     h_tokens, h = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_stages=3, gemv_late=True,
                                     **blocks)
-    assert d_tokens == e_tokens == f_tokens == g_tokens == h_tokens == a_tokens
-    assert torch.equal(d, e) and torch.equal(d, f) and torch.equal(d, g) and torch.equal(d, h)
+    i_tokens, i = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_stages=3, gemv_early=True,
+                                    **blocks)
+    assert d_tokens == e_tokens == f_tokens == g_tokens == h_tokens == i_tokens == a_tokens
+    assert torch.equal(d, e) and torch.equal(d, f) and torch.equal(d, g) and torch.equal(d, h) and torch.equal(d, i)
     assert checks.relative_error(d.float(), a.float()) <= 1e-3
 
 

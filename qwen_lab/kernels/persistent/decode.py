@@ -42,8 +42,8 @@ from ..attention.decode import _prefetch_rows_l2
 from ..attention.flash import LOG2E
 from ..deltanet.gates import EPS as L2_EPS
 from ..rope import inv_freq_table
-from .items import (_slot, argmax_item, attn_combine_item, attn_prep_item, attn_split_item, deltanet_cols_item,
-                    deltanet_item, embed_item, gemv_item, norm_item)
+from .items import (_globaltimer, _slot, argmax_item, attn_combine_item, attn_prep_item, attn_split_item, deltanet_cols_item,
+                    deltanet_item, embed_item, gemv_item, norm_item, wait_counter)
 from .schedule import (ARGMAX, ATTN_COMBINE, ATTN_PREP, ATTN_SPLIT, DELTANET, DELTANET_COLS, DN_SS, EMBED, GEMV,
                        GEMV_KINDS, ITEM_FIELDS, KIND_NAMES, NORM, Schedule, build_schedule, check_schedule)
 
@@ -60,14 +60,8 @@ ERROR_FIELDS = 4              # item + 1 (0: no error), counter, the count waite
 # decode in the same process; gemv_ahead applies only with gemv_stages=0)
 GPU_DEFAULTS = {"num_warps": 8, "gemv_block": (16, 1024), "prefetch": 64 * 1024, "gemv_ahead": 1,
                 "deltanet_block": 128, "gemv_stages": 3, "add_block": (8, 2048), "deltanet_split": 8,
-                "gemv_late": 0}
+                "gemv_late": 0, "gemv_early": 0}
 TRACE_FIELDS = 4              # per item with trace=True: reached, wait met, done (ns), the program that ran it
-
-
-@triton.jit
-def _globaltimer():
-    """The GPU's global timer in ns (one clock for every SM, so items of different programs line up)."""
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -94,6 +88,16 @@ def _prefetch_item(items_ptr, order_ptr, j, table_ptr, prefetch_bytes, F: tl.con
 
 
 @triton.jit
+def _record_error(errors_ptr, pid, index, wc, target, seen):
+    """errors[pid] = (the item + 1, the counter, the count waited for, the count seen)."""
+    rec = errors_ptr + pid * 4   # (ERROR_FIELDS)
+    tl.store(rec, index + 1)
+    tl.store(rec + 1, wc)
+    tl.store(rec + 2, target)
+    tl.store(rec + 3, seen)
+
+
+@triton.jit
 def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counters_ptr, errors_ptr, epoch_ptr,
                              token_ptr, pos_ptr, x_ptr, h_ptr, proj_ptr, o_ptr, q_ptr, ws_ptr, logits_ptr,
                              best_val_ptr, best_idx_ptr, inv_freq_ptr,
@@ -110,7 +114,7 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                              LINES: tl.constexpr = 128, TRACE: tl.constexpr = False, trace_ptr=None,
                              GEMV_AHEAD: tl.constexpr = False, GEMV_STAGES: tl.constexpr = 0,
                              ADD_N: tl.constexpr = 0, ADD_K: tl.constexpr = 0, GEMV_LATE: tl.constexpr = False,
-                             FOLD_PREP: tl.constexpr = False):
+                             FOLD_PREP: tl.constexpr = False, GEMV_EARLY: tl.constexpr = False):
     DT = logits_ptr.dtype.element_ty
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
@@ -130,7 +134,12 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
         a6 = tl.load(row + 7)
         a7 = tl.load(row + 8)
         wc = tl.load(row + 9)
+        target = epoch * tl.load(row + 11) + tl.load(row + 10)
         done = tl.load(row + 12)
+        # GEMV_EARLY: a GEMV item waits inside its loop's first pass, after its first weight copies are issued
+        wait_here = wc >= 0
+        if GEMV_EARLY:
+            wait_here = wait_here & ((kind < K_GEMV) | (kind >= K_GEMV + N_GEMV_FORMS))
         if TRACE:
             t_start = _globaltimer()
         if PREFETCH:
@@ -140,38 +149,28 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                            DT.primitive_bitwidth // 8, LINES)
         if ok:
             # ---- wait: a bounded spin on the counter, then an acquire read of it
-            if wc >= 0:
-                target = epoch * tl.load(row + 11) + tl.load(row + 10)
-                seen = tl.load(counters_ptr + wc, volatile=True)
-                polls = 0
-                while (seen < target) & (polls < spin_limit):
-                    seen = tl.load(counters_ptr + wc, volatile=True)
-                    polls += 1
-                # The acquire read: one read for the program, shared with all its threads (each polled on its own and
-                # may have left the loop at another count), so they all take the same branch below. (Its value is
-                # used: an atomic whose result is unused is dropped by the compiler.)
-                seen = tl.atomic_add(counters_ptr + wc, 0, sem="acquire", scope="gpu")
+            if wait_here:
+                seen = wait_counter(counters_ptr, wc, target, spin_limit)
                 if seen < target:
-                    rec = errors_ptr + pid * 4
-                    tl.store(rec, index + 1)
-                    tl.store(rec + 1, wc)
-                    tl.store(rec + 2, target)
-                    tl.store(rec + 3, seen)
+                    _record_error(errors_ptr, pid, index, wc, target, seen)
                     ok = 0
-                tl.debug_barrier()
         if ok:
             if TRACE:
                 t_ready = _globaltimer()
+            seen = target   # (an early GEMV item's wait: what its acquire read saw)
             # ---- the item
             # the GEMV forms are consecutive kinds; each is its own compiled MODE of gemv_item (a7: the norm weight's
             # slot of the GEMV_NORM forms, -1 for the others, which never read it)
             for mode in tl.static_range(N_GEMV_FORMS):
                 if kind == K_GEMV + mode:
-                    gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4,
+                    seen, t_met = gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4,
                               a5, a6, best_val_ptr, best_idx_ptr, _slot(table_ptr, tl.maximum(a7, 0), tl.float32),
                               eps, table_ptr, proj_ptr, dn_ss_ptr, mode, GEMV_N, GEMV_K, ALIGNED, NORM_BLOCK,
                               2 * HK * DK + HV * DV, CW, BW, DV, DN_SPLIT, GEMV_AHEAD, GEMV_STAGES, ADD_N, ADD_K,
-                              GEMV_LATE)
+                              GEMV_LATE, GEMV_EARLY, counters_ptr, wc, target, spin_limit, TRACE)
+                    if TRACE and GEMV_EARLY:
+                        if wc >= 0:
+                            t_ready = t_met
             if kind == K_NORM:
                 norm_item(x_ptr, _slot(table_ptr, a0, tl.float32), h_ptr, eps, H, NORM_BLOCK)
             elif kind == K_DELTANET:
@@ -198,9 +197,12 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                 embed_item(_slot(table_ptr, a0, DT), token_ptr, x_ptr, H, NORM_BLOCK)
             elif kind == K_ARGMAX:
                 argmax_item(best_val_ptr, best_idx_ptr, n_tiles, token_ptr, pos_ptr, epoch_ptr, TILES_P)
+            if seen < target:   # an early GEMV item's wait ran out: its sums are of stale inputs, never published
+                _record_error(errors_ptr, pid, index, wc, target, seen)
+                ok = 0
             # ---- done: every thread's stores before the bump, which publishes them (release)
             tl.debug_barrier()
-            if done >= 0:
+            if (done >= 0) & (ok != 0):
                 tl.atomic_add(counters_ptr + done, 1, sem="release", scope="gpu")
             if TRACE:   # the item's times (ns of the GPU's global timer): reached, its wait met, done published
                 rec = trace_ptr + index.to(tl.int64) * 4   # (TRACE_FIELDS)
@@ -242,6 +244,8 @@ class PersistentDecode:
     are issued rather than before them; the same sums (not yet timed, so off by default). fold_prep: no ATTN_PREP
     items; each attention split norms and rotates its queries itself, and the split holding key pos writes the new
     key and value, as the graph decode's split kernel does: one counter hop fewer per attention layer, the same bits
+    (not yet timed, off). gemv_early (with gemv_stages; implies gemv_late): each GEMV item waits for its inputs in its
+    loop's first pass too, so its first weight blocks stream from memory while its producers finish; the same sums
     (not yet timed, off).
     """
 
@@ -251,7 +255,7 @@ class PersistentDecode:
                  fuse_norms: bool = True, prefetch: int | None = None, trace: bool = False,
                  gemv_ahead: bool | None = None, deltanet_block: int | None = None, gemv_stages: int | None = None,
                  deltanet_split: int | None = None, add_block: tuple[int, int] | None = None,
-                 gemv_late: bool | None = None, fold_prep: bool = False):
+                 gemv_late: bool | None = None, fold_prep: bool = False, gemv_early: bool | None = None):
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
@@ -288,6 +292,12 @@ class PersistentDecode:
             raise KernelError(f"gemv_late={gemv_late!r}: expected whether a GEMV item computes its input in its "
                               f"loop's first pass (with gemv_stages): 0 or 1 (False or True)")
         self.gemv_late = bool(gemv_late)
+        gemv_early = GPU_DEFAULTS["gemv_early"] if gemv_early is None else gemv_early
+        if gemv_early not in (0, 1) or (gemv_early and gemv_stages < 2):
+            raise KernelError(f"gemv_early={gemv_early!r} with gemv_stages={gemv_stages}: expected whether a GEMV "
+                              f"item waits in its pipelined loop's first pass, 0 or 1 (False or True), 1 only with "
+                              f"gemv_stages 2 to 4")
+        self.gemv_early = bool(gemv_early)
         prefetch = GPU_DEFAULTS["prefetch"] if prefetch is None else prefetch
         if prefetch < 0:
             raise KernelError(f"prefetch={prefetch!r}: expected the bytes to prefetch per item, 0 for none")
@@ -343,6 +353,7 @@ class PersistentDecode:
             prefetch_bytes=self.prefetch, LINES=32 * self.num_warps, TRACE=self.trace is not None,
             trace_ptr=self.trace, GEMV_AHEAD=bool(self.gemv_ahead),
             GEMV_STAGES=self.gemv_stages, GEMV_LATE=self.gemv_late, FOLD_PREP=self.schedule.fold_prep,
+            GEMV_EARLY=self.gemv_early,
             num_warps=self.num_warps)
 
     def step(self, check: bool | None = None) -> torch.Tensor:

@@ -48,6 +48,32 @@ def _slot(table_ptr, slot, ty: tl.constexpr):
 
 
 @triton.jit
+def _globaltimer():
+    """The GPU's global timer in ns (one clock for every SM, so items of different programs line up)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def wait_counter(counters_ptr, wc, target, spin_limit, BARRIER: tl.constexpr = True):
+    """Wait until counters[wc] >= target: a bounded spin of volatile polls, then one acquire read, whose value is
+    returned (below target: the spin ran out). The acquire is one read for the program, shared with all its threads
+    (each polled on its own and may have left the loop at another count), so they all take the same branch after
+    it; the barrier makes what it acquired visible to every thread before any of them reads an input. (Its value
+    is used: an atomic whose result is unused is dropped by the compiler.) BARRIER=False inside a loop that Triton
+    pipelines (an explicit barrier there stops the pipelining): the read's value reaches the other threads through
+    shared memory across a barrier of its own (one thread reads, sm_90 PTX), which orders their loads after it."""
+    seen = tl.load(counters_ptr + wc, volatile=True)
+    polls = 0
+    while (seen < target) & (polls < spin_limit):
+        seen = tl.load(counters_ptr + wc, volatile=True)
+        polls += 1
+    seen = tl.atomic_add(counters_ptr + wc, 0, sem="acquire", scope="gpu")
+    if BARRIER:
+        tl.debug_barrier()
+    return seen
+
+
+@triton.jit
 def embed_item(emb_ptr, token_ptr, x_ptr, H: tl.constexpr, BLOCK: tl.constexpr):
     tok = tl.load(token_ptr).to(tl.int64)
     for k0 in range(0, H, BLOCK):
@@ -189,7 +215,8 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
               ALIGNED: tl.constexpr, NORM_BLOCK: tl.constexpr, CONV_DIM: tl.constexpr, CW: tl.constexpr,
               BW: tl.constexpr, DV: tl.constexpr, DN_SPLIT: tl.constexpr, AHEAD: tl.constexpr = False,
               STAGES: tl.constexpr = 0, ADD_N: tl.constexpr = 0, ADD_K: tl.constexpr = 0,
-              LATE: tl.constexpr = False):
+              LATE: tl.constexpr = False, EARLY: tl.constexpr = False, counters_ptr=None, wc=-1, target=0,
+              spin_limit=0, TRACE: tl.constexpr = False):
     """Rows row0 .. row0 + nrows - 1 of out = W @ in (W [N, K] row-major), BLOCK_N rows at a time: blocks of
     GEMV_N x GEMV_K, or ADD_N x ADD_K in the forms that add into out (when given: their tiles are a few rows).
     MODE (the item kind less GEMV): 0 store; 1 add into out (the residual stream); 2 the input is
@@ -209,7 +236,11 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     the same order.
     LATE (with STAGES): the input (the norm's rms, the normed x, silu(g) * u, the gated norm of o) is computed in
     the loop's first pass instead of before the loop. The pipeliner issues the first blocks' copies before the
-    loop, so they are on their way while the input makes its round trips, instead of after. The same sums."""
+    loop, so they are on their way while the input makes its round trips, instead of after. The same sums.
+    EARLY (with LATE and STAGES): the item's wait too (wait_counter on counters[wc] up to target, unless wc < 0) in
+    the loop's first pass, before the input: the first blocks' copies then stream while the producers finish (the
+    weights are never written, so they need no ordering). -> (what the wait's acquire read saw, the time it was met
+    with TRACE); (target, 0) without EARLY."""
     ADD: tl.constexpr = MODE == 1 or MODE == 2 or MODE == 8
     ARGMAX: tl.constexpr = MODE == 3 or MODE == 5
     NORM: tl.constexpr = MODE == 4 or MODE == 5 or MODE == 7
@@ -233,7 +264,9 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     LOOK_AHEAD: tl.constexpr = AHEAD and STAGES < 2
     if LOOK_AHEAD:   # the first block asked for before the norm's sum of squares, which then overlaps it
         w = _pair_block(w_ptr, row0, end, K, 0, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
-    LATE_INPUT: tl.constexpr = LATE and STAGES > 1
+    LATE_INPUT: tl.constexpr = (LATE or EARLY) and STAGES > 1
+    seen = target
+    t_met = tl.zeros([], tl.int64)
     rstd = tl.full([], 1.0, tl.float32)
     x_first = tl.zeros([BLOCK_K], tl.float32)
     if not LATE_INPUT:
@@ -250,6 +283,11 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
             w = _pair_block(w_ptr, row0, end, K, it, total, n_k, offs_n, offs_k, BLOCK_N, BLOCK_K)
             if LATE_INPUT:
                 if it == 0:   # (the copies of the first blocks were issued before the loop: in flight meanwhile)
+                    if EARLY:
+                        if wc >= 0:
+                            seen = wait_counter(counters_ptr, wc, target, spin_limit, False)
+                            if TRACE:
+                                t_met = _globaltimer()
                     if NORM:
                         rstd = _rstd(in_ptr, K, eps, NORM_BLOCK)
                     x_first = _gemv_input(in_ptr, nw_ptr, z_ptr, ss_ptr, offs_k, K, rstd, eps, MODE, DT, DV,
@@ -283,6 +321,7 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     if ARGMAX:
         tl.store(best_val_ptr + tile, best_v)
         tl.store(best_idx_ptr + tile, best_i)
+    return seen, t_met
 
 
 @triton.jit
