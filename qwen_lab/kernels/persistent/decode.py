@@ -42,13 +42,15 @@ from ..attention.decode import _prefetch_rows_l2
 from ..attention.flash import LOG2E
 from ..deltanet.gates import EPS as L2_EPS
 from ..rope import inv_freq_table
-from .items import (_globaltimer, _slot, argmax_item, attn_combine_item, attn_prep_item, attn_split_item, deltanet_cols_item,
-                    deltanet_item, embed_item, gemv_item, norm_item, wait_counter)
+from .items import (_globaltimer, _slot, argmax_item, attn_combine_item, attn_prep_item, attn_split_item,
+                    deltanet_cols_item, deltanet_item, embed_item, gemv_item, norm_item, wait_counter)
 from .schedule import (ARGMAX, ATTN_COMBINE, ATTN_PREP, ATTN_SPLIT, DELTANET, DELTANET_COLS, DN_SS, EMBED, GEMV,
-                       GEMV_KINDS, ITEM_FIELDS, KIND_NAMES, NORM, Schedule, build_schedule, check_schedule)
+                       GEMV_ADD, GEMV_ADD_GATED, GEMV_KINDS, GEMV_SWIGLU, ITEM_FIELDS, KIND_NAMES, NORM, Schedule,
+                       build_schedule, check_schedule)
 
 # the item kinds as constexprs (a jit function reads no plain global)
-K_EMBED, K_NORM, K_GEMV = (tl.constexpr(k) for k in (EMBED, NORM, GEMV))
+K_EMBED, K_NORM, K_GEMV, K_GEMV_ADD, K_GEMV_SWIGLU, K_GEMV_ADD_GATED = (tl.constexpr(k) for k in (
+    EMBED, NORM, GEMV, GEMV_ADD, GEMV_SWIGLU, GEMV_ADD_GATED))
 N_GEMV_FORMS = tl.constexpr(len(GEMV_KINDS))
 K_DELTANET, K_DELTANET_COLS, K_ATTN_PREP, K_ATTN_SPLIT, K_ATTN_COMBINE, K_ARGMAX = (tl.constexpr(k) for k in (
     DELTANET, DELTANET_COLS, ATTN_PREP, ATTN_SPLIT, ATTN_COMBINE, ARGMAX))
@@ -65,26 +67,28 @@ TRACE_FIELDS = 4              # per item with trace=True: reached, wait met, don
 
 
 @triton.jit
-def _prefetch_item(items_ptr, order_ptr, j, table_ptr, prefetch_bytes, F: tl.constexpr, HK: tl.constexpr,
-                   HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, ESIZE: tl.constexpr, LINES: tl.constexpr):
-    """Ask L2 for the first prefetch_bytes of what the item at order[j] reads from memory and no item writes before
+def _prefetch_item(kind, a0, a1, a3, a4, a5, table_ptr, prefetch_bytes, HK: tl.constexpr, HV: tl.constexpr,
+                   DK: tl.constexpr, DV: tl.constexpr, ESIZE: tl.constexpr, LINES: tl.constexpr,
+                   SKIP_BLOCKS: tl.constexpr, GEMV_N: tl.constexpr, GEMV_K: tl.constexpr, ADD_N: tl.constexpr,
+                   ADD_K: tl.constexpr):
+    """Ask L2 for prefetch_bytes of what an item (its kind and fields) reads from memory and no item writes before
     it: a GEMV tile's rows of weights, a DeltaNet head's recurrent states (written by that item alone). One
     contiguous range, walked by decode attention's row prefetch as rows of one 128-byte line, LINES lines at a
-    time."""
-    row = items_ptr + tl.load(order_ptr + j).to(tl.int64) * F
-    kind = tl.load(row)
-    a0 = tl.load(row + 1)
+    time. SKIP_BLOCKS: a GEMV tile's range starts after that many of its weight blocks (gemv_early copies them
+    before its wait already), so the prefetch brings the blocks after them."""
     if (kind >= K_GEMV) & (kind < K_GEMV + N_GEMV_FORMS):
-        a3 = tl.load(row + 4)
-        a4 = tl.load(row + 5)
-        a5 = tl.load(row + 6)
-        lines = tl.cdiv(tl.minimum(a4 * a5 * ESIZE, prefetch_bytes), 128)
-        _prefetch_rows_l2(_slot(table_ptr, a0, tl.int8) + a3.to(tl.int64) * a5 * ESIZE, 0, lines, 128, 128, LINES)
+        tile_bytes = a4 * a5 * ESIZE
+        skip = 0
+        if SKIP_BLOCKS > 0:   # the block of the tiles that add into x is ADD_N x ADD_K where given
+            adds = (kind == K_GEMV_ADD) | (kind == K_GEMV_SWIGLU) | (kind == K_GEMV_ADD_GATED)
+            skip = tl.where(adds & (ADD_N > 0), ADD_N * ADD_K, GEMV_N * GEMV_K) * ESIZE * SKIP_BLOCKS
+        _prefetch_rows_l2(_slot(table_ptr, a0, tl.int8) + a3.to(tl.int64) * a5 * ESIZE, skip // 128,
+                          tl.cdiv(tl.minimum(tile_bytes, skip + prefetch_bytes), 128), 128, 128, LINES)
     elif kind == K_DELTANET:   # the recurrent states of its value heads, fp32 [REP, DK, DV]
         state_bytes: tl.constexpr = (HV // HK) * DK * DV * 4
         lines = tl.cdiv(tl.minimum(state_bytes, prefetch_bytes), 128)
-        _prefetch_rows_l2(_slot(table_ptr, a0 + 5, tl.int8) + tl.load(row + 2).to(tl.int64) * state_bytes, 0, lines,
-                          128, 128, LINES)
+        _prefetch_rows_l2(_slot(table_ptr, a0 + 5, tl.int8) + a1.to(tl.int64) * state_bytes, 0, lines, 128, 128,
+                          LINES)
 
 
 @triton.jit
@@ -145,8 +149,9 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
         if PREFETCH:
             # ---- before the wait: the item's weights (at most prefetch_bytes) on their way into L2, so the memory
             # system streams while the program waits
-            _prefetch_item(items_ptr, order_ptr, j, table_ptr, prefetch_bytes, F, HK, HV, DK, DV,
-                           DT.primitive_bitwidth // 8, LINES)
+            _prefetch_item(kind, a0, a1, a3, a4, a5, table_ptr, prefetch_bytes, HK, HV, DK, DV,
+                           DT.primitive_bitwidth // 8, LINES, GEMV_STAGES - 1 if GEMV_EARLY else 0, GEMV_N, GEMV_K,
+                           ADD_N, ADD_K)
         if ok:
             # ---- wait: a bounded spin on the counter, then an acquire read of it
             if wait_here:
@@ -163,11 +168,12 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
             # slot of the GEMV_NORM forms, -1 for the others, which never read it)
             for mode in tl.static_range(N_GEMV_FORMS):
                 if kind == K_GEMV + mode:
-                    seen, t_met = gemv_item(_slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4,
-                              a5, a6, best_val_ptr, best_idx_ptr, _slot(table_ptr, tl.maximum(a7, 0), tl.float32),
-                              eps, table_ptr, proj_ptr, dn_ss_ptr, mode, GEMV_N, GEMV_K, ALIGNED, NORM_BLOCK,
-                              2 * HK * DK + HV * DV, CW, BW, DV, DN_SPLIT, GEMV_AHEAD, GEMV_STAGES, ADD_N, ADD_K,
-                              GEMV_LATE, GEMV_EARLY, counters_ptr, wc, target, spin_limit, TRACE)
+                    seen, t_met = gemv_item(
+                        _slot(table_ptr, a0, DT), _slot(table_ptr, a1, DT), _slot(table_ptr, a2, DT), a3, a4, a5, a6,
+                        best_val_ptr, best_idx_ptr, _slot(table_ptr, tl.maximum(a7, 0), tl.float32), eps, table_ptr,
+                        proj_ptr, dn_ss_ptr, mode, GEMV_N, GEMV_K, ALIGNED, NORM_BLOCK, 2 * HK * DK + HV * DV, CW, BW,
+                        DV, DN_SPLIT, GEMV_AHEAD, GEMV_STAGES, ADD_N, ADD_K, GEMV_LATE, GEMV_EARLY, counters_ptr, wc,
+                        target, spin_limit, TRACE)
                     if TRACE and GEMV_EARLY:
                         if wc >= 0:
                             t_ready = t_met
