@@ -12,7 +12,9 @@ then the stages it turns on (the others stay as in stage 1, whatever PersistentD
 fused into the GEMV tiles, `a` each GEMV item's next weight block loaded into registers before the current one is
 summed, `cN` the GEMV loop pipelined by Triton through shared memory in N stages instead, `l` (with `cN`) the
 GEMV input computed in that loop's first pass, after the first blocks' copies are issued, `e` (with `cN`) the
-GEMV item's wait there too (its first weight blocks stream while its producers finish), `f` no ATTN_PREP items
+GEMV item's wait there too (its first weight blocks stream while its producers finish), `i` each program's next
+item's fields read while the current item runs, `k` (with `pBYTES`) the L2 prefetch of the DeltaNet column items'
+states and the attention splits' keys and values too, `f` no ATTN_PREP items
 (each attention split prepares its queries, one holds the new key and value), `pBYTES` (k for 1024) the
 L2 prefetch before each wait, `dN` N state columns per iteration of a DeltaNet item (default 32), `vN` each
 DeltaNet head's columns split over N items (the conv in the in-projection's tiles, the gated norm in out_proj's),
@@ -47,6 +49,10 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
                 options["gemv_late"] = 1
             elif st == "e":   # the GEMV item's wait in the pipelined loop's first pass, after its first copies
                 options["gemv_early"] = 1
+            elif st == "k":   # the L2 prefetch also of the DeltaNet column items' states, the splits' keys and values
+                options["prefetch_states"] = 1
+            elif st == "i":   # each program's next item's fields read while the current one runs
+                options["fields_ahead"] = 1
             elif st == "f":   # the attention prep folded into the splits
                 options["fold_prep"] = True
             elif st.startswith("c") and st[1:].isdigit():   # the GEMV loop pipelined through shared memory
@@ -65,7 +71,8 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
             else:
                 raise SystemExit(f"--variants: stage {st!r} of {part!r}: expected n (fused norms), a (the next "
                                  f"GEMV block loaded ahead), l (the GEMV input in the loop's first pass), f (the "
-                                 f"attention prep in the splits), e (the GEMV wait in the loop's first pass), cN (N pipeline stages), pBYTES (L2 prefetch), dN "
+                                 f"attention prep in the splits), e (the GEMV wait in the loop's first pass), i (the next item's fields read "
+                                 f"ahead), k (the prefetch of states, keys and values too), cN (N pipeline stages), pBYTES (L2 prefetch), dN "
                                  f"(DeltaNet columns per iteration), vN (DeltaNet items per head), rNxK (the block of "
                                  f"the tiles that add into x) or sN (N programs per SM)")
         out.append((f"persistent w{warps} {n}x{k}" + "".join(f" {st}" for st in stages), options))
@@ -75,7 +82,8 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
 # a variant names every option it turns on: the rest are stage 1's (not PersistentDecode's defaults, which change as
 # measurements come in), so a variant's name means the same kernel in every run
 STAGE_1 = {"fuse_norms": False, "prefetch": 0, "gemv_ahead": 0, "deltanet_block": 32, "gemv_stages": 0,
-           "deltanet_split": 1, "add_block": 0, "gemv_late": 0, "fold_prep": False, "gemv_early": 0}
+           "deltanet_split": 1, "add_block": 0, "gemv_late": 0, "fold_prep": False, "gemv_early": 0, "fields_ahead": 0,
+           "prefetch_states": 0}
 
 
 def decode_options(options: dict, programs: int | None = None) -> dict:

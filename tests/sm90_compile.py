@@ -335,9 +335,10 @@ def persistent_cases():
     late = dict(meta, GEMV_LATE=True, FOLD_PREP=True)
     out.append((label[:-len(" stages")] + " late fold stages", lambda: compile_case(persistent.persistent_decode_kernel, late, types, 8,
                                                              ptx_check=persistent_counters)))
-    # and with each GEMV item's wait in that loop's first pass too (gemv_early)
-    early = dict(late, GEMV_EARLY=True)
-    out.append((label[:-len(" stages")] + " late early fold stages", lambda: compile_case(
+    # and with each GEMV item's wait in that loop's first pass too (gemv_early), each item's fields read ahead
+    # and the L2 prefetch of the DeltaNet column items' states and the splits' keys and values (prefetch_states)
+    early = dict(late, GEMV_EARLY=True, FIELDS_AHEAD=True, PREFETCH_STATES=True)
+    out.append((label[:-len(" stages")] + " late early fold fields states stages", lambda: compile_case(
         persistent.persistent_decode_kernel, early, types, 8, ptx_check=persistent_counters)))
     teach_types = {"counter_ptr": "*i32", "error_ptr": "*i32"}
     out.append(("persistent two_gemvs teaching kernel", lambda: compile_case(

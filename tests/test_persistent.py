@@ -257,6 +257,23 @@ def test_the_gemv_input_in_the_loops_first_pass_changes_no_bit(cfg, options):
             assert x is None or torch.equal(x, y), f"layer {i}'s {name}"
 
 
+@pytest.mark.parametrize("cfg, options", [(TINY, {}), (ODD, {"deltanet_split": 3, "fold_prep": True})],
+                         ids=["tiny", "odd-split-folded-prep"])
+def test_item_fields_read_ahead_change_no_bit(cfg, options):
+    """fields_ahead: each program reads its next item's fields while the current one runs (the last item reads
+    none past its list): the same logits, tokens and caches to the bit."""
+    base = dict(gemv_tiles=3, splits=2, fuse_norms=True, **options)
+    before, step0 = decode_both_ways(cfg, 3, fields_ahead=False, **base)
+    ahead, step = decode_both_ways(cfg, 3, fields_ahead=True, **base)
+    assert step.fields_ahead and not step0.fields_ahead
+    for t, ((a, _, ta, _), (b, want, tb, _)) in enumerate(zip(ahead, before)):
+        assert torch.equal(a, b) and ta == tb, f"decode step {t}: relative error {checks.relative_error(a, b):.3e}"
+        assert checks.relative_error(a.float(), want.float()) <= 1e-4, f"decode step {t}"
+    for name in ("recurrent_state", "conv_state", "key", "value"):
+        for i, (x, y) in enumerate(zip(getattr(step.cache, name), getattr(step0.cache, name))):
+            assert x is None or torch.equal(x, y), f"layer {i}'s {name}"
+
+
 @pytest.mark.parametrize("cfg, prompt_len", [(TINY, 5), (ODD, 5), (ODD, 20)], ids=["tiny", "odd", "odd-20"])
 def test_the_attention_prep_folded_into_the_splits_changes_no_bit(cfg, prompt_len):
     """fold_prep: no ATTN_PREP items; each split norms and rotates its queries from the projection, and the split
@@ -312,6 +329,10 @@ def test_deltanet_split_and_add_block_out_of_range_are_refused_naming_them():
         PersistentDecode(model, model.new_cache(8), gemv_late=2)
     with pytest.raises(KernelError, match=r"gemv_early=True with gemv_stages=0: .* 1 only with gemv_stages 2 to 4"):
         PersistentDecode(model, model.new_cache(8), gemv_early=True, gemv_stages=0)
+    with pytest.raises(KernelError, match=r"fields_ahead=2: expected whether each program reads its next item's"):
+        PersistentDecode(model, model.new_cache(8), fields_ahead=2)
+    with pytest.raises(KernelError, match=r"prefetch_states=2: expected whether the L2 prefetch before a wait also"):
+        PersistentDecode(model, model.new_cache(8), prefetch_states=2)
 
 
 def test_the_benchmarks_variants_name_every_option(benchmark_module):
@@ -325,13 +346,15 @@ def test_the_benchmarks_variants_name_every_option(benchmark_module):
     assert parse("4:16x256,4:16x256:p300")[1][1] == {"num_warps": 4, "gemv_block": (16, 256), "prefetch": 300}
     assert parse("8:16x512:d64")[0][1]["deltanet_block"] == 64
     assert parse("8:16x1024:c3:l")[0][1]["gemv_late"] == 1 and parse("8:16x1024:f")[0][1]["fold_prep"] is True
-    assert parse("8:16x1024:c3:e")[0][1]["gemv_early"] == 1
+    assert parse("8:16x1024:c3:e")[0][1]["gemv_early"] == 1 and parse("8:16x1024:i")[0][1]["fields_ahead"] == 1
+    assert parse("8:16x1024:p64k:k")[0][1]["prefetch_states"] == 1
     # what a variant does not turn on stays as in stage 1, so its name means one kernel whatever the defaults
     (_, options), = parse("8:16x1024:n:a")
     assert benchmark_module("bench_persistent").decode_options(options) == {
         "num_warps": 8, "gemv_block": (16, 1024), "fuse_norms": True, "gemv_ahead": 1, "prefetch": 0,
         "deltanet_block": 32, "gemv_stages": 0, "deltanet_split": 1, "add_block": 0, "gemv_late": 0,
-        "fold_prep": False, "gemv_early": 0, "programs": None}
+        "fold_prep": False, "gemv_early": 0, "fields_ahead": 0, "prefetch_states": 0,
+        "programs": None}
     assert parse("8:16x1024:c3")[0][1]["gemv_stages"] == 3 and parse("8:16x1024:v8")[0][1]["deltanet_split"] == 8
     assert parse("8:16x1024:r8x2048")[0][1]["add_block"] == (8, 2048)
     for unknown in ("q", "a2", "u"):   # (a2, u: loop forms measured slower and taken out)
@@ -383,8 +406,9 @@ def test_the_trace_hop_is_measured_from_the_bump_that_met_the_need(benchmark_mod
 
 @pytest.mark.parametrize("victim_name, kind, options", [
     ("layer 0 input norm", "NORM", {}),
-    ("layer 0 in_proj rows 100..199", "GEMV", {"gemv_stages": 3, "gemv_early": True})],
-    ids=["norm", "gemv-waiting-in-its-loop"])
+    ("layer 0 in_proj rows 100..199", "GEMV", {"gemv_stages": 3, "gemv_early": True}),
+    ("layer 0 in_proj rows 100..199", "GEMV", {"fields_ahead": True})],
+    ids=["norm", "gemv-waiting-in-its-loop", "fields-read-ahead"])
 def test_a_wait_nobody_satisfies_raises_naming_the_item(victim_name, kind, options):
     """A broken schedule: the first layer's input norm (or, with gemv_early, an in_proj tile, whose wait is inside
     its loop) waits on a counter no item bumps. The step gives up after its bounded spin and the error names the item
@@ -468,6 +492,10 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
         assert r["timer_reads"] == (3 if " trace" in r["label"] else 0), r
         # gemv_stages: the GEMV loops pipelined through shared memory (asynchronous copies), and only there
         assert (r["async_copies"] > 0) == r["label"].endswith(" stages"), r
+    # prefetch_states: the DeltaNet column items' states and the splits' keys and values prefetched too (3 more calls)
+    late, states = (next(r for r in results if r["label"].endswith(end))
+                    for end in (" late fold stages", " states stages"))
+    assert states["l2_prefetches"] >= late["l2_prefetches"] + 3, (late, states)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine times the option instead (bench_persistent.py l)")
@@ -568,9 +596,10 @@ def plan_greedy(big, ids, n: int):
 @pytest.mark.parametrize("options", [STAGE_1, {"fuse_norms": True, "prefetch": 4096, "gemv_ahead": True,
                                                 "gemv_stages": 0},
                                      {"gemv_stages": 3}, {"deltanet_split": 4, "add_block": (8, 256)}, {},
-                                     {"gemv_late": True, "fold_prep": True}, {"gemv_early": True}],
+                                     {"gemv_late": True, "fold_prep": True},
+                                     {"gemv_early": True, "fields_ahead": True, "prefetch_states": True}],
                          ids=["stage-1", "fused-prefetch-ahead", "gemv-stages", "split-and-add-block", "defaults",
-                              "late-input-folded-prep", "early-wait"])
+                              "late-input-folded-prep", "early-wait-fields-ahead-states-prefetched"])
 def test_gpu_the_step_with_one_program_per_sm_equals_the_plain_decode(cfg, options):
     out, step = decode_both_ways(cfg, 6, **options)      # programs: the SM count
     assert step.schedule.programs == torch.cuda.get_device_properties(0).multi_processor_count
@@ -651,7 +680,7 @@ def test_gpu_the_persistent_step_is_bitwise_stable_run_to_run(big):
     h_tokens, h = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_stages=3, gemv_late=True,
                                     **blocks)
     i_tokens, i = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_stages=3, gemv_early=True,
-                                    **blocks)
+                                    fields_ahead=True, prefetch_states=True, **blocks)
     assert d_tokens == e_tokens == f_tokens == g_tokens == h_tokens == i_tokens == a_tokens
     assert torch.equal(d, e) and torch.equal(d, f) and torch.equal(d, g) and torch.equal(d, h) and torch.equal(d, i)
     assert checks.relative_error(d.float(), a.float()) <= 1e-3

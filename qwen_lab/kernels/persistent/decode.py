@@ -38,7 +38,7 @@ import triton.language as tl
 from ... import runtime
 from ...errors import KernelError
 from .. import dot_precision
-from ..attention.decode import _prefetch_rows_l2
+from ..attention.decode import _decode_chunk, _prefetch_rows_l2
 from ..attention.flash import LOG2E
 from ..deltanet.gates import EPS as L2_EPS
 from ..rope import inv_freq_table
@@ -62,20 +62,24 @@ ERROR_FIELDS = 4              # item + 1 (0: no error), counter, the count waite
 # decode in the same process; gemv_ahead applies only with gemv_stages=0)
 GPU_DEFAULTS = {"num_warps": 8, "gemv_block": (16, 1024), "prefetch": 64 * 1024, "gemv_ahead": 1,
                 "deltanet_block": 128, "gemv_stages": 3, "add_block": (8, 2048), "deltanet_split": 8,
-                "gemv_late": 0, "gemv_early": 0}
+                "gemv_late": 0, "gemv_early": 0, "fields_ahead": 0, "prefetch_states": 0}
 TRACE_FIELDS = 4              # per item with trace=True: reached, wait met, done (ns), the program that ran it
 
 
 @triton.jit
-def _prefetch_item(kind, a0, a1, a3, a4, a5, table_ptr, prefetch_bytes, HK: tl.constexpr, HV: tl.constexpr,
-                   DK: tl.constexpr, DV: tl.constexpr, ESIZE: tl.constexpr, LINES: tl.constexpr,
-                   SKIP_BLOCKS: tl.constexpr, GEMV_N: tl.constexpr, GEMV_K: tl.constexpr, ADD_N: tl.constexpr,
-                   ADD_K: tl.constexpr):
+def _prefetch_item(kind, a0, a1, a2, a3, a4, a5, table_ptr, prefetch_bytes, pos_ptr, L, num_splits,
+                   HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, HKV: tl.constexpr,
+                   D: tl.constexpr, DT, LINES: tl.constexpr, SKIP_BLOCKS: tl.constexpr,
+                   GEMV_N: tl.constexpr, GEMV_K: tl.constexpr, ADD_N: tl.constexpr, ADD_K: tl.constexpr,
+                   STATES: tl.constexpr, DN_COLS: tl.constexpr, ATTN_BLOCK_N: tl.constexpr):
     """Ask L2 for prefetch_bytes of what an item (its kind and fields) reads from memory and no item writes before
     it: a GEMV tile's rows of weights, a DeltaNet head's recurrent states (written by that item alone). One
     contiguous range, walked by decode attention's row prefetch as rows of one 128-byte line, LINES lines at a
     time. SKIP_BLOCKS: a GEMV tile's range starts after that many of its weight blocks (gemv_early copies them
-    before its wait already), so the prefetch brings the blocks after them."""
+    before its wait already), so the prefetch brings the blocks after them. STATES: also a DeltaNet column item's
+    columns of its states, and an attention split's keys and values (all of them: the row this step writes may
+    come in stale, L2 being one copy for every SM the writer's store then replaces)."""
+    ESIZE: tl.constexpr = DT.primitive_bitwidth // 8
     if (kind >= K_GEMV) & (kind < K_GEMV + N_GEMV_FORMS):
         tile_bytes = a4 * a5 * ESIZE
         skip = 0
@@ -89,6 +93,37 @@ def _prefetch_item(kind, a0, a1, a3, a4, a5, table_ptr, prefetch_bytes, HK: tl.c
         lines = tl.cdiv(tl.minimum(state_bytes, prefetch_bytes), 128)
         _prefetch_rows_l2(_slot(table_ptr, a0 + 5, tl.int8) + a1.to(tl.int64) * state_bytes, 0, lines, 128, 128,
                           LINES)
+    if STATES:
+        if kind == K_DELTANET_COLS:   # its DN_COLS columns of each value head's state: REP * DK rows, DV apart
+            REP: tl.constexpr = HV // HK
+            state = _slot(table_ptr, a0 + 5, tl.float32) + a1.to(tl.int64) * REP * DK * DV + a2 * DN_COLS
+            _prefetch_rows_l2(state, 0, REP * DK, DV, DN_COLS, LINES)
+        elif kind == K_ATTN_SPLIT:   # the keys and values of its chunk: rows of D, HKV * D apart
+            start, end = _decode_chunk(pos_ptr, L, a2, num_splits, ATTN_BLOCK_N)
+            ROWS_AT_ONCE: tl.constexpr = (LINES * 128 + D * ESIZE - 1) // (D * ESIZE)
+            _prefetch_rows_l2(_slot(table_ptr, a0 + 2, DT) + a1 * D, start, end, HKV * D, D, ROWS_AT_ONCE)
+            _prefetch_rows_l2(_slot(table_ptr, a0 + 3, DT) + a1 * D, start, end, HKV * D, D, ROWS_AT_ONCE)
+
+
+@triton.jit
+def _item_fields(items_ptr, order_ptr, j, valid, epoch, F: tl.constexpr):
+    """The fields of the item at order[j] (nothing read where not valid: zeros): its index, kind, a0 .. a7, wait
+    counter, the count its wait needs this step (epoch * total + need), done counter."""
+    index = tl.load(order_ptr + j, mask=valid, other=0)
+    row = items_ptr + index.to(tl.int64) * F
+    kind = tl.load(row, mask=valid, other=0)
+    a0 = tl.load(row + 1, mask=valid, other=0)
+    a1 = tl.load(row + 2, mask=valid, other=0)
+    a2 = tl.load(row + 3, mask=valid, other=0)
+    a3 = tl.load(row + 4, mask=valid, other=0)
+    a4 = tl.load(row + 5, mask=valid, other=0)
+    a5 = tl.load(row + 6, mask=valid, other=0)
+    a6 = tl.load(row + 7, mask=valid, other=0)
+    a7 = tl.load(row + 8, mask=valid, other=0)
+    wc = tl.load(row + 9, mask=valid, other=-1)
+    target = epoch * tl.load(row + 11, mask=valid, other=0) + tl.load(row + 10, mask=valid, other=0)
+    done = tl.load(row + 12, mask=valid, other=-1)
+    return index, kind, a0, a1, a2, a3, a4, a5, a6, a7, wc, target, done
 
 
 @triton.jit
@@ -118,28 +153,29 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                              LINES: tl.constexpr = 128, TRACE: tl.constexpr = False, trace_ptr=None,
                              GEMV_AHEAD: tl.constexpr = False, GEMV_STAGES: tl.constexpr = 0,
                              ADD_N: tl.constexpr = 0, ADD_K: tl.constexpr = 0, GEMV_LATE: tl.constexpr = False,
-                             FOLD_PREP: tl.constexpr = False, GEMV_EARLY: tl.constexpr = False):
+                             FOLD_PREP: tl.constexpr = False, GEMV_EARLY: tl.constexpr = False,
+                             FIELDS_AHEAD: tl.constexpr = False, PREFETCH_STATES: tl.constexpr = False):
     DT = logits_ptr.dtype.element_ty
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
     dn_ss_ptr = _slot(table_ptr, K_DN_SS, tl.float32)   # the DeltaNet column splits' sums of squares (read once)
     ok = 1
-    for j in range(tl.load(starts_ptr + pid), tl.load(starts_ptr + pid + 1)):
+    first = tl.load(starts_ptr + pid)
+    last = tl.load(starts_ptr + pid + 1)
+    # FIELDS_AHEAD: each item's fields are read while the item before it runs (two dependent reads fewer between
+    # items: its place in the order, then its row)
+    n_index, n_kind, n_a0, n_a1, n_a2, n_a3, n_a4, n_a5, n_a6, n_a7, n_wc, n_target, n_done = _item_fields(
+        items_ptr, order_ptr, first, first < last, epoch, F)
+    for j in range(first, last):
         # (the fields are read even after a failed wait: Triton keeps a name bound inside an if to that branch)
-        index = tl.load(order_ptr + j)
-        row = items_ptr + index.to(tl.int64) * F
-        kind = tl.load(row)
-        a0 = tl.load(row + 1)
-        a1 = tl.load(row + 2)
-        a2 = tl.load(row + 3)
-        a3 = tl.load(row + 4)
-        a4 = tl.load(row + 5)
-        a5 = tl.load(row + 6)
-        a6 = tl.load(row + 7)
-        a7 = tl.load(row + 8)
-        wc = tl.load(row + 9)
-        target = epoch * tl.load(row + 11) + tl.load(row + 10)
-        done = tl.load(row + 12)
+        if FIELDS_AHEAD:
+            index, kind, a0, a1, a2, a3, a4, a5, a6, a7, wc, target, done = (
+                n_index, n_kind, n_a0, n_a1, n_a2, n_a3, n_a4, n_a5, n_a6, n_a7, n_wc, n_target, n_done)
+            n_index, n_kind, n_a0, n_a1, n_a2, n_a3, n_a4, n_a5, n_a6, n_a7, n_wc, n_target, n_done = _item_fields(
+                items_ptr, order_ptr, j + 1, j + 1 < last, epoch, F)
+        else:
+            index, kind, a0, a1, a2, a3, a4, a5, a6, a7, wc, target, done = _item_fields(
+                items_ptr, order_ptr, j, j < last, epoch, F)
         # GEMV_EARLY: a GEMV item waits inside its loop's first pass, after its first weight copies are issued
         wait_here = wc >= 0
         if GEMV_EARLY:
@@ -149,9 +185,9 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
         if PREFETCH:
             # ---- before the wait: the item's weights (at most prefetch_bytes) on their way into L2, so the memory
             # system streams while the program waits
-            _prefetch_item(kind, a0, a1, a3, a4, a5, table_ptr, prefetch_bytes, HK, HV, DK, DV,
-                           DT.primitive_bitwidth // 8, LINES, GEMV_STAGES - 1 if GEMV_EARLY else 0, GEMV_N, GEMV_K,
-                           ADD_N, ADD_K)
+            _prefetch_item(kind, a0, a1, a2, a3, a4, a5, table_ptr, prefetch_bytes, pos_ptr, L, num_splits, HK, HV,
+                           DK, DV, HKV, D, DT, LINES, GEMV_STAGES - 1 if GEMV_EARLY else 0,
+                           GEMV_N, GEMV_K, ADD_N, ADD_K, PREFETCH_STATES, DN_COLS, ATTN_BLOCK_N)
         if ok:
             # ---- wait: a bounded spin on the counter, then an acquire read of it
             if wait_here:
@@ -252,7 +288,10 @@ class PersistentDecode:
     key and value, as the graph decode's split kernel does: one counter hop fewer per attention layer, the same bits
     (not yet timed, off). gemv_early (with gemv_stages; implies gemv_late): each GEMV item waits for its inputs in its
     loop's first pass too, so its first weight blocks stream from memory while its producers finish; the same sums
-    (not yet timed, off).
+    (not yet timed, off). fields_ahead: each program reads its next item's fields (its place in the order, then its
+    row) while the current item runs, instead of after it (not yet timed, off). prefetch_states (with prefetch): the
+    L2 prefetch before a wait also asks for a DeltaNet column item's columns of the states and an attention split's
+    keys and values (not yet timed, off).
     """
 
     def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,
@@ -261,7 +300,8 @@ class PersistentDecode:
                  fuse_norms: bool = True, prefetch: int | None = None, trace: bool = False,
                  gemv_ahead: bool | None = None, deltanet_block: int | None = None, gemv_stages: int | None = None,
                  deltanet_split: int | None = None, add_block: tuple[int, int] | None = None,
-                 gemv_late: bool | None = None, fold_prep: bool = False, gemv_early: bool | None = None):
+                 gemv_late: bool | None = None, fold_prep: bool = False, gemv_early: bool | None = None,
+                 fields_ahead: bool | None = None, prefetch_states: bool | None = None):
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
@@ -304,6 +344,17 @@ class PersistentDecode:
                               f"item waits in its pipelined loop's first pass, 0 or 1 (False or True), 1 only with "
                               f"gemv_stages 2 to 4")
         self.gemv_early = bool(gemv_early)
+        fields_ahead = GPU_DEFAULTS["fields_ahead"] if fields_ahead is None else fields_ahead
+        if fields_ahead not in (0, 1):
+            raise KernelError(f"fields_ahead={fields_ahead!r}: expected whether each program reads its next item's "
+                              f"fields while the current one runs: 0 or 1 (False or True)")
+        self.fields_ahead = bool(fields_ahead)
+        prefetch_states = GPU_DEFAULTS["prefetch_states"] if prefetch_states is None else prefetch_states
+        if prefetch_states not in (0, 1):
+            raise KernelError(f"prefetch_states={prefetch_states!r}: expected whether the L2 prefetch before a wait "
+                              f"also asks for the DeltaNet column items' states and the attention splits' keys and "
+                              f"values: 0 or 1 (False or True)")
+        self.prefetch_states = bool(prefetch_states)
         prefetch = GPU_DEFAULTS["prefetch"] if prefetch is None else prefetch
         if prefetch < 0:
             raise KernelError(f"prefetch={prefetch!r}: expected the bytes to prefetch per item, 0 for none")
@@ -359,7 +410,8 @@ class PersistentDecode:
             prefetch_bytes=self.prefetch, LINES=32 * self.num_warps, TRACE=self.trace is not None,
             trace_ptr=self.trace, GEMV_AHEAD=bool(self.gemv_ahead),
             GEMV_STAGES=self.gemv_stages, GEMV_LATE=self.gemv_late, FOLD_PREP=self.schedule.fold_prep,
-            GEMV_EARLY=self.gemv_early,
+            GEMV_EARLY=self.gemv_early, FIELDS_AHEAD=self.fields_ahead,
+            PREFETCH_STATES=self.prefetch_states and self.prefetch > 0,
             num_warps=self.num_warps)
 
     def step(self, check: bool | None = None) -> torch.Tensor:
