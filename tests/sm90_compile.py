@@ -337,8 +337,9 @@ def persistent_cases():
                                                              ptx_check=persistent_counters)))
     # and with each GEMV item's wait in that loop's first pass too (gemv_early), each item's fields read ahead
     # and the L2 prefetch of the DeltaNet column items' states and the splits' keys and values (prefetch_states)
-    early = dict(late, GEMV_EARLY=True, FIELDS_AHEAD=True, PREFETCH_STATES=True)
-    out.append((label[:-len(" stages")] + " late early fold fields states stages", lambda: compile_case(
+    # (through 6 stages: a layer's tile, 4 blocks or fewer, all on its way before the wait)
+    early = dict(late, GEMV_EARLY=True, FIELDS_AHEAD=True, PREFETCH_STATES=True, GEMV_STAGES=6)
+    out.append((label[:-len(" stages")] + " late early fold fields states c6 stages", lambda: compile_case(
         persistent.persistent_decode_kernel, early, types, 8, ptx_check=persistent_counters)))
     teach_types = {"counter_ptr": "*i32", "error_ptr": "*i32"}
     out.append(("persistent two_gemvs teaching kernel", lambda: compile_case(

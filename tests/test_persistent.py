@@ -327,7 +327,7 @@ def test_deltanet_split_and_add_block_out_of_range_are_refused_naming_them():
         PersistentDecode(model, model.new_cache(8), add_block=(8, 100))
     with pytest.raises(KernelError, match=r"gemv_late=2: expected whether a GEMV item computes its input"):
         PersistentDecode(model, model.new_cache(8), gemv_late=2)
-    with pytest.raises(KernelError, match=r"gemv_early=True with gemv_stages=0: .* 1 only with gemv_stages 2 to 4"):
+    with pytest.raises(KernelError, match=r"gemv_early=True with gemv_stages=0: .* 1 only with gemv_stages 2 to 8"):
         PersistentDecode(model, model.new_cache(8), gemv_early=True, gemv_stages=0)
     with pytest.raises(KernelError, match=r"fields_ahead=2: expected whether each program reads its next item's"):
         PersistentDecode(model, model.new_cache(8), fields_ahead=2)
@@ -368,6 +368,11 @@ def test_loop_and_prefetch_options_out_of_range_are_refused_naming_them():
         PersistentDecode(model, model.new_cache(8), deltanet_block=48)
     with pytest.raises(KernelError, match=r"gemv_stages=1: expected 0 \(off\) or the stages"):
         PersistentDecode(model, model.new_cache(8), gemv_stages=1)
+    # 7 blocks of 16 x 1024 fp32 in flight need 448 KB of shared memory; 2 of them fit
+    with pytest.raises(KernelError, match=r"gemv_stages=8 with gemv_block=\(16, 1024\) and add_block=None: 458752 "
+                                          r"bytes of weight blocks in shared memory at once, more than the 224256"):
+        PersistentDecode(model, model.new_cache(8), gemv_stages=8, gemv_block=(16, 1024))
+    assert PersistentDecode(model, model.new_cache(8), gemv_stages=3, gemv_block=(16, 1024)).gemv_stages == 3
     with pytest.raises(KernelError, match=r"gemv_ahead=2: expected whether a GEMV item loads the next weight block"):
         PersistentDecode(model, model.new_cache(8), gemv_ahead=2)
     with pytest.raises(KernelError, match=r"prefetch=-1: expected the bytes to prefetch per item"):

@@ -63,6 +63,8 @@ ERROR_FIELDS = 4              # item + 1 (0: no error), counter, the count waite
 GPU_DEFAULTS = {"num_warps": 8, "gemv_block": (16, 1024), "prefetch": 64 * 1024, "gemv_ahead": 1,
                 "deltanet_block": 128, "gemv_stages": 3, "add_block": (8, 2048), "deltanet_split": 8,
                 "gemv_late": 0, "gemv_early": 0, "fields_ahead": 0, "prefetch_states": 0}
+SHARED_LIMIT = 232448         # bytes of shared memory one program may have on sm_90 (the check off a GPU)
+SHARED_OTHER = 8192           # what the kernel holds there besides the GEMV loop's weight blocks (its reductions)
 TRACE_FIELDS = 4              # per item with trace=True: reached, wait met, done (ns), the program that ran it
 
 
@@ -269,7 +271,7 @@ class PersistentDecode:
     one built already (verify=False skips check_schedule); trace: each item's times on the GPU's global timer,
     read by timeline() (the profiler of this design: one kernel, so a kernel profiler sees nothing inside it; a GPU
     only);
-    gemv_stages (0, or 2-4): the GEMV loop pipelined by Triton through shared memory (asynchronous copies,
+    gemv_stages (0, or 2-8, as shared memory allows): the GEMV loop pipelined by Triton through shared memory (asynchronous copies,
     gemv_stages - 1 weight blocks in flight); with 0, gemv_ahead: each GEMV item loads the next weight block into
     registers before summing the current one. Either way the same sums in the same order: the logits do not change
     by a bit. deltanet_block: the state columns a DeltaNet item updates per iteration (a [DK, N] fp32 block; larger:
@@ -329,9 +331,9 @@ class PersistentDecode:
                               f"before summing the current one: 0 or 1 (False or True)")
         self.gemv_ahead = int(gemv_ahead)
         gemv_stages = GPU_DEFAULTS["gemv_stages"] if gemv_stages is None else gemv_stages
-        if gemv_stages not in (0, 2, 3, 4):
+        if gemv_stages not in (0, 2, 3, 4, 5, 6, 7, 8):
             raise KernelError(f"gemv_stages={gemv_stages!r}: expected 0 (off) or the stages of the GEMV loop's "
-                              f"pipeline through shared memory, 2 to 4")
+                              f"pipeline through shared memory, 2 to 8")
         self.gemv_stages = gemv_stages
         gemv_late = GPU_DEFAULTS["gemv_late"] if gemv_late is None else gemv_late
         if gemv_late not in (0, 1):
@@ -342,7 +344,7 @@ class PersistentDecode:
         if gemv_early not in (0, 1) or (gemv_early and gemv_stages < 2):
             raise KernelError(f"gemv_early={gemv_early!r} with gemv_stages={gemv_stages}: expected whether a GEMV "
                               f"item waits in its pipelined loop's first pass, 0 or 1 (False or True), 1 only with "
-                              f"gemv_stages 2 to 4")
+                              f"gemv_stages 2 to 8")
         self.gemv_early = bool(gemv_early)
         fields_ahead = GPU_DEFAULTS["fields_ahead"] if fields_ahead is None else fields_ahead
         if fields_ahead not in (0, 1):
@@ -377,6 +379,16 @@ class PersistentDecode:
             raise KernelError(f"add_block={add_block!r}: expected (BLOCK_N, BLOCK_K) of the tiles that add into the "
                               f"residual stream, powers of two from 8")
         self.add_block = add_block
+        if self.gemv_stages:   # gemv_stages - 1 weight blocks in shared memory at once, the largest block of the two
+            blocks = [self.gemv_block] + ([add_block] if add_block else [])
+            need = (self.gemv_stages - 1) * max(n * k for n, k in blocks) * model.dtype.itemsize
+            limit = SHARED_LIMIT - SHARED_OTHER
+            if dev.type == "cuda" and not interp:
+                limit = torch.cuda.get_device_properties(dev).shared_memory_per_block_optin - SHARED_OTHER
+            if need > limit:
+                raise KernelError(f"gemv_stages={self.gemv_stages} with gemv_block={self.gemv_block} and add_block="
+                                  f"{add_block}: {need} bytes of weight blocks in shared memory at once, more than "
+                                  f"the {limit} a program has for them; fewer stages or smaller blocks")
         self.counters = torch.zeros(len(s.counter_totals), dtype=torch.int32, device=dev)
         self.errors = torch.zeros(s.programs, ERROR_FIELDS, dtype=torch.int32, device=dev)
         self.epoch = torch.zeros(1, dtype=torch.int32, device=dev)
