@@ -499,7 +499,7 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
         assert (r["async_copies"] > 0) == r["label"].endswith(" stages"), r
     # prefetch_states: the DeltaNet column items' states and the splits' keys and values prefetched too (3 more calls)
     late, states = (next(r for r in results if r["label"].endswith(end))
-                    for end in (" late fold stages", " states stages"))
+                    for end in (" late fold stages", " states c6 stages"))
     assert states["l2_prefetches"] >= late["l2_prefetches"] + 3, (late, states)
 
 
