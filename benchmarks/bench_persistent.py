@@ -14,7 +14,8 @@ summed, `cN` the GEMV loop pipelined by Triton through shared memory in N stages
 GEMV input computed in that loop's first pass, after the first blocks' copies are issued, `e` (with `cN`) the
 GEMV item's wait there too (its first weight blocks stream while its producers finish), `i` each program's next
 item's fields read while the current item runs, `k` (with `pBYTES`) the L2 prefetch of the DeltaNet column items'
-states and the attention splits' keys and values too, `f` no ATTN_PREP items
+states and the attention splits' keys and values too, `w` every wait polled by acquire loads of all the program's
+threads (no acquire read left once the counter is met), `f` no ATTN_PREP items
 (each attention split prepares its queries, one holds the new key and value), `pBYTES` (k for 1024) the
 L2 prefetch before each wait, `dN` N state columns per iteration of a DeltaNet item (default 32), `vN` each
 DeltaNet head's columns split over N items (the conv in the in-projection's tiles, the gated norm in out_proj's),
@@ -51,6 +52,8 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
                 options["gemv_early"] = 1
             elif st == "k":   # the L2 prefetch also of the DeltaNet column items' states, the splits' keys and values
                 options["prefetch_states"] = 1
+            elif st == "w":   # every wait polled by acquire loads of all the program's threads
+                options["acquire_poll"] = 1
             elif st == "i":   # each program's next item's fields read while the current one runs
                 options["fields_ahead"] = 1
             elif st == "f":   # the attention prep folded into the splits
@@ -72,7 +75,8 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
                 raise SystemExit(f"--variants: stage {st!r} of {part!r}: expected n (fused norms), a (the next "
                                  f"GEMV block loaded ahead), l (the GEMV input in the loop's first pass), f (the "
                                  f"attention prep in the splits), e (the GEMV wait in the loop's first pass), i (the next item's fields read "
-                                 f"ahead), k (the prefetch of states, keys and values too), cN (N pipeline stages), pBYTES (L2 prefetch), dN "
+                                 f"ahead), k (the prefetch of states, keys and values too), w "
+                                 f"(acquire polls), cN (N pipeline stages), pBYTES (L2 prefetch), dN "
                                  f"(DeltaNet columns per iteration), vN (DeltaNet items per head), rNxK (the block of "
                                  f"the tiles that add into x) or sN (N programs per SM)")
         out.append((f"persistent w{warps} {n}x{k}" + "".join(f" {st}" for st in stages), options))
@@ -83,7 +87,7 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
 # measurements come in), so a variant's name means the same kernel in every run
 STAGE_1 = {"fuse_norms": False, "prefetch": 0, "gemv_ahead": 0, "deltanet_block": 32, "gemv_stages": 0,
            "deltanet_split": 1, "add_block": 0, "gemv_late": 0, "fold_prep": False, "gemv_early": 0, "fields_ahead": 0,
-           "prefetch_states": 0}
+           "prefetch_states": 0, "acquire_poll": 0}
 
 
 def decode_options(options: dict, programs: int | None = None) -> dict:

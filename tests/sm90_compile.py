@@ -341,6 +341,10 @@ def persistent_cases():
     early = dict(late, GEMV_EARLY=True, FIELDS_AHEAD=True, PREFETCH_STATES=True, GEMV_STAGES=6)
     out.append((label[:-len(" stages")] + " late early fold fields states c6 stages", lambda: compile_case(
         persistent.persistent_decode_kernel, early, types, 8, ptx_check=persistent_counters)))
+    # every wait polled by acquire loads of all the program's threads (acquire_poll), the GEMV ones in their loops
+    polled = dict(early, ACQUIRE_POLL=True)
+    out.append((label[:-len(" stages")] + " early acquire-poll stages", lambda: compile_case(
+        persistent.persistent_decode_kernel, polled, types, 8, ptx_check=persistent_counters)))
     teach_types = {"counter_ptr": "*i32", "error_ptr": "*i32"}
     out.append(("persistent two_gemvs teaching kernel", lambda: compile_case(
         persistent.two_gemvs_kernel, dict(BLOCK_N=16, BLOCK_K=64), teach_types, 4, ptx_check=persistent_counters)))
@@ -367,23 +371,25 @@ def first_lines(ptx: str) -> dict:
 
 def gemv_late_cases():
     """A persistent GEMV_NORM item alone (gemv_item, its GPU blocks: 16 x 1024 through 3 stages, 8 warps), with its
-    input computed before the pipelined loop, in the loop's first pass (LATE), and with its wait there too (EARLY)."""
+    input computed before the pipelined loop, in the loop's first pass (LATE), with its wait there too (EARLY), and
+    that wait polled by acquire loads of every thread (POLL)."""
     from qwen_lab.kernels.persistent.items import gemv_item
 
     @triton.jit
     def one_gemv_norm_item(w_ptr, in_ptr, out_ptr, nw_ptr, table_ptr, proj_ptr, ss_ptr, bv_ptr, bi_ptr, row0, nrows,
                            K, eps, counters_ptr, wc, target, spin_limit, seen_ptr, LATE: tl.constexpr,
-                           EARLY: tl.constexpr):
+                           EARLY: tl.constexpr, POLL: tl.constexpr):
         seen, _ = gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, 0, bv_ptr, bi_ptr, nw_ptr, eps, table_ptr,
                             proj_ptr, ss_ptr, 4, 16, 1024, True, 1024, 6144, 4, 4, 128, 8, False, 3, 8, 2048, LATE,
-                            EARLY, counters_ptr, wc, target, spin_limit)
+                            EARLY, counters_ptr, wc, target, spin_limit, False, POLL)
         tl.store(seen_ptr, seen)
 
     types = {"table_ptr": "*i64", "ss_ptr": "*fp32", "bv_ptr": "*fp32", "bi_ptr": "*i32", "nw_ptr": "*fp32",
              "eps": "fp32", "counters_ptr": "*i32", "seen_ptr": "*i32"}
-    return [(f"gemv_norm item late={late} early={early}", lambda late=late, early=early: compile_case(
-        one_gemv_norm_item, {"LATE": late, "EARLY": early}, types, 8, ptx_check=first_lines))
-        for late, early in ((False, False), (True, False), (False, True))]
+    return [(f"gemv_norm item late={late} early={early} poll={poll}", lambda late=late, early=early, poll=poll:
+             compile_case(one_gemv_norm_item, {"LATE": late, "EARLY": early, "POLL": poll}, types, 8,
+                          ptx_check=first_lines))
+            for late, early, poll in ((False, False, 0), (True, False, 0), (False, True, 0), (False, True, 256))]
 
 
 def _notebook_09_scan(stages: int | None = None) -> dict:

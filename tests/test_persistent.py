@@ -333,6 +333,9 @@ def test_deltanet_split_and_add_block_out_of_range_are_refused_naming_them():
         PersistentDecode(model, model.new_cache(8), fields_ahead=2)
     with pytest.raises(KernelError, match=r"prefetch_states=2: expected whether the L2 prefetch before a wait also"):
         PersistentDecode(model, model.new_cache(8), prefetch_states=2)
+    if not HAS_GPU:   # the acquire load is PTX
+        with pytest.raises(KernelError, match=r"acquire_poll=True: .* 1 only on a GPU"):
+            PersistentDecode(model, model.new_cache(8), acquire_poll=True)
 
 
 def test_the_benchmarks_variants_name_every_option(benchmark_module):
@@ -347,14 +350,14 @@ def test_the_benchmarks_variants_name_every_option(benchmark_module):
     assert parse("8:16x512:d64")[0][1]["deltanet_block"] == 64
     assert parse("8:16x1024:c3:l")[0][1]["gemv_late"] == 1 and parse("8:16x1024:f")[0][1]["fold_prep"] is True
     assert parse("8:16x1024:c3:e")[0][1]["gemv_early"] == 1 and parse("8:16x1024:i")[0][1]["fields_ahead"] == 1
-    assert parse("8:16x1024:p64k:k")[0][1]["prefetch_states"] == 1
+    assert parse("8:16x1024:p64k:k")[0][1]["prefetch_states"] == 1 and parse("8:16x1024:w")[0][1]["acquire_poll"] == 1
     # what a variant does not turn on stays as in stage 1, so its name means one kernel whatever the defaults
     (_, options), = parse("8:16x1024:n:a")
     assert benchmark_module("bench_persistent").decode_options(options) == {
         "num_warps": 8, "gemv_block": (16, 1024), "fuse_norms": True, "gemv_ahead": 1, "prefetch": 0,
         "deltanet_block": 32, "gemv_stages": 0, "deltanet_split": 1, "add_block": 0, "gemv_late": 0,
         "fold_prep": False, "gemv_early": 0, "fields_ahead": 0, "prefetch_states": 0,
-        "programs": None}
+        "acquire_poll": 0, "programs": None}
     assert parse("8:16x1024:c3")[0][1]["gemv_stages"] == 3 and parse("8:16x1024:v8")[0][1]["deltanet_split"] == 8
     assert parse("8:16x1024:r8x2048")[0][1]["add_block"] == (8, 2048)
     for unknown in ("q", "a2", "u"):   # (a2, u: loop forms measured slower and taken out)
@@ -412,8 +415,10 @@ def test_the_trace_hop_is_measured_from_the_bump_that_met_the_need(benchmark_mod
 @pytest.mark.parametrize("victim_name, kind, options", [
     ("layer 0 input norm", "NORM", {}),
     ("layer 0 in_proj rows 100..199", "GEMV", {"gemv_stages": 3, "gemv_early": True}),
-    ("layer 0 in_proj rows 100..199", "GEMV", {"fields_ahead": True})],
-    ids=["norm", "gemv-waiting-in-its-loop", "fields-read-ahead"])
+    ("layer 0 in_proj rows 100..199", "GEMV", {"fields_ahead": True}),
+    pytest.param("layer 0 in_proj rows 100..199", "GEMV", {"gemv_stages": 3, "gemv_early": True, "acquire_poll": True},
+                 marks=pytest.mark.gpu)],
+    ids=["norm", "gemv-waiting-in-its-loop", "fields-read-ahead", "gemv-acquire-polls"])
 def test_a_wait_nobody_satisfies_raises_naming_the_item(victim_name, kind, options):
     """A broken schedule: the first layer's input norm (or, with gemv_early, an in_proj tile, whose wait is inside
     its loop) waits on a counter no item bumps. The step gives up after its bounded spin and the error names the item
@@ -469,7 +474,7 @@ def test_the_teaching_kernel_reports_a_wait_that_never_ends():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine compiles the kernel for real in the GPU tests")
 def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_loads():
     """Compiled ahead of time for an H100/H200 (tests/sm90_compile.py --persistent): each wait is one acquire load
-    after volatile polls, each bump a release atomic, the GEMV tiles' weights load 16 bytes at a time (the table's
+    after volatile polls (with acquire_poll, acquire polls), each bump a release atomic, the GEMV tiles' weights load 16 bytes at a time (the table's
     pointers carry their alignment), the L2 prefetches and the trace's timer reads are there when asked for (and only
     then), and the shared memory fits."""
     import json
@@ -483,10 +488,13 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == 13
+    assert len(results) == 14
     for r in results:
         assert r["ok"], r
-        assert r["acquire_loads"] >= 1 and r["release_atomics"] >= 1 and r["volatile_loads"] >= 1, r
+        assert r["acquire_loads"] >= 1 and r["release_atomics"] >= 1, r
+        # acquire_poll: no volatile polls, every poll an acquire load (the outer wait's and the GEMV loops')
+        polled = "acquire-poll" in r["label"]
+        assert (r["volatile_loads"] == 0 and r["acquire_loads"] >= 2) if polled else r["volatile_loads"] >= 1, r
         assert r["shared"] <= 232448, r
         # 6 GEMV forms x a [BLOCK_N, 256] bf16 tile per step: at least 24 16-byte loads (the teaching kernel: fp32)
         # (with gemv_stages the weights come by 16-byte asynchronous copies instead)
@@ -519,7 +527,7 @@ def test_a_late_input_sends_the_first_weight_copies_before_the_inputs_loads():
     done = subprocess.run([sys.executable, script, "--gemv-late"], env=env, capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    before, late, early = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    before, late, early, polled = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert before["ok"] and late["ok"] and early["ok"], (before, late, early)
     assert 0 <= before["ld_global"] < before["bar_sync"] < before["cp_async"], before
     assert 0 <= late["cp_async"] < late["ld_global"] and late["cp_async"] < late["bar_sync"], late
@@ -530,6 +538,9 @@ def test_a_late_input_sends_the_first_weight_copies_before_the_inputs_loads():
     # thread across a barrier before any of them loads an input
     assert early["shared"] > 3 * 16 * 1024, early
     assert early["poll"] < early["acquire"] < early["bar_after_acquire"] < early["load_after_acquire"], early
+    # acquire_poll: the polls are the acquire loads themselves, after the first copies too, and still pipelined
+    assert polled["poll"] == -1 and 0 <= polled["cp_async"] < polled["acquire"], polled
+    assert polled["shared"] > 3 * 16 * 1024, polled
 
 
 # ---------------------------------------------------------------- GPU
@@ -602,9 +613,11 @@ def plan_greedy(big, ids, n: int):
                                                 "gemv_stages": 0},
                                      {"gemv_stages": 3}, {"deltanet_split": 4, "add_block": (8, 256)}, {},
                                      {"gemv_late": True, "fold_prep": True},
-                                     {"gemv_early": True, "fields_ahead": True, "prefetch_states": True}],
+                                     {"gemv_early": True, "fields_ahead": True, "prefetch_states": True},
+                                     {"gemv_early": True, "acquire_poll": True}],
                          ids=["stage-1", "fused-prefetch-ahead", "gemv-stages", "split-and-add-block", "defaults",
-                              "late-input-folded-prep", "early-wait-fields-ahead-states-prefetched"])
+                              "late-input-folded-prep", "early-wait-fields-ahead-states-prefetched",
+                              "early-wait-acquire-polls"])
 def test_gpu_the_step_with_one_program_per_sm_equals_the_plain_decode(cfg, options):
     out, step = decode_both_ways(cfg, 6, **options)      # programs: the SM count
     assert step.schedule.programs == torch.cuda.get_device_properties(0).multi_processor_count
@@ -686,8 +699,11 @@ def test_gpu_the_persistent_step_is_bitwise_stable_run_to_run(big):
                                     **blocks)
     i_tokens, i = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_stages=3, gemv_early=True,
                                     fields_ahead=True, prefetch_states=True, **blocks)
-    assert d_tokens == e_tokens == f_tokens == g_tokens == h_tokens == i_tokens == a_tokens
-    assert torch.equal(d, e) and torch.equal(d, f) and torch.equal(d, g) and torch.equal(d, h) and torch.equal(d, i)
+    j_tokens, j = persistent_greedy(big, ids, 32, fuse_norms=True, prefetch=65536, gemv_stages=6, gemv_early=True,
+                                    acquire_poll=True, **blocks)
+    assert d_tokens == e_tokens == f_tokens == g_tokens == h_tokens == i_tokens == j_tokens == a_tokens
+    for other in (e, f, g, h, i, j):
+        assert torch.equal(d, other)
     assert checks.relative_error(d.float(), a.float()) <= 1e-3
 
 

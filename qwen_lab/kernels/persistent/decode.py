@@ -17,7 +17,8 @@ stores before what follows in the program), and one atomic add with release sema
 any program that reads the counter's new value with acquire semantics sees those stores. The consumer spins on a
 volatile load (no caching of the counter), then reads the counter once more with an acquire atomic, then meets a
 barrier, so all its threads load the inputs after the acquire. Loads of a producer's outputs therefore never see
-stale data; the weights, never written, need no ordering.
+stale data; the weights, never written, need no ordering. (acquire_poll: every thread polls with acquire loads
+instead, and a reduction of what they saw ends the wait for all of them at once.)
 
 Bounded spin: a wait gives up after `spin_limit` polls; the program then writes an error record (item, counter,
 the count it waited for, the count it saw) to errors[p] and does nothing more. `PersistentDecode.check()` reads the
@@ -62,7 +63,7 @@ ERROR_FIELDS = 4              # item + 1 (0: no error), counter, the count waite
 # decode in the same process; gemv_ahead applies only with gemv_stages=0)
 GPU_DEFAULTS = {"num_warps": 8, "gemv_block": (16, 1024), "prefetch": 64 * 1024, "gemv_ahead": 1,
                 "deltanet_block": 128, "gemv_stages": 3, "add_block": (8, 2048), "deltanet_split": 8,
-                "gemv_late": 0, "gemv_early": 0, "fields_ahead": 0, "prefetch_states": 0}
+                "gemv_late": 0, "gemv_early": 0, "fields_ahead": 0, "prefetch_states": 0, "acquire_poll": 0}
 SHARED_LIMIT = 232448         # bytes of shared memory one program may have on sm_90 (the check off a GPU)
 SHARED_OTHER = 8192           # what the kernel holds there besides the GEMV loop's weight blocks (its reductions)
 TRACE_FIELDS = 4              # per item with trace=True: reached, wait met, done (ns), the program that ran it
@@ -156,8 +157,10 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                              GEMV_AHEAD: tl.constexpr = False, GEMV_STAGES: tl.constexpr = 0,
                              ADD_N: tl.constexpr = 0, ADD_K: tl.constexpr = 0, GEMV_LATE: tl.constexpr = False,
                              FOLD_PREP: tl.constexpr = False, GEMV_EARLY: tl.constexpr = False,
-                             FIELDS_AHEAD: tl.constexpr = False, PREFETCH_STATES: tl.constexpr = False):
+                             FIELDS_AHEAD: tl.constexpr = False, PREFETCH_STATES: tl.constexpr = False,
+                             ACQUIRE_POLL: tl.constexpr = False):
     DT = logits_ptr.dtype.element_ty
+    POLL_THREADS: tl.constexpr = LINES if ACQUIRE_POLL else 0   # (LINES: the program's thread count)
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr)
     dn_ss_ptr = _slot(table_ptr, K_DN_SS, tl.float32)   # the DeltaNet column splits' sums of squares (read once)
@@ -193,7 +196,7 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
         if ok:
             # ---- wait: a bounded spin on the counter, then an acquire read of it
             if wait_here:
-                seen = wait_counter(counters_ptr, wc, target, spin_limit)
+                seen = wait_counter(counters_ptr, wc, target, spin_limit, True, POLL_THREADS)
                 if seen < target:
                     _record_error(errors_ptr, pid, index, wc, target, seen)
                     ok = 0
@@ -211,7 +214,7 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                         best_val_ptr, best_idx_ptr, _slot(table_ptr, tl.maximum(a7, 0), tl.float32), eps, table_ptr,
                         proj_ptr, dn_ss_ptr, mode, GEMV_N, GEMV_K, ALIGNED, NORM_BLOCK, 2 * HK * DK + HV * DV, CW, BW,
                         DV, DN_SPLIT, GEMV_AHEAD, GEMV_STAGES, ADD_N, ADD_K, GEMV_LATE, GEMV_EARLY, counters_ptr, wc,
-                        target, spin_limit, TRACE)
+                        target, spin_limit, TRACE, POLL_THREADS)
                     if TRACE and GEMV_EARLY:
                         if wc >= 0:
                             t_ready = t_met
@@ -293,7 +296,9 @@ class PersistentDecode:
     (not yet timed, off). fields_ahead: each program reads its next item's fields (its place in the order, then its
     row) while the current item runs, instead of after it (not yet timed, off). prefetch_states (with prefetch): the
     L2 prefetch before a wait also asks for a DeltaNet column item's columns of the states and an attention split's
-    keys and values (not yet timed, off).
+    keys and values (not yet timed, off). acquire_poll (a GPU only): every thread polls a counter with acquire loads
+    and the wait ends on the least count they saw, instead of volatile polls and then one acquire read shared
+    through shared memory: a round trip fewer per wait (not yet timed, off).
     """
 
     def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,
@@ -303,7 +308,8 @@ class PersistentDecode:
                  gemv_ahead: bool | None = None, deltanet_block: int | None = None, gemv_stages: int | None = None,
                  deltanet_split: int | None = None, add_block: tuple[int, int] | None = None,
                  gemv_late: bool | None = None, fold_prep: bool = False, gemv_early: bool | None = None,
-                 fields_ahead: bool | None = None, prefetch_states: bool | None = None):
+                 fields_ahead: bool | None = None, prefetch_states: bool | None = None,
+                 acquire_poll: bool | None = None):
         dev = model.device
         interp = runtime.interpreter_active()
         if programs is None:
@@ -357,6 +363,12 @@ class PersistentDecode:
                               f"also asks for the DeltaNet column items' states and the attention splits' keys and "
                               f"values: 0 or 1 (False or True)")
         self.prefetch_states = bool(prefetch_states)
+        acquire_poll = (0 if interp else GPU_DEFAULTS["acquire_poll"]) if acquire_poll is None else acquire_poll
+        if acquire_poll not in (0, 1) or (acquire_poll and interp):
+            raise KernelError(f"acquire_poll={acquire_poll!r}: expected whether every thread polls a counter with "
+                              f"acquire loads, 0 or 1 (False or True); 1 only on a GPU (the load is PTX, which the "
+                              f"interpreter lacks)")
+        self.acquire_poll = bool(acquire_poll)
         prefetch = GPU_DEFAULTS["prefetch"] if prefetch is None else prefetch
         if prefetch < 0:
             raise KernelError(f"prefetch={prefetch!r}: expected the bytes to prefetch per item, 0 for none")
@@ -423,7 +435,7 @@ class PersistentDecode:
             trace_ptr=self.trace, GEMV_AHEAD=bool(self.gemv_ahead),
             GEMV_STAGES=self.gemv_stages, GEMV_LATE=self.gemv_late, FOLD_PREP=self.schedule.fold_prep,
             GEMV_EARLY=self.gemv_early, FIELDS_AHEAD=self.fields_ahead,
-            PREFETCH_STATES=self.prefetch_states and self.prefetch > 0,
+            PREFETCH_STATES=self.prefetch_states and self.prefetch > 0, ACQUIRE_POLL=self.acquire_poll,
             num_warps=self.num_warps)
 
     def step(self, check: bool | None = None) -> torch.Tensor:

@@ -54,22 +54,42 @@ def _globaltimer():
 
 
 @triton.jit
-def wait_counter(counters_ptr, wc, target, spin_limit, BARRIER: tl.constexpr = True):
+def _load_acquire(ptrs):
+    """ld.acquire.gpu of each pointer (the loads that follow it in its thread see what the matching release
+    published)."""
+    return tl.inline_asm_elementwise("ld.global.gpu.acquire.b32 $0, [$1];", "=r,l", [ptrs], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def wait_counter(counters_ptr, wc, target, spin_limit, BARRIER: tl.constexpr = True, POLL_THREADS: tl.constexpr = 0):
     """Wait until counters[wc] >= target: a bounded spin of volatile polls, then one acquire read, whose value is
     returned (below target: the spin ran out). The acquire is one read for the program, shared with all its threads
     (each polled on its own and may have left the loop at another count), so they all take the same branch after
     it; the barrier makes what it acquired visible to every thread before any of them reads an input. (Its value
     is used: an atomic whose result is unused is dropped by the compiler.) BARRIER=False inside a loop that Triton
     pipelines (an explicit barrier there stops the pipelining): the read's value reaches the other threads through
-    shared memory across a barrier of its own (one thread reads, sm_90 PTX), which orders their loads after it."""
-    seen = tl.load(counters_ptr + wc, volatile=True)
-    polls = 0
-    while (seen < target) & (polls < spin_limit):
+    shared memory across a barrier of its own (one thread reads, sm_90 PTX), which orders their loads after it.
+    POLL_THREADS (the program's thread count; a GPU only): every poll is an acquire load by each thread, and the
+    loop ends on the least count any thread saw (a reduction: one decision for all threads), so no read is left to
+    do once the counter is met: a round trip fewer between the producer's bump and the consumer's first load."""
+    if POLL_THREADS > 0:
+        ptrs = counters_ptr + wc + tl.zeros([POLL_THREADS], tl.int32)
+        seen_all = _load_acquire(ptrs)
+        polls = 0
+        while (tl.min(seen_all, 0) < target) & (polls < spin_limit):
+            seen_all = _load_acquire(ptrs)
+            polls += 1
+        seen = tl.min(seen_all, 0)
+    else:
         seen = tl.load(counters_ptr + wc, volatile=True)
-        polls += 1
-    seen = tl.atomic_add(counters_ptr + wc, 0, sem="acquire", scope="gpu")
-    if BARRIER:
-        tl.debug_barrier()
+        polls = 0
+        while (seen < target) & (polls < spin_limit):
+            seen = tl.load(counters_ptr + wc, volatile=True)
+            polls += 1
+        seen = tl.atomic_add(counters_ptr + wc, 0, sem="acquire", scope="gpu")
+        if BARRIER:
+            tl.debug_barrier()
     return seen
 
 
@@ -216,7 +236,7 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
               BW: tl.constexpr, DV: tl.constexpr, DN_SPLIT: tl.constexpr, AHEAD: tl.constexpr = False,
               STAGES: tl.constexpr = 0, ADD_N: tl.constexpr = 0, ADD_K: tl.constexpr = 0,
               LATE: tl.constexpr = False, EARLY: tl.constexpr = False, counters_ptr=None, wc=-1, target=0,
-              spin_limit=0, TRACE: tl.constexpr = False):
+              spin_limit=0, TRACE: tl.constexpr = False, POLL_THREADS: tl.constexpr = 0):
     """Rows row0 .. row0 + nrows - 1 of out = W @ in (W [N, K] row-major), BLOCK_N rows at a time: blocks of
     GEMV_N x GEMV_K, or ADD_N x ADD_K in the forms that add into out (when given: their tiles are a few rows).
     MODE (the item kind less GEMV): 0 store; 1 add into out (the residual stream); 2 the input is
@@ -239,8 +259,8 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
     loop, so they are on their way while the input makes its round trips, instead of after. The same sums.
     EARLY (with LATE and STAGES): the item's wait too (wait_counter on counters[wc] up to target, unless wc < 0) in
     the loop's first pass, before the input: the first blocks' copies then stream while the producers finish (the
-    weights are never written, so they need no ordering). -> (what the wait's acquire read saw, the time it was met
-    with TRACE); (target, 0) without EARLY."""
+    weights are never written, so they need no ordering; POLL_THREADS: wait_counter's). -> (what the wait's acquire
+    read saw, the time it was met with TRACE); (target, 0) without EARLY."""
     ADD: tl.constexpr = MODE == 1 or MODE == 2 or MODE == 8
     ARGMAX: tl.constexpr = MODE == 3 or MODE == 5
     NORM: tl.constexpr = MODE == 4 or MODE == 5 or MODE == 7
@@ -285,7 +305,7 @@ def gemv_item(w_ptr, in_ptr, out_ptr, row0, nrows, K, tile, best_val_ptr, best_i
                 if it == 0:   # (the copies of the first blocks were issued before the loop: in flight meanwhile)
                     if EARLY:
                         if wc >= 0:
-                            seen = wait_counter(counters_ptr, wc, target, spin_limit, False)
+                            seen = wait_counter(counters_ptr, wc, target, spin_limit, False, POLL_THREADS)
                             if TRACE:
                                 t_met = _globaltimer()
                     if NORM:
