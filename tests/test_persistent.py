@@ -142,6 +142,17 @@ def test_check_schedule_refuses_a_broken_order():
 # ---------------------------------------------------------------- the step
 
 
+def assert_same_bits(out, step, out0, step0) -> None:
+    """Two decode_both_ways runs of one prompt gave the same logits and tokens to the bit, each step still the plain
+    decode's (within 1e-4), and left the same caches (the DeltaNet and conv states, the keys and values)."""
+    for t, ((a, _, ta, _), (b, want, tb, _)) in enumerate(zip(out, out0)):
+        assert torch.equal(a, b) and ta == tb, f"decode step {t}: relative error {checks.relative_error(a, b):.3e}"
+        assert checks.relative_error(a.float(), want.float()) <= 1e-4, f"decode step {t}"
+    for name in ("recurrent_state", "conv_state", "key", "value"):
+        for i, (x, y) in enumerate(zip(getattr(step.cache, name), getattr(step0.cache, name))):
+            assert x is None or torch.equal(x, y), f"layer {i}'s {name}"
+
+
 def decode_both_ways(cfg, steps: int, prompt_len: int = 5, **kwargs):
     """Prefill a prompt with the fast plan into two caches; decode `steps` greedy tokens with the plain model on one
     and with the persistent step on the other. -> list of (persistent logits, plain logits, persistent token, plain
@@ -249,12 +260,7 @@ def test_the_gemv_input_in_the_loops_first_pass_changes_no_bit(cfg, options):
     before, step0 = decode_both_ways(cfg, 3, gemv_late=False, **base)
     late, step = decode_both_ways(cfg, 3, gemv_late=True, gemv_early=early, **base)
     assert step.gemv_late and not step0.gemv_late and step.gemv_early == early
-    for t, ((a, _, ta, _), (b, want, tb, _)) in enumerate(zip(late, before)):
-        assert torch.equal(a, b) and ta == tb, f"decode step {t}: relative error {checks.relative_error(a, b):.3e}"
-        assert checks.relative_error(a.float(), want.float()) <= 1e-4, f"decode step {t}"
-    for name in ("recurrent_state", "conv_state", "key", "value"):
-        for i, (x, y) in enumerate(zip(getattr(step.cache, name), getattr(step0.cache, name))):
-            assert x is None or torch.equal(x, y), f"layer {i}'s {name}"
+    assert_same_bits(late, step, before, step0)
 
 
 @pytest.mark.parametrize("cfg, options", [(TINY, {}), (ODD, {"deltanet_split": 3, "fold_prep": True})],
@@ -266,12 +272,7 @@ def test_item_fields_read_ahead_change_no_bit(cfg, options):
     before, step0 = decode_both_ways(cfg, 3, fields_ahead=False, **base)
     ahead, step = decode_both_ways(cfg, 3, fields_ahead=True, **base)
     assert step.fields_ahead and not step0.fields_ahead
-    for t, ((a, _, ta, _), (b, want, tb, _)) in enumerate(zip(ahead, before)):
-        assert torch.equal(a, b) and ta == tb, f"decode step {t}: relative error {checks.relative_error(a, b):.3e}"
-        assert checks.relative_error(a.float(), want.float()) <= 1e-4, f"decode step {t}"
-    for name in ("recurrent_state", "conv_state", "key", "value"):
-        for i, (x, y) in enumerate(zip(getattr(step.cache, name), getattr(step0.cache, name))):
-            assert x is None or torch.equal(x, y), f"layer {i}'s {name}"
+    assert_same_bits(ahead, step, before, step0)
 
 
 @pytest.mark.parametrize("cfg, prompt_len", [(TINY, 5), (ODD, 5), (ODD, 20)], ids=["tiny", "odd", "odd-20"])
@@ -286,12 +287,7 @@ def test_the_attention_prep_folded_into_the_splits_changes_no_bit(cfg, prompt_le
     kinds = [item.kind for item in step.schedule.item_list]
     assert sched.ATTN_PREP not in kinds and sched.ATTN_PREP in [item.kind for item in step0.schedule.item_list]
     assert sched.ATTN_SPLIT in kinds
-    for t, ((a, _, ta, _), (b, want, tb, _)) in enumerate(zip(folded, before)):
-        assert torch.equal(a, b) and ta == tb, f"decode step {t}: relative error {checks.relative_error(a, b):.3e}"
-        assert checks.relative_error(a.float(), want.float()) <= 1e-4, f"decode step {t}"
-    for name in ("key", "value"):
-        for i, (x, y) in enumerate(zip(getattr(step.cache, name), getattr(step0.cache, name))):
-            assert x is None or torch.equal(x, y), f"layer {i}'s {name}"
+    assert_same_bits(folded, step, before, step0)
 
 
 @pytest.mark.parametrize("cfg", [TINY, ODD], ids=lambda c: c.name)

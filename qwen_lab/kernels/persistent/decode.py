@@ -259,6 +259,16 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                 tl.store(rec + 3, pid.to(tl.int64))
 
 
+def _switch(name: str, value, what: str, default=None) -> bool:
+    """An on/off option of PersistentDecode: `value`, or where None `default` (GPU_DEFAULTS[name] where None too),
+    which must be 0 or 1 (False or True)."""
+    if value is None:
+        value = GPU_DEFAULTS[name] if default is None else default
+    if value not in (0, 1):   # (True and False are 1 and 0)
+        raise KernelError(f"{name}={value!r}: expected whether {what}: 0 or 1 (False or True)")
+    return bool(value)
+
+
 class PersistentDecode:
     """The decode step of `model` over `cache` as one persistent launch (greedy token choice inside).
 
@@ -331,44 +341,28 @@ class PersistentDecode:
         self.spin_limit = (2 if interp else SPIN_LIMIT_GPU) if spin_limit is None else int(spin_limit)
         # the defaults: the fastest variant measured (benchmarks/bench_persistent.py on an H100, docs/experiments.md)
         self.num_warps = GPU_DEFAULTS["num_warps"] if num_warps is None else int(num_warps)
-        gemv_ahead = GPU_DEFAULTS["gemv_ahead"] if gemv_ahead is None else gemv_ahead
-        if gemv_ahead not in (0, 1):   # (True and False are 1 and 0)
-            raise KernelError(f"gemv_ahead={gemv_ahead!r}: expected whether a GEMV item loads the next weight block "
-                              f"before summing the current one: 0 or 1 (False or True)")
-        self.gemv_ahead = int(gemv_ahead)
+        self.gemv_ahead = int(_switch("gemv_ahead", gemv_ahead, "a GEMV item loads the next weight block before "
+                                      "summing the current one"))
         gemv_stages = GPU_DEFAULTS["gemv_stages"] if gemv_stages is None else gemv_stages
         if gemv_stages not in (0, 2, 3, 4, 5, 6, 7, 8):
             raise KernelError(f"gemv_stages={gemv_stages!r}: expected 0 (off) or the stages of the GEMV loop's "
                               f"pipeline through shared memory, 2 to 8")
         self.gemv_stages = gemv_stages
-        gemv_late = GPU_DEFAULTS["gemv_late"] if gemv_late is None else gemv_late
-        if gemv_late not in (0, 1):
-            raise KernelError(f"gemv_late={gemv_late!r}: expected whether a GEMV item computes its input in its "
-                              f"loop's first pass (with gemv_stages): 0 or 1 (False or True)")
-        self.gemv_late = bool(gemv_late)
-        gemv_early = GPU_DEFAULTS["gemv_early"] if gemv_early is None else gemv_early
-        if gemv_early not in (0, 1) or (gemv_early and gemv_stages < 2):
-            raise KernelError(f"gemv_early={gemv_early!r} with gemv_stages={gemv_stages}: expected whether a GEMV "
-                              f"item waits in its pipelined loop's first pass, 0 or 1 (False or True), 1 only with "
-                              f"gemv_stages 2 to 8")
-        self.gemv_early = bool(gemv_early)
-        fields_ahead = GPU_DEFAULTS["fields_ahead"] if fields_ahead is None else fields_ahead
-        if fields_ahead not in (0, 1):
-            raise KernelError(f"fields_ahead={fields_ahead!r}: expected whether each program reads its next item's "
-                              f"fields while the current one runs: 0 or 1 (False or True)")
-        self.fields_ahead = bool(fields_ahead)
-        prefetch_states = GPU_DEFAULTS["prefetch_states"] if prefetch_states is None else prefetch_states
-        if prefetch_states not in (0, 1):
-            raise KernelError(f"prefetch_states={prefetch_states!r}: expected whether the L2 prefetch before a wait "
-                              f"also asks for the DeltaNet column items' states and the attention splits' keys and "
-                              f"values: 0 or 1 (False or True)")
-        self.prefetch_states = bool(prefetch_states)
-        acquire_poll = (0 if interp else GPU_DEFAULTS["acquire_poll"]) if acquire_poll is None else acquire_poll
-        if acquire_poll not in (0, 1) or (acquire_poll and interp):
-            raise KernelError(f"acquire_poll={acquire_poll!r}: expected whether every thread polls a counter with "
-                              f"acquire loads, 0 or 1 (False or True); 1 only on a GPU (the load is PTX, which the "
-                              f"interpreter lacks)")
-        self.acquire_poll = bool(acquire_poll)
+        self.gemv_late = _switch("gemv_late", gemv_late, "a GEMV item computes its input in its loop's first pass "
+                                 "(with gemv_stages)")
+        self.gemv_early = _switch("gemv_early", gemv_early, "a GEMV item waits in its pipelined loop's first pass")
+        if self.gemv_early and gemv_stages < 2:
+            raise KernelError(f"gemv_early=True with gemv_stages={gemv_stages}: a GEMV item waits in its pipelined "
+                              f"loop's first pass, so 1 only with gemv_stages 2 to 8")
+        self.fields_ahead = _switch("fields_ahead", fields_ahead, "each program reads its next item's fields while "
+                                    "the current one runs")
+        self.prefetch_states = _switch("prefetch_states", prefetch_states, "the L2 prefetch before a wait also asks "
+                                       "for the DeltaNet column items' states and the attention splits' keys and values")
+        self.acquire_poll = _switch("acquire_poll", acquire_poll, "every thread polls a counter with acquire loads",
+                                    0 if interp else None)
+        if self.acquire_poll and interp:
+            raise KernelError("acquire_poll=True: every thread polls a counter with acquire loads, PTX, which the "
+                              "interpreter lacks; 1 only on a GPU")
         prefetch = GPU_DEFAULTS["prefetch"] if prefetch is None else prefetch
         if prefetch < 0:
             raise KernelError(f"prefetch={prefetch!r}: expected the bytes to prefetch per item, 0 for none")
