@@ -90,6 +90,11 @@ STAGE_1 = {"fuse_norms": False, "prefetch": 0, "gemv_ahead": 0, "deltanet_block"
            "prefetch_states": 0, "acquire_poll": 0}
 
 
+DEFAULTS = "8:16x1024:n:c3:p64k:v8:r8x2048"   # PersistentDecode's GPU_DEFAULTS as a variant
+DEFAULT_VARIANTS = [DEFAULTS, DEFAULTS + ":e", DEFAULTS + ":e:i:w", "8:16x1024:n:c6:p64k:v8:r8x2048:e:i:w",
+                    "8:16x1024:n:c6:p64k:v8:r8x2048:e:i:w:k:f"]
+
+
 def decode_options(options: dict, programs: int | None = None) -> dict:
     """A variant's options as PersistentDecode takes them: stage 1's under the variant's own, and programs_per_sm
     times the GPU's SM count as `programs` (else `programs`, None for one per SM)."""
@@ -106,8 +111,11 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-len", type=int, default=2048)
     p.add_argument("--decode-steps", type=int, default=128)
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--variants", default="4:16x256,8:16x1024:n:c3:p64k:d128,8:16x1024:n:c3:p64k:v8",
-                   help="num_warps:BLOCK_NxBLOCK_K[:n][:a|:cN][:pBYTES][:dN][:vN][:rNxK][:sN], comma-separated")
+    # (default: PersistentDecode's GPU defaults, then with the forms not yet timed: the wait in the GEMV loop with 3
+    # and 6 stages, the fields ahead, acquire polls, then the state prefetch and the folded prep as well)
+    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                   help="num_warps:BLOCK_NxBLOCK_K[:n][:a|:cN[:l][:e]][:pBYTES[:k]][:dN][:vN][:rNxK][:sN][:i][:w][:f], "
+                        "comma-separated")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

@@ -334,6 +334,22 @@ def test_deltanet_split_and_add_block_out_of_range_are_refused_naming_them():
             PersistentDecode(model, model.new_cache(8), acquire_poll=True)
 
 
+def test_the_benchmarks_defaults_variant_is_the_steps_gpu_defaults(benchmark_module):
+    """bench_persistent.py's DEFAULTS names PersistentDecode's GPU_DEFAULTS, so its first row is the step generate
+    would run (but gemv_ahead, which only the unpipelined loop reads, and deltanet_block, which only the one item
+    per DeltaNet head reads), and every default variant parses."""
+    from qwen_lab.kernels.persistent.decode import GPU_DEFAULTS
+
+    bench = benchmark_module("bench_persistent")
+    (_, options), = bench.parse_variants(bench.DEFAULTS)
+    got = bench.decode_options(options)
+    assert GPU_DEFAULTS["gemv_stages"] > 0 and GPU_DEFAULTS["deltanet_split"] > 1
+    for key, value in GPU_DEFAULTS.items():
+        if key not in ("gemv_ahead", "deltanet_block"):
+            assert got[key] == value, (key, got[key], value)
+    assert got["fuse_norms"] and len(bench.parse_variants(",".join(bench.DEFAULT_VARIANTS))) == 5
+
+
 def test_the_benchmarks_variants_name_every_option(benchmark_module):
     """bench_persistent.py's --variants (trace_persistent.py takes the same): warps, block, then the stages in any
     order; a stage it does not know is refused, naming it."""
