@@ -295,7 +295,7 @@ MUTANTS: list[Mutant] = [
        "with gemv_late the GEMV items compute their input in the loop's second pass: the first row block sums zeros",
        PERS + "test_the_gemv_input_in_the_loops_first_pass_changes_no_bit"),
     _m("persistent_early_gemv_never_waits", "kernels/persistent/items.py",
-       "seen = wait_counter(counters_ptr, wc, target, spin_limit, False)", "seen = target",
+       "seen = wait_counter(counters_ptr, wc, target, spin_limit, False, POLL_THREADS)", "seen = target",
        "with gemv_early the GEMV items skip their wait: a tile reads its input whether or not its producers are done",
        PERS + "test_a_wait_nobody_satisfies_raises_naming_the_item"),
     _m("persistent_fields_ahead_drop_each_programs_last_item", "kernels/persistent/decode.py",
