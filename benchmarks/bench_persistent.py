@@ -73,12 +73,12 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
                 options["prefetch"] = int(st[1:-1]) * 1024 if st.endswith("k") else int(st[1:])
             else:
                 raise SystemExit(f"--variants: stage {st!r} of {part!r}: expected n (fused norms), a (the next "
-                                 f"GEMV block loaded ahead), l (the GEMV input in the loop's first pass), f (the "
-                                 f"attention prep in the splits), e (the GEMV wait in the loop's first pass), i (the next item's fields read "
-                                 f"ahead), k (the prefetch of states, keys and values too), w "
-                                 f"(acquire polls), cN (N pipeline stages), pBYTES (L2 prefetch), dN "
-                                 f"(DeltaNet columns per iteration), vN (DeltaNet items per head), rNxK (the block of "
-                                 f"the tiles that add into x) or sN (N programs per SM)")
+                                 f"GEMV block loaded ahead), l (the GEMV input in the loop's first pass), e (the GEMV "
+                                 f"wait there too), f (the attention prep in the splits), i (the next item's fields "
+                                 f"read ahead), k (the prefetch of states, keys and values too), w (acquire polls), "
+                                 f"cN (N pipeline stages), pBYTES (L2 prefetch), dN (DeltaNet columns per "
+                                 f"iteration), vN (DeltaNet items per head), rNxK (the block of the tiles that add "
+                                 f"into x) or sN (N programs per SM)")
         out.append((f"persistent w{warps} {n}x{k}" + "".join(f" {st}" for st in stages), options))
     return out
 

@@ -284,7 +284,7 @@ class PersistentDecode:
     one built already (verify=False skips check_schedule); trace: each item's times on the GPU's global timer,
     read by timeline() (the profiler of this design: one kernel, so a kernel profiler sees nothing inside it; a GPU
     only);
-    gemv_stages (0, or 2-8, as shared memory allows): the GEMV loop pipelined by Triton through shared memory (asynchronous copies,
+    gemv_stages (0, or 2-8 as shared memory allows): the GEMV loop pipelined by Triton through shared memory (copies,
     gemv_stages - 1 weight blocks in flight); with 0, gemv_ahead: each GEMV item loads the next weight block into
     registers before summing the current one. Either way the same sums in the same order: the logits do not change
     by a bit. deltanet_block: the state columns a DeltaNet item updates per iteration (a [DK, N] fp32 block; larger:
@@ -357,7 +357,8 @@ class PersistentDecode:
         self.fields_ahead = _switch("fields_ahead", fields_ahead, "each program reads its next item's fields while "
                                     "the current one runs")
         self.prefetch_states = _switch("prefetch_states", prefetch_states, "the L2 prefetch before a wait also asks "
-                                       "for the DeltaNet column items' states and the attention splits' keys and values")
+                                       "for the DeltaNet column items' states and the attention splits' keys and "
+                                       "values")
         self.acquire_poll = _switch("acquire_poll", acquire_poll, "every thread polls a counter with acquire loads",
                                     0 if interp else None)
         if self.acquire_poll and interp:
