@@ -517,10 +517,11 @@ def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_
         assert r["timer_reads"] == (3 if " trace" in r["label"] else 0), r
         # gemv_stages: the GEMV loops pipelined through shared memory (asynchronous copies), and only there
         assert (r["async_copies"] > 0) == r["label"].endswith(" stages"), r
-    # prefetch_states: the DeltaNet column items' states and the splits' keys and values prefetched too (3 more calls)
+    # prefetch_states: the DeltaNet column items' states (1 call), the splits' keys and values (2) and the in_proj
+    # tiles' conv states (1) and weights (4, one per tap) prefetched too
     late, states = (next(r for r in results if r["label"].endswith(end))
                     for end in (" late fold stages", " states c6 stages"))
-    assert states["l2_prefetches"] >= late["l2_prefetches"] + 3, (late, states)
+    assert states["l2_prefetches"] >= late["l2_prefetches"] + 8, (late, states)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine times the option instead (bench_persistent.py l)")

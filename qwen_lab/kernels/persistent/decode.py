@@ -46,12 +46,12 @@ from ..rope import inv_freq_table
 from .items import (_globaltimer, _slot, argmax_item, attn_combine_item, attn_prep_item, attn_split_item,
                     deltanet_cols_item, deltanet_item, embed_item, gemv_item, norm_item, wait_counter)
 from .schedule import (ARGMAX, ATTN_COMBINE, ATTN_PREP, ATTN_SPLIT, DELTANET, DELTANET_COLS, DN_SS, EMBED, GEMV,
-                       GEMV_ADD, GEMV_ADD_GATED, GEMV_KINDS, GEMV_SWIGLU, ITEM_FIELDS, KIND_NAMES, NORM, Schedule,
-                       build_schedule, check_schedule)
+                       GEMV_ADD, GEMV_ADD_GATED, GEMV_CONV, GEMV_KINDS, GEMV_NORM_CONV, GEMV_SWIGLU, ITEM_FIELDS,
+                       KIND_NAMES, NORM, Schedule, build_schedule, check_schedule)
 
 # the item kinds as constexprs (a jit function reads no plain global)
-K_EMBED, K_NORM, K_GEMV, K_GEMV_ADD, K_GEMV_SWIGLU, K_GEMV_ADD_GATED = (tl.constexpr(k) for k in (
-    EMBED, NORM, GEMV, GEMV_ADD, GEMV_SWIGLU, GEMV_ADD_GATED))
+K_EMBED, K_NORM, K_GEMV, K_GEMV_ADD, K_GEMV_SWIGLU, K_GEMV_ADD_GATED, K_GEMV_CONV, K_GEMV_NORM_CONV = (
+    tl.constexpr(k) for k in (EMBED, NORM, GEMV, GEMV_ADD, GEMV_SWIGLU, GEMV_ADD_GATED, GEMV_CONV, GEMV_NORM_CONV))
 N_GEMV_FORMS = tl.constexpr(len(GEMV_KINDS))
 K_DELTANET, K_DELTANET_COLS, K_ATTN_PREP, K_ATTN_SPLIT, K_ATTN_COMBINE, K_ARGMAX = (tl.constexpr(k) for k in (
     DELTANET, DELTANET_COLS, ATTN_PREP, ATTN_SPLIT, ATTN_COMBINE, ARGMAX))
@@ -70,8 +70,9 @@ TRACE_FIELDS = 4              # per item with trace=True: reached, wait met, don
 
 
 @triton.jit
-def _prefetch_item(kind, a0, a1, a2, a3, a4, a5, table_ptr, prefetch_bytes, pos_ptr, L, num_splits,
-                   HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, HKV: tl.constexpr,
+def _prefetch_item(kind, a0, a1, a2, a3, a4, a5, a6, table_ptr, prefetch_bytes, pos_ptr, L, num_splits,
+                   HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, CW: tl.constexpr,
+                   HKV: tl.constexpr,
                    D: tl.constexpr, DT, LINES: tl.constexpr, SKIP_BLOCKS: tl.constexpr,
                    GEMV_N: tl.constexpr, GEMV_K: tl.constexpr, ADD_N: tl.constexpr, ADD_K: tl.constexpr,
                    STATES: tl.constexpr, DN_COLS: tl.constexpr, ATTN_BLOCK_N: tl.constexpr):
@@ -80,8 +81,9 @@ def _prefetch_item(kind, a0, a1, a2, a3, a4, a5, table_ptr, prefetch_bytes, pos_
     contiguous range, walked by decode attention's row prefetch as rows of one 128-byte line, LINES lines at a
     time. SKIP_BLOCKS: a GEMV tile's range starts after that many of its weight blocks (gemv_early copies them
     before its wait already), so the prefetch brings the blocks after them. STATES: also a DeltaNet column item's
-    columns of its states, and an attention split's keys and values (all of them: the row this step writes may
-    come in stale, L2 being one copy for every SM the writer's store then replaces)."""
+    columns of its states, an attention split's keys and values (all of them: the row this step writes may come in
+    stale, L2 being one copy for every SM the writer's store then replaces), and an in-projection tile's conv
+    weights and conv states for its channels (read after its GEMV loop)."""
     ESIZE: tl.constexpr = DT.primitive_bitwidth // 8
     if (kind >= K_GEMV) & (kind < K_GEMV + N_GEMV_FORMS):
         tile_bytes = a4 * a5 * ESIZE
@@ -106,6 +108,15 @@ def _prefetch_item(kind, a0, a1, a2, a3, a4, a5, table_ptr, prefetch_bytes, pos_
             ROWS_AT_ONCE: tl.constexpr = (LINES * 128 + D * ESIZE - 1) // (D * ESIZE)
             _prefetch_rows_l2(_slot(table_ptr, a0 + 2, DT) + a1 * D, start, end, HKV * D, D, ROWS_AT_ONCE)
             _prefetch_rows_l2(_slot(table_ptr, a0 + 3, DT) + a1 * D, start, end, HKV * D, D, ROWS_AT_ONCE)
+        elif (kind == K_GEMV_CONV) | (kind == K_GEMV_NORM_CONV):   # its channels' conv state and weights (a6: slot)
+            CONV_DIM: tl.constexpr = 2 * HK * DK + HV * DV
+            channels = tl.minimum(a3 + a4, CONV_DIM) - a3   # (its rows past CONV_DIM are z, b and a: no conv)
+            if channels > 0:   # (one line more: the ranges need not start on a line)
+                state = _slot(table_ptr, a6 + 1, tl.int8) + a3.to(tl.int64) * (CW - 1) * ESIZE
+                _prefetch_rows_l2(state, 0, tl.cdiv(channels * (CW - 1) * ESIZE, 128) + 1, 128, 128, LINES)
+                for w in tl.static_range(CW):   # the weight is [CONV_DIM, CW] column-major: CW runs of channels
+                    weight = _slot(table_ptr, a6, tl.int8) + (w * CONV_DIM + a3).to(tl.int64) * ESIZE
+                    _prefetch_rows_l2(weight, 0, tl.cdiv(channels * ESIZE, 128) + 1, 128, 128, LINES)
 
 
 @triton.jit
@@ -190,8 +201,8 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
         if PREFETCH:
             # ---- before the wait: the item's weights (at most prefetch_bytes) on their way into L2, so the memory
             # system streams while the program waits
-            _prefetch_item(kind, a0, a1, a2, a3, a4, a5, table_ptr, prefetch_bytes, pos_ptr, L, num_splits, HK, HV,
-                           DK, DV, HKV, D, DT, LINES, GEMV_STAGES - 1 if GEMV_EARLY else 0,
+            _prefetch_item(kind, a0, a1, a2, a3, a4, a5, a6, table_ptr, prefetch_bytes, pos_ptr, L, num_splits, HK,
+                           HV, DK, DV, CW, HKV, D, DT, LINES, GEMV_STAGES - 1 if GEMV_EARLY else 0,
                            GEMV_N, GEMV_K, ADD_N, ADD_K, PREFETCH_STATES, DN_COLS, ATTN_BLOCK_N)
         if ok:
             # ---- wait: a bounded spin on the counter, then an acquire read of it
@@ -305,8 +316,8 @@ class PersistentDecode:
     loop's first pass too, so its first weight blocks stream from memory while its producers finish; the same sums
     (not yet timed, off). fields_ahead: each program reads its next item's fields (its place in the order, then its
     row) while the current item runs, instead of after it (not yet timed, off). prefetch_states (with prefetch): the
-    L2 prefetch before a wait also asks for a DeltaNet column item's columns of the states and an attention split's
-    keys and values (not yet timed, off). acquire_poll (a GPU only): every thread polls a counter with acquire loads
+    L2 prefetch before a wait also asks for a DeltaNet column item's columns of the states, an attention split's
+    keys and values, and an in-projection tile's conv states and weights (not yet timed, off). acquire_poll (a GPU only): every thread polls a counter with acquire loads
     and the wait ends on the least count they saw, instead of volatile polls and then one acquire read shared
     through shared memory: a round trip fewer per wait (not yet timed, off).
     """
