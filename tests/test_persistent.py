@@ -721,14 +721,17 @@ def test_gpu_the_persistent_step_is_bitwise_stable_run_to_run(big):
 
 
 @pytest.mark.gpu
-def test_gpu_the_trace_times_every_item_in_its_programs_order_and_changes_no_bit(big):
+@pytest.mark.parametrize("options", [{}, {"gemv_stages": 6, "gemv_early": True, "fields_ahead": True,
+                                      "acquire_poll": True}], ids=["defaults", "early-wait-fields-ahead-acquire-polls"])
+def test_gpu_the_trace_times_every_item_in_its_programs_order_and_changes_no_bit(big, options):
     """trace=True: every item stamped once, reached <= wait met <= done, by the program the deal gave it, each
     program's items one after another in its list's order, a consumer ready no earlier than its first producer
-    was; and the logits bitwise those of the step without the trace."""
+    was; and the logits bitwise those of the default step without the trace (with gemv_early a GEMV item's wait met
+    is stamped inside its loop)."""
     ids = torch.randint(0, big.config.vocab_size, (9,), generator=torch.Generator().manual_seed(9)).to(big.device)
     plain_tokens, plain = persistent_greedy(big, ids, 4, graph=False)
     cache = big.new_cache(9 + 12)
-    step = PersistentDecode(big.model, cache, trace=True)
+    step = PersistentDecode(big.model, cache, trace=True, **options)
     with torch.inference_mode():
         first = big.step(ids, torch.arange(9, device=big.device), cache)[-1]
         step.prime(int(first.float().argmax()), 9)
