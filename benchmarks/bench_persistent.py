@@ -91,8 +91,7 @@ STAGE_1 = {"fuse_norms": False, "prefetch": 0, "gemv_ahead": 0, "deltanet_block"
 
 
 DEFAULTS = "8:16x1024:n:c3:p64k:v8:r8x2048"   # PersistentDecode's GPU_DEFAULTS as a variant
-DEFAULT_VARIANTS = [DEFAULTS, DEFAULTS + ":e", DEFAULTS + ":e:i:w", "8:16x1024:n:c6:p64k:v8:r8x2048:e:i:w",
-                    "8:16x1024:n:c6:p64k:v8:r8x2048:e:i:w:k:f"]
+DEFAULT_VARIANTS = [DEFAULTS, DEFAULTS + ":w", DEFAULTS + ":f", DEFAULTS + ":w:f"]
 
 
 def decode_options(options: dict, programs: int | None = None) -> dict:
@@ -111,8 +110,8 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-len", type=int, default=2048)
     p.add_argument("--decode-steps", type=int, default=128)
     p.add_argument("--rounds", type=int, default=4)
-    # (default: PersistentDecode's GPU defaults, then with the forms not yet timed: the wait in the GEMV loop with 3
-    # and 6 stages, the fields ahead, acquire polls, then the state prefetch and the folded prep as well)
+    # (default: PersistentDecode's GPU defaults, then with the two forms measured faster, acquire polls and the
+    # folded prep, alone and together)
     p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                    help="num_warps:BLOCK_NxBLOCK_K[:n][:a|:cN[:l][:e]][:pBYTES[:k]][:dN][:vN][:rNxK][:sN][:i][:w][:f], "
                         "comma-separated")

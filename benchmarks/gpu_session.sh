@@ -151,7 +151,7 @@ fi
 if [[ "$what" == *" persistent "* || "$what" == *" persistent_trace "* ]]; then
   # where its time goes: every item stamped with the GPU's clock, summed per kind (needs no plan warm-up)
   timeout ${PERSIST_TRACE_TIMEOUT:-150} python3 benchmarks/trace_persistent.py --json "$OUT/trace_persistent.json" \
-      ${PERSIST_TRACE_ARGS:---variants 8:16x1024:n:c3:p64k:v8:r8x2048,8:16x1024:n:c6:p64k:v8:r8x2048:e:i:w:k:f} 2>&1 \
+      ${PERSIST_TRACE_ARGS:---variants 8:16x1024:n:c3:p64k:v8:r8x2048,8:16x1024:n:c3:p64k:v8:r8x2048:w:f} 2>&1 \
       | grep -v "falling back" | tee "$OUT/trace_persistent.txt"
 fi
 if want notebooks; then

@@ -347,7 +347,7 @@ def test_the_benchmarks_defaults_variant_is_the_steps_gpu_defaults(benchmark_mod
     for key, value in GPU_DEFAULTS.items():
         if key not in ("gemv_ahead", "deltanet_block"):
             assert got[key] == value, (key, got[key], value)
-    assert got["fuse_norms"] and len(bench.parse_variants(",".join(bench.DEFAULT_VARIANTS))) == 5
+    assert got["fuse_norms"] and len(bench.parse_variants(",".join(bench.DEFAULT_VARIANTS))) == 4
 
 
 def test_the_benchmarks_variants_name_every_option(benchmark_module):
