@@ -120,23 +120,34 @@ def _prefetch_item(kind, a0, a1, a2, a3, a4, a5, a6, table_ptr, prefetch_bytes, 
 
 
 @triton.jit
-def _item_fields(items_ptr, order_ptr, j, valid, epoch, F: tl.constexpr):
-    """The fields of the item at order[j] (nothing read where not valid: zeros): its index, kind, a0 .. a7, wait
-    counter, the count its wait needs this step (epoch * total + need), done counter."""
-    index = tl.load(order_ptr + j, mask=valid, other=0)
+def _field(ptr, valid, other, MASKED: tl.constexpr):
+    """One int32 field: with MASKED, `other` where not valid (nothing read); else a plain load."""
+    if MASKED:
+        value = tl.load(ptr, mask=valid, other=other)
+    else:
+        value = tl.load(ptr)
+    return value
+
+
+@triton.jit
+def _item_fields(items_ptr, order_ptr, j, valid, epoch, F: tl.constexpr, MASKED: tl.constexpr = True):
+    """The fields of the item at order[j] (with MASKED, nothing read where not valid: zeros, -1 for the counters):
+    its index, kind, a0 .. a7, wait counter, the count its wait needs this step (epoch * total + need), done
+    counter. (Without MASKED, j must be inside the program's list: the loads then carry no predicate.)"""
+    index = _field(order_ptr + j, valid, 0, MASKED)
     row = items_ptr + index.to(tl.int64) * F
-    kind = tl.load(row, mask=valid, other=0)
-    a0 = tl.load(row + 1, mask=valid, other=0)
-    a1 = tl.load(row + 2, mask=valid, other=0)
-    a2 = tl.load(row + 3, mask=valid, other=0)
-    a3 = tl.load(row + 4, mask=valid, other=0)
-    a4 = tl.load(row + 5, mask=valid, other=0)
-    a5 = tl.load(row + 6, mask=valid, other=0)
-    a6 = tl.load(row + 7, mask=valid, other=0)
-    a7 = tl.load(row + 8, mask=valid, other=0)
-    wc = tl.load(row + 9, mask=valid, other=-1)
-    target = epoch * tl.load(row + 11, mask=valid, other=0) + tl.load(row + 10, mask=valid, other=0)
-    done = tl.load(row + 12, mask=valid, other=-1)
+    kind = _field(row, valid, 0, MASKED)
+    a0 = _field(row + 1, valid, 0, MASKED)
+    a1 = _field(row + 2, valid, 0, MASKED)
+    a2 = _field(row + 3, valid, 0, MASKED)
+    a3 = _field(row + 4, valid, 0, MASKED)
+    a4 = _field(row + 5, valid, 0, MASKED)
+    a5 = _field(row + 6, valid, 0, MASKED)
+    a6 = _field(row + 7, valid, 0, MASKED)
+    a7 = _field(row + 8, valid, 0, MASKED)
+    wc = _field(row + 9, valid, -1, MASKED)
+    target = epoch * _field(row + 11, valid, 0, MASKED) + _field(row + 10, valid, 0, MASKED)
+    done = _field(row + 12, valid, -1, MASKED)
     return index, kind, a0, a1, a2, a3, a4, a5, a6, a7, wc, target, done
 
 
@@ -191,7 +202,7 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                 items_ptr, order_ptr, j + 1, j + 1 < last, epoch, F)
         else:
             index, kind, a0, a1, a2, a3, a4, a5, a6, a7, wc, target, done = _item_fields(
-                items_ptr, order_ptr, j, j < last, epoch, F)
+                items_ptr, order_ptr, j, True, epoch, F, False)
         # GEMV_EARLY: a GEMV item waits inside its loop's first pass, after its first weight copies are issued
         wait_here = wc >= 0
         if GEMV_EARLY:
@@ -255,9 +266,10 @@ def persistent_decode_kernel(items_ptr, order_ptr, starts_ptr, table_ptr, counte
                 embed_item(_slot(table_ptr, a0, DT), token_ptr, x_ptr, H, NORM_BLOCK)
             elif kind == K_ARGMAX:
                 argmax_item(best_val_ptr, best_idx_ptr, n_tiles, token_ptr, pos_ptr, epoch_ptr, TILES_P)
-            if seen < target:   # an early GEMV item's wait ran out: its sums are of stale inputs, never published
-                _record_error(errors_ptr, pid, index, wc, target, seen)
-                ok = 0
+            if GEMV_EARLY:
+                if seen < target:   # an early GEMV item's wait ran out: its sums are of stale inputs, never published
+                    _record_error(errors_ptr, pid, index, wc, target, seen)
+                    ok = 0
             # ---- done: every thread's stores before the bump, which publishes them (release)
             tl.debug_barrier()
             if (done >= 0) & (ok != 0):
@@ -309,17 +321,18 @@ class PersistentDecode:
     empty and a program has half the bytes in flight; (8, 2048) keeps the block's bytes with full rows. None: GPU_DEFAULTS
     on a GPU, gemv_block under the interpreter; 0: gemv_block. gemv_late (with gemv_stages): each GEMV item computes
     its input (the norm, the gated norm, silu(g) * u) in its loop's first pass, after the first weight blocks' copies
-    are issued rather than before them; the same sums (not yet timed, so off by default). fold_prep: no ATTN_PREP
+    are issued rather than before them; the same sums (measured slower, off). fold_prep: no ATTN_PREP
     items; each attention split norms and rotates its queries itself, and the split holding key pos writes the new
-    key and value, as the graph decode's split kernel does: one counter hop fewer per attention layer, the same bits
-    (not yet timed, off). gemv_early (with gemv_stages; implies gemv_late): each GEMV item waits for its inputs in its
-    loop's first pass too, so its first weight blocks stream from memory while its producers finish; the same sums
-    (not yet timed, off). fields_ahead: each program reads its next item's fields (its place in the order, then its
-    row) while the current item runs, instead of after it (not yet timed, off). prefetch_states (with prefetch): the
-    L2 prefetch before a wait also asks for a DeltaNet column item's columns of the states, an attention split's
-    keys and values, and an in-projection tile's conv states and weights (not yet timed, off). acquire_poll (a GPU only): every thread polls a counter with acquire loads
-    and the wait ends on the least count they saw, instead of volatile polls and then one acquire read shared
-    through shared memory: a round trip fewer per wait (not yet timed, off).
+    key and value, as the graph decode's split kernel does: one counter hop fewer per attention layer, the same bits.
+    gemv_early (with gemv_stages; implies gemv_late): each GEMV item waits for its inputs in its loop's first pass
+    too, so its first weight blocks stream from memory while its producers finish; the same sums. fields_ahead: each
+    program reads its next item's fields (its place in the order, then its row) while the current item runs.
+    prefetch_states (with prefetch): the L2 prefetch before a wait also asks for a DeltaNet column item's columns of
+    the states, an attention split's keys and values, and an in-projection tile's conv states and weights.
+    acquire_poll (a GPU only): every thread polls a counter with acquire loads and the wait ends on the least count
+    they saw, instead of volatile polls and then one acquire read shared through shared memory: a round trip fewer
+    per wait. All off: fold_prep and acquire_poll measured faster (their GPU tests owed), the others slower
+    (docs/experiments.md).
     """
 
     def __init__(self, model, cache, programs: int | None = None, gemv_tiles: int | None = None,
