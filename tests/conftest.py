@@ -8,6 +8,7 @@ import torch
 
 import qwen_lab  # noqa: F401  (sets TRITON_INTERPRET=1 on a CPU-only machine before any kernel is defined)
 from qwen_lab import runtime
+from xdist_quiet import pytest_runtest_protocol  # noqa: F401  (a hook: `quiet` tests run alone)
 
 # No tuning read from or written to disk (qwen_lab.tunings), unless the environment asks for it: each test times what
 # it tests, and test workers sharing one GPU leave no picks timed under contention for later processes. The notebooks

@@ -138,8 +138,10 @@ def _gemv_configs(gpu: bool | None = None):
     if not gpu and (gpu is not None or interpreter_active()):
         # The interpreter runs each program in NumPy, one after another, at a fixed cost per program (some 10-20 ms
         # on a CPU, whatever the tile): 512 rows a program run the 4096-row LM head of tiny-english in 8 programs, 4
-        # times faster than 128 rows did, with the same results (each row's sum over K is the same).
-        return [triton.Config({"BLOCK_N": 512, "BLOCK_K": 64, "PREFETCH": 1}, num_warps=4, num_stages=1)]
+        # times faster than 128 rows did. Each step of the loop over K costs as much again (the prologue's device
+        # function is set up anew at every call), so the widest BLOCK_K that fits the slice comes first.
+        return [triton.Config({"BLOCK_N": 512, "BLOCK_K": bk, "PREFETCH": 1}, num_warps=4, num_stages=1)
+                for bk in (1024, 512, 256, 128, 64)]
     # (BLOCK_N, BLOCK_K, warps, stages): each program holds 4-16 KB of bf16 weights in flight, all its
     # loads issued at once when its K slice fits one BLOCK_K (and the next step's tile is prefetched
     # while the current one is multiplied). The 1- and 2-row blocks with a whole 2048-4096 row per step
