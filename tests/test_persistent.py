@@ -323,6 +323,8 @@ def test_deltanet_split_and_add_block_out_of_range_are_refused_naming_them():
         PersistentDecode(model, model.new_cache(8), add_block=(8, 100))
     with pytest.raises(KernelError, match=r"gemv_late=2: expected whether a GEMV item computes its input"):
         PersistentDecode(model, model.new_cache(8), gemv_late=2)
+    with pytest.raises(KernelError, match=r"fold_prep=2: expected whether each attention split prepares its own"):
+        PersistentDecode(model, model.new_cache(8), fold_prep=2)
     with pytest.raises(KernelError, match=r"gemv_early=True with gemv_stages=0: .* 1 only with gemv_stages 2 to 8"):
         PersistentDecode(model, model.new_cache(8), gemv_early=True, gemv_stages=0)
     with pytest.raises(KernelError, match=r"fields_ahead=2: expected whether each program reads its next item's"):
@@ -486,8 +488,8 @@ def test_the_teaching_kernel_reports_a_wait_that_never_ends():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine compiles the kernel for real in the GPU tests")
 def test_the_kernel_compiles_for_sm90_with_its_counter_protocol_and_wide_weight_loads():
     """Compiled ahead of time for an H100/H200 (tests/sm90_compile.py --persistent): each wait is one acquire load
-    after volatile polls (with acquire_poll, acquire polls), each bump a release atomic, the GEMV tiles' weights load 16 bytes at a time (the table's
-    pointers carry their alignment), the L2 prefetches and the trace's timer reads are there when asked for (and only
+    after volatile polls (with acquire_poll, acquire polls), each bump a release atomic, the GEMV tiles' weights load
+    16 bytes at a time (the table's pointers carry their alignment), the L2 prefetches and the trace's timer reads are there when asked for (and only
     then), and the shared memory fits."""
     import json
     import os

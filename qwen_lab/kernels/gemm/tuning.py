@@ -134,7 +134,8 @@ def _prune_matmul_configs(configs, named_args, **kwargs):
 
 
 def _gemv_configs(gpu: bool | None = None):
-    """The decode GEMV's candidate configurations: the GPU's (gpu=True), or under the interpreter one small one."""
+    """The decode GEMV's candidate configurations: the GPU's (gpu=True), or under the interpreter 512 rows a program
+    and BLOCK_K from 1024 down to 64, the widest first (`_fitting_configs` keeps those that fit the slice)."""
     if not gpu and (gpu is not None or interpreter_active()):
         # The interpreter runs each program in NumPy, one after another, at a fixed cost per program (some 10-20 ms
         # on a CPU, whatever the tile): 512 rows a program run the 4096-row LM head of tiny-english in 8 programs, 4

@@ -63,7 +63,8 @@ ERROR_FIELDS = 4              # item + 1 (0: no error), counter, the count waite
 # decode in the same process; gemv_ahead applies only with gemv_stages=0)
 GPU_DEFAULTS = {"num_warps": 8, "gemv_block": (16, 1024), "prefetch": 64 * 1024, "gemv_ahead": 1,
                 "deltanet_block": 128, "gemv_stages": 3, "add_block": (8, 2048), "deltanet_split": 8,
-                "gemv_late": 0, "gemv_early": 0, "fields_ahead": 0, "prefetch_states": 0, "acquire_poll": 0}
+                "gemv_late": 0, "gemv_early": 0, "fields_ahead": 0, "prefetch_states": 0, "acquire_poll": 0,
+                "fold_prep": 0}
 SHARED_LIMIT = 232448         # bytes of shared memory one program may have on sm_90 (the check off a GPU)
 SHARED_OTHER = 8192           # what the kernel holds there besides the GEMV loop's weight blocks (its reductions)
 TRACE_FIELDS = 4              # per item with trace=True: reached, wait met, done (ns), the program that ran it
@@ -341,7 +342,7 @@ class PersistentDecode:
                  fuse_norms: bool = True, prefetch: int | None = None, trace: bool = False,
                  gemv_ahead: bool | None = None, deltanet_block: int | None = None, gemv_stages: int | None = None,
                  deltanet_split: int | None = None, add_block: tuple[int, int] | None = None,
-                 gemv_late: bool | None = None, fold_prep: bool = False, gemv_early: bool | None = None,
+                 gemv_late: bool | None = None, fold_prep: bool | None = None, gemv_early: bool | None = None,
                  fields_ahead: bool | None = None, prefetch_states: bool | None = None,
                  acquire_poll: bool | None = None):
         dev = model.device
@@ -353,6 +354,8 @@ class PersistentDecode:
             raise KernelError(f"programs={programs}: under the Triton interpreter programs run one after another, so "
                               f"a program that waits on a later one never sees its counter move; use programs=1")
         self.model, self.cache = model, cache
+        fold_prep = _switch("fold_prep", fold_prep, "each attention split prepares its own queries (no ATTN_PREP "
+                            "items)")
         if deltanet_split is None:
             deltanet_split = 1 if interp else min(GPU_DEFAULTS["deltanet_split"], model.config.linear_value_head_dim)
         self.schedule = schedule if schedule is not None else build_schedule(model, cache, programs, gemv_tiles,
